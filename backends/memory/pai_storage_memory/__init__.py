@@ -1,0 +1,49 @@
+"""The embedded in-memory backend (``memory://``): the reference model, for tests and demos."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from pai_storage import Backend, StoreURL, TestHarness, ThreadStore
+from pai_storage.clock import Clock
+from pai_storage.errors import ThreadStoreConfigurationError
+
+from .store import MemoryThreadStore
+
+__all__ = ["MemoryBackend", "MemoryThreadStore", "backend"]
+
+_OPTIONS = frozenset({"clock", "on_warning", "token_secret"})
+
+
+class MemoryHarness(TestHarness):
+    @asynccontextmanager
+    async def store(self, clock: Clock | None = None) -> AsyncIterator[ThreadStore]:
+        async with MemoryThreadStore(clock=clock) as store:
+            yield store
+
+    def describe(self) -> str:
+        return "memory (in-process)"
+
+
+class MemoryBackend(Backend):
+    name = "memory"
+    url_schemes = ("memory",)
+
+    def _open(self, url: StoreURL, **options: Any) -> ThreadStore:
+        unknown = set(options) - _OPTIONS
+        if unknown:
+            raise ThreadStoreConfigurationError(
+                f"unknown option(s) for memory://: {', '.join(sorted(unknown))}; "
+                f"valid: {', '.join(sorted(_OPTIONS))}"
+            )
+        if url.host or url.path.strip("/") or url.query:
+            raise ThreadStoreConfigurationError("memory:// takes no host, path or query")
+        return MemoryThreadStore(**options)
+
+    def test_harness(self, url: str | None = None) -> TestHarness:
+        return MemoryHarness()
+
+
+backend = MemoryBackend()

@@ -1,0 +1,185 @@
+"""Small builders for the JSON form of common inputs (demos, tests, examples).
+
+Each returns a plain ``dict`` in the wire form, ready for ``commit_thread`` or
+``read_thread``; nothing here is required to use the store.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+__all__ = [
+    "acquire",
+    "create",
+    "delete",
+    "message",
+    "queued_item",
+    "read",
+    "release",
+    "renew",
+    "run",
+    "update",
+]
+
+
+def message(
+    message_id: str,
+    text: str = "",
+    *,
+    role: Literal["user", "assistant", "system", "tool"] = "user",
+    run_id: str | None = None,
+    relation: Literal["input", "context", "output"] = "input",
+    status: str = "complete",
+    transcript: bool = True,
+    context: bool = True,
+    metadata: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A message draft; run-associated when ``run_id`` is given."""
+    association: dict[str, Any] = (
+        {"kind": "run", "runId": run_id, "relation": relation}
+        if run_id is not None
+        else {"kind": "standalone"}
+    )
+    producer = {"kind": "user"} if role == "user" else {"kind": "agent", "id": "agent"}
+    return {
+        "messageId": message_id,
+        "role": role,
+        "parts": [{"type": "text", "text": text or message_id}],
+        "producer": producer,
+        "association": association,
+        "visibility": {"transcript": transcript, "context": context},
+        "status": status,
+        "metadata": metadata or {},
+    }
+
+
+def run(
+    run_id: str,
+    status: str = "running",
+    *,
+    inputs: list[str] | None = None,
+    admitted: bool | None = None,
+    queue_item_id: str | None = None,
+    operation: str | None = "send",
+    metadata: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A run draft; admitted unless queued (or told otherwise)."""
+    admission: dict[str, Any] = {
+        "admitted": admitted if admitted is not None else status != "queued"
+    }
+    if queue_item_id is not None:
+        admission["queueItemId"] = queue_item_id
+    draft: dict[str, Any] = {
+        "runId": run_id,
+        "status": status,
+        "initiator": {"kind": "user"},
+        "admission": admission,
+        "inputMessageIds": list(inputs or []),
+        "metadata": metadata or {},
+        "privateMetadata": {},
+    }
+    if operation is not None:
+        draft["operation"] = operation
+    return draft
+
+
+def queued_item(queue_item_id: str, run_id: str, payload: Any = None) -> dict[str, Any]:
+    return {"queueItemId": queue_item_id, "runId": run_id, "input": payload, "metadata": {}}
+
+
+def acquire(run_id: str, owner: str, ms: int = 30_000, operation: str = "send") -> dict[str, Any]:
+    return {
+        "type": "acquire",
+        "lease": {"kind": "run", "runId": run_id},
+        "leaseOwnerId": owner,
+        "durationMs": ms,
+        "operation": operation,
+    }
+
+
+def renew(run_id: str, owner: str, ms: int = 30_000) -> dict[str, Any]:
+    return {
+        "type": "renew",
+        "lease": {"kind": "run", "runId": run_id},
+        "leaseOwnerId": owner,
+        "durationMs": ms,
+    }
+
+
+def release(run_id: str, owner: str, expiry: str = "unexpired") -> dict[str, Any]:
+    return {
+        "type": "release",
+        "lease": {"kind": "run", "runId": run_id},
+        "leaseOwnerId": owner,
+        "expiry": expiry,
+    }
+
+
+def _changes(changes: dict[str, Any] | None) -> dict[str, Any]:
+    return {"changes": changes} if changes else {}
+
+
+def create(
+    scope_key: str,
+    thread_id: str,
+    changes: dict[str, Any] | None = None,
+    *,
+    agent: str = "assistant",
+    visibility: str = "visible",
+    **root: Any,
+) -> dict[str, Any]:
+    """A create commit. ``root`` adds camelCase root fields (``title=...``)."""
+    full_root = {
+        "agent": agent,
+        "directExecutionAllowed": True,
+        "listVisibility": visibility,
+        "metadata": {},
+        "privateMetadata": {},
+        **root,
+    }
+    return {
+        "scopeKey": scope_key,
+        "threadId": thread_id,
+        "condition": {"type": "missing"},
+        "mutation": {"type": "create", "root": full_root, **_changes(changes)},
+    }
+
+
+def update(
+    scope_key: str,
+    thread_id: str,
+    version: Any,
+    changes: dict[str, Any] | None = None,
+    *,
+    visibility: str = "visible",
+    **root: Any,
+) -> dict[str, Any]:
+    """An update commit at ``version`` (a ``ThreadVersion`` or its JSON form)."""
+    if hasattr(version, "to_json"):
+        version = version.to_json()
+    full_root = {"listVisibility": visibility, "metadata": {}, "privateMetadata": {}, **root}
+    return {
+        "scopeKey": scope_key,
+        "threadId": thread_id,
+        "condition": {"type": "version", "version": version},
+        "mutation": {"type": "update", "root": full_root, **_changes(changes)},
+    }
+
+
+def delete(scope_key: str, thread_id: str, version: Any) -> dict[str, Any]:
+    if hasattr(version, "to_json"):
+        version = version.to_json()
+    return {
+        "scopeKey": scope_key,
+        "threadId": thread_id,
+        "condition": {"type": "version", "version": version},
+        "mutation": {"type": "delete"},
+    }
+
+
+def read(scope_key: str, thread_id: str, **include: Any) -> dict[str, Any]:
+    """A read; ``include`` takes ``messages=``, ``runs=``, ``queuedItems=`` selections."""
+    request: dict[str, Any] = {"scopeKey": scope_key, "threadId": thread_id}
+    if include:
+        request["include"] = include
+    return request

@@ -1,0 +1,849 @@
+"""Every record and input of the contract, as immutable pydantic models.
+
+Python attributes are snake_case; the JSON form (the wire and persisted form of
+SPEC section 5) is camelCase. ``Model.model_validate(json)`` accepts exactly the
+JSON form (snake_case names are accepted too), and ``model_dump(mode="json")``
+produces it: optional fields are omitted when absent, never written as null.
+Unknown fields and unknown part types are rejected.
+
+Validation failures raise :class:`ThreadStoreInvariantError` (a ``ValueError``)
+naming the path of the bad field; a value that is not strict JSON raises
+:class:`ThreadStoreSerializationError`. Error messages never echo input values.
+
+Timestamps are aware UTC datetimes truncated to milliseconds; in JSON they are
+ISO 8601 strings with milliseconds and ``Z``.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Annotated, Any, ClassVar, Generic, Literal, Self, TypeVar
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    PlainValidator,
+    SerializationInfo,
+    SerializerFunctionWrapHandler,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    model_serializer,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+from pydantic_core import PydanticCustomError
+
+from .errors import ThreadStoreInvariantError, ThreadStoreSerializationError
+from .strict_json import check_json, is_valid_text
+
+__all__ = [
+    "MAX_DURATION_MS",
+    "MAX_ID_LENGTH",
+    "MAX_ID_SELECTION_SIZE",
+    "MAX_PAGE_SIZE",
+    "AcquireLease",
+    "Admission",
+    "AdmissionDraft",
+    "CommitThreadInput",
+    "CommitThreadResult",
+    "CommittedResult",
+    "ConflictResult",
+    "CreateMutation",
+    "CreateRoot",
+    "DataPart",
+    "DeleteChange",
+    "DeleteMutation",
+    "FilePart",
+    "InsertChange",
+    "LeaseChange",
+    "LeaseRef",
+    "ListThreadsInput",
+    "Message",
+    "MessageChange",
+    "MessageDraft",
+    "MessageIdsSelection",
+    "MessagePageSelection",
+    "MessageSelection",
+    "MissingCondition",
+    "Page",
+    "PageRequest",
+    "Part",
+    "Producer",
+    "QueuedItem",
+    "QueuedItemChange",
+    "QueuedItemDraft",
+    "QueuedItemIdsSelection",
+    "QueuedItemPageSelection",
+    "QueuedItemSelection",
+    "ReadInclude",
+    "ReadThreadInput",
+    "ReasoningPart",
+    "ReleaseLease",
+    "RenewLease",
+    "ReplaceChange",
+    "RunAssociation",
+    "RunChange",
+    "RunDraft",
+    "RunError",
+    "RunIdsSelection",
+    "RunInitiator",
+    "RunPageSelection",
+    "RunRecord",
+    "RunSelection",
+    "StandaloneAssociation",
+    "TextPart",
+    "ThreadChanges",
+    "ThreadLease",
+    "ThreadPage",
+    "ThreadReadResult",
+    "ThreadRecord",
+    "ThreadVersion",
+    "ToolCallPart",
+    "TruncateChange",
+    "UpdateMutation",
+    "UpdateRoot",
+    "VersionCondition",
+    "Visibility",
+]
+
+MAX_PAGE_SIZE = 100
+"""Largest ``limit`` of a page (messages, runs, queued items, threads)."""
+MAX_ID_SELECTION_SIZE = 100
+"""Largest number of ids in an ``ids`` selection."""
+MAX_ID_LENGTH = 1024
+"""Longest scope key, thread id or record id, in characters."""
+MAX_DURATION_MS = 86_400_000
+"""Longest lease duration a commit may request (one day)."""
+
+
+# ---------------------------------------------------------------- field types
+
+
+def _check_text(value: str) -> str:
+    if not is_valid_text(value):
+        raise PydanticCustomError("invalid_text", "string contains a lone surrogate")
+    return value
+
+
+def _check_id(value: str) -> str:
+    if not 1 <= len(value) <= MAX_ID_LENGTH:
+        raise PydanticCustomError(
+            "invalid_id", "must be 1 to {max} characters", {"max": MAX_ID_LENGTH}
+        )
+    return _check_text(value)
+
+
+def _strict_json_error(err: ThreadStoreSerializationError) -> PydanticCustomError:
+    return PydanticCustomError(
+        "strict_json", "{path}: {reason}", {"path": err.path, "reason": err.reason}
+    )
+
+
+def _check_json(value: Any) -> Any:
+    try:
+        check_json(value)
+    except ThreadStoreSerializationError as err:
+        raise _strict_json_error(err) from None
+    return value
+
+
+def _check_json_object(value: Any) -> dict[str, Any]:
+    if type(value) is not dict:
+        raise PydanticCustomError("dict_type", "Input should be a JSON object")
+    _check_json(value)
+    return value
+
+
+def _parse_timestamp(value: Any) -> datetime:
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value)
+        except ValueError:
+            raise PydanticCustomError(
+                "timestamp", "Input should be an ISO 8601 timestamp"
+            ) from None
+    if type(value) is not datetime:
+        raise PydanticCustomError("timestamp", "Input should be a datetime or ISO 8601 string")
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise PydanticCustomError("timestamp", "timestamp must carry a UTC offset")
+    return truncate_ms(value)
+
+
+def truncate_ms(moment: datetime) -> datetime:
+    """Return ``moment`` in UTC, truncated to whole milliseconds."""
+    moment = moment.astimezone(UTC)
+    return moment.replace(microsecond=moment.microsecond - moment.microsecond % 1000)
+
+
+def format_timestamp(moment: datetime) -> str:
+    """The JSON form of a timestamp: ``2026-01-02T03:04:05.678Z``."""
+    moment = truncate_ms(moment)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
+Id = Annotated[StrictStr, AfterValidator(_check_id)]
+"""An opaque identifier: 1 to 1,024 characters of valid Unicode."""
+Text = Annotated[StrictStr, AfterValidator(_check_text)]
+Json = Annotated[Any, AfterValidator(_check_json)]
+JsonObject = Annotated[dict[str, Any], PlainValidator(_check_json_object)]
+Timestamp = Annotated[
+    datetime, PlainValidator(_parse_timestamp), PlainSerializer(format_timestamp, when_used="json")
+]
+Limit = Annotated[StrictInt, Field(ge=1, le=MAX_PAGE_SIZE)]
+
+ListVisibility = Literal["visible", "hidden"]
+Operation = Literal["send", "trigger", "regenerate", "resume"]
+RunStatus = Literal["queued", "running", "waiting", "completed", "failed", "cancelled"]
+Order = Literal["oldest", "newest"]
+
+T = TypeVar("T")
+D = TypeVar("D")
+
+
+# ---------------------------------------------------------------- base model
+
+
+def _loc_path(loc: tuple[int | str, ...], data: Any) -> str:
+    """Render a pydantic location, dropping discriminator tags (found in ``data``)."""
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+            data = data[part] if isinstance(data, list) and part < len(data) else None
+            continue
+        if (
+            isinstance(data, Mapping)
+            and part not in data
+            and part
+            in (
+                data.get("type"),
+                data.get("kind"),
+            )
+        ):
+            continue  # the tag pydantic adds for a discriminated union member
+        path = f"{path}.{part}" if path else part
+        data = data.get(part) if isinstance(data, Mapping) else None
+    return path
+
+
+def convert_validation_error(
+    exc: ValidationError, what: str, data: Any = None
+) -> ThreadStoreInvariantError:
+    """Turn a pydantic ``ValidationError`` into the contract's typed error.
+
+    A strict-JSON failure becomes :class:`ThreadStoreSerializationError`;
+    anything else :class:`ThreadStoreInvariantError`. Input values are never
+    echoed (they may hold personal data).
+    """
+    errors = exc.errors(include_url=False, include_input=False)
+    for err in errors:
+        if err["type"] == "strict_json":
+            ctx = err.get("ctx") or {}
+            outer = _loc_path(err["loc"], data)
+            inner = str(ctx.get("path", ""))
+            if inner and outer and not inner.startswith("["):
+                inner = "." + inner
+            return ThreadStoreSerializationError.at(
+                f"{outer}{inner}", f"{ctx.get('reason', err['msg'])} (in {what})"
+            )
+    first = errors[0]
+    where = _loc_path(first["loc"], data) or "<input>"
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return ThreadStoreInvariantError(f"invalid {what}: {where}: {first['msg']}{more}")
+
+
+class StoreModel(BaseModel):
+    """Base of every model: immutable, strict, camelCase JSON, absent fields omitted."""
+
+    model_config = ConfigDict(
+        frozen=True,
+        extra="forbid",
+        alias_generator=to_camel,
+        validate_by_name=True,
+        validate_by_alias=True,
+        serialize_by_alias=True,
+        revalidate_instances="never",
+    )
+
+    # Optional fields whose JSON value may itself be null: omitted only when unset.
+    _json_optional: ClassVar[frozenset[str]] = frozenset()
+
+    def __init__(self, /, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise convert_validation_error(exc, type(self).__name__, data) from None
+
+    # Tell pydantic this __init__ only converts errors, so nested models are
+    # still validated by pydantic-core directly (not through __init__).
+    __init__.__pydantic_base_init__ = True  # type: ignore[attr-defined]
+
+    @classmethod
+    def model_validate(cls, obj: Any, **kwargs: Any) -> Self:
+        try:
+            return super().model_validate(obj, **kwargs)
+        except ValidationError as exc:
+            raise convert_validation_error(exc, cls.__name__, obj) from None
+
+    @classmethod
+    def model_validate_json(cls, json_data: str | bytes | bytearray, **kwargs: Any) -> Self:
+        try:
+            return super().model_validate_json(json_data, **kwargs)
+        except ValidationError as exc:
+            raise convert_validation_error(exc, cls.__name__) from None
+
+    @model_serializer(mode="wrap")
+    def _omit_absent(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> Any:
+        data = handler(self)
+        if not isinstance(data, dict):
+            return data
+        fields = type(self).model_fields
+        for name, field in fields.items():
+            if field.is_required():
+                continue
+            if name in self._json_optional:
+                absent = name not in self.model_fields_set
+            else:
+                absent = getattr(self, name) is None
+            if absent:
+                data.pop(field.alias if info.by_alias and field.alias else name, None)
+        return data
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON form of this value (a fresh ``dict``)."""
+        return self.model_dump(mode="json", by_alias=True)
+
+    def deep_copy(self) -> Self:
+        """A copy sharing no mutable state (opaque JSON included) with this one."""
+        return copy.deepcopy(self)
+
+
+# ---------------------------------------------------------------- thread root
+
+
+class ThreadVersion(StoreModel):
+    """The optimistic-concurrency token: incarnation plus revision."""
+
+    thread_instance_id: Id
+    revision: Annotated[StrictInt, Field(ge=1)]
+
+
+class ThreadLease(StoreModel):
+    """The active-run lease: owner-fenced, expiring on the provider's clock."""
+
+    kind: Literal["run"]
+    run_id: Id
+    owner_id: Id
+    operation: Operation
+    acquired_at: Timestamp
+    renewed_at: Timestamp | None = None
+    expires_at: Timestamp
+
+
+class ThreadRecord(StoreModel):
+    """A thread root as stored. ``updated_at`` is the last commit's ``committed_at``."""
+
+    scope_key: Id
+    thread_id: Id
+    version: ThreadVersion
+    agent: Id
+    direct_execution_allowed: StrictBool
+    parent_thread_id: Id | None = None
+    list_visibility: ListVisibility
+    category: Text | None = None
+    title: Text | None = None
+    metadata: JsonObject
+    private_metadata: JsonObject
+    lease: ThreadLease | None = None
+    created_at: Timestamp
+    updated_at: Timestamp
+
+    def public_json(self) -> dict[str, Any]:
+        """The JSON form without the server-only ``privateMetadata``."""
+        data = self.to_json()
+        del data["privateMetadata"]
+        return data
+
+
+# ---------------------------------------------------------------- messages
+
+
+class _PartBase(StoreModel):
+    pass
+
+
+class TextPart(_PartBase):
+    type: Literal["text"]
+    text: Text
+    provider_metadata: JsonObject | None = None
+
+
+class ReasoningPart(_PartBase):
+    type: Literal["reasoning"]
+    text: Text
+    provider_metadata: JsonObject | None = None
+
+
+class FilePart(_PartBase):
+    type: Literal["file"]
+    media_type: Text
+    url: Text
+    filename: Text | None = None
+    provider_metadata: JsonObject | None = None
+
+
+class ToolCallPart(_PartBase):
+    _json_optional: ClassVar[frozenset[str]] = frozenset({"output"})
+
+    type: Literal["tool-call"]
+    tool_call_id: Id
+    tool_name: Text
+    input: Json
+    state: Literal["input-streaming", "input-available", "output-available", "output-error"]
+    output: Json = None
+    error_text: Text | None = None
+    call_provider_metadata: JsonObject | None = None
+    result_provider_metadata: JsonObject | None = None
+
+
+class DataPart(_PartBase):
+    type: Literal["data"]
+    name: Text
+    data: Json
+
+
+Part = Annotated[
+    TextPart | ReasoningPart | FilePart | ToolCallPart | DataPart, Field(discriminator="type")
+]
+
+
+class Producer(StoreModel):
+    kind: Literal["user", "agent", "system", "application"]
+    id: Id | None = None
+
+
+class StandaloneAssociation(StoreModel):
+    kind: Literal["standalone"]
+
+
+class RunAssociation(StoreModel):
+    kind: Literal["run"]
+    run_id: Id
+    relation: Literal["input", "context", "output"]
+
+
+Association = Annotated[StandaloneAssociation | RunAssociation, Field(discriminator="kind")]
+
+
+class Visibility(StoreModel):
+    transcript: StrictBool
+    context: StrictBool
+
+
+class _MessageFields(StoreModel):
+    message_id: Id
+    role: Literal["user", "assistant", "system", "tool"]
+    parts: Annotated[list[Part], Field(min_length=1)]
+    producer: Producer
+    association: Association
+    visibility: Visibility
+    status: Literal["complete", "streaming", "incomplete", "error"]
+    metadata: JsonObject
+
+    @property
+    def run_id(self) -> str | None:
+        """The run this message belongs to, or ``None`` when standalone."""
+        assoc = self.association
+        return assoc.run_id if isinstance(assoc, RunAssociation) else None
+
+
+class MessageDraft(_MessageFields):
+    """A message as callers insert or replace it."""
+
+
+class Message(_MessageFields):
+    """A stored message: the draft plus ``created_at`` and ``updated_at``."""
+
+    created_at: Timestamp
+    updated_at: Timestamp
+
+    def to_draft(self) -> MessageDraft:
+        """The draft of this message, e.g. to replace it with changes."""
+        return MessageDraft.model_validate(
+            self.model_dump(exclude={"created_at", "updated_at"}, by_alias=False)
+        )
+
+
+# ---------------------------------------------------------------- runs
+
+
+class RunInitiator(StoreModel):
+    kind: Literal["user", "agent", "system", "trigger"]
+    id: Id | None = None
+
+
+class AdmissionDraft(StoreModel):
+    queue_item_id: Id | None = None
+    admitted: StrictBool
+
+
+class Admission(StoreModel):
+    queue_item_id: Id | None = None
+    admitted: StrictBool
+    admitted_at: Timestamp | None = None
+
+
+class RunError(StoreModel):
+    code: Text
+    message: Text
+
+
+class _RunFields(StoreModel):
+    run_id: Id
+    status: RunStatus
+    initiator: RunInitiator
+    input_message_ids: list[Id]
+    operation: Operation | None = None
+    error: RunError | None = None
+    metadata: JsonObject
+    private_metadata: JsonObject
+
+
+class RunDraft(_RunFields):
+    """A run lifecycle record as callers insert or replace it."""
+
+    admission: AdmissionDraft
+
+
+class RunRecord(_RunFields):
+    """A stored run: ``admission.admitted_at`` and ``finished_at`` are stamped by commits."""
+
+    admission: Admission
+    created_at: Timestamp
+    updated_at: Timestamp
+    finished_at: Timestamp | None = None
+
+    def to_draft(self) -> RunDraft:
+        data = self.model_dump(exclude={"created_at", "updated_at", "finished_at"}, by_alias=False)
+        data["admission"].pop("admitted_at", None)
+        return RunDraft.model_validate(data)
+
+    def public_json(self) -> dict[str, Any]:
+        """The JSON form without the server-only ``privateMetadata``."""
+        data = self.to_json()
+        del data["privateMetadata"]
+        return data
+
+
+# ---------------------------------------------------------------- queued items
+
+
+class QueuedItemDraft(StoreModel):
+    queue_item_id: Id
+    run_id: Id
+    input: Json
+    metadata: JsonObject
+
+
+class QueuedItem(StoreModel):
+    queue_item_id: Id
+    run_id: Id
+    input: Json
+    metadata: JsonObject
+    created_at: Timestamp
+
+    def to_draft(self) -> QueuedItemDraft:
+        return QueuedItemDraft.model_validate(
+            self.model_dump(exclude={"created_at"}, by_alias=False)
+        )
+
+
+# ---------------------------------------------------------------- reads
+
+
+def _distinct(ids: list[str]) -> list[str]:
+    if len(set(ids)) != len(ids):
+        raise PydanticCustomError("duplicate_id", "ids must be distinct")
+    return ids
+
+
+IdSelection = Annotated[
+    list[Id], Field(min_length=1, max_length=MAX_ID_SELECTION_SIZE), AfterValidator(_distinct)
+]
+
+
+class PageRequest(StoreModel):
+    limit: Limit
+    page_token: StrictStr | None = None
+
+
+class MessageIdsSelection(StoreModel):
+    type: Literal["ids"]
+    message_ids: IdSelection
+
+
+class MessagePageSelection(StoreModel):
+    type: Literal["page"]
+    view: Literal["raw", "transcript", "context"]
+    order: Order | None = None
+    after_message_id: Id | None = None
+    before_message_id: Id | None = None
+    page: PageRequest
+
+
+MessageSelection = Annotated[
+    MessageIdsSelection | MessagePageSelection, Field(discriminator="type")
+]
+
+
+class RunIdsSelection(StoreModel):
+    type: Literal["ids"]
+    run_ids: IdSelection
+
+
+class RunPageSelection(StoreModel):
+    type: Literal["page"]
+    order: Order | None = None
+    statuses: Annotated[list[RunStatus], Field(min_length=1)] | None = None
+    page: PageRequest
+
+
+RunSelection = Annotated[RunIdsSelection | RunPageSelection, Field(discriminator="type")]
+
+
+class QueuedItemIdsSelection(StoreModel):
+    type: Literal["ids"]
+    queue_item_ids: IdSelection
+
+
+class QueuedItemPageSelection(StoreModel):
+    type: Literal["page"]
+    order: Order | None = None
+    run_id: Id | None = None
+    page: PageRequest
+
+
+QueuedItemSelection = Annotated[
+    QueuedItemIdsSelection | QueuedItemPageSelection, Field(discriminator="type")
+]
+
+
+class ReadInclude(StoreModel):
+    messages: MessageSelection | None = None
+    runs: RunSelection | None = None
+    queued_items: QueuedItemSelection | None = None
+
+
+class ReadThreadInput(StoreModel):
+    scope_key: Id
+    thread_id: Id
+    include: ReadInclude | None = None
+
+
+class Page(StoreModel, Generic[T]):
+    items: list[T]
+    next_page_token: StrictStr | None = None
+
+
+class ThreadPage(Page[T], Generic[T]):
+    version: ThreadVersion
+
+
+class ThreadReadResult(StoreModel):
+    observed_at: Timestamp
+    thread: ThreadRecord | None
+    messages: ThreadPage[Message] | None = None
+    runs: ThreadPage[RunRecord] | None = None
+    queued_items: ThreadPage[QueuedItem] | None = None
+
+
+# ---------------------------------------------------------------- listing
+
+
+class ListThreadsInput(StoreModel):
+    scope_key: Id
+    limit: Limit
+    agent: Id | None = None
+    parent_thread_id: Id | None = None
+    category: Text | None = None
+    include_hidden: StrictBool | None = None
+    page_token: StrictStr | None = None
+
+
+# ---------------------------------------------------------------- commits
+
+
+class MissingCondition(StoreModel):
+    type: Literal["missing"]
+
+
+class VersionCondition(StoreModel):
+    type: Literal["version"]
+    version: ThreadVersion
+
+
+class CreateRoot(StoreModel):
+    agent: Id
+    direct_execution_allowed: StrictBool
+    parent_thread_id: Id | None = None
+    list_visibility: ListVisibility
+    category: Text | None = None
+    title: Text | None = None
+    metadata: JsonObject
+    private_metadata: JsonObject
+
+
+class UpdateRoot(StoreModel):
+    """The complete set of mutable root fields; omitted ``category``/``title`` are removed."""
+
+    list_visibility: ListVisibility
+    category: Text | None = None
+    title: Text | None = None
+    metadata: JsonObject
+    private_metadata: JsonObject
+
+
+class InsertChange(StoreModel, Generic[D]):
+    """Append ``record`` at the end of its family; its id must be new."""
+
+    type: Literal["insert"]
+    record: D
+
+
+class ReplaceChange(StoreModel, Generic[D]):
+    """Replace the record with the same id; it must exist and keeps its position."""
+
+    type: Literal["replace"]
+    record: D
+
+
+class DeleteChange(StoreModel):
+    """Delete the record with this id; it must exist."""
+
+    type: Literal["delete"]
+    id: Id
+
+
+class TruncateChange(StoreModel):
+    """Remove every record after ``after_id`` (``None``: all). Messages and runs only."""
+
+    type: Literal["truncate"]
+    after_id: Id | None
+
+
+MessageChange = Annotated[
+    InsertChange[MessageDraft] | ReplaceChange[MessageDraft] | DeleteChange | TruncateChange,
+    Field(discriminator="type"),
+]
+RunChange = Annotated[
+    InsertChange[RunDraft] | ReplaceChange[RunDraft] | DeleteChange | TruncateChange,
+    Field(discriminator="type"),
+]
+QueuedItemChange = Annotated[
+    InsertChange[QueuedItemDraft] | ReplaceChange[QueuedItemDraft] | DeleteChange,
+    Field(discriminator="type"),
+]
+
+
+class LeaseRef(StoreModel):
+    kind: Literal["run"]
+    run_id: Id
+
+
+Duration = Annotated[StrictInt, Field(ge=1, le=MAX_DURATION_MS)]
+
+
+class AcquireLease(StoreModel):
+    """Take the lease; conflicts while another unexpired lease exists."""
+
+    type: Literal["acquire"]
+    lease: LeaseRef
+    lease_owner_id: Id
+    duration_ms: Duration
+    operation: Operation
+
+
+class RenewLease(StoreModel):
+    """Extend the caller's own unexpired lease."""
+
+    type: Literal["renew"]
+    lease: LeaseRef
+    lease_owner_id: Id
+    duration_ms: Duration
+
+
+class ReleaseLease(StoreModel):
+    """Drop the caller's lease; ``expiry="any"`` also releases an expired one."""
+
+    type: Literal["release"]
+    lease: LeaseRef
+    lease_owner_id: Id
+    expiry: Literal["unexpired", "any"]
+
+
+LeaseChange = Annotated[AcquireLease | RenewLease | ReleaseLease, Field(discriminator="type")]
+
+
+class ThreadChanges(StoreModel):
+    messages: list[MessageChange] | None = None
+    runs: list[RunChange] | None = None
+    queued_items: list[QueuedItemChange] | None = None
+    lease: LeaseChange | None = None
+
+
+class CreateMutation(StoreModel):
+    type: Literal["create"]
+    root: CreateRoot
+    changes: ThreadChanges | None = None
+
+
+class UpdateMutation(StoreModel):
+    type: Literal["update"]
+    root: UpdateRoot
+    changes: ThreadChanges | None = None
+
+
+class DeleteMutation(StoreModel):
+    type: Literal["delete"]
+
+
+class CommitThreadInput(StoreModel):
+    """One atomic, version-checked write set for one thread."""
+
+    scope_key: Id
+    thread_id: Id
+    condition: Annotated[MissingCondition | VersionCondition, Field(discriminator="type")]
+    mutation: Annotated[
+        CreateMutation | UpdateMutation | DeleteMutation, Field(discriminator="type")
+    ]
+
+    @model_validator(mode="after")
+    def _condition_matches_mutation(self) -> Self:
+        creating = self.mutation.type == "create"
+        if creating != (self.condition.type == "missing"):
+            raise PydanticCustomError(
+                "condition_mismatch",
+                "a create needs condition 'missing'; an update or delete needs 'version'",
+            )
+        return self
+
+
+class CommittedResult(StoreModel):
+    type: Literal["committed"]
+    thread: ThreadRecord | None
+    committed_at: Timestamp
+
+
+class ConflictResult(StoreModel):
+    type: Literal["conflict"]
+    current_version: ThreadVersion | None
+
+
+CommitThreadResult = Annotated[CommittedResult | ConflictResult, Field(discriminator="type")]

@@ -1,0 +1,367 @@
+"""The relationship rules of SPEC 8.1, checked on the post-commit state.
+
+The rules are per run, so one checker serves every backend:
+
+1. every run-associated message names an existing run;
+2. the messages of an admitted run form one contiguous interval of raw order;
+3. that interval starts with exactly the run's ``input_message_ids``, in order,
+   each with relation ``input``, and no later message of the run is an input;
+4. a run that is not admitted owns no messages and has no input ids;
+5. a ``running``/``waiting`` run owns the tail, and at most one run is open;
+6. queue admission: a queued item names a ``queued`` run whose
+   ``admission.queue_item_id`` is that item; a queued run has exactly that one
+   item; an admitted run has none; ``queued`` implies not admitted and
+   ``running``/``waiting``/``completed``/``failed`` imply admitted;
+7. a lease names an existing ``running`` or ``waiting`` run.
+
+An aggregate backend checks every run (:func:`facts_from_aggregate`). A
+normalized backend calls :func:`plan_relationship_validation` with the previous
+rows its write touches and the truncation impact; the plan names the few runs
+whose rules the commit can affect, and :meth:`RelationshipPlan.check` loads
+their post-commit facts through a :class:`RelationshipReader` (queries inside
+the commit's transaction, which see its own writes) and asserts the rules.
+Nothing loads the whole transcript: a run's facts are its own messages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from .aggregate import ThreadAggregate
+from .errors import ThreadStoreInvariantError
+from .models import (
+    DeleteChange,
+    InsertChange,
+    Message,
+    QueuedItem,
+    ReplaceChange,
+    RunRecord,
+    ThreadChanges,
+    ThreadLease,
+)
+
+__all__ = [
+    "OPEN_STATUSES",
+    "MessageRef",
+    "QueueRef",
+    "RelationshipFacts",
+    "RelationshipPlan",
+    "RelationshipReader",
+    "RunFacts",
+    "RunRef",
+    "assert_relationships",
+    "facts_from_aggregate",
+    "plan_relationship_validation",
+]
+
+OPEN_STATUSES = frozenset({"running", "waiting"})
+_ADMITTED_STATUSES = frozenset({"running", "waiting", "completed", "failed"})
+
+
+@dataclass(frozen=True, slots=True)
+class MessageRef:
+    """The canonical projection of a message that the rules look at."""
+
+    message_id: str
+    position: int
+    run_id: str | None
+    relation: str | None
+
+    @classmethod
+    def of(cls, position: int, message: Message) -> MessageRef:
+        assoc = message.association
+        relation = getattr(assoc, "relation", None)
+        return cls(message.message_id, position, message.run_id, relation)
+
+
+@dataclass(frozen=True, slots=True)
+class RunRef:
+    """The canonical projection of a run that the rules look at."""
+
+    run_id: str
+    status: str
+    admitted: bool
+    queue_item_id: str | None
+    input_message_ids: tuple[str, ...]
+
+    @classmethod
+    def of(cls, run: RunRecord) -> RunRef:
+        return cls(
+            run.run_id,
+            run.status,
+            run.admission.admitted,
+            run.admission.queue_item_id,
+            tuple(run.input_message_ids),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class QueueRef:
+    """The canonical projection of a queued item."""
+
+    queue_item_id: str
+    run_id: str
+
+    @classmethod
+    def of(cls, item: QueuedItem) -> QueueRef:
+        return cls(item.queue_item_id, item.run_id)
+
+
+@dataclass(slots=True)
+class RunFacts:
+    """Everything the rules need about one run id, post-commit.
+
+    Attributes
+    ----------
+    run:
+        The run, or ``None`` when no run has this id.
+    messages:
+        Messages associated with this run id, in position order.
+    foreign_inside:
+        Whether any other message lies between the first and last of ``messages``.
+    queued_items:
+        Queued items whose ``run_id`` is this id.
+    """
+
+    run: RunRef | None
+    messages: Sequence[MessageRef] = ()
+    foreign_inside: bool = False
+    queued_items: Sequence[QueueRef] = ()
+
+
+@dataclass(slots=True)
+class RelationshipFacts:
+    """Post-commit facts for a set of runs plus the thread-wide ones."""
+
+    runs: Mapping[str, RunFacts]
+    open_runs: Sequence[RunRef] = ()
+    tail: MessageRef | None = None
+    lease: ThreadLease | None = None
+    check_tail: bool = True
+
+
+def _broken(rule: int, detail: str) -> ThreadStoreInvariantError:
+    return ThreadStoreInvariantError(f"relationship rule {rule} broken: {detail}")
+
+
+def _assert_run(run_id: str, facts: RunFacts) -> None:
+    run, messages, items = facts.run, facts.messages, facts.queued_items
+    if run is None:
+        if messages:
+            raise _broken(1, f"message {messages[0].message_id!r} names missing run {run_id!r}")
+        if items:
+            raise _broken(6, f"queued item {items[0].queue_item_id!r} names missing run {run_id!r}")
+        return
+    if run.status == "queued" and run.admitted:
+        raise _broken(6, f"run {run_id!r} is queued but admitted")
+    if run.status in _ADMITTED_STATUSES and not run.admitted:
+        raise _broken(6, f"run {run_id!r} is {run.status} but not admitted")
+    if run.status == "queued":
+        if run.queue_item_id is None or [i.queue_item_id for i in items] != [run.queue_item_id]:
+            raise _broken(
+                6, f"queued run {run_id!r} must have exactly its queued item {run.queue_item_id!r}"
+            )
+    elif items:
+        raise _broken(
+            6,
+            f"queued item {items[0].queue_item_id!r} names run {run_id!r}, "
+            f"which is {run.status}, not queued",
+        )
+    if not run.admitted:
+        if messages:
+            raise _broken(4, f"run {run_id!r} is not admitted but owns messages")
+        if run.input_message_ids:
+            raise _broken(4, f"run {run_id!r} is not admitted but has input message ids")
+        return
+    if facts.foreign_inside:
+        raise _broken(2, f"the messages of run {run_id!r} are not contiguous")
+    inputs = run.input_message_ids
+    head = messages[: len(inputs)]
+    if tuple(m.message_id for m in head) != inputs or any(m.relation != "input" for m in head):
+        raise _broken(
+            3, f"run {run_id!r} must start with its input messages {list(inputs)!r}, in order"
+        )
+    for message in messages[len(inputs) :]:
+        if message.relation == "input":
+            raise _broken(
+                3,
+                f"input message {message.message_id!r} of run {run_id!r} "
+                "is not among its leading input messages",
+            )
+
+
+def assert_relationships(facts: RelationshipFacts) -> None:
+    """Raise :class:`ThreadStoreInvariantError` if the facts break a rule of 8.1."""
+    for run_id, run_facts in facts.runs.items():
+        _assert_run(run_id, run_facts)
+    if facts.check_tail:
+        if len(facts.open_runs) > 1:
+            ids = [r.run_id for r in facts.open_runs]
+            raise _broken(5, f"more than one run is running or waiting: {ids!r}")
+        for run in facts.open_runs:
+            owned = facts.runs.get(run.run_id)
+            if owned is None:  # a reader contract violation, not user error
+                raise RuntimeError(f"facts for open run {run.run_id!r} were not loaded")
+            if owned.messages and (facts.tail is None or facts.tail.run_id != run.run_id):
+                raise _broken(5, f"{run.status} run {run.run_id!r} does not own the tail")
+    lease = facts.lease
+    if lease is not None:
+        held = facts.runs.get(lease.run_id)
+        if held is None:
+            raise RuntimeError(f"facts for lease run {lease.run_id!r} were not loaded")
+        if held.run is None or held.run.status not in OPEN_STATUSES:
+            raise _broken(
+                7, f"the lease names run {lease.run_id!r}, which is not running or waiting"
+            )
+
+
+def facts_from_aggregate(aggregate: ThreadAggregate) -> RelationshipFacts:
+    """Facts for every run id the aggregate mentions (the full check)."""
+    runs: dict[str, RunFacts] = {
+        entry.record.run_id: RunFacts(RunRef.of(entry.record), [], False, [])
+        for entry in aggregate.runs
+    }
+    for entry in aggregate.queued_items:
+        item = entry.record
+        runs.setdefault(item.run_id, RunFacts(None, [], False, []))
+        runs[item.run_id].queued_items.append(QueueRef.of(item))  # type: ignore[attr-defined]
+    messages = [MessageRef.of(e.position, e.record) for e in aggregate.messages]
+    spans: dict[str, tuple[int, int]] = {}
+    for index, ref in enumerate(messages):
+        if ref.run_id is None:
+            continue
+        runs.setdefault(ref.run_id, RunFacts(None, [], False, []))
+        runs[ref.run_id].messages.append(ref)  # type: ignore[attr-defined]
+        first, _ = spans.get(ref.run_id, (index, index))
+        spans[ref.run_id] = (first, index)
+    for run_id, (first, last) in spans.items():
+        runs[run_id].foreign_inside = last - first + 1 != len(runs[run_id].messages)
+    open_runs = [ref.run for ref in runs.values() if ref.run and ref.run.status in OPEN_STATUSES]
+    return RelationshipFacts(
+        runs=runs,
+        open_runs=open_runs,
+        tail=messages[-1] if messages else None,
+        lease=aggregate.root.lease,
+    )
+
+
+class RelationshipReader(Protocol):
+    """Post-commit queries a normalized backend answers inside its transaction."""
+
+    async def run_facts(self, run_ids: Iterable[str]) -> Mapping[str, RunFacts]:
+        """Facts for each id (a missing run gives ``RunFacts(run=None, ...)``)."""
+        ...
+
+    async def open_runs(self) -> Sequence[RunRef]:
+        """Runs whose status is running or waiting (at most two are needed)."""
+        ...
+
+    async def tail(self) -> MessageRef | None:
+        """The message with the highest position, if any."""
+        ...
+
+
+@dataclass(slots=True)
+class RelationshipPlan:
+    """Which runs a commit can affect, and whether the thread-wide rules need a look."""
+
+    run_ids: set[str] = field(default_factory=set)
+    check_tail: bool = False
+    lease: ThreadLease | None = None
+
+    @property
+    def needed(self) -> bool:
+        return bool(self.run_ids) or self.check_tail or self.lease is not None
+
+    async def check(self, reader: RelationshipReader) -> None:
+        """Load the post-commit facts through ``reader`` and assert the rules."""
+        if not self.needed:
+            return
+        open_runs: Sequence[RunRef] = ()
+        tail = None
+        run_ids = set(self.run_ids)
+        if self.check_tail:
+            open_runs = await reader.open_runs()
+            run_ids.update(r.run_id for r in open_runs)
+            tail = await reader.tail()
+        if self.lease is not None:
+            run_ids.add(self.lease.run_id)
+        runs = await reader.run_facts(sorted(run_ids)) if run_ids else {}
+        assert_relationships(
+            RelationshipFacts(
+                runs=runs,
+                open_runs=open_runs,
+                tail=tail,
+                lease=self.lease,
+                check_tail=self.check_tail,
+            )
+        )
+
+
+def plan_relationship_validation(
+    changes: ThreadChanges | None,
+    *,
+    previous_message_runs: Mapping[str, str | None],
+    previous_item_runs: Mapping[str, str],
+    truncated_message_runs: Iterable[str] = (),
+    truncated_run_ids: Iterable[str] = (),
+    lease: ThreadLease | None,
+) -> RelationshipPlan:
+    """Plan the bounded relationship check of a normalized commit.
+
+    Parameters
+    ----------
+    changes:
+        The commit's changes.
+    previous_message_runs:
+        For every previously existing message the changes replace or delete:
+        its run id before the commit (``None`` when standalone).
+    previous_item_runs:
+        For every previously existing queued item the changes replace or
+        delete: its run id before the commit.
+    truncated_message_runs:
+        Run ids of the previous messages a message truncation removed.
+    truncated_run_ids:
+        Ids of the previous runs a run truncation removed.
+    lease:
+        The lease after the commit.
+
+    A run's rules can change only if the commit touches the run, one of its
+    messages or queued items (before or after the commit), or the lease; the
+    tail rule only if messages or runs change. Given a valid previous state,
+    checking those runs is equivalent to checking them all.
+    """
+    plan = RelationshipPlan(lease=lease)
+    affected = plan.run_ids
+    if changes is None:
+        return plan
+    for change in changes.messages or ():
+        if isinstance(change, InsertChange | ReplaceChange):
+            if change.record.run_id is not None:
+                affected.add(change.record.run_id)
+            old = previous_message_runs.get(change.record.message_id)
+        elif isinstance(change, DeleteChange):
+            old = previous_message_runs.get(change.id)
+        else:
+            continue
+        if old is not None:
+            affected.add(old)
+    affected.update(truncated_message_runs)
+    for run_change in changes.runs or ():
+        if isinstance(run_change, InsertChange | ReplaceChange):
+            affected.add(run_change.record.run_id)
+        elif isinstance(run_change, DeleteChange):
+            affected.add(run_change.id)
+    affected.update(truncated_run_ids)
+    for item_change in changes.queued_items or ():
+        if isinstance(item_change, InsertChange | ReplaceChange):
+            affected.add(item_change.record.run_id)
+            old_run = previous_item_runs.get(item_change.record.queue_item_id)
+        else:
+            old_run = previous_item_runs.get(item_change.id)
+        if old_run is not None:
+            affected.add(old_run)
+    plan.check_tail = bool(changes.messages or changes.runs)
+    return plan

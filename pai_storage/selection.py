@@ -1,0 +1,471 @@
+"""Read and list planning, shared by every backend.
+
+Normalized backends call :meth:`SelectionHelpers.plan_read` (or
+:meth:`~SelectionHelpers.plan_list`) before loading anything. A plan validates
+the request, decodes and checks its page token, and tells the backend exactly
+which bounded query to run: for a child page, a :class:`Window` of positions
+(exclusive bounds, order, how many rows to fetch); for a list, the filters and
+the keyset cursor. The backend loads at most ``fetch`` rows and hands them to
+the plan's ``finish`` method, which cuts the page and mints the next token.
+
+Aggregate-style backends call the ``select_*`` helpers instead, which run the
+same plans over families already in memory.
+
+Child-page tokens record the thread incarnation and an *upper anchor* (the
+family's high-water position when the first page was read), so later pages
+never show records committed after the first page, and a token whose thread was
+deleted and re-created is rejected.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal, TypeVar
+
+from .aggregate import Entry, Family, ThreadAggregate
+from .errors import ThreadStoreInvariantError, ThreadStorePageTokenError
+from .models import (
+    Message,
+    MessageIdsSelection,
+    MessagePageSelection,
+    MessageSelection,
+    Order,
+    Page,
+    QueuedItem,
+    QueuedItemIdsSelection,
+    QueuedItemPageSelection,
+    QueuedItemSelection,
+    ReadThreadInput,
+    RunIdsSelection,
+    RunPageSelection,
+    RunRecord,
+    RunSelection,
+    ThreadPage,
+    ThreadRecord,
+    ThreadVersion,
+)
+from .tokens import PageTokenCodec, ScopeDigest, default_scope_digest, query_digest
+
+__all__ = [
+    "ChildPagePlan",
+    "IdsPlan",
+    "ListPlan",
+    "ReadPlan",
+    "SelectionHelpers",
+    "Window",
+    "timestamp_ms",
+]
+
+T = TypeVar("T")
+R = TypeVar("R", Message, RunRecord, QueuedItem)
+FamilyName = Literal["messages", "runs", "queuedItems"]
+
+
+def timestamp_ms(moment: datetime) -> int:
+    """Milliseconds since the Unix epoch (the list cursor's time key)."""
+    return round(moment.timestamp() * 1000)
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """The positions a child page may return: ``lower < position < upper``."""
+
+    lower: int
+    upper: int
+    order: Order
+    fetch: int
+    anchor: int
+    bound_lower: int
+    bound_upper: int | None
+
+    def contains(self, position: int) -> bool:
+        return self.lower < position < self.upper
+
+
+@dataclass(frozen=True, slots=True)
+class IdsPlan:
+    """An ``ids`` selection: load these ids, keep their order, omit missing ones."""
+
+    ids: tuple[str, ...]
+
+    def finish(self, found: Mapping[str, T], version: ThreadVersion) -> ThreadPage[T]:
+        items = [found[i] for i in self.ids if i in found]
+        return ThreadPage[Any](items=items, version=version)
+
+
+def _int(value: Any) -> int:
+    if type(value) is not int:
+        raise ThreadStorePageTokenError("page token is malformed")
+    return value
+
+
+class ChildPagePlan:
+    """A ``page`` selection of one child family.
+
+    Attributes
+    ----------
+    family, order, limit:
+        What is read, in which order, and how many items the page holds.
+    view, statuses, run_id, after_id, before_id:
+        The selection's filters (``None`` when not applicable).
+    """
+
+    def __init__(
+        self,
+        codec: PageTokenCodec,
+        scope_key: str,
+        family: FamilyName,
+        query: dict[str, Any],
+        order: Order,
+        limit: int,
+        page_token: str | None,
+    ) -> None:
+        self.family = family
+        self.order: Order = order
+        self.limit = limit
+        self.view: str | None = query.get("view")
+        self.statuses: frozenset[str] | None = (
+            frozenset(query["statuses"]) if query.get("statuses") is not None else None
+        )
+        self.run_id: str | None = query.get("runId")
+        self.after_id: str | None = query.get("after")
+        self.before_id: str | None = query.get("before")
+        self._codec = codec
+        self._scope_key = scope_key
+        self._query = query_digest(query)
+        self._cursor = (
+            codec.decode(page_token, family, scope_key, self._query) if page_token else None
+        )
+
+    @property
+    def is_continuation(self) -> bool:
+        return self._cursor is not None
+
+    def bound_ids(self) -> tuple[str | None, str | None]:
+        """Message ids whose positions the backend must resolve before :meth:`window`.
+
+        Empty on a continuation (the token carries the resolved bounds).
+        """
+        if self._cursor is not None:
+            return (None, None)
+        return (self.after_id, self.before_id)
+
+    def window(
+        self,
+        version: ThreadVersion,
+        high_water: int,
+        after_position: int | None = None,
+        before_position: int | None = None,
+    ) -> Window:
+        """The position window for this page of the thread at ``version``.
+
+        ``high_water`` is the family's highest assigned position in the read
+        snapshot; ``after_position`` / ``before_position`` are the resolved
+        positions of :meth:`bound_ids` (raise for a missing anchor first, see
+        :meth:`missing_anchor`).
+        """
+        cursor = self._cursor
+        if cursor is not None:
+            if cursor.get("i") != version.thread_instance_id:
+                raise ThreadStorePageTokenError(
+                    "page token belongs to an earlier incarnation of this thread "
+                    "(it was deleted and re-created)"
+                )
+            anchor, lower = _int(cursor.get("a")), _int(cursor.get("lo"))
+            hi = cursor.get("hi")
+            bound_upper = None if hi is None else _int(hi)
+            position = _int(cursor.get("c"))
+        else:
+            anchor, lower, position = high_water, after_position or 0, None
+            bound_upper = before_position
+        bound_lower = lower
+        upper = anchor + 1 if bound_upper is None else min(bound_upper, anchor + 1)
+        if position is not None:
+            if self.order == "oldest":
+                lower = max(lower, position)
+            else:
+                upper = min(upper, position)
+        return Window(lower, upper, self.order, self.limit + 1, anchor, bound_lower, bound_upper)
+
+    def missing_anchor(self, message_id: str) -> ThreadStoreInvariantError:
+        """The error for an ``afterMessageId``/``beforeMessageId`` that does not exist."""
+        return ThreadStoreInvariantError(
+            f"message page bound {message_id!r} does not name an existing message"
+        )
+
+    def matches(self, record: Message | RunRecord | QueuedItem) -> bool:
+        """Whether ``record`` passes this selection's filter (view, statuses, run)."""
+        if isinstance(record, Message):
+            if self.view == "transcript":
+                return record.visibility.transcript
+            if self.view == "context":
+                return record.visibility.context
+            return True
+        if isinstance(record, RunRecord):
+            return self.statuses is None or record.status in self.statuses
+        return self.run_id is None or record.run_id == self.run_id
+
+    def finish(
+        self, window: Window, rows: Sequence[tuple[int, T]], version: ThreadVersion
+    ) -> ThreadPage[T]:
+        """Cut the page from up to ``window.fetch`` matching rows, in window order."""
+        items = rows[: self.limit]
+        token = None
+        if len(rows) > self.limit:
+            token = self._codec.encode(
+                self.family,
+                self._scope_key,
+                self._query,
+                {
+                    "i": version.thread_instance_id,
+                    "a": window.anchor,
+                    "lo": window.bound_lower,
+                    "hi": window.bound_upper,
+                    "c": items[-1][0],
+                },
+            )
+        return ThreadPage[Any](
+            items=[record for _, record in items], next_page_token=token, version=version
+        )
+
+    def select(self, family: Family[R], version: ThreadVersion) -> ThreadPage[R]:
+        """Run this plan over a family held in memory (aggregate backends)."""
+        after, before = self.bound_ids()
+        positions: list[int | None] = []
+        for anchor_id in (after, before):
+            if anchor_id is None:
+                positions.append(None)
+                continue
+            entry = family.get(anchor_id)
+            if entry is None:
+                raise self.missing_anchor(anchor_id)
+            positions.append(entry.position)
+        window = self.window(version, family.high_water(), positions[0], positions[1])
+        chosen: Iterable[Entry[R]] = family
+        if window.order == "newest":
+            chosen = reversed(list(family))
+        rows: list[tuple[int, R]] = []
+        for entry in chosen:
+            if window.contains(entry.position) and self.matches(entry.record):
+                rows.append((entry.position, entry.record))
+                if len(rows) == window.fetch:
+                    break
+        return self.finish(window, rows, version)
+
+
+@dataclass(frozen=True, slots=True)
+class ReadPlan:
+    """What a read asks of each child family (``None``: not requested)."""
+
+    scope_key: str
+    thread_id: str
+    messages: IdsPlan | ChildPagePlan | None
+    runs: IdsPlan | ChildPagePlan | None
+    queued_items: IdsPlan | ChildPagePlan | None
+
+    def select(self, aggregate: ThreadAggregate) -> dict[str, ThreadPage[Any]]:
+        """Run the plan over an aggregate; returns the pages keyed by attribute name."""
+        version = aggregate.root.version
+        pages: dict[str, ThreadPage[Any]] = {}
+        for name, plan, fam in (
+            ("messages", self.messages, aggregate.messages),
+            ("runs", self.runs, aggregate.runs),
+            ("queued_items", self.queued_items, aggregate.queued_items),
+        ):
+            if plan is None:
+                continue
+            if isinstance(plan, IdsPlan):
+                found = {i: e.record for i in plan.ids if (e := fam.get(i)) is not None}
+                pages[name] = plan.finish(found, version)
+            else:
+                pages[name] = plan.select(fam, version)
+        return pages
+
+
+class ListPlan:
+    """A validated ``list_threads`` request with its decoded keyset cursor.
+
+    Rows are ordered by ``updated_at`` newest first, then ``thread_id``
+    ascending (code-point order). A backend loads at most :attr:`fetch` rows of
+    this scope that pass :meth:`matches` and come after :attr:`cursor`.
+    """
+
+    def __init__(
+        self,
+        codec: PageTokenCodec,
+        scope_key: str,
+        limit: int,
+        agent: str | None,
+        parent_thread_id: str | None,
+        category: str | None,
+        include_hidden: bool,
+        page_token: str | None,
+    ) -> None:
+        self.scope_key = scope_key
+        self.limit = limit
+        self.fetch = limit + 1
+        self.agent = agent
+        self.parent_thread_id = parent_thread_id
+        self.category = category
+        self.include_hidden = include_hidden
+        self._codec = codec
+        self._query = query_digest(
+            {
+                "agent": agent,
+                "parent": parent_thread_id,
+                "category": category,
+                "hidden": include_hidden,
+            }
+        )
+        self.cursor: tuple[int, str] | None = None
+        if page_token:
+            position = codec.decode(page_token, "threads", scope_key, self._query)
+            updated, thread_id = position.get("u"), position.get("t")
+            if type(updated) is not int or type(thread_id) is not str:
+                raise ThreadStorePageTokenError("page token is malformed")
+            self.cursor = (updated, thread_id)
+
+    def matches(self, record: ThreadRecord) -> bool:
+        """Whether a root passes the filters (scope is the backend's to bind)."""
+        return (
+            (self.include_hidden or record.list_visibility == "visible")
+            and (self.agent is None or record.agent == self.agent)
+            and (self.parent_thread_id is None or record.parent_thread_id == self.parent_thread_id)
+            and (self.category is None or record.category == self.category)
+        )
+
+    @staticmethod
+    def sort_key(record: ThreadRecord) -> tuple[int, str]:
+        return (-timestamp_ms(record.updated_at), record.thread_id)
+
+    def after_cursor(self, record: ThreadRecord) -> bool:
+        if self.cursor is None:
+            return True
+        updated, thread_id = self.cursor
+        return self.sort_key(record) > (-updated, thread_id)
+
+    def finish(self, rows: Sequence[ThreadRecord]) -> Page[ThreadRecord]:
+        """Cut the page from up to :attr:`fetch` rows in list order."""
+        items = list(rows[: self.limit])
+        token = None
+        if len(rows) > self.limit:
+            last = items[-1]
+            token = self._codec.encode(
+                "threads",
+                self.scope_key,
+                self._query,
+                {"u": timestamp_ms(last.updated_at), "t": last.thread_id},
+            )
+        return Page[ThreadRecord](items=items, next_page_token=token)
+
+    def select(self, roots: Iterable[ThreadRecord]) -> Page[ThreadRecord]:
+        """Run the plan over roots held in memory (already limited to this scope)."""
+        rows = sorted(
+            (r for r in roots if self.matches(r) and self.after_cursor(r)), key=self.sort_key
+        )
+        return self.finish(rows[: self.fetch])
+
+
+class SelectionHelpers:
+    """Selection planning and page finishing bound to one provider's token codec.
+
+    Parameters
+    ----------
+    token_prefix:
+        Prefix of this provider's tokens, e.g. ``"pai-pg"``.
+    secret:
+        Optional key for token integrity (see :class:`PageTokenCodec`).
+    scope_digest:
+        The scope binding recorded in every token.
+    """
+
+    def __init__(
+        self,
+        token_prefix: str = "pai",
+        *,
+        secret: bytes | None = None,
+        scope_digest: ScopeDigest = default_scope_digest,
+    ) -> None:
+        self.codec = PageTokenCodec(token_prefix, secret=secret, scope_digest=scope_digest)
+
+    def plan_read(self, request: ReadThreadInput) -> ReadPlan:
+        """Validate a read's selections and decode their tokens."""
+        include = request.include
+        scope, thread = request.scope_key, request.thread_id
+        return ReadPlan(
+            scope_key=scope,
+            thread_id=thread,
+            messages=self._plan_messages(scope, thread, include.messages if include else None),
+            runs=self._plan_runs(scope, thread, include.runs if include else None),
+            queued_items=self._plan_queued(
+                scope, thread, include.queued_items if include else None
+            ),
+        )
+
+    def plan_list(self, request: Any) -> ListPlan:
+        """Validate a ``ListThreadsInput`` and decode its token."""
+        return ListPlan(
+            self.codec,
+            request.scope_key,
+            request.limit,
+            request.agent,
+            request.parent_thread_id,
+            request.category,
+            bool(request.include_hidden),
+            request.page_token,
+        )
+
+    def _page(
+        self,
+        scope: str,
+        family: FamilyName,
+        query: dict[str, Any],
+        selection: MessagePageSelection | RunPageSelection | QueuedItemPageSelection,
+    ) -> ChildPagePlan:
+        order: Order = selection.order or "oldest"
+        query["order"] = order
+        return ChildPagePlan(
+            self.codec,
+            scope,
+            family,
+            query,
+            order,
+            selection.page.limit,
+            selection.page.page_token,
+        )
+
+    def _plan_messages(
+        self, scope: str, thread: str, sel: MessageSelection | None
+    ) -> IdsPlan | ChildPagePlan | None:
+        if sel is None:
+            return None
+        if isinstance(sel, MessageIdsSelection):
+            return IdsPlan(tuple(sel.message_ids))
+        query = {
+            "t": thread,
+            "view": sel.view,
+            "after": sel.after_message_id,
+            "before": sel.before_message_id,
+        }
+        return self._page(scope, "messages", query, sel)
+
+    def _plan_runs(
+        self, scope: str, thread: str, sel: RunSelection | None
+    ) -> IdsPlan | ChildPagePlan | None:
+        if sel is None:
+            return None
+        if isinstance(sel, RunIdsSelection):
+            return IdsPlan(tuple(sel.run_ids))
+        statuses = sorted(set(sel.statuses)) if sel.statuses is not None else None
+        return self._page(scope, "runs", {"t": thread, "statuses": statuses}, sel)
+
+    def _plan_queued(
+        self, scope: str, thread: str, sel: QueuedItemSelection | None
+    ) -> IdsPlan | ChildPagePlan | None:
+        if sel is None:
+            return None
+        if isinstance(sel, QueuedItemIdsSelection):
+            return IdsPlan(tuple(sel.queue_item_ids))
+        return self._page(scope, "queuedItems", {"t": thread, "runId": sel.run_id}, sel)

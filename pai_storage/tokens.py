@@ -1,0 +1,119 @@
+"""The page-token codec: opaque, scope-bound, query-bound, tamper-evident.
+
+A token is ``<prefix>.<payload>.<mac>``: the payload is base64url JSON, the mac
+a truncated HMAC-SHA256 of prefix and payload. Tokens are not secret (anyone can
+base64-decode one) but any edit is detected, and they cannot widen authority:
+every token records a digest of its scope key and of its complete query, and
+the store re-checks both against the request that carries it.
+
+The payload holds only positions and digests, never record contents.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import json
+from collections.abc import Callable
+from typing import Any
+
+from .errors import ThreadStorePageTokenError
+
+__all__ = ["PageTokenCodec", "ScopeDigest", "default_scope_digest", "query_digest"]
+
+ScopeDigest = Callable[[str], str]
+"""Maps a scope key to a short, deterministic, stable digest."""
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def _canonical(value: Any) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+def default_scope_digest(scope_key: str) -> str:
+    """SHA-256 of the JSON-encoded scope key, base64url, 128 bits."""
+    return _b64(hashlib.sha256(_canonical(scope_key)).digest()[:16])
+
+
+def query_digest(query: Any) -> str:
+    """A digest of a canonical query description (a JSON-able value)."""
+    return _b64(hashlib.sha256(_canonical(query)).digest()[:16])
+
+
+class PageTokenCodec:
+    """Encode and verify page tokens for one provider.
+
+    Parameters
+    ----------
+    prefix:
+        Distinguishes this provider's tokens (``"pai-memory"``); a token minted
+        with another prefix is rejected.
+    secret:
+        Key for the integrity check. Defaults to one derived from ``prefix``,
+        which detects any edit; pass a deployment secret to make tokens
+        unforgeable as well.
+    scope_digest:
+        The scope binding; the default is :func:`default_scope_digest`.
+    """
+
+    def __init__(
+        self,
+        prefix: str = "pai",
+        *,
+        secret: bytes | None = None,
+        scope_digest: ScopeDigest = default_scope_digest,
+    ) -> None:
+        if not prefix or "." in prefix:
+            raise ValueError("token prefix must be non-empty and contain no '.'")
+        self.prefix = prefix
+        self.scope_digest = scope_digest
+        self._key = secret if secret is not None else hashlib.sha256(prefix.encode()).digest()
+
+    def _mac(self, body: str) -> str:
+        digest = hmac.new(self._key, f"{self.prefix}.{body}".encode(), hashlib.sha256).digest()
+        return _b64(digest[:16])
+
+    def encode(self, kind: str, scope_key: str, query: str, position: dict[str, Any]) -> str:
+        """Mint a token for page ``kind`` of ``query`` in ``scope_key`` at ``position``."""
+        payload = {"v": 1, "k": kind, "s": self.scope_digest(scope_key), "q": query, "p": position}
+        body = _b64(_canonical(payload))
+        return f"{self.prefix}.{body}.{self._mac(body)}"
+
+    def decode(self, token: str, kind: str, scope_key: str, query: str) -> dict[str, Any]:
+        """Verify ``token`` for this kind, scope and query; return its position."""
+        parts = token.split(".")
+        if len(parts) != 3 or parts[0] != self.prefix:
+            raise ThreadStorePageTokenError("page token is malformed or from another store")
+        body, mac = parts[1], parts[2]
+        if not hmac.compare_digest(mac, self._mac(body)):
+            raise ThreadStorePageTokenError("page token failed its integrity check (tampered)")
+        try:
+            payload = json.loads(_unb64(body))
+        except (binascii.Error, ValueError):
+            raise ThreadStorePageTokenError("page token is malformed") from None
+        if not isinstance(payload, dict) or payload.get("v") != 1:
+            raise ThreadStorePageTokenError("page token has an unknown format version")
+        if payload.get("k") != kind:
+            raise ThreadStorePageTokenError(
+                f"page token belongs to a {payload.get('k')} page, not {kind}"
+            )
+        if payload.get("s") != self.scope_digest(scope_key):
+            raise ThreadStorePageTokenError("page token belongs to another scope")
+        if payload.get("q") != query:
+            raise ThreadStorePageTokenError(
+                "page token belongs to another query: a continuation must repeat the same "
+                "selection, filters, order and bounds (only limit may change)"
+            )
+        position = payload.get("p")
+        if not isinstance(position, dict):
+            raise ThreadStorePageTokenError("page token is malformed")
+        return position
