@@ -242,11 +242,12 @@ def apply_family_changes(
     for rid, entry in state.items():
         old = previous.get(rid)
         old_alive = old is not None and (cut is None or old.position <= cut)
-        if entry is None:
+        if entry is None or entry.position >= next_position:
+            # Gone, or deleted and inserted again (a new row at a new position).
             if old_alive:
                 write.deletes.append(rid)
-        elif entry.position >= next_position:
-            write.inserts.append(entry)
+            if entry is not None:
+                write.inserts.append(entry)
         else:
             write.updates[rid] = entry
     write.inserts.sort(key=lambda e: e.position)

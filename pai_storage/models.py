@@ -173,7 +173,10 @@ def _parse_timestamp(value: Any) -> datetime:
         raise PydanticCustomError("timestamp", "Input should be a datetime or ISO 8601 string")
     if value.tzinfo is None or value.utcoffset() is None:
         raise PydanticCustomError("timestamp", "timestamp must carry a UTC offset")
-    return truncate_ms(value)
+    try:
+        return truncate_ms(value)
+    except OverflowError:
+        raise PydanticCustomError("timestamp", "timestamp is out of range in UTC") from None
 
 
 def truncate_ms(moment: datetime) -> datetime:
@@ -184,8 +187,11 @@ def truncate_ms(moment: datetime) -> datetime:
 
 def format_timestamp(moment: datetime) -> str:
     """The JSON form of a timestamp: ``2026-01-02T03:04:05.678Z``."""
-    moment = truncate_ms(moment)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+    m = truncate_ms(moment)
+    return (
+        f"{m.year:04d}-{m.month:02d}-{m.day:02d}T{m.hour:02d}:{m.minute:02d}:{m.second:02d}"
+        f".{m.microsecond // 1000:03d}Z"
+    )
 
 
 Id = Annotated[StrictStr, AfterValidator(_check_id)]
@@ -213,23 +219,20 @@ D = TypeVar("D")
 def _loc_path(loc: tuple[int | str, ...], data: Any) -> str:
     """Render a pydantic location, dropping discriminator tags (found in ``data``)."""
     path = ""
+    tag_skipped = False
     for part in loc:
         if isinstance(part, int):
             path += f"[{part}]"
             data = data[part] if isinstance(data, list) and part < len(data) else None
+            tag_skipped = False
             continue
-        if (
-            isinstance(data, Mapping)
-            and part not in data
-            and part
-            in (
-                data.get("type"),
-                data.get("kind"),
-            )
-        ):
-            continue  # the tag pydantic adds for a discriminated union member
+        is_tag = isinstance(data, Mapping) and part in (data.get("type"), data.get("kind"))
+        if is_tag and not tag_skipped:
+            tag_skipped = True  # the tag pydantic adds for a discriminated union member
+            continue
         path = f"{path}.{part}" if path else part
         data = data.get(part) if isinstance(data, Mapping) else None
+        tag_skipped = False
     return path
 
 

@@ -214,10 +214,13 @@ def backend_for_url(url: str | StoreURL) -> tuple[Backend, StoreURL]:
     available_backends()
     name = _schemes.get(parsed.scheme)
     if name is None:
+        failed = "".join(
+            f"; backend {n!r} failed to load ({err})" for n, err in sorted(_load_errors.items())
+        )
         raise ThreadStoreConfigurationError(
             f"no backend serves URL scheme {parsed.scheme!r}"
             f"{_did_you_mean(parsed.scheme, _schemes)}; installed schemes: "
-            f"{', '.join(sorted(_schemes)) or 'none'}"
+            f"{', '.join(sorted(_schemes)) or 'none'}{failed}"
         )
     return _backends[name], parsed
 

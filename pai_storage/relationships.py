@@ -238,12 +238,15 @@ def facts_from_aggregate(aggregate: ThreadAggregate) -> RelationshipFacts:
         spans[ref.run_id] = (first, index)
     for run_id, (first, last) in spans.items():
         runs[run_id].foreign_inside = last - first + 1 != len(runs[run_id].messages)
+    lease = aggregate.root.lease
+    if lease is not None:
+        runs.setdefault(lease.run_id, RunFacts(None, [], False, []))
     open_runs = [ref.run for ref in runs.values() if ref.run and ref.run.status in OPEN_STATUSES]
     return RelationshipFacts(
         runs=runs,
         open_runs=open_runs,
         tail=messages[-1] if messages else None,
-        lease=aggregate.root.lease,
+        lease=lease,
     )
 
 

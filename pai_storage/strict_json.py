@@ -4,7 +4,8 @@ Accepted: ``None``, ``bool``, ``int`` in the signed 64-bit range, finite
 ``float`` other than ``-0.0``, ``str`` (valid Unicode; U+0000 allowed), ``list``
 and ``dict`` with ``str`` keys. Everything else -- NaN, infinities, ``-0.0``,
 out-of-range ints, tuples, sets, bytes, datetimes, Decimals, enums, subclasses
-of the accepted types, class instances, cycles, lone surrogates -- is rejected
+of the accepted types, class instances, cycles, lone surrogates, nesting deeper
+than :data:`MAX_JSON_DEPTH` containers -- is rejected
 with :class:`ThreadStoreSerializationError` naming the path of the first bad
 value, e.g. ``metadata.items[3].score: NaN is not JSON``.
 
@@ -20,10 +21,20 @@ from typing import Any
 
 from .errors import ThreadStoreSerializationError
 
-__all__ = ["INT64_MAX", "INT64_MIN", "check_json", "check_json_object", "is_valid_text"]
+__all__ = [
+    "INT64_MAX",
+    "INT64_MIN",
+    "MAX_JSON_DEPTH",
+    "check_json",
+    "check_json_object",
+    "is_valid_text",
+]
 
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
+MAX_JSON_DEPTH = 64
+"""Deepest nesting of containers in one opaque value. Every backend must store
+it (MongoDB allows 100 levels per document, counting the record around it)."""
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -67,10 +78,10 @@ def check_json(value: Any, path: str = "") -> None:
     # Containers currently on the walk: a container reached again is a cycle.
     # Shared (non-cyclic) sub-values are fine and checked each time they appear.
     active: set[int] = set()
-    # Each entry is (value, path) to check, or (None, id) to leave a container.
-    stack: list[tuple[Any, Any]] = [(value, path)]
+    # Each entry is (value, path, depth) to check, or (None, id, 0) to leave a container.
+    stack: list[tuple[Any, Any, int]] = [(value, path, 0)]
     while stack:
-        item, where = stack.pop()
+        item, where, depth = stack.pop()
         if item is None:
             if type(where) is int:
                 active.discard(where)
@@ -91,18 +102,21 @@ def check_json(value: Any, path: str = "") -> None:
             ident = id(item)
             if ident in active:
                 raise _fail(where, "cycle: a container contains itself")
+            depth += 1
+            if depth > MAX_JSON_DEPTH:
+                raise _fail(where, f"nesting deeper than {MAX_JSON_DEPTH} levels is not stored")
             active.add(ident)
-            stack.append((None, ident))
+            stack.append((None, ident, 0))
             if kind is dict:
                 for key, sub in reversed(item.items()):
                     if type(key) is not str:
                         raise _fail(where, f"key {key!r} is not a string")
                     if not key.isascii() and _SURROGATE.search(key):
                         raise _fail(where, "key with a lone surrogate is not valid Unicode")
-                    stack.append((sub, _join(where, key)))
+                    stack.append((sub, _join(where, key), depth))
             else:
                 for index in range(len(item) - 1, -1, -1):
-                    stack.append((item[index], f"{where}[{index}]"))
+                    stack.append((item[index], f"{where}[{index}]", depth))
         else:
             raise _fail(where, _describe(item))
 
