@@ -50,7 +50,7 @@ class StoreURL:
         port = f":{self.port}" if self.port is not None else ""
         netloc = userinfo + host + port
         raw_netloc = self._raw.netloc if self._raw else netloc
-        if "," in raw_netloc:  # multi-host seed lists (mongodb) are kept verbatim
+        if "," in raw_netloc.rsplit("@", 1)[-1]:  # multi-host seed lists are kept verbatim
             netloc = raw_netloc.rsplit("@", 1)[-1]
             netloc = userinfo + netloc
         query = "&".join(f"{quote(k, safe='')}={quote(v, safe='')}" for k, v in self.query)
@@ -88,7 +88,7 @@ def make_url(url: str | StoreURL) -> StoreURL:
     try:
         parts = urlsplit(url)
         scheme, _, driver = parts.scheme.lower().partition("+")
-        multi_host = "," in parts.netloc
+        multi_host = "," in parts.netloc.rsplit("@", 1)[-1]
         port = None if multi_host else parts.port
         hostname = None if multi_host else parts.hostname
         if multi_host:

@@ -1,0 +1,552 @@
+"""Property and unit tests of the record and input models (SPEC section 5)."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from pai_storage import (
+    CommitThreadInput,
+    ConflictResult,
+    ListThreadsInput,
+    Message,
+    MessageDraft,
+    QueuedItem,
+    ReadThreadInput,
+    RunDraft,
+    RunRecord,
+    TextPart,
+    ThreadLease,
+    ThreadReadResult,
+    ThreadRecord,
+    ThreadStoreInvariantError,
+    ThreadStoreSerializationError,
+    ThreadVersion,
+    ToolCallPart,
+    TruncateChange,
+    format_timestamp,
+)
+from pai_storage import builders as b
+from pai_storage.strict_json import MAX_JSON_DEPTH
+
+from . import strategies as s
+
+SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def exact(value: Any) -> str:
+    """Type-strict, key-order-sensitive rendering (1 != 1.0 != True; key order matters)."""
+    return json.dumps(value)
+
+
+def same(a: Any, b: Any) -> bool:
+    """Type-strict equality, ignoring key order (record field order is not specified)."""
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
+def opaque_values(model_name: str, data: dict[str, Any]) -> list[Any]:
+    """The opaque JSON members of a record's JSON form (their key order must survive)."""
+    found: list[Any] = []
+    for key in ("metadata", "privateMetadata", "input", "output", "data"):
+        if key in data:
+            found.append(data[key])
+    for key in ("providerMetadata", "callProviderMetadata", "resultProviderMetadata"):
+        if key in data:
+            found.append(data[key])
+    for part in data.get("parts", []):
+        found.extend(opaque_values("part", part))
+    return found
+
+
+def check_round_trip(model: Any, data: dict[str, Any]) -> Any:
+    value = model.model_validate(data)
+    out = value.to_json()
+    assert same(out, data)
+    assert exact(opaque_values(model.__name__, out)) == exact(opaque_values(model.__name__, data))
+    again = model.model_validate(out)
+    assert again == value
+    assert same(again.to_json(), data)
+    return value
+
+
+# ---------------------------------------------------------------- round trips
+
+
+@SETTINGS
+@given(s.versions())
+def test_thread_version_round_trip(data: dict[str, Any]) -> None:
+    check_round_trip(ThreadVersion, data)
+
+
+@SETTINGS
+@given(s.leases())
+def test_thread_lease_round_trip(data: dict[str, Any]) -> None:
+    check_round_trip(ThreadLease, data)
+
+
+@SETTINGS
+@given(s.thread_records())
+def test_thread_record_round_trip(data: dict[str, Any]) -> None:
+    record = check_round_trip(ThreadRecord, data)
+    public = record.public_json()
+    assert "privateMetadata" not in public
+    assert exact(public["metadata"]) == exact(data["metadata"])
+
+
+@SETTINGS
+@given(s.messages())
+def test_message_round_trip(data: dict[str, Any]) -> None:
+    message = check_round_trip(Message, data)
+    draft = message.to_draft()
+    assert isinstance(draft, MessageDraft)
+    expected = {k: v for k, v in data.items() if k not in ("createdAt", "updatedAt")}
+    assert same(draft.to_json(), expected)
+
+
+@SETTINGS
+@given(s.message_drafts())
+def test_message_draft_round_trip(data: dict[str, Any]) -> None:
+    check_round_trip(MessageDraft, data)
+
+
+@pytest.mark.parametrize(
+    "part",
+    [
+        {"type": "text", "text": "hi"},
+        {"type": "text", "text": "hi", "providerMetadata": {"b": 1, "a": 2.0}},
+        {"type": "reasoning", "text": "because"},
+        {"type": "file", "mediaType": "image/png", "url": "https://x/y.png"},
+        {
+            "type": "file",
+            "mediaType": "image/png",
+            "url": "u",
+            "filename": "y.png",
+            "providerMetadata": {},
+        },
+        {
+            "type": "tool-call",
+            "toolCallId": "c1",
+            "toolName": "t",
+            "input": {},
+            "state": "input-streaming",
+        },
+        {
+            "type": "tool-call",
+            "toolCallId": "c1",
+            "toolName": "t",
+            "input": [1, "x"],
+            "state": "output-available",
+            "output": None,
+            "errorText": "e",
+            "callProviderMetadata": {"a": None},
+            "resultProviderMetadata": {"z": [True]},
+        },
+        {"type": "data", "name": "chart", "data": {"points": [1, 2.5]}},
+        {"type": "data", "name": "nothing", "data": None},
+    ],
+)
+def test_every_part_type_round_trips(part: dict[str, Any]) -> None:
+    data = b.message("m1")
+    data["parts"] = [part]
+    data["createdAt"] = "2030-01-01T00:00:00.000Z"
+    data["updatedAt"] = "2030-01-01T00:00:00.001Z"
+    check_round_trip(Message, data)
+
+
+@SETTINGS
+@given(s.run_records())
+def test_run_record_round_trip(data: dict[str, Any]) -> None:
+    run = check_round_trip(RunRecord, data)
+    assert "privateMetadata" not in run.public_json()
+    draft = run.to_draft()
+    assert isinstance(draft, RunDraft)
+    assert "admittedAt" not in draft.to_json()["admission"]
+
+
+@SETTINGS
+@given(s.run_drafts())
+def test_run_draft_round_trip(data: dict[str, Any]) -> None:
+    check_round_trip(RunDraft, data)
+
+
+@SETTINGS
+@given(s.queued_items())
+def test_queued_item_round_trip(data: dict[str, Any]) -> None:
+    check_round_trip(QueuedItem, data)
+
+
+@SETTINGS
+@given(s.read_results())
+def test_thread_read_result_round_trip(data: dict[str, Any]) -> None:
+    result = check_round_trip(ThreadReadResult, data)
+    assert "thread" in result.to_json()
+
+
+@SETTINGS
+@given(s.commit_inputs())
+def test_commit_input_round_trip(data: dict[str, Any]) -> None:
+    check_round_trip(CommitThreadInput, data)
+
+
+@SETTINGS
+@given(s.list_inputs())
+def test_list_input_round_trip(data: dict[str, Any]) -> None:
+    check_round_trip(ListThreadsInput, data)
+
+
+@SETTINGS
+@given(s.read_inputs())
+def test_read_input_round_trip(data: dict[str, Any]) -> None:
+    check_round_trip(ReadThreadInput, data)
+
+
+# ---------------------------------------------------------------- absent vs null
+
+
+def test_optional_fields_are_omitted_never_null() -> None:
+    part = TextPart(type="text", text="x")
+    assert part.to_json() == {"type": "text", "text": "x"}
+    version = ThreadVersion(thread_instance_id="i", revision=1)
+    lease = ThreadLease(
+        kind="run",
+        run_id="r",
+        owner_id="o",
+        operation="send",
+        acquired_at=datetime(2030, 1, 1, tzinfo=UTC),
+        expires_at=datetime(2030, 1, 1, 0, 1, tzinfo=UTC),
+    )
+    assert "renewedAt" not in lease.to_json()
+    record = ThreadRecord(
+        scope_key="s",
+        thread_id="t",
+        version=version,
+        agent="a",
+        direct_execution_allowed=False,
+        list_visibility="visible",
+        metadata={},
+        private_metadata={},
+        created_at=datetime(2030, 1, 1, tzinfo=UTC),
+        updated_at=datetime(2030, 1, 1, tzinfo=UTC),
+    )
+    out = record.to_json()
+    for key in ("parentThreadId", "category", "title", "lease"):
+        assert key not in out
+    assert None not in out.values()
+
+
+def test_required_nullable_fields_are_kept_as_null() -> None:
+    result = ThreadReadResult(observed_at=datetime(2030, 1, 1, tzinfo=UTC), thread=None)
+    assert result.to_json() == {"observedAt": "2030-01-01T00:00:00.000Z", "thread": None}
+    assert ConflictResult(type="conflict", current_version=None).to_json() == {
+        "type": "conflict",
+        "currentVersion": None,
+    }
+    assert TruncateChange(type="truncate", after_id=None).to_json() == {
+        "type": "truncate",
+        "afterId": None,
+    }
+    with pytest.raises(ThreadStoreInvariantError, match="thread"):
+        ThreadReadResult.model_validate({"observedAt": "2030-01-01T00:00:00.000Z"})
+    with pytest.raises(ThreadStoreInvariantError, match="afterId"):
+        TruncateChange.model_validate({"type": "truncate"})
+    with pytest.raises(ThreadStoreInvariantError, match="currentVersion"):
+        ConflictResult.model_validate({"type": "conflict"})
+
+
+def test_tool_output_null_is_kept_only_when_given() -> None:
+    base = {
+        "type": "tool-call",
+        "toolCallId": "c",
+        "toolName": "n",
+        "input": None,
+        "state": "input-available",
+    }
+    assert "output" not in ToolCallPart.model_validate(base).to_json()
+    with_null = ToolCallPart.model_validate({**base, "output": None})
+    assert with_null.to_json()["output"] is None
+    assert (
+        ToolCallPart(
+            type="tool-call",
+            tool_call_id="c",
+            tool_name="n",
+            input=None,
+            state="output-available",
+            output=None,
+        ).to_json()["output"]
+        is None
+    )
+
+
+# ---------------------------------------------------------------- rejection
+
+
+def test_unknown_field_rejected_with_path() -> None:
+    data = b.message("m1")
+    data["extra"] = 1
+    with pytest.raises(ThreadStoreInvariantError, match=r"extra") as err:
+        MessageDraft.model_validate(data)
+    assert not isinstance(err.value, ThreadStoreSerializationError)
+
+
+def test_nested_unknown_field_rejected_with_path() -> None:
+    commit = b.create(
+        "s", "t", {"messages": [{"type": "insert", "record": {**b.message("m1"), "bogus": 1}}]}
+    )
+    with pytest.raises(ThreadStoreInvariantError) as err:
+        CommitThreadInput.model_validate(commit)
+    assert "mutation.changes.messages[0].record.bogus" in str(err.value)
+
+
+@pytest.mark.parametrize("part_type", ["text", "reasoning", "data"])
+def test_unknown_field_in_part_names_the_part_path(part_type: str) -> None:
+    part: dict[str, Any] = {"type": part_type, "foo": 1}
+    if part_type == "data":
+        part.update(name="n", data=1)
+    else:
+        part["text"] = "x"
+    data = b.message("m1")
+    data["parts"] = [part]
+    with pytest.raises(ThreadStoreInvariantError) as err:
+        MessageDraft.model_validate(data)
+    # The discriminator tag is not part of the path; a "text" or "data" part
+    # also has a field of that name, which must not be mistaken for the tag.
+    assert "parts[0].foo" in str(err.value)
+
+
+def test_unknown_part_type_rejected() -> None:
+    data = b.message("m1")
+    data["parts"] = [{"type": "image", "text": "x"}]
+    with pytest.raises(ThreadStoreInvariantError, match=r"parts\[0\]"):
+        MessageDraft.model_validate(data)
+
+
+def test_empty_parts_rejected() -> None:
+    data = b.message("m1")
+    data["parts"] = []
+    with pytest.raises(ThreadStoreInvariantError, match="parts"):
+        MessageDraft.model_validate(data)
+
+
+def test_strict_json_error_in_model_names_full_path() -> None:
+    data = b.message("m1", metadata={"items": [0, 1, 2, {"score": float("nan")}]})
+    with pytest.raises(ThreadStoreSerializationError) as err:
+        MessageDraft.model_validate(data)
+    assert err.value.path == "metadata.items[3].score"
+    assert "NaN" in err.value.reason
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("messageId", ""),
+        ("messageId", "x" * 1025),
+        ("messageId", "a\ud800"),
+        ("messageId", 5),
+        ("role", "robot"),
+        ("status", "done"),
+        ("metadata", []),
+        ("metadata", None),
+    ],
+)
+def test_invalid_fields_rejected(field: str, value: Any) -> None:
+    data = b.message("m1")
+    data[field] = value
+    with pytest.raises(ThreadStoreInvariantError, match=field):
+        MessageDraft.model_validate(data)
+
+
+def test_id_limits_and_unicode_accepted() -> None:
+    for value in ("x" * 1024, "a/b.c$ d", "\x00", "🙂"):
+        data = b.message(value)
+        assert MessageDraft.model_validate(data).message_id == value
+
+
+def test_condition_must_match_mutation() -> None:
+    commit = b.create("s", "t")
+    commit["condition"] = {"type": "version", "version": {"threadInstanceId": "i", "revision": 1}}
+    with pytest.raises(ThreadStoreInvariantError, match="condition"):
+        CommitThreadInput.model_validate(commit)
+    delete = b.delete("s", "t", {"threadInstanceId": "i", "revision": 1})
+    delete["condition"] = {"type": "missing"}
+    with pytest.raises(ThreadStoreInvariantError, match="condition"):
+        CommitThreadInput.model_validate(delete)
+
+
+def test_queued_items_cannot_truncate() -> None:
+    commit = b.update(
+        "s",
+        "t",
+        {"threadInstanceId": "i", "revision": 1},
+        {"queuedItems": [{"type": "truncate", "afterId": None}]},
+    )
+    with pytest.raises(ThreadStoreInvariantError, match="queuedItems"):
+        CommitThreadInput.model_validate(commit)
+
+
+def test_duplicate_ids_in_selection_rejected() -> None:
+    with pytest.raises(ThreadStoreInvariantError, match="distinct"):
+        ReadThreadInput.model_validate(
+            b.read("s", "t", messages={"type": "ids", "messageIds": ["a", "a"]})
+        )
+    with pytest.raises(ThreadStoreInvariantError, match="runIds"):
+        ReadThreadInput.model_validate(b.read("s", "t", runs={"type": "ids", "runIds": []}))
+    many = [str(i) for i in range(101)]
+    with pytest.raises(ThreadStoreInvariantError, match="queueItemIds"):
+        ReadThreadInput.model_validate(
+            b.read("s", "t", queuedItems={"type": "ids", "queueItemIds": many})
+        )
+
+
+@pytest.mark.parametrize("limit", [0, 101, True, 1.0])
+def test_limit_bounds(limit: Any) -> None:
+    with pytest.raises(ThreadStoreInvariantError, match="limit"):
+        ListThreadsInput.model_validate({"scopeKey": "s", "limit": limit})
+
+
+@pytest.mark.parametrize("duration", [0, 86_400_001])
+def test_duration_bounds(duration: int) -> None:
+    commit = b.create("s", "t", {"lease": {**b.acquire("r", "o"), "durationMs": duration}})
+    with pytest.raises(ThreadStoreInvariantError, match="durationMs"):
+        CommitThreadInput.model_validate(commit)
+
+
+def test_snake_case_names_accepted() -> None:
+    snake = {
+        "scope_key": "s",
+        "thread_id": "t",
+        "condition": {"type": "missing"},
+        "mutation": {
+            "type": "create",
+            "root": {
+                "agent": "a",
+                "direct_execution_allowed": True,
+                "list_visibility": "hidden",
+                "metadata": {},
+                "private_metadata": {"k": 1},
+            },
+            "changes": {
+                "lease": {
+                    "type": "acquire",
+                    "lease": {"kind": "run", "run_id": "r"},
+                    "lease_owner_id": "o",
+                    "duration_ms": 5,
+                    "operation": "send",
+                }
+            },
+        },
+    }
+    parsed = CommitThreadInput.model_validate(snake)
+    camel = parsed.to_json()
+    assert camel["scopeKey"] == "s"
+    assert camel["mutation"]["root"]["privateMetadata"] == {"k": 1}
+    assert camel["mutation"]["changes"]["lease"]["leaseOwnerId"] == "o"
+    assert CommitThreadInput.model_validate(camel) == parsed
+
+
+# ---------------------------------------------------------------- timestamps
+
+
+def _lease(acquired: Any) -> ThreadLease:
+    return ThreadLease.model_validate(
+        {
+            "kind": "run",
+            "runId": "r",
+            "ownerId": "o",
+            "operation": "send",
+            "acquiredAt": acquired,
+            "expiresAt": "2030-01-01T00:00:00.000Z",
+        }
+    )
+
+
+def test_timestamps_are_aware_utc_truncated_to_ms() -> None:
+    lease = _lease(datetime(2030, 1, 2, 3, 4, 5, 678_999, tzinfo=UTC))
+    assert lease.acquired_at == datetime(2030, 1, 2, 3, 4, 5, 678_000, tzinfo=UTC)
+    assert lease.acquired_at.utcoffset() == timedelta(0)
+    assert lease.to_json()["acquiredAt"] == "2030-01-02T03:04:05.678Z"
+    assert _lease("2030-01-02T03:04:05.678999Z").acquired_at.microsecond == 678_000
+    assert _lease("2030-01-02T03:04:05Z").to_json()["acquiredAt"] == "2030-01-02T03:04:05.000Z"
+
+
+def test_non_utc_offset_converted() -> None:
+    plus2 = timezone(timedelta(hours=2))
+    lease = _lease(datetime(2030, 1, 2, 3, 0, 0, 1500, tzinfo=plus2))
+    assert lease.acquired_at == datetime(2030, 1, 2, 1, 0, 0, 1000, tzinfo=UTC)
+    assert lease.acquired_at.tzinfo == UTC
+    assert lease.to_json()["acquiredAt"] == "2030-01-02T01:00:00.001Z"
+    assert (
+        _lease("2030-01-02T03:00:00.000-05:30").to_json()["acquiredAt"]
+        == "2030-01-02T08:30:00.000Z"
+    )
+
+
+@pytest.mark.parametrize(
+    "value",
+    [datetime(2030, 1, 1), "2030-01-01T00:00:00", "not a time", 1_700_000_000, None],
+)
+def test_naive_or_malformed_timestamps_rejected(value: Any) -> None:
+    with pytest.raises(ThreadStoreInvariantError, match="acquiredAt"):
+        _lease(value)
+
+
+def test_timestamp_with_offset_near_datetime_min_is_an_invariant_error() -> None:
+    # Converting to UTC would leave datetime's range; that must be a typed
+    # error, not a raw OverflowError.
+    with pytest.raises(ThreadStoreInvariantError, match="acquiredAt"):
+        _lease("0001-01-01T00:00:00+01:00")
+
+
+@SETTINGS
+@given(
+    st.datetimes(
+        min_value=datetime(1, 1, 1), max_value=datetime(9999, 12, 31), timezones=st.just(UTC)
+    )
+)
+def test_timestamp_json_form_is_iso_with_ms_and_z(moment: datetime) -> None:
+    text = format_timestamp(moment)
+    assert len(text) == 24, text  # YYYY-MM-DDTHH:MM:SS.mmmZ, four-digit year
+    assert text.endswith("Z")
+    assert _lease(text).acquired_at == moment.replace(microsecond=moment.microsecond // 1000 * 1000)
+
+
+# ---------------------------------------------------------------- immutability
+
+
+def test_models_are_frozen() -> None:
+    version = ThreadVersion(thread_instance_id="i", revision=1)
+    with pytest.raises(ValidationError):
+        version.revision = 2  # type: ignore[misc]
+    draft = MessageDraft.model_validate(b.message("m1"))
+    with pytest.raises(ValidationError):
+        draft.status = "error"  # type: ignore[misc]
+    assert hash(version) == hash(ThreadVersion(thread_instance_id="i", revision=1))
+
+
+def test_deep_copy_shares_no_opaque_state() -> None:
+    draft = MessageDraft.model_validate(b.message("m1", metadata={"a": [1]}))
+    copied = draft.deep_copy()
+    copied.metadata["a"].append(2)
+    assert draft.metadata == {"a": [1]}
+
+
+def test_deepest_accepted_opaque_value_serializes_and_deeper_is_rejected() -> None:
+    # Validation accepts strict JSON up to MAX_JSON_DEPTH levels; the JSON form
+    # of anything it accepts must be producible and round-trip.
+    deep: Any = "leaf"
+    for _ in range(MAX_JSON_DEPTH):
+        deep = {"a": deep}
+    base = {"type": "tool-call", "toolCallId": "c", "toolName": "n", "state": "input-available"}
+    part = ToolCallPart.model_validate({**base, "input": deep})
+    assert ToolCallPart.model_validate(part.to_json()) == part
+    for _ in range(1_000):
+        deep = {"a": deep}
+    with pytest.raises(ThreadStoreSerializationError) as err:
+        ToolCallPart.model_validate({**base, "input": deep})
+    assert err.value.path.startswith("input.a.a")
+    assert "deeper" in err.value.reason
