@@ -316,7 +316,10 @@ class StoreModel(BaseModel):
             else:
                 absent = getattr(self, name) is None
             if absent:
-                data.pop(field.alias if info.by_alias and field.alias else name, None)
+                # Keys are aliases or names depending on the call and the config.
+                data.pop(name, None)
+                if field.alias:
+                    data.pop(field.alias, None)
         return data
 
     def to_json(self) -> dict[str, Any]:

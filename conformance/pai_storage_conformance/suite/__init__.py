@@ -1,5 +1,72 @@
-"""The conformance suite's topic classes (each ``Test*`` class is one topic)."""
+"""The conformance suite: one ``Test*`` class per topic, plus the umbrella class.
+
+``pytest --pai-backend=NAME`` collects every topic class below. Third-party
+authors can instead subclass :class:`ThreadStoreConformance` and provide a
+``store`` fixture (see ``docs/backend-authors.md``).
+"""
 
 from __future__ import annotations
 
-__all__: list[str] = []
+import pytest
+
+from .commits import TestConflicts, TestCreateUpdateDelete
+from .concurrency import TestConcurrency, TestIsolation
+from .errors import TestErrorsAndWarnings
+from .identity import TestIdentityAndScoping
+from .json_values import TestStrictJson
+from .leases import TestLeases
+from .listing import TestListing
+from .model_based import TestModelBased
+from .pagination import TestPagination
+from .reads import TestIdSelections, TestMessageViews, TestReads
+from .relationships import TestRelationshipRules, TestWorkedExample
+
+__all__ = [
+    "TestConcurrency",
+    "TestConflicts",
+    "TestCreateUpdateDelete",
+    "TestErrorsAndWarnings",
+    "TestIdSelections",
+    "TestIdentityAndScoping",
+    "TestIsolation",
+    "TestLeases",
+    "TestListing",
+    "TestMessageViews",
+    "TestModelBased",
+    "TestPagination",
+    "TestReads",
+    "TestRelationshipRules",
+    "TestStrictJson",
+    "TestWorkedExample",
+    "ThreadStoreConformance",
+]
+
+
+class ThreadStoreConformance(
+    TestIdentityAndScoping,
+    TestReads,
+    TestMessageViews,
+    TestIdSelections,
+    TestPagination,
+    TestListing,
+    TestCreateUpdateDelete,
+    TestConflicts,
+    TestLeases,
+    TestRelationshipRules,
+    TestWorkedExample,
+    TestStrictJson,
+    TestErrorsAndWarnings,
+    TestConcurrency,
+    TestIsolation,
+    TestModelBased,
+):
+    """Every topic of the suite in one class.
+
+    Subclass it as ``class TestMyStore(ThreadStoreConformance)`` and define an
+    async ``store`` fixture that yields an initialized store using the
+    ``clock`` fixture (a :class:`~pai_storage.ManualClock`); optionally a
+    ``real_clock_store`` fixture too. The class carries the asyncio mark, so the
+    suite also runs under pytest-asyncio's strict mode.
+    """
+
+    pytestmark = [pytest.mark.asyncio]
