@@ -1,0 +1,874 @@
+"""Commits (SPEC section 8): create, update, delete, stamping, change rules, conflicts."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+from uuid import uuid4
+
+import pytest
+
+from pai_storage import (
+    CommittedResult,
+    ConflictResult,
+    ManualClock,
+    ThreadReadResult,
+    ThreadRecord,
+    ThreadStore,
+    ThreadStoreInvariantError,
+    ThreadVersion,
+)
+from pai_storage import builders as b
+
+__all__ = ["TestConflicts", "TestCreateUpdateDelete"]
+
+pytestmark = pytest.mark.asyncio
+
+
+def _scope() -> str:
+    return f"scope-{uuid4().hex}"
+
+
+def _ins(record: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "insert", "record": record}
+
+
+def _rep(record: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "replace", "record": record}
+
+
+def _del(record_id: str) -> dict[str, Any]:
+    return {"type": "delete", "id": record_id}
+
+
+def _trunc(after_id: str | None) -> dict[str, Any]:
+    return {"type": "truncate", "afterId": after_id}
+
+
+async def _create(
+    store: ThreadStore,
+    scope: str,
+    thread: str = "t1",
+    changes: dict[str, Any] | None = None,
+    **root: Any,
+) -> ThreadRecord:
+    result = await store.commit_thread(b.create(scope, thread, changes, **root))
+    assert isinstance(result, CommittedResult)
+    assert result.thread is not None
+    return result.thread
+
+
+async def _update(
+    store: ThreadStore,
+    scope: str,
+    version: ThreadVersion,
+    changes: dict[str, Any] | None = None,
+    thread: str = "t1",
+    **root: Any,
+) -> CommittedResult:
+    result = await store.commit_thread(b.update(scope, thread, version, changes, **root))
+    assert isinstance(result, CommittedResult)
+    assert result.thread is not None
+    return result
+
+
+async def _read_all(store: ThreadStore, scope: str, thread: str = "t1") -> ThreadReadResult:
+    return await store.read_thread(
+        b.read(
+            scope,
+            thread,
+            messages={"type": "page", "view": "raw", "page": {"limit": 100}},
+            runs={"type": "page", "page": {"limit": 100}},
+            queuedItems={"type": "page", "page": {"limit": 100}},
+        )
+    )
+
+
+def _ids(result: ThreadReadResult) -> tuple[list[str], list[str], list[str]]:
+    assert result.messages is not None
+    assert result.runs is not None
+    assert result.queued_items is not None
+    return (
+        [m.message_id for m in result.messages.items],
+        [r.run_id for r in result.runs.items],
+        [q.queue_item_id for q in result.queued_items.items],
+    )
+
+
+async def _messages(store: ThreadStore, scope: str, thread: str = "t1") -> list[str]:
+    return _ids(await _read_all(store, scope, thread))[0]
+
+
+def _three_messages() -> dict[str, Any]:
+    return {"messages": [_ins(b.message(f"m{i}")) for i in (1, 2, 3)]}
+
+
+class TestCreateUpdateDelete:
+    """Create, update and delete; stamping; mechanical change rules."""
+
+    # Class-level too, so the mark travels with the class when it is imported
+    # or subclassed elsewhere (e.g. the collected module, third-party suites).
+    pytestmark = pytest.mark.asyncio
+
+    # ------------------------------------------------------------ roots
+
+    async def test_create_round_trips_every_root_field(
+        self, store: ThreadStore, clock: ManualClock
+    ) -> None:
+        scope = _scope()
+        result = await store.commit_thread(
+            b.create(
+                scope,
+                "t1",
+                agent="planner",
+                visibility="hidden",
+                directExecutionAllowed=False,
+                parentThreadId="parent-1",
+                category="work",
+                title="A title",
+                metadata={"m": 1},
+                privateMetadata={"p": [True]},
+            )
+        )
+        assert isinstance(result, CommittedResult)
+        assert result.type == "committed"
+        assert result.committed_at == clock()
+        root = result.thread
+        assert root is not None
+        assert root.scope_key == scope
+        assert root.thread_id == "t1"
+        assert root.agent == "planner"
+        assert root.direct_execution_allowed is False
+        assert root.parent_thread_id == "parent-1"
+        assert root.list_visibility == "hidden"
+        assert root.category == "work"
+        assert root.title == "A title"
+        assert root.metadata == {"m": 1}
+        assert root.private_metadata == {"p": [True]}
+        assert root.lease is None
+        assert root.created_at == root.updated_at == clock()
+        read = await store.read_thread(b.read(scope, "t1"))
+        assert read.thread == root
+
+    async def test_create_minimal_root_omits_optional_fields(self, store: ThreadStore) -> None:
+        scope = _scope()
+        root = await _create(store, scope)
+        assert root.parent_thread_id is None
+        assert root.category is None
+        assert root.title is None
+        assert root.direct_execution_allowed is True
+        assert root.list_visibility == "visible"
+        assert root.metadata == {}
+        assert root.private_metadata == {}
+
+    async def test_update_replaces_complete_mutable_root(
+        self, store: ThreadStore, clock: ManualClock
+    ) -> None:
+        scope = _scope()
+        created = await _create(
+            store,
+            scope,
+            agent="planner",
+            directExecutionAllowed=False,
+            parentThreadId="parent-1",
+            category="work",
+            title="old",
+            metadata={"keep": "no", "x": 1},
+            privateMetadata={"secret": 1},
+        )
+        clock.advance(ms=250)
+        result = await _update(
+            store, scope, created.version, visibility="hidden", metadata={"new": True}
+        )
+        root = result.thread
+        assert root is not None
+        assert root.category is None
+        assert root.title is None
+        assert root.metadata == {"new": True}
+        assert root.private_metadata == {}
+        assert root.list_visibility == "hidden"
+        # creation-only fields are kept
+        assert root.agent == "planner"
+        assert root.direct_execution_allowed is False
+        assert root.parent_thread_id == "parent-1"
+        json = root.to_json()
+        assert "category" not in json
+        assert "title" not in json
+        read = await store.read_thread(b.read(scope, "t1"))
+        assert read.thread == root
+
+    async def test_update_sets_category_and_title(self, store: ThreadStore) -> None:
+        scope = _scope()
+        created = await _create(store, scope)
+        result = await _update(store, scope, created.version, category="c2", title="t2")
+        assert result.thread is not None
+        assert (result.thread.category, result.thread.title) == ("c2", "t2")
+
+    @pytest.mark.parametrize(
+        ("field", "value"),
+        [
+            ("agent", "other"),
+            ("directExecutionAllowed", False),
+            ("parentThreadId", "p2"),
+        ],
+    )
+    async def test_creation_only_field_in_update_is_invariant_error(
+        self, store: ThreadStore, field: str, value: Any
+    ) -> None:
+        scope = _scope()
+        created = await _create(store, scope, title="before")
+        with pytest.raises(ThreadStoreInvariantError, match=field):
+            await store.commit_thread(
+                b.update(scope, "t1", created.version, title="after", **{field: value})
+            )
+        read = await store.read_thread(b.read(scope, "t1"))
+        assert read.thread == created
+
+    async def test_updated_at_is_committed_at_and_created_at_kept(
+        self, store: ThreadStore, clock: ManualClock
+    ) -> None:
+        scope = _scope()
+        created = await _create(store, scope)
+        t0 = clock()
+        clock.advance(ms=1234)
+        result = await _update(store, scope, created.version, title="x")
+        assert result.committed_at == clock()
+        assert result.thread is not None
+        assert result.thread.updated_at == result.committed_at
+        assert result.thread.created_at == t0
+        read = await store.read_thread(b.read(scope, "t1"))
+        assert read.thread is not None
+        assert read.thread.updated_at == clock()
+        assert read.thread.created_at == t0
+
+    async def test_timestamps_are_truncated_to_milliseconds(
+        self, store: ThreadStore, clock: ManualClock
+    ) -> None:
+        scope = _scope()
+        clock.set(datetime.fromisoformat("2031-02-03T04:05:06.789+00:00"))
+        created = await _create(store, scope)
+        assert created.created_at == datetime.fromisoformat("2031-02-03T04:05:06.789+00:00")
+        assert created.created_at.microsecond % 1000 == 0
+        assert created.created_at.utcoffset() is not None
+
+    # ------------------------------------------------------------ child stamps
+
+    async def test_message_created_at_kept_by_replace(
+        self, store: ThreadStore, clock: ManualClock
+    ) -> None:
+        scope = _scope()
+        t0 = clock()
+        created = await _create(store, scope, changes={"messages": [_ins(b.message("m1", "v1"))]})
+        clock.advance(ms=500)
+        result = await _update(
+            store, scope, created.version, {"messages": [_rep(b.message("m1", "v2"))]}
+        )
+        read = await _read_all(store, scope)
+        assert read.messages is not None
+        message = read.messages.items[0]
+        assert message.created_at == t0
+        assert message.updated_at == result.committed_at == clock()
+        assert getattr(message.parts[0], "text", None) == "v2"
+
+    async def test_message_insert_stamps_both_timestamps(
+        self, store: ThreadStore, clock: ManualClock
+    ) -> None:
+        scope = _scope()
+        created = await _create(store, scope)
+        clock.advance(ms=42)
+        await _update(store, scope, created.version, {"messages": [_ins(b.message("m1"))]})
+        read = await _read_all(store, scope)
+        assert read.messages is not None
+        message = read.messages.items[0]
+        assert message.created_at == message.updated_at == clock()
+
+    async def test_untouched_message_keeps_updated_at(
+        self, store: ThreadStore, clock: ManualClock
+    ) -> None:
+        scope = _scope()
+        t0 = clock()
+        created = await _create(store, scope, changes={"messages": [_ins(b.message("m1"))]})
+        clock.advance(ms=10)
+        await _update(store, scope, created.version, {"messages": [_ins(b.message("m2"))]})
+        read = await _read_all(store, scope)
+        assert read.messages is not None
+        assert read.messages.items[0].updated_at == t0
+        assert read.messages.items[1].updated_at == clock()
+
+    async def test_run_admitted_at_and_finished_at_lifecycle(
+        self, store: ThreadStore, clock: ManualClock
+    ) -> None:
+        scope = _scope()
+        t0 = clock()
+        created = await _create(
+            store,
+            scope,
+            changes={
+                "runs": [_ins(b.run("r1", "queued", queue_item_id="q1"))],
+                "queuedItems": [_ins(b.queued_item("q1", "r1", "payload"))],
+            },
+        )
+        read = await _read_all(store, scope)
+        assert read.runs is not None
+        run = read.runs.items[0]
+        assert run.admission.admitted is False
+        assert run.admission.admitted_at is None
+        assert run.finished_at is None
+        assert run.created_at == run.updated_at == t0
+        assert "admittedAt" not in run.to_json()["admission"]
+        assert "finishedAt" not in run.to_json()
+
+        # Admit: delete the queued item, insert the input, run becomes running.
+        t1 = clock.advance(ms=100)
+        admitted = await _update(
+            store,
+            scope,
+            created.version,
+            {
+                "messages": [_ins(b.message("m1", run_id="r1"))],
+                "runs": [_rep(b.run("r1", "running", inputs=["m1"], queue_item_id="q1"))],
+                "queuedItems": [_del("q1")],
+            },
+        )
+        run = (await _read_all(store, scope)).runs.items[0]  # type: ignore[union-attr]
+        assert run.admission.admitted_at == t1
+        assert run.finished_at is None
+        assert run.created_at == t0
+        assert run.updated_at == t1
+
+        # Complete: admitted_at kept, finished_at stamped.
+        t2 = clock.advance(ms=100)
+        assert admitted.thread is not None
+        completed = await _update(
+            store,
+            scope,
+            admitted.thread.version,
+            {"runs": [_rep(b.run("r1", "completed", inputs=["m1"], queue_item_id="q1"))]},
+        )
+        run = (await _read_all(store, scope)).runs.items[0]  # type: ignore[union-attr]
+        assert run.admission.admitted_at == t1
+        assert run.finished_at == t2
+
+        # Replace while still terminal (another terminal status): finished_at kept.
+        t3 = clock.advance(ms=100)
+        assert completed.thread is not None
+        still = await _update(
+            store,
+            scope,
+            completed.thread.version,
+            {
+                "runs": [
+                    _rep(
+                        b.run(
+                            "r1",
+                            "failed",
+                            inputs=["m1"],
+                            queue_item_id="q1",
+                            metadata={"n": 1},
+                        )
+                    )
+                ]
+            },
+        )
+        run = (await _read_all(store, scope)).runs.items[0]  # type: ignore[union-attr]
+        assert run.finished_at == t2
+        assert run.updated_at == t3
+        assert run.admission.admitted_at == t1
+
+        # Regenerate: leaving terminal removes finished_at; admitted_at kept.
+        clock.advance(ms=100)
+        assert still.thread is not None
+        await _update(
+            store,
+            scope,
+            still.thread.version,
+            {
+                "runs": [
+                    _rep(
+                        b.run(
+                            "r1",
+                            "running",
+                            inputs=["m1"],
+                            queue_item_id="q1",
+                            operation="regenerate",
+                        )
+                    )
+                ]
+            },
+        )
+        run = (await _read_all(store, scope)).runs.items[0]  # type: ignore[union-attr]
+        assert run.finished_at is None
+        assert "finishedAt" not in run.to_json()
+        assert run.admission.admitted_at == t1
+        assert run.operation == "regenerate"
+
+    async def test_run_inserted_terminal_is_stamped(
+        self, store: ThreadStore, clock: ManualClock
+    ) -> None:
+        scope = _scope()
+        await _create(store, scope, changes={"runs": [_ins(b.run("r1", "completed"))]})
+        read = await _read_all(store, scope)
+        assert read.runs is not None
+        run = read.runs.items[0]
+        assert run.admission.admitted_at == clock()
+        assert run.finished_at == clock()
+
+    async def test_run_cancelled_before_admission(
+        self, store: ThreadStore, clock: ManualClock
+    ) -> None:
+        scope = _scope()
+        created = await _create(
+            store,
+            scope,
+            changes={
+                "runs": [_ins(b.run("r1", "queued", queue_item_id="q1"))],
+                "queuedItems": [_ins(b.queued_item("q1", "r1"))],
+            },
+        )
+        t1 = clock.advance(ms=7)
+        await _update(
+            store,
+            scope,
+            created.version,
+            {
+                "runs": [_rep(b.run("r1", "cancelled", queue_item_id="q1", admitted=False))],
+                "queuedItems": [_del("q1")],
+            },
+        )
+        read = await _read_all(store, scope)
+        assert read.runs is not None
+        run = read.runs.items[0]
+        assert run.admission.admitted is False
+        assert run.admission.admitted_at is None
+        assert run.finished_at == t1
+
+    async def test_queued_item_created_at(self, store: ThreadStore, clock: ManualClock) -> None:
+        scope = _scope()
+        created = await _create(store, scope)
+        t1 = clock.advance(ms=20)
+        first = await _update(
+            store,
+            scope,
+            created.version,
+            {
+                "runs": [_ins(b.run("r1", "queued", queue_item_id="q1"))],
+                "queuedItems": [_ins(b.queued_item("q1", "r1", {"v": 1}))],
+            },
+        )
+        clock.advance(ms=20)
+        assert first.thread is not None
+        await _update(
+            store,
+            scope,
+            first.thread.version,
+            {"queuedItems": [_rep(b.queued_item("q1", "r1", {"v": 2}))]},
+        )
+        read = await _read_all(store, scope)
+        assert read.queued_items is not None
+        item = read.queued_items.items[0]
+        assert item.created_at == t1
+        assert item.input == {"v": 2}
+
+    # ------------------------------------------------------------ mechanical errors
+
+    @pytest.mark.parametrize(
+        ("changes", "named"),
+        [
+            ({"messages": [_ins(b.message("m2"))]}, "m2"),
+            ({"messages": [_rep(b.message("m9"))]}, "m9"),
+            ({"messages": [_del("m9")]}, "m9"),
+            ({"messages": [_trunc("m9")]}, "m9"),
+            ({"messages": [_del("m1"), _del("m1")]}, "m1"),
+            ({"messages": [_del("m3"), _rep(b.message("m3"))]}, "m3"),
+            ({"messages": [_trunc("m1"), _rep(b.message("m2"))]}, "m2"),
+            ({"messages": [_trunc(None), _trunc("m1")]}, "m1"),
+            ({"runs": [_ins(b.run("r1", "completed")), _ins(b.run("r1", "completed"))]}, "r1"),
+            ({"runs": [_rep(b.run("r9", "completed"))]}, "r9"),
+            ({"runs": [_del("r9")]}, "r9"),
+            ({"runs": [_trunc("r9")]}, "r9"),
+            ({"queuedItems": [_rep(b.queued_item("q9", "r1"))]}, "q9"),
+            ({"queuedItems": [_del("q9")]}, "q9"),
+        ],
+    )
+    async def test_mechanical_error_applies_nothing(
+        self, store: ThreadStore, changes: dict[str, Any], named: str
+    ) -> None:
+        scope = _scope()
+        created = await _create(store, scope, changes=_three_messages(), title="before")
+        before = await _read_all(store, scope)
+        # A valid change first, so a partial apply would be visible.
+        changes = {**changes}
+        if "messages" in changes:
+            changes["messages"] = [_ins(b.message("extra")), *changes["messages"]]
+        else:
+            changes["messages"] = [_ins(b.message("extra"))]
+        with pytest.raises(ThreadStoreInvariantError, match=named):
+            await store.commit_thread(
+                b.update(scope, "t1", created.version, changes, title="after")
+            )
+        after = await _read_all(store, scope)
+        assert after.thread == created
+        assert _ids(after) == _ids(before) == (["m1", "m2", "m3"], [], [])
+
+    async def test_insert_of_existing_id_on_create_is_invariant_error(
+        self, store: ThreadStore
+    ) -> None:
+        scope = _scope()
+        with pytest.raises(ThreadStoreInvariantError, match="m1"):
+            await store.commit_thread(
+                b.create(scope, "t1", {"messages": [_ins(b.message("m1")), _ins(b.message("m1"))]})
+            )
+        assert (await store.read_thread(b.read(scope, "t1"))).thread is None
+
+    async def test_truncate_null_removes_all(self, store: ThreadStore) -> None:
+        scope = _scope()
+        created = await _create(
+            store,
+            scope,
+            changes={
+                **_three_messages(),
+                "runs": [_ins(b.run(f"r{i}", "completed")) for i in (1, 2)],
+            },
+        )
+        await _update(
+            store, scope, created.version, {"messages": [_trunc(None)], "runs": [_trunc(None)]}
+        )
+        assert _ids(await _read_all(store, scope)) == ([], [], [])
+
+    async def test_truncate_after_id_removes_later_records(self, store: ThreadStore) -> None:
+        scope = _scope()
+        created = await _create(
+            store,
+            scope,
+            changes={
+                "messages": [_ins(b.message(f"m{i}")) for i in range(1, 6)],
+                "runs": [_ins(b.run(f"r{i}", "completed")) for i in (1, 2, 3)],
+            },
+        )
+        await _update(
+            store, scope, created.version, {"messages": [_trunc("m2")], "runs": [_trunc("r1")]}
+        )
+        assert _ids(await _read_all(store, scope)) == (["m1", "m2"], ["r1"], [])
+
+    async def test_truncate_after_last_removes_nothing(self, store: ThreadStore) -> None:
+        scope = _scope()
+        created = await _create(store, scope, changes=_three_messages())
+        result = await _update(store, scope, created.version, {"messages": [_trunc("m3")]})
+        assert result.thread is not None
+        assert result.thread.version.revision == 2
+        assert await _messages(store, scope) == ["m1", "m2", "m3"]
+
+    async def test_truncate_removes_records_inserted_earlier_in_the_commit(
+        self, store: ThreadStore
+    ) -> None:
+        scope = _scope()
+        created = await _create(store, scope, changes=_three_messages())
+        await _update(
+            store,
+            scope,
+            created.version,
+            {"messages": [_ins(b.message("m4")), _trunc("m2"), _ins(b.message("m5"))]},
+        )
+        assert await _messages(store, scope) == ["m1", "m2", "m5"]
+
+    async def test_truncate_on_queued_items_rejected(self, store: ThreadStore) -> None:
+        scope = _scope()
+        created = await _create(
+            store,
+            scope,
+            changes={
+                "runs": [_ins(b.run("r1", "queued", queue_item_id="q1"))],
+                "queuedItems": [_ins(b.queued_item("q1", "r1"))],
+            },
+        )
+        with pytest.raises(ThreadStoreInvariantError, match="queuedItems"):
+            await store.commit_thread(
+                b.update(scope, "t1", created.version, {"queuedItems": [_trunc(None)]})
+            )
+        assert _ids(await _read_all(store, scope)) == ([], ["r1"], ["q1"])
+
+    # ------------------------------------------------------------ change order
+
+    async def test_insert_then_replace_in_one_commit(
+        self, store: ThreadStore, clock: ManualClock
+    ) -> None:
+        scope = _scope()
+        created = await _create(store, scope)
+        clock.advance(ms=3)
+        await _update(
+            store,
+            scope,
+            created.version,
+            {"messages": [_ins(b.message("m1", "first")), _rep(b.message("m1", "second"))]},
+        )
+        read = await _read_all(store, scope)
+        assert read.messages is not None
+        [message] = read.messages.items
+        assert getattr(message.parts[0], "text", None) == "second"
+        assert message.created_at == message.updated_at == clock()
+
+    async def test_insert_then_delete_in_one_commit(self, store: ThreadStore) -> None:
+        scope = _scope()
+        created = await _create(store, scope, changes=_three_messages())
+        await _update(
+            store, scope, created.version, {"messages": [_ins(b.message("m4")), _del("m4")]}
+        )
+        assert await _messages(store, scope) == ["m1", "m2", "m3"]
+
+    async def test_delete_then_insert_same_id_appends(self, store: ThreadStore) -> None:
+        scope = _scope()
+        created = await _create(store, scope, changes=_three_messages())
+        await _update(
+            store, scope, created.version, {"messages": [_del("m1"), _ins(b.message("m1"))]}
+        )
+        assert await _messages(store, scope) == ["m2", "m3", "m1"]
+        newest = await store.read_thread(
+            b.read(
+                scope,
+                "t1",
+                messages={"type": "page", "view": "raw", "order": "newest", "page": {"limit": 2}},
+            )
+        )
+        assert newest.messages is not None
+        assert [m.message_id for m in newest.messages.items] == ["m1", "m3"]
+
+    async def test_inserts_append_in_list_order(self, store: ThreadStore) -> None:
+        scope = _scope()
+        created = await _create(store, scope, changes=_three_messages())
+        await _update(
+            store,
+            scope,
+            created.version,
+            {"messages": [_ins(b.message("z")), _ins(b.message("a")), _ins(b.message("k"))]},
+        )
+        assert await _messages(store, scope) == ["m1", "m2", "m3", "z", "a", "k"]
+
+    async def test_rules_are_checked_on_the_result_not_per_family(self, store: ThreadStore) -> None:
+        # Messages apply before runs: a message naming a run inserted later in
+        # the same commit is valid because the rules check the final state.
+        scope = _scope()
+        await _create(
+            store,
+            scope,
+            changes={
+                "messages": [
+                    _ins(b.message("m1", run_id="r1")),
+                    _ins(b.message("m2", role="assistant", run_id="r1", relation="output")),
+                ],
+                "runs": [_ins(b.run("r1", "completed", inputs=["m1"]))],
+            },
+        )
+        assert _ids(await _read_all(store, scope)) == (["m1", "m2"], ["r1"], [])
+
+    async def test_relationship_violation_applies_nothing(self, store: ThreadStore) -> None:
+        scope = _scope()
+        created = await _create(store, scope, changes=_three_messages(), title="before")
+        with pytest.raises(ThreadStoreInvariantError):
+            await store.commit_thread(
+                b.update(
+                    scope,
+                    "t1",
+                    created.version,
+                    {"messages": [_ins(b.message("m4", run_id="ghost"))]},
+                    title="after",
+                )
+            )
+        after = await _read_all(store, scope)
+        assert after.thread == created
+        assert _ids(after)[0] == ["m1", "m2", "m3"]
+
+    # ------------------------------------------------------------ delete
+
+    async def test_delete_result_and_missing_after(
+        self, store: ThreadStore, clock: ManualClock
+    ) -> None:
+        scope = _scope()
+        created = await _create(store, scope, changes=_three_messages())
+        clock.advance(ms=9)
+        result = await store.commit_thread(b.delete(scope, "t1", created.version))
+        assert isinstance(result, CommittedResult)
+        assert result.thread is None
+        assert result.committed_at == clock()
+        read = await _read_all(store, scope)
+        assert read.thread is None
+        assert read.messages is None
+        listed = await store.list_threads({"scopeKey": scope, "limit": 10, "includeHidden": True})
+        assert listed.items == []
+
+    async def test_delete_removes_only_that_thread(self, store: ThreadStore) -> None:
+        scope = _scope()
+        full = {
+            **_three_messages(),
+            "runs": [_ins(b.run("r1", "queued", queue_item_id="q1"))],
+            "queuedItems": [_ins(b.queued_item("q1", "r1"))],
+        }
+        doomed = await _create(store, scope, "doomed", full)
+        survivor = await _create(store, scope, "survivor", full)
+        await store.commit_thread(b.delete(scope, "doomed", doomed.version))
+        kept = await _read_all(store, scope, "survivor")
+        assert kept.thread == survivor
+        assert _ids(kept) == (["m1", "m2", "m3"], ["r1"], ["q1"])
+        listed = await store.list_threads({"scopeKey": scope, "limit": 10})
+        assert [t.thread_id for t in listed.items] == ["survivor"]
+
+        recreated = await _create(store, scope, "doomed")
+        fresh = await _read_all(store, scope, "doomed")
+        assert fresh.thread == recreated
+        assert _ids(fresh) == ([], [], [])
+        by_id = await store.read_thread(
+            b.read(
+                scope,
+                "doomed",
+                messages={"type": "ids", "messageIds": ["m1", "m2", "m3"]},
+                runs={"type": "ids", "runIds": ["r1"]},
+                queuedItems={"type": "ids", "queueItemIds": ["q1"]},
+            )
+        )
+        assert _ids(by_id) == ([], [], [])
+
+    async def test_recreated_thread_accepts_old_child_ids(self, store: ThreadStore) -> None:
+        scope = _scope()
+        doomed = await _create(store, scope, changes=_three_messages())
+        await store.commit_thread(b.delete(scope, "t1", doomed.version))
+        await _create(store, scope, changes={"messages": [_ins(b.message("m3"))]})
+        assert await _messages(store, scope) == ["m3"]
+
+
+class TestConflicts:
+    """A false condition is a conflict with the current version; nothing applied."""
+
+    # Class-level too, so the mark travels with the class when it is imported
+    # or subclassed elsewhere (e.g. the collected module, third-party suites).
+    pytestmark = pytest.mark.asyncio
+
+    async def test_wrong_revision_conflicts(self, store: ThreadStore) -> None:
+        scope = _scope()
+        created = await _create(store, scope, title="one")
+        second = await _update(store, scope, created.version, title="two")
+        assert second.thread is not None
+        result = await store.commit_thread(
+            b.update(
+                scope,
+                "t1",
+                created.version,
+                {"messages": [_ins(b.message("m1"))]},
+                title="stale",
+            )
+        )
+        assert isinstance(result, ConflictResult)
+        assert result.type == "conflict"
+        assert result.current_version == second.thread.version
+        read = await _read_all(store, scope)
+        assert read.thread == second.thread
+        assert _ids(read) == ([], [], [])
+
+    async def test_future_revision_conflicts(self, store: ThreadStore) -> None:
+        scope = _scope()
+        created = await _create(store, scope)
+        ahead = ThreadVersion(thread_instance_id=created.version.thread_instance_id, revision=2)
+        result = await store.commit_thread(b.update(scope, "t1", ahead, title="x"))
+        assert isinstance(result, ConflictResult)
+        assert result.current_version == created.version
+
+    async def test_wrong_instance_id_with_right_revision_conflicts(
+        self, store: ThreadStore
+    ) -> None:
+        scope = _scope()
+        created = await _create(store, scope, title="original")
+        forged = {"threadInstanceId": uuid4().hex, "revision": created.version.revision}
+        update = await store.commit_thread(b.update(scope, "t1", forged, title="forged"))
+        assert isinstance(update, ConflictResult)
+        assert update.current_version == created.version
+        delete = await store.commit_thread(b.delete(scope, "t1", forged))
+        assert isinstance(delete, ConflictResult)
+        assert delete.current_version == created.version
+        read = await store.read_thread(b.read(scope, "t1"))
+        assert read.thread == created
+
+    async def test_create_on_existing_conflicts(self, store: ThreadStore) -> None:
+        scope = _scope()
+        created = await _create(store, scope, changes=_three_messages(), title="first")
+        result = await store.commit_thread(
+            b.create(scope, "t1", {"messages": [_ins(b.message("x"))]}, title="second")
+        )
+        assert isinstance(result, ConflictResult)
+        assert result.current_version == created.version
+        read = await _read_all(store, scope)
+        assert read.thread == created
+        assert _ids(read)[0] == ["m1", "m2", "m3"]
+
+    async def test_create_on_existing_hidden_thread_conflicts(self, store: ThreadStore) -> None:
+        scope = _scope()
+        created = await _create(store, scope, visibility="hidden")
+        result = await store.commit_thread(b.create(scope, "t1"))
+        assert isinstance(result, ConflictResult)
+        assert result.current_version == created.version
+
+    async def test_update_on_missing_conflicts(self, store: ThreadStore) -> None:
+        scope = _scope()
+        version = {"threadInstanceId": uuid4().hex, "revision": 1}
+        result = await store.commit_thread(
+            b.update(scope, "t1", version, {"messages": [_ins(b.message("m1"))]}, title="x")
+        )
+        assert isinstance(result, ConflictResult)
+        assert result.current_version is None
+        assert (await store.read_thread(b.read(scope, "t1"))).thread is None
+        listed = await store.list_threads({"scopeKey": scope, "limit": 5, "includeHidden": True})
+        assert listed.items == []
+
+    async def test_delete_on_missing_conflicts(self, store: ThreadStore) -> None:
+        scope = _scope()
+        result = await store.commit_thread(
+            b.delete(scope, "t1", {"threadInstanceId": "abc", "revision": 3})
+        )
+        assert isinstance(result, ConflictResult)
+        assert result.current_version is None
+
+    async def test_delete_after_delete_conflicts(self, store: ThreadStore) -> None:
+        scope = _scope()
+        created = await _create(store, scope)
+        first = await store.commit_thread(b.delete(scope, "t1", created.version))
+        assert isinstance(first, CommittedResult)
+        second = await store.commit_thread(b.delete(scope, "t1", created.version))
+        assert isinstance(second, ConflictResult)
+        assert second.current_version is None
+
+    async def test_stale_delete_conflicts_and_keeps_thread(self, store: ThreadStore) -> None:
+        scope = _scope()
+        created = await _create(store, scope, changes=_three_messages())
+        updated = await _update(store, scope, created.version, title="new")
+        assert updated.thread is not None
+        result = await store.commit_thread(b.delete(scope, "t1", created.version))
+        assert isinstance(result, ConflictResult)
+        assert result.current_version == updated.thread.version
+        read = await _read_all(store, scope)
+        assert read.thread == updated.thread
+        assert _ids(read)[0] == ["m1", "m2", "m3"]
+
+    async def test_conflict_takes_precedence_over_mechanical_errors(
+        self, store: ThreadStore
+    ) -> None:
+        # The condition is judged before the child changes (SPEC 8: the version
+        # differs -> conflict); a stale commit whose changes would also fail
+        # mechanically is a conflict, not an error.
+        scope = _scope()
+        created = await _create(store, scope)
+        updated = await _update(store, scope, created.version, title="x")
+        assert updated.thread is not None
+        result = await store.commit_thread(
+            b.update(scope, "t1", created.version, {"messages": [_del("missing")]})
+        )
+        assert isinstance(result, ConflictResult)
+        assert result.current_version == updated.thread.version
+
+    async def test_conflict_does_not_bump_revision(self, store: ThreadStore) -> None:
+        scope = _scope()
+        created = await _create(store, scope)
+        for _ in range(3):
+            stale = await store.commit_thread(
+                b.update(scope, "t1", {"threadInstanceId": "x", "revision": 1}, title="no")
+            )
+            assert isinstance(stale, ConflictResult)
+        result = await _update(store, scope, created.version, title="yes")
+        assert result.thread is not None
+        assert result.thread.version.revision == 2
