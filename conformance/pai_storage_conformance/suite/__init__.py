@@ -69,4 +69,21 @@ class ThreadStoreConformance(
     suite also runs under pytest-asyncio's strict mode.
     """
 
-    pytestmark = [pytest.mark.asyncio]
+    pytestmark = pytest.mark.asyncio
+
+
+def _assert_no_shadowed_tests() -> None:
+    # Topic classes are combined by inheritance: two topics defining the same
+    # test name would silently drop one of them from ThreadStoreConformance.
+    seen: dict[str, str] = {}
+    for base in ThreadStoreConformance.__mro__[1:]:
+        for name in vars(base):
+            if name.startswith("test"):
+                if name in seen and seen[name] != base.__name__:
+                    raise TypeError(
+                        f"{name} is defined by both {seen[name]} and {base.__name__}"
+                    )
+                seen[name] = base.__name__
+
+
+_assert_no_shadowed_tests()

@@ -298,7 +298,7 @@ class TestListing:
         assert sorted(flat) == ["t0", "t2", "t4", "t6", "t8"]
         assert flat == await _list(store, scope, agent="even")
 
-    async def test_continuation_may_change_limit(
+    async def test_list_continuation_may_change_limit(
         self, store: ThreadStore, clock: ManualClock
     ) -> None:
         scope = _scope()
