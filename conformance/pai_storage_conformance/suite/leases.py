@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -49,10 +50,17 @@ def _turn(lease: dict[str, Any] | None = None) -> dict[str, Any]:
     return changes
 
 
-def _committed(result: Any) -> CommittedResult:
+@dataclass(frozen=True)
+class _Committed:
+    thread: ThreadRecord
+    committed_at: datetime
+
+
+def _committed(result: Any) -> _Committed:
     assert isinstance(result, CommittedResult), f"expected a committed result, got {result!r}"
     assert result.type == "committed"
-    return result
+    assert result.thread is not None
+    return _Committed(result.thread, result.committed_at)
 
 
 def _conflict(result: Any, current: ThreadVersion | None) -> ConflictResult:
@@ -137,7 +145,7 @@ class TestLeases:
             await store.commit_thread(b.create(scope, "t", _turn(b.acquire("r1", "w1", 30_000))))
         )
         version = created.thread.version
-        for advance in (0, 1, 29_998, 1):  # up to expiresAt - 1ms: still unexpired
+        for advance in (0, 1, 29_998):  # up to expiresAt - 1ms: still unexpired
             clock.advance(ms=advance)
             result = await store.commit_thread(
                 b.update(
@@ -207,7 +215,9 @@ class TestLeases:
         # a second renewal moves renewedAt again and may shorten the lease
         again_at = clock.advance(ms=1_000)
         again = _committed(
-            await store.commit_thread(b.update(scope, "t", stored.version, {"lease": b.renew("r1", "w1", 5)}))
+            await store.commit_thread(
+                b.update(scope, "t", stored.version, {"lease": b.renew("r1", "w1", 5)})
+            )
         )
         assert again.thread.lease is not None
         assert again.thread.lease.renewed_at == again_at
@@ -334,7 +344,9 @@ class TestLeases:
         created = _committed(await store.commit_thread(b.create(scope, "t", _turn())))
         for expiry in ("unexpired", "any"):
             result = await store.commit_thread(
-                b.update(scope, "t", created.thread.version, {"lease": b.release("r1", "w1", expiry)})
+                b.update(
+                    scope, "t", created.thread.version, {"lease": b.release("r1", "w1", expiry)}
+                )
             )
             _conflict(result, created.thread.version)
         assert (await _root(store, scope, "t")).version.revision == 1
@@ -375,7 +387,12 @@ class TestLeases:
         # w2 cannot take over early
         clock.advance(ms=20_000)
         early = await store.commit_thread(
-            b.update(scope, "t", created.thread.version, {"lease": b.acquire("r1", "w2", 30_000, "resume")})
+            b.update(
+                scope,
+                "t",
+                created.thread.version,
+                {"lease": b.acquire("r1", "w2", 30_000, "resume")},
+            )
         )
         _conflict(early, created.thread.version)
         taken_at = clock.advance(ms=15_000)
@@ -400,11 +417,15 @@ class TestLeases:
             b.release("r1", "w1", "any"),
             b.acquire("r1", "w1"),
         ):
-            _conflict(await store.commit_thread(b.update(scope, "t", version, {"lease": change})), version)
+            _conflict(
+                await store.commit_thread(b.update(scope, "t", version, {"lease": change})), version
+            )
         # the new owner renews normally
         clock.advance(ms=1)
         renewed = _committed(
-            await store.commit_thread(b.update(scope, "t", version, {"lease": b.renew("r1", "w2", 5_000)}))
+            await store.commit_thread(
+                b.update(scope, "t", version, {"lease": b.renew("r1", "w2", 5_000)})
+            )
         )
         assert renewed.thread.lease is not None
         assert renewed.thread.lease.owner_id == "w2"
@@ -429,7 +450,11 @@ class TestLeases:
                 version,
                 {
                     "messages": [
-                        _ins(b.message("m2", "partial", role="assistant", run_id="r1", relation="output"))
+                        _ins(
+                            b.message(
+                                "m2", "partial", role="assistant", run_id="r1", relation="output"
+                            )
+                        )
                     ],
                     "lease": b.renew("r1", "intruder"),
                 },
@@ -452,11 +477,14 @@ class TestLeases:
         assert read.thread.metadata == {}
         assert read.thread.updated_at == created.thread.updated_at
         assert read.thread.lease == created.thread.lease
-        assert read.messages is not None and read.runs is not None
+        assert read.messages is not None
+        assert read.runs is not None
         assert [m.message_id for m in read.messages.items] == ["m1"]
         assert [r.run_id for r in read.runs.items] == ["r1"]
         # a create whose lease precondition fails creates nothing
-        _conflict(await store.commit_thread(b.create(scope, "u", _turn(b.release("r1", "w1")))), None)
+        _conflict(
+            await store.commit_thread(b.create(scope, "u", _turn(b.release("r1", "w1")))), None
+        )
         assert (await store.read_thread(b.read(scope, "u"))).thread is None
 
     # ---------------------------------------------------------------- durations
@@ -474,7 +502,9 @@ class TestLeases:
         )
         for change in (b.renew("r1", "w1", duration), b.acquire("r1", "w2", duration)):
             with pytest.raises(ThreadStoreInvariantError, match="durationMs"):
-                await store.commit_thread(b.update(scope, "t", created.thread.version, {"lease": change}))
+                await store.commit_thread(
+                    b.update(scope, "t", created.thread.version, {"lease": change})
+                )
         stored = await _root(store, scope, "t")
         assert stored.version == created.thread.version
         assert stored.lease == created.thread.lease
@@ -486,11 +516,15 @@ class TestLeases:
             await store.commit_thread(b.create(scope, "t", _turn(b.acquire("r1", "w1", duration))))
         assert (await store.read_thread(b.read(scope, "t"))).thread is None
 
-    async def test_duration_bounds_are_inclusive(self, store: ThreadStore, clock: ManualClock) -> None:
+    async def test_duration_bounds_are_inclusive(
+        self, store: ThreadStore, clock: ManualClock
+    ) -> None:
         scope = _scope()
         now = clock()
         created = _committed(
-            await store.commit_thread(b.create(scope, "t", _turn(b.acquire("r1", "w1", MAX_DURATION_MS))))
+            await store.commit_thread(
+                b.create(scope, "t", _turn(b.acquire("r1", "w1", MAX_DURATION_MS)))
+            )
         )
         assert created.thread.lease is not None
         assert created.thread.lease.expires_at == now + timedelta(days=1)
@@ -544,7 +578,9 @@ class TestLeases:
                 assert read.observed_at >= previous_observed
             previous_observed = read.observed_at
             result = _committed(
-                await store.commit_thread(b.update(scope, "t", version, {"lease": b.renew("r1", "w1", 2_500)}))
+                await store.commit_thread(
+                    b.update(scope, "t", version, {"lease": b.renew("r1", "w1", 2_500)})
+                )
             )
             assert result.committed_at >= previous_committed
             assert abs(result.committed_at - datetime.now(UTC)) <= slack
@@ -558,6 +594,8 @@ class TestLeases:
             version = result.thread.version
         # a real-clock lease is live now: another owner cannot take it
         _conflict(
-            await store.commit_thread(b.update(scope, "t", version, {"lease": b.acquire("r1", "w2")})),
+            await store.commit_thread(
+                b.update(scope, "t", version, {"lease": b.acquire("r1", "w2")})
+            ),
             version,
         )
