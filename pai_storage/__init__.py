@@ -48,6 +48,15 @@ from .leases import LEASE_CONFLICT, LeaseConflict, apply_lease_change, is_expire
 from .models import *  # noqa: F403 - the record and input types are the public API
 from .models import __all__ as _model_names
 from .models import format_timestamp, truncate_ms
+from .parsing import (
+    parse,
+    parse_aggregate,
+    parse_commit_result,
+    parse_message,
+    parse_queued_item,
+    parse_run,
+    parse_thread,
+)
 from .registry import (
     ENTRY_POINT_GROUP,
     Backend,
@@ -151,6 +160,13 @@ __all__ = [
     "make_url",
     "new_instance_id",
     "open_store",
+    "parse",
+    "parse_aggregate",
+    "parse_commit_result",
+    "parse_message",
+    "parse_queued_item",
+    "parse_run",
+    "parse_thread",
     "plan_relationship_validation",
     "public_projection",
     "query_digest",
