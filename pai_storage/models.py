@@ -127,7 +127,7 @@ MAX_DURATION_MS = 86_400_000
 
 
 def _check_text(value: str) -> str:
-    if not is_valid_text(value):
+    if not value.isascii() and not is_valid_text(value):
         raise PydanticCustomError("invalid_text", "string contains a lone surrogate")
     return value
 

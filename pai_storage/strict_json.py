@@ -42,7 +42,7 @@ _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 def is_valid_text(text: str) -> bool:
     """True when ``text`` is valid Unicode (no lone surrogate code points)."""
-    return _SURROGATE.search(text) is None
+    return text.isascii() or _SURROGATE.search(text) is None
 
 
 def _describe(value: object) -> str:
@@ -69,12 +69,49 @@ def _fail(path: str, reason: str) -> ThreadStoreSerializationError:
     return ThreadStoreSerializationError.at(path, reason)
 
 
+def _is_json(value: Any, depth: int, active: set[int]) -> bool:
+    """Fast yes/no check (no paths); depth is capped, so recursion is bounded."""
+    kind = type(value)
+    if kind is str:
+        return value.isascii() or _SURROGATE.search(value) is None
+    if kind is dict or kind is list:
+        ident = id(value)
+        if depth >= MAX_JSON_DEPTH or ident in active:
+            return False
+        active.add(ident)
+        if kind is dict:
+            for key, sub in value.items():
+                if type(key) is not str or not (key.isascii() or _SURROGATE.search(key) is None):
+                    return False
+                if not _is_json(sub, depth + 1, active):
+                    return False
+        else:
+            for sub in value:
+                if not _is_json(sub, depth + 1, active):
+                    return False
+        active.discard(ident)
+        return True
+    if kind is int:
+        return bool(INT64_MIN <= value <= INT64_MAX)
+    if kind is float:
+        return math.isfinite(value) and (value != 0.0 or math.copysign(1.0, value) > 0)
+    return value is None or kind is bool
+
+
 def check_json(value: Any, path: str = "") -> None:
     """Raise :class:`ThreadStoreSerializationError` unless ``value`` is strict JSON.
 
     ``path`` prefixes the location named in the error (``"metadata"`` gives
     ``metadata.items[3]: ...``).
     """
+    if _is_json(value, 0, set()):
+        return
+    _explain(value, path)
+    raise _fail(path, "not strict JSON")  # unreachable: _explain names the bad value
+
+
+def _explain(value: Any, path: str) -> None:
+    """The slow walk that finds the first bad value and names its path."""
     # Containers currently on the walk: a container reached again is a cycle.
     # Shared (non-cyclic) sub-values are fine and checked each time they appear.
     active: set[int] = set()
