@@ -1,0 +1,100 @@
+"""Every asyncpg / socket failure mapped to the contract's errors, in one place.
+
+============================================  =====================================
+what happened                                 raised
+============================================  =====================================
+connection lost while ``COMMIT`` was pending  ``ThreadStoreCommitUnknownError``
+connect failure, connection lost before       ``ThreadStoreUnavailableError``
+``COMMIT`` was sent, server shutting down,
+out of resources, timeout
+bad password / role / database, missing       ``ThreadStoreConfigurationError``
+tables (schema dropped), no privilege
+serialization failure / deadlock              retried by the store, then
+                                              ``ThreadStoreUnavailableError``
+anything else from the server                 ``ThreadStoreError``
+============================================  =====================================
+
+The original exception is always chained (``raise mapped from exc``). Messages
+carry the SQLSTATE and the server's primary message, never its ``DETAIL``
+(which may quote stored values) and never a password.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Literal
+
+from pai_storage import (
+    StoreURL,
+    ThreadStoreCommitUnknownError,
+    ThreadStoreConfigurationError,
+    ThreadStoreError,
+    ThreadStoreUnavailableError,
+    redact,
+)
+
+__all__ = ["Phase", "is_retryable", "map_error", "sqlstate"]
+
+Phase = Literal["connect", "read", "write", "commit"]
+
+RETRYABLE_STATES = frozenset({"40001", "40P01"})  # serialization failure, deadlock
+_CONFIG_CLASSES = ("28", "3D", "42", "3F")  # auth, database, undefined object/privilege, schema
+_UNAVAILABLE_CLASSES = ("08", "53", "57", "58", "40")
+
+
+def sqlstate(exc: BaseException) -> str | None:
+    """The SQLSTATE of a server error, or ``None`` for anything else."""
+    state = getattr(exc, "sqlstate", None)
+    return state if isinstance(state, str) else None
+
+
+def is_retryable(exc: BaseException) -> bool:
+    return sqlstate(exc) in RETRYABLE_STATES
+
+
+def _is_connection_loss(exc: BaseException) -> bool:
+    import asyncpg  # type: ignore[import-untyped]
+
+    return isinstance(
+        exc,
+        asyncpg.exceptions.ConnectionDoesNotExistError
+        | asyncpg.exceptions.InterfaceError
+        | asyncpg.exceptions.InternalClientError
+        | asyncpg.exceptions.ProtocolError
+        | OSError
+        | ConnectionError
+        | EOFError
+        | asyncio.TimeoutError,
+    ) and not isinstance(exc, asyncpg.exceptions.InterfaceWarning)
+
+
+def map_error(exc: BaseException, phase: Phase, url: StoreURL | None) -> ThreadStoreError:
+    """The contract error for ``exc``, raised during ``phase`` (chain it yourself)."""
+    if isinstance(exc, ThreadStoreError):
+        return exc
+    state = sqlstate(exc)
+    text = redact(str(exc).splitlines()[0] if str(exc) else type(exc).__name__, url)
+    where = redact(str(url), url) if url is not None else "PostgreSQL"
+    if state is not None:
+        detail = f"PostgreSQL error {state}: {text}"
+        if state.startswith(_CONFIG_CLASSES):
+            return ThreadStoreConfigurationError(f"{detail} (server {where})")
+        if state.startswith(_UNAVAILABLE_CLASSES):
+            if phase == "commit" and state.startswith(("08", "57")):
+                return ThreadStoreCommitUnknownError(
+                    f"the connection failed while COMMIT was pending; the commit may or "
+                    f"may not have been applied ({detail}); re-read the thread"
+                )
+            return ThreadStoreUnavailableError(f"{detail}; nothing was applied")
+        return ThreadStoreError(detail)
+    if _is_connection_loss(exc):
+        if phase == "commit":
+            return ThreadStoreCommitUnknownError(
+                f"the connection to {where} was lost while COMMIT was pending; the commit "
+                f"may or may not have been applied ({type(exc).__name__}: {text}); "
+                "re-read the thread"
+            )
+        return ThreadStoreUnavailableError(
+            f"cannot reach {where} ({type(exc).__name__}: {text}); nothing was applied"
+        )
+    return ThreadStoreError(f"unexpected PostgreSQL driver failure ({type(exc).__name__}: {text})")

@@ -1,0 +1,181 @@
+"""URL and option validation, schema creation and the schema-version guard."""
+
+from __future__ import annotations
+
+import asyncio
+
+import asyncpg  # type: ignore[import-untyped]
+import pytest
+from pai_storage_postgres import SCHEMA_VERSION, PostgresThreadStore, backend
+from pg_support import URL
+
+from pai_storage import (
+    CommittedResult,
+    ThreadStoreConfigurationError,
+    ThreadStoreUnavailableError,
+    open_store,
+)
+from pai_storage import builders as b
+
+SECRET = "pa55-w0rd-s3cret"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://u@127.0.0.1/db",
+        "postgres://u@127.0.0.1/db",
+        "postgresql+asyncpg://u@127.0.0.1/db",
+    ],
+)
+def test_schemes_open_postgres_stores(url: str) -> None:
+    store = open_store(url)
+    assert isinstance(store, PostgresThreadStore)
+    assert backend.name == "postgres"
+    assert backend.requires == ("asyncpg",)
+    assert backend.extra == "postgres"
+
+
+def test_unknown_option_names_the_valid_ones() -> None:
+    with pytest.raises(ThreadStoreConfigurationError) as caught:
+        open_store(f"postgresql://u:{SECRET}@127.0.0.1/db", tabel_prefix="x")
+    message = str(caught.value)
+    assert "tabel_prefix" in message
+    assert "table_prefix" in message
+    assert "max_pool_size" in message
+    assert SECRET not in message
+
+
+def test_other_driver_is_rejected() -> None:
+    with pytest.raises(ThreadStoreConfigurationError) as caught:
+        open_store(f"postgresql+psycopg://u:{SECRET}@127.0.0.1/db")
+    assert "postgresql+asyncpg" in str(caught.value)
+    assert SECRET not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("options", "words"),
+    [
+        ({"table_prefix": "Bad-Name"}, "table_prefix"),
+        ({"table_prefix": "x" * 41}, "table_prefix"),
+        ({"schema": "no spaces"}, "schema"),
+        ({"min_pool_size": 5, "max_pool_size": 2}, "min_pool_size"),
+        ({"max_pool_size": 0}, "max_pool_size"),
+        ({"connect_timeout": -1}, "connect_timeout"),
+        ({"statement_cache_size": "many"}, "statement_cache_size"),
+    ],
+)
+def test_bad_options_are_configuration_errors(options: dict[str, object], words: str) -> None:
+    with pytest.raises(ThreadStoreConfigurationError) as caught:
+        open_store(f"postgresql://u:{SECRET}@127.0.0.1/db", **options)
+    assert words in str(caught.value)
+    assert SECRET not in str(caught.value)
+
+
+def test_repr_and_str_hide_the_password() -> None:
+    store = open_store(f"postgresql://u:{SECRET}@127.0.0.1/db")
+    assert SECRET not in repr(store)
+    assert SECRET not in str(store)
+
+
+@pytest.mark.asyncio
+async def test_wrong_database_is_a_configuration_error_without_password() -> None:
+    store = open_store(f"postgresql://postgres:{SECRET}@127.0.0.1:5432/no_such_database_here")
+    with pytest.raises(ThreadStoreConfigurationError) as caught:
+        await store.initialize()
+    assert "3D000" in str(caught.value)
+    assert SECRET not in str(caught.value)
+    assert SECRET not in repr(caught.value)
+
+
+@pytest.mark.asyncio
+async def test_unreachable_port_is_unavailable_without_password() -> None:
+    store = open_store(f"postgresql://postgres:{SECRET}@127.0.0.1:9/test", connect_timeout=2)
+    with pytest.raises(ThreadStoreUnavailableError) as caught:
+        await store.initialize()
+    assert SECRET not in str(caught.value)
+    assert caught.value.__cause__ is not None
+
+
+@pytest.mark.asyncio
+async def test_initialize_creates_schema_and_records_version(
+    pg_schema: str, pg_conn: asyncpg.Connection
+) -> None:
+    async with PostgresThreadStore(URL, schema=pg_schema, table_prefix="app_threads") as store:
+        info = await store.info()
+        assert info.server_version is not None
+        assert info.server_version.startswith("PostgreSQL ")
+        await store.initialize()  # idempotent
+    tables = {
+        r["tablename"]
+        for r in await pg_conn.fetch(
+            "SELECT tablename FROM pg_tables WHERE schemaname = $1", pg_schema
+        )
+    }
+    assert tables == {
+        "app_threads",
+        "app_threads_messages",
+        "app_threads_runs",
+        "app_threads_queued_items",
+        "app_threads_schema",
+    }
+    version = await pg_conn.fetchval(f'SELECT version FROM "{pg_schema}".app_threads_schema')
+    assert version == SCHEMA_VERSION
+    # A second store on the same tables sees the recorded version and creates nothing.
+    async with PostgresThreadStore(URL, schema=pg_schema, table_prefix="app_threads") as again:
+        await again.initialize()
+
+
+@pytest.mark.asyncio
+async def test_newer_schema_version_is_refused(pg_schema: str, pg_conn: asyncpg.Connection) -> None:
+    async with PostgresThreadStore(URL, schema=pg_schema):
+        pass
+    await pg_conn.execute(
+        f'UPDATE "{pg_schema}".pai_threads_schema SET version = $1', SCHEMA_VERSION + 1
+    )
+    store = PostgresThreadStore(URL, schema=pg_schema)
+    with pytest.raises(ThreadStoreConfigurationError) as caught:
+        await store.initialize()
+    message = str(caught.value)
+    assert "newer" in message
+    assert str(SCHEMA_VERSION + 1) in message
+    await store.close()
+
+
+@pytest.mark.asyncio
+async def test_concurrent_initialize_from_many_stores(
+    pg_schema: str, pg_conn: asyncpg.Connection
+) -> None:
+    stores = [PostgresThreadStore(URL, schema=pg_schema) for _ in range(8)]
+    try:
+        await asyncio.gather(*(s.initialize() for s in stores))
+        rows = await pg_conn.fetch(f'SELECT version FROM "{pg_schema}".pai_threads_schema')
+        assert [r["version"] for r in rows] == [SCHEMA_VERSION]
+        result = await stores[3].commit_thread(b.create("scope", "t1"))
+        assert isinstance(result, CommittedResult)
+    finally:
+        await asyncio.gather(*(s.close() for s in stores))
+
+
+@pytest.mark.asyncio
+async def test_concurrent_creates_one_wins(pg_schema: str) -> None:
+    async with PostgresThreadStore(URL, schema=pg_schema, max_pool_size=16) as store:
+        results = await asyncio.gather(
+            *(
+                store.commit_thread(
+                    b.create("scope", "race", {"messages": [_ins(b.message(f"m{i}"))]})
+                )
+                for i in range(16)
+            )
+        )
+        committed = [r for r in results if isinstance(r, CommittedResult)]
+        assert len(committed) == 1
+        assert committed[0].thread is not None
+        winner = committed[0].thread.version
+        for r in results:
+            if not isinstance(r, CommittedResult):
+                assert r.current_version in (None, winner)
+
+
+def _ins(record: dict[str, object]) -> dict[str, object]:
+    return {"type": "insert", "record": record}

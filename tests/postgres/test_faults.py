@@ -1,0 +1,157 @@
+"""Connection faults around a commit, injected by a loopback TCP proxy.
+
+After every cut the thread is re-read through a direct connection: it shows
+the whole commit or none of it, and the error raised is the one SPEC 11 names:
+
+- cut before ``COMMIT`` is sent (mid-transaction): ``ThreadStoreUnavailableError``,
+  nothing applied;
+- cut while ``COMMIT`` is in flight (dropped before the server sees it):
+  ``ThreadStoreCommitUnknownError``, nothing applied;
+- cut after the server committed (its reply swallowed):
+  ``ThreadStoreCommitUnknownError``, everything applied.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pai_storage_postgres import PostgresThreadStore
+from pg_support import URL, FaultProxy
+
+from pai_storage import (
+    CommittedResult,
+    ThreadStoreCommitUnknownError,
+    ThreadStoreError,
+    ThreadStoreUnavailableError,
+    ThreadVersion,
+)
+from pai_storage import builders as b
+
+pytestmark = pytest.mark.asyncio
+
+SCOPE = "faults"
+
+
+def _ins(record: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "insert", "record": record}
+
+
+async def _setup(
+    proxy: FaultProxy, schema: str
+) -> tuple[PostgresThreadStore, PostgresThreadStore, ThreadVersion]:
+    # One connection and no statement cache: every statement's SQL text
+    # crosses the proxy, so the triggers below always see it.
+    faulty = PostgresThreadStore(
+        proxy.url(), schema=schema, min_pool_size=1, max_pool_size=1, statement_cache_size=0
+    )
+    direct = PostgresThreadStore(URL, schema=schema)
+    await faulty.initialize()
+    await direct.initialize()
+    created = await faulty.commit_thread(
+        b.create(SCOPE, "t1", {"messages": [_ins(b.message("m1", "first"))]})
+    )
+    assert isinstance(created, CommittedResult)
+    assert created.thread is not None
+    return faulty, direct, created.thread.version
+
+
+def _append(version: ThreadVersion) -> dict[str, Any]:
+    return b.update(
+        SCOPE,
+        "t1",
+        version,
+        {"messages": [_ins(b.message("m2", "second")), _ins(b.message("m3", "third"))]},
+        title="after",
+    )
+
+
+async def _state(store: PostgresThreadStore) -> tuple[int, list[str], str | None]:
+    read = await store.read_thread(
+        b.read(SCOPE, "t1", messages={"type": "page", "view": "raw", "page": {"limit": 10}})
+    )
+    assert read.thread is not None
+    assert read.messages is not None
+    return (
+        read.thread.version.revision,
+        [m.message_id for m in read.messages.items],
+        read.thread.title,
+    )
+
+
+NONE_APPLIED = (1, ["m1"], None)
+ALL_APPLIED = (2, ["m1", "m2", "m3"], "after")
+
+
+@pytest.mark.parametrize(
+    ("trigger", "mode", "error", "expected"),
+    [
+        pytest.param(
+            b"INSERT INTO", "drop", ThreadStoreUnavailableError, NONE_APPLIED, id="before-commit"
+        ),
+        pytest.param(
+            b"COMMIT", "drop", ThreadStoreCommitUnknownError, NONE_APPLIED, id="during-commit"
+        ),
+        pytest.param(
+            b"COMMIT", "after_reply", ThreadStoreCommitUnknownError, ALL_APPLIED, id="after-commit"
+        ),
+    ],
+)
+async def test_cut_connection_applies_all_or_nothing(
+    fault_proxy: FaultProxy,
+    pg_schema: str,
+    trigger: bytes,
+    mode: str,
+    error: type[ThreadStoreError],
+    expected: tuple[int, list[str], str | None],
+) -> None:
+    faulty, direct, version = await _setup(fault_proxy, pg_schema)
+    try:
+        fault_proxy.arm(trigger, mode)
+        with pytest.raises(error) as caught:
+            await faulty.commit_thread(_append(version))
+        assert fault_proxy.fired.is_set()
+        assert caught.value.__cause__ is not None  # the driver error is chained
+        assert type(caught.value) is error
+        assert await _state(direct) == expected
+        # The store recovers: the pool replaces the dead connection.
+        assert await _state(faulty) == expected
+    finally:
+        await faulty.close()
+        await direct.close()
+
+
+async def test_server_unreachable_is_unavailable(pg_schema: str) -> None:
+    store = PostgresThreadStore(
+        "postgresql://app:s3cr3t-pw@127.0.0.1:1/test", schema=pg_schema, connect_timeout=2
+    )
+    with pytest.raises(ThreadStoreUnavailableError) as caught:
+        await store.initialize()
+    assert "s3cr3t-pw" not in str(caught.value)
+    assert "s3cr3t-pw" not in repr(store)
+
+
+async def test_proxy_down_after_start_is_unavailable(
+    fault_proxy: FaultProxy, pg_schema: str
+) -> None:
+    faulty, direct, version = await _setup(fault_proxy, pg_schema)
+    try:
+        await fault_proxy.close()
+        with pytest.raises(ThreadStoreUnavailableError):
+            await faulty.commit_thread(_append(version))
+        assert await _state(direct) == NONE_APPLIED
+    finally:
+        await faulty.close()
+        await direct.close()
+
+
+async def test_read_cut_is_unavailable(fault_proxy: FaultProxy, pg_schema: str) -> None:
+    faulty, direct, _ = await _setup(fault_proxy, pg_schema)
+    try:
+        fault_proxy.arm(b"SELECT position, doc", "drop")
+        with pytest.raises(ThreadStoreUnavailableError):
+            await _state(faulty)
+        assert await _state(faulty) == NONE_APPLIED
+    finally:
+        await faulty.close()
+        await direct.close()
