@@ -1,0 +1,133 @@
+"""Invalid stored data: lists skip it with a warning, targeted reads reject it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pai_storage_mongo.harness import MongoHarness
+
+from pai_storage import (
+    CommittedResult,
+    StoreWarning,
+    ThreadStoreInvariantError,
+)
+from pai_storage import builders as b
+
+from .conftest import raw_collections
+
+pytestmark = pytest.mark.asyncio
+
+SECRET = "very-personal-value"
+
+
+async def _create(store: Any, thread_id: str, **root: Any) -> CommittedResult:
+    result = await store.commit_thread(
+        b.create(
+            "scope",
+            thread_id,
+            {"messages": [{"type": "insert", "record": b.message("m1")}]},
+            metadata={"note": SECRET},
+            **root,
+        )
+    )
+    assert isinstance(result, CommittedResult)
+    return result
+
+
+@pytest.mark.parametrize(
+    "corruption",
+    [
+        {"$unset": {"_schemaVersion": ""}},
+        {"$set": {"_schemaVersion": 99}},
+        {"$set": {"metadata": "not an object"}},
+        {"$set": {"version.revision": "two"}},
+        {"$unset": {"_nextOrder": ""}},
+        {"$set": {"unexpected": SECRET}},
+        {"$set": {"lease": {"kind": "run"}}},
+    ],
+    ids=["no-schema", "future-schema", "metadata", "revision", "no-counters", "extra", "lease"],
+)
+async def test_corrupt_root_is_skipped_by_lists_and_rejected_by_reads(
+    mongo_harness: MongoHarness, corruption: dict[str, Any]
+) -> None:
+    warnings: list[StoreWarning] = []
+    store = mongo_harness.open_store(on_warning=warnings.append)
+    try:
+        await store.initialize()
+        for i in range(3):
+            await _create(store, f"t{i}")
+        await raw_collections(store)["threads"].update_one({"threadId": "t1"}, corruption)
+
+        page = await store.list_threads({"scopeKey": "scope", "limit": 10})
+        assert [t.thread_id for t in page.items] == ["t2", "t0"]
+        assert len(warnings) == 1
+        warning = warnings[0]
+        assert warning.kind == "invalid_thread_skipped"
+        assert warning.scope_key == "scope"
+        assert warning.thread_id == "t1"
+        assert SECRET not in repr(warning)
+
+        # A page that would end on the bad row still fills up from the good ones.
+        page = await store.list_threads({"scopeKey": "scope", "limit": 1})
+        assert [t.thread_id for t in page.items] == ["t2"]
+        assert page.next_page_token is not None
+        rest = await store.list_threads(
+            {"scopeKey": "scope", "limit": 1, "pageToken": page.next_page_token}
+        )
+        assert [t.thread_id for t in rest.items] == ["t0"]
+        assert rest.next_page_token is None
+
+        with pytest.raises(ThreadStoreInvariantError) as err:
+            await store.read_thread(b.read("scope", "t1"))
+        assert SECRET not in str(err.value)
+        with pytest.raises(ThreadStoreInvariantError):
+            await store.commit_thread(
+                b.update("scope", "t1", {"threadInstanceId": "x", "revision": 1})
+            )
+    finally:
+        from pai_storage_mongo.harness import drop_store_collections
+
+        await drop_store_collections(store)
+        await store.close()
+
+
+async def test_failing_warning_callback_is_ignored(mongo_harness: MongoHarness) -> None:
+    def explode(warning: StoreWarning) -> None:
+        raise RuntimeError("logging is down")
+
+    async def reject(warning: StoreWarning) -> None:
+        raise RuntimeError("logging is down")
+
+    for callback in (explode, reject):
+        store = mongo_harness.open_store(on_warning=callback)
+        try:
+            await _create(store, "t0")
+            await _create(store, "t1")
+            await raw_collections(store)["threads"].update_one(
+                {"threadId": "t0"}, {"$set": {"_schemaVersion": 0}}
+            )
+            page = await store.list_threads({"scopeKey": "scope", "limit": 10})
+            assert [t.thread_id for t in page.items] == ["t1"]
+        finally:
+            from pai_storage_mongo.harness import drop_store_collections
+
+            await drop_store_collections(store)
+            await store.close()
+
+
+async def test_corrupt_child_is_rejected_by_targeted_reads(mongo_store: Any) -> None:
+    await _create(mongo_store, "t0")
+    await raw_collections(mongo_store)["messages"].update_one(
+        {"messageId": "m1"}, {"$set": {"parts": [], "metadata": {"note": SECRET}}}
+    )
+    for selection in (
+        {"type": "ids", "messageIds": ["m1"]},
+        {"type": "page", "view": "raw", "page": {"limit": 5}},
+    ):
+        with pytest.raises(ThreadStoreInvariantError) as err:
+            await mongo_store.read_thread(b.read("scope", "t0", messages=selection))
+        assert SECRET not in str(err.value)
+    # The root alone is still readable, and listing is unaffected.
+    read = await mongo_store.read_thread(b.read("scope", "t0"))
+    assert read.thread is not None
