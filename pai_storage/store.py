@@ -100,7 +100,7 @@ class ThreadStore(ABC):
     ) -> None:
         self.clock = clock
         self.on_warning = on_warning
-        self._init_lock = asyncio.Lock()
+        self._init_task: asyncio.Future[None] | None = None
         self._initialized = False
         self._closed = False
 
@@ -179,10 +179,20 @@ class ThreadStore(ABC):
             raise ThreadStoreConfigurationError("this store is closed; open a new one")
         if self._initialized:
             return
-        async with self._init_lock:
-            if not self._initialized:
-                await self._initialize()
-                self._initialized = True
+        task = self._init_task
+        if task is None:
+            task = self._init_task = asyncio.ensure_future(self._initialize_once())
+        try:
+            # Shielded: a cancelled caller does not cancel the attempt others share.
+            await asyncio.shield(task)
+        except BaseException:
+            if self._init_task is task and task.done():
+                self._init_task = None  # forget a failed attempt; the next call retries
+            raise
+
+    async def _initialize_once(self) -> None:
+        await self._initialize()
+        self._initialized = True
 
     async def close(self) -> None:
         """Release connections. Idempotent; the store cannot be used afterwards."""

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+import pai_storage as p
 from pai_storage import (
     CommitThreadInput,
     ManualClock,
@@ -406,3 +407,25 @@ async def test_reads_and_lists_through_the_store() -> None:
         assert listed.next_page_token is None
         hidden = await store.list_threads({"scopeKey": "s", "limit": 10, "includeHidden": True})
         assert [r.thread_id for r in hidden.items] == ["v", "u", "t"]
+
+
+async def test_concurrent_first_calls_share_one_initialize_attempt() -> None:
+    from pai_storage_memory import MemoryThreadStore
+
+    attempts = 0
+
+    class Flaky(MemoryThreadStore):
+        async def _initialize(self) -> None:
+            nonlocal attempts
+            attempts += 1
+            await asyncio.sleep(0.01)
+            if attempts == 1:
+                raise p.ThreadStoreUnavailableError("first attempt fails")
+
+    store = Flaky()
+    outcomes = await asyncio.gather(*(store.initialize() for _ in range(5)), return_exceptions=True)
+    assert attempts == 1  # one shared attempt, not one per caller
+    assert all(isinstance(o, p.ThreadStoreUnavailableError) for o in outcomes)
+    await asyncio.gather(*(store.initialize() for _ in range(5)))
+    assert attempts == 2  # the failure was forgotten; the retry is shared too
+    await store.close()
