@@ -51,10 +51,6 @@ SIZES = (10, 1_000, 10_000)
 THREADS_IN_SCOPE = 10_000
 
 
-def _ins(record: dict[str, Any]) -> dict[str, Any]:
-    return {"type": "insert", "record": record}
-
-
 def turn(n: int) -> dict[str, list[dict[str, Any]]]:
     """One completed turn: user input, assistant output, the run."""
     run_id = f"r{n}"
@@ -69,8 +65,8 @@ def turn(n: int) -> dict[str, list[dict[str, Any]]]:
     )
     answer["producer"] = {"kind": "agent", "id": "assistant"}
     return {
-        "messages": [_ins(user), _ins(answer)],
-        "runs": [_ins(b.run(run_id, "completed", inputs=[f"u{n}"]))],
+        "messages": [b.insert(user), b.insert(answer)],
+        "runs": [b.insert(b.run(run_id, "completed", inputs=[f"u{n}"]))],
     }
 
 
@@ -296,7 +292,7 @@ async def main(url: str, quick: bool) -> None:
         async def append(size: int) -> None:
             msg = b.message(uuid.uuid4().hex, "answer " * 40, role="assistant")
             result = await store.commit_thread(
-                b.update(SCOPE, f"t{size}", sized[size], {"messages": [_ins(msg)]})
+                b.update(SCOPE, f"t{size}", sized[size], {"messages": [b.insert(msg)]})
             )
             assert isinstance(result, CommittedResult)
             assert result.thread is not None
@@ -402,7 +398,7 @@ async def main(url: str, quick: bool) -> None:
                 tid = tids[i]
                 msg = b.message(uuid.uuid4().hex, "answer " * 40, role="assistant")
                 result = await store.commit_thread(
-                    b.update(SCOPE, tid, state[tid], {"messages": [_ins(msg)]})
+                    b.update(SCOPE, tid, state[tid], {"messages": [b.insert(msg)]})
                 )
                 assert isinstance(result, CommittedResult)
                 assert result.thread is not None
@@ -442,7 +438,7 @@ HEADER = ("measurement", "pai-storage", "asyncpg floor", "vs floor")
 async def _fill_scope(store: PostgresThreadStore) -> None:
     async def one(i: int) -> None:
         await store.commit_thread(
-            b.create(SCOPE, f"list-{i:05d}", {"messages": [_ins(b.message("m1", "hi"))]})
+            b.create(SCOPE, f"list-{i:05d}", {"messages": [b.insert(b.message("m1", "hi"))]})
         )
 
     sem = asyncio.Semaphore(16)

@@ -12,12 +12,16 @@ __all__ = [
     "acquire",
     "create",
     "delete",
+    "delete_record",
+    "insert",
     "message",
     "queued_item",
     "read",
     "release",
     "renew",
+    "replace",
     "run",
+    "truncate",
     "update",
 ]
 
@@ -183,3 +187,23 @@ def read(scope_key: str, thread_id: str, **include: Any) -> dict[str, Any]:
     if include:
         request["include"] = include
     return request
+
+
+def insert(record: dict[str, Any]) -> dict[str, Any]:
+    """A child change appending ``record`` (a message, run or queued-item draft)."""
+    return {"type": "insert", "record": record}
+
+
+def replace(record: dict[str, Any]) -> dict[str, Any]:
+    """A child change replacing the record with ``record``'s id, keeping its position."""
+    return {"type": "replace", "record": record}
+
+
+def delete_record(record_id: str) -> dict[str, Any]:
+    """A child change deleting one record by id."""
+    return {"type": "delete", "id": record_id}
+
+
+def truncate(after_id: str | None) -> dict[str, Any]:
+    """A child change removing every record after ``after_id`` (``None``: all)."""
+    return {"type": "truncate", "afterId": after_id}

@@ -90,8 +90,7 @@ def pytest_configure(config: pytest.Config) -> None:
     except ThreadStoreError:
         valid = ", ".join(sorted(available_backends())) or "none installed"
         raise pytest.UsageError(
-            f"--pai-backend={name!r} is not an installed pai-storage backend; "
-            f"valid names: {valid}"
+            f"--pai-backend={name!r} is not an installed pai-storage backend; valid names: {valid}"
         ) from None
     config.stash[_BACKEND] = name
     suite = SUITE_DIR.resolve()

@@ -163,7 +163,7 @@ async def test_concurrent_creates_one_wins(pg_schema: str) -> None:
         results = await asyncio.gather(
             *(
                 store.commit_thread(
-                    b.create("scope", "race", {"messages": [_ins(b.message(f"m{i}"))]})
+                    b.create("scope", "race", {"messages": [b.insert(b.message(f"m{i}"))]})
                 )
                 for i in range(16)
             )
@@ -175,7 +175,3 @@ async def test_concurrent_creates_one_wins(pg_schema: str) -> None:
         for r in results:
             if not isinstance(r, CommittedResult):
                 assert r.current_version in (None, winner)
-
-
-def _ins(record: dict[str, object]) -> dict[str, object]:
-    return {"type": "insert", "record": record}

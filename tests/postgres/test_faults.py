@@ -33,10 +33,6 @@ pytestmark = pytest.mark.asyncio
 SCOPE = "faults"
 
 
-def _ins(record: dict[str, Any]) -> dict[str, Any]:
-    return {"type": "insert", "record": record}
-
-
 async def _setup(
     proxy: FaultProxy, schema: str
 ) -> tuple[PostgresThreadStore, PostgresThreadStore, ThreadVersion]:
@@ -49,7 +45,7 @@ async def _setup(
     await faulty.initialize()
     await direct.initialize()
     created = await faulty.commit_thread(
-        b.create(SCOPE, "t1", {"messages": [_ins(b.message("m1", "first"))]})
+        b.create(SCOPE, "t1", {"messages": [b.insert(b.message("m1", "first"))]})
     )
     assert isinstance(created, CommittedResult)
     assert created.thread is not None
@@ -61,7 +57,7 @@ def _append(version: ThreadVersion) -> dict[str, Any]:
         SCOPE,
         "t1",
         version,
-        {"messages": [_ins(b.message("m2", "second")), _ins(b.message("m3", "third"))]},
+        {"messages": [b.insert(b.message("m2", "second")), b.insert(b.message("m3", "third"))]},
         title="after",
     )
 

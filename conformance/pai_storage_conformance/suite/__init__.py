@@ -80,9 +80,7 @@ def _assert_no_shadowed_tests() -> None:
         for name in vars(base):
             if name.startswith("test"):
                 if name in seen and seen[name] != base.__name__:
-                    raise TypeError(
-                        f"{name} is defined by both {seen[name]} and {base.__name__}"
-                    )
+                    raise TypeError(f"{name} is defined by both {seen[name]} and {base.__name__}")
                 seen[name] = base.__name__
 
 

@@ -20,29 +20,11 @@ from pai_storage import (
 )
 from pai_storage import builders as b
 
+from ._support import new_scope
+
 __all__ = ["TestConflicts", "TestCreateUpdateDelete"]
 
 pytestmark = pytest.mark.asyncio
-
-
-def _scope() -> str:
-    return f"scope-{uuid4().hex}"
-
-
-def _ins(record: dict[str, Any]) -> dict[str, Any]:
-    return {"type": "insert", "record": record}
-
-
-def _rep(record: dict[str, Any]) -> dict[str, Any]:
-    return {"type": "replace", "record": record}
-
-
-def _del(record_id: str) -> dict[str, Any]:
-    return {"type": "delete", "id": record_id}
-
-
-def _trunc(after_id: str | None) -> dict[str, Any]:
-    return {"type": "truncate", "afterId": after_id}
 
 
 async def _create(
@@ -100,7 +82,7 @@ async def _messages(store: ThreadStore, scope: str, thread: str = "t1") -> list[
 
 
 def _three_messages() -> dict[str, Any]:
-    return {"messages": [_ins(b.message(f"m{i}")) for i in (1, 2, 3)]}
+    return {"messages": [b.insert(b.message(f"m{i}")) for i in (1, 2, 3)]}
 
 
 class TestCreateUpdateDelete:
@@ -115,7 +97,7 @@ class TestCreateUpdateDelete:
     async def test_create_round_trips_every_root_field(
         self, store: ThreadStore, clock: ManualClock
     ) -> None:
-        scope = _scope()
+        scope = new_scope()
         result = await store.commit_thread(
             b.create(
                 scope,
@@ -151,7 +133,7 @@ class TestCreateUpdateDelete:
         assert read.thread == root
 
     async def test_create_minimal_root_omits_optional_fields(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         root = await _create(store, scope)
         assert root.parent_thread_id is None
         assert root.category is None
@@ -164,7 +146,7 @@ class TestCreateUpdateDelete:
     async def test_update_replaces_complete_mutable_root(
         self, store: ThreadStore, clock: ManualClock
     ) -> None:
-        scope = _scope()
+        scope = new_scope()
         created = await _create(
             store,
             scope,
@@ -198,7 +180,7 @@ class TestCreateUpdateDelete:
         assert read.thread == root
 
     async def test_update_sets_category_and_title(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         created = await _create(store, scope)
         result = await _update(store, scope, created.version, category="c2", title="t2")
         assert result.thread is not None
@@ -215,7 +197,7 @@ class TestCreateUpdateDelete:
     async def test_creation_only_field_in_update_is_invariant_error(
         self, store: ThreadStore, field: str, value: Any
     ) -> None:
-        scope = _scope()
+        scope = new_scope()
         created = await _create(store, scope, title="before")
         with pytest.raises(ThreadStoreInvariantError, match=field):
             await store.commit_thread(
@@ -227,7 +209,7 @@ class TestCreateUpdateDelete:
     async def test_updated_at_is_committed_at_and_created_at_kept(
         self, store: ThreadStore, clock: ManualClock
     ) -> None:
-        scope = _scope()
+        scope = new_scope()
         created = await _create(store, scope)
         t0 = clock()
         clock.advance(ms=1234)
@@ -244,7 +226,7 @@ class TestCreateUpdateDelete:
     async def test_timestamps_are_truncated_to_milliseconds(
         self, store: ThreadStore, clock: ManualClock
     ) -> None:
-        scope = _scope()
+        scope = new_scope()
         clock.set(datetime.fromisoformat("2031-02-03T04:05:06.789+00:00"))
         created = await _create(store, scope)
         assert created.created_at == datetime.fromisoformat("2031-02-03T04:05:06.789+00:00")
@@ -256,12 +238,14 @@ class TestCreateUpdateDelete:
     async def test_message_created_at_kept_by_replace(
         self, store: ThreadStore, clock: ManualClock
     ) -> None:
-        scope = _scope()
+        scope = new_scope()
         t0 = clock()
-        created = await _create(store, scope, changes={"messages": [_ins(b.message("m1", "v1"))]})
+        created = await _create(
+            store, scope, changes={"messages": [b.insert(b.message("m1", "v1"))]}
+        )
         clock.advance(ms=500)
         result = await _update(
-            store, scope, created.version, {"messages": [_rep(b.message("m1", "v2"))]}
+            store, scope, created.version, {"messages": [b.replace(b.message("m1", "v2"))]}
         )
         read = await _read_all(store, scope)
         assert read.messages is not None
@@ -273,10 +257,10 @@ class TestCreateUpdateDelete:
     async def test_message_insert_stamps_both_timestamps(
         self, store: ThreadStore, clock: ManualClock
     ) -> None:
-        scope = _scope()
+        scope = new_scope()
         created = await _create(store, scope)
         clock.advance(ms=42)
-        await _update(store, scope, created.version, {"messages": [_ins(b.message("m1"))]})
+        await _update(store, scope, created.version, {"messages": [b.insert(b.message("m1"))]})
         read = await _read_all(store, scope)
         assert read.messages is not None
         message = read.messages.items[0]
@@ -285,11 +269,11 @@ class TestCreateUpdateDelete:
     async def test_untouched_message_keeps_updated_at(
         self, store: ThreadStore, clock: ManualClock
     ) -> None:
-        scope = _scope()
+        scope = new_scope()
         t0 = clock()
-        created = await _create(store, scope, changes={"messages": [_ins(b.message("m1"))]})
+        created = await _create(store, scope, changes={"messages": [b.insert(b.message("m1"))]})
         clock.advance(ms=10)
-        await _update(store, scope, created.version, {"messages": [_ins(b.message("m2"))]})
+        await _update(store, scope, created.version, {"messages": [b.insert(b.message("m2"))]})
         read = await _read_all(store, scope)
         assert read.messages is not None
         assert read.messages.items[0].updated_at == t0
@@ -298,14 +282,14 @@ class TestCreateUpdateDelete:
     async def test_run_admitted_at_and_finished_at_lifecycle(
         self, store: ThreadStore, clock: ManualClock
     ) -> None:
-        scope = _scope()
+        scope = new_scope()
         t0 = clock()
         created = await _create(
             store,
             scope,
             changes={
-                "runs": [_ins(b.run("r1", "queued", queue_item_id="q1"))],
-                "queuedItems": [_ins(b.queued_item("q1", "r1", "payload"))],
+                "runs": [b.insert(b.run("r1", "queued", queue_item_id="q1"))],
+                "queuedItems": [b.insert(b.queued_item("q1", "r1", "payload"))],
             },
         )
         read = await _read_all(store, scope)
@@ -325,9 +309,9 @@ class TestCreateUpdateDelete:
             scope,
             created.version,
             {
-                "messages": [_ins(b.message("m1", run_id="r1"))],
-                "runs": [_rep(b.run("r1", "running", inputs=["m1"], queue_item_id="q1"))],
-                "queuedItems": [_del("q1")],
+                "messages": [b.insert(b.message("m1", run_id="r1"))],
+                "runs": [b.replace(b.run("r1", "running", inputs=["m1"], queue_item_id="q1"))],
+                "queuedItems": [b.delete_record("q1")],
             },
         )
         run = (await _read_all(store, scope)).runs.items[0]  # type: ignore[union-attr]
@@ -343,7 +327,7 @@ class TestCreateUpdateDelete:
             store,
             scope,
             admitted.thread.version,
-            {"runs": [_rep(b.run("r1", "completed", inputs=["m1"], queue_item_id="q1"))]},
+            {"runs": [b.replace(b.run("r1", "completed", inputs=["m1"], queue_item_id="q1"))]},
         )
         run = (await _read_all(store, scope)).runs.items[0]  # type: ignore[union-attr]
         assert run.admission.admitted_at == t1
@@ -358,7 +342,7 @@ class TestCreateUpdateDelete:
             completed.thread.version,
             {
                 "runs": [
-                    _rep(
+                    b.replace(
                         b.run(
                             "r1",
                             "failed",
@@ -384,7 +368,7 @@ class TestCreateUpdateDelete:
             still.thread.version,
             {
                 "runs": [
-                    _rep(
+                    b.replace(
                         b.run(
                             "r1",
                             "running",
@@ -405,8 +389,8 @@ class TestCreateUpdateDelete:
     async def test_run_inserted_terminal_is_stamped(
         self, store: ThreadStore, clock: ManualClock
     ) -> None:
-        scope = _scope()
-        await _create(store, scope, changes={"runs": [_ins(b.run("r1", "completed"))]})
+        scope = new_scope()
+        await _create(store, scope, changes={"runs": [b.insert(b.run("r1", "completed"))]})
         read = await _read_all(store, scope)
         assert read.runs is not None
         run = read.runs.items[0]
@@ -416,13 +400,13 @@ class TestCreateUpdateDelete:
     async def test_run_cancelled_before_admission(
         self, store: ThreadStore, clock: ManualClock
     ) -> None:
-        scope = _scope()
+        scope = new_scope()
         created = await _create(
             store,
             scope,
             changes={
-                "runs": [_ins(b.run("r1", "queued", queue_item_id="q1"))],
-                "queuedItems": [_ins(b.queued_item("q1", "r1"))],
+                "runs": [b.insert(b.run("r1", "queued", queue_item_id="q1"))],
+                "queuedItems": [b.insert(b.queued_item("q1", "r1"))],
             },
         )
         t1 = clock.advance(ms=7)
@@ -431,8 +415,8 @@ class TestCreateUpdateDelete:
             scope,
             created.version,
             {
-                "runs": [_rep(b.run("r1", "cancelled", queue_item_id="q1", admitted=False))],
-                "queuedItems": [_del("q1")],
+                "runs": [b.replace(b.run("r1", "cancelled", queue_item_id="q1", admitted=False))],
+                "queuedItems": [b.delete_record("q1")],
             },
         )
         read = await _read_all(store, scope)
@@ -443,7 +427,7 @@ class TestCreateUpdateDelete:
         assert run.finished_at == t1
 
     async def test_queued_item_created_at(self, store: ThreadStore, clock: ManualClock) -> None:
-        scope = _scope()
+        scope = new_scope()
         created = await _create(store, scope)
         t1 = clock.advance(ms=20)
         first = await _update(
@@ -451,8 +435,8 @@ class TestCreateUpdateDelete:
             scope,
             created.version,
             {
-                "runs": [_ins(b.run("r1", "queued", queue_item_id="q1"))],
-                "queuedItems": [_ins(b.queued_item("q1", "r1", {"v": 1}))],
+                "runs": [b.insert(b.run("r1", "queued", queue_item_id="q1"))],
+                "queuedItems": [b.insert(b.queued_item("q1", "r1", {"v": 1}))],
             },
         )
         clock.advance(ms=20)
@@ -461,7 +445,7 @@ class TestCreateUpdateDelete:
             store,
             scope,
             first.thread.version,
-            {"queuedItems": [_rep(b.queued_item("q1", "r1", {"v": 2}))]},
+            {"queuedItems": [b.replace(b.queued_item("q1", "r1", {"v": 2}))]},
         )
         read = await _read_all(store, scope)
         assert read.queued_items is not None
@@ -474,34 +458,37 @@ class TestCreateUpdateDelete:
     @pytest.mark.parametrize(
         ("changes", "named"),
         [
-            ({"messages": [_ins(b.message("m2"))]}, "m2"),
-            ({"messages": [_rep(b.message("m9"))]}, "m9"),
-            ({"messages": [_del("m9")]}, "m9"),
-            ({"messages": [_trunc("m9")]}, "m9"),
-            ({"messages": [_del("m1"), _del("m1")]}, "m1"),
-            ({"messages": [_del("m3"), _rep(b.message("m3"))]}, "m3"),
-            ({"messages": [_trunc("m1"), _rep(b.message("m2"))]}, "m2"),
-            ({"messages": [_trunc(None), _trunc("m1")]}, "m1"),
-            ({"runs": [_ins(b.run("r1", "completed")), _ins(b.run("r1", "completed"))]}, "r1"),
-            ({"runs": [_rep(b.run("r9", "completed"))]}, "r9"),
-            ({"runs": [_del("r9")]}, "r9"),
-            ({"runs": [_trunc("r9")]}, "r9"),
-            ({"queuedItems": [_rep(b.queued_item("q9", "r1"))]}, "q9"),
-            ({"queuedItems": [_del("q9")]}, "q9"),
+            ({"messages": [b.insert(b.message("m2"))]}, "m2"),
+            ({"messages": [b.replace(b.message("m9"))]}, "m9"),
+            ({"messages": [b.delete_record("m9")]}, "m9"),
+            ({"messages": [b.truncate("m9")]}, "m9"),
+            ({"messages": [b.delete_record("m1"), b.delete_record("m1")]}, "m1"),
+            ({"messages": [b.delete_record("m3"), b.replace(b.message("m3"))]}, "m3"),
+            ({"messages": [b.truncate("m1"), b.replace(b.message("m2"))]}, "m2"),
+            ({"messages": [b.truncate(None), b.truncate("m1")]}, "m1"),
+            (
+                {"runs": [b.insert(b.run("r1", "completed")), b.insert(b.run("r1", "completed"))]},
+                "r1",
+            ),
+            ({"runs": [b.replace(b.run("r9", "completed"))]}, "r9"),
+            ({"runs": [b.delete_record("r9")]}, "r9"),
+            ({"runs": [b.truncate("r9")]}, "r9"),
+            ({"queuedItems": [b.replace(b.queued_item("q9", "r1"))]}, "q9"),
+            ({"queuedItems": [b.delete_record("q9")]}, "q9"),
         ],
     )
     async def test_mechanical_error_applies_nothing(
         self, store: ThreadStore, changes: dict[str, Any], named: str
     ) -> None:
-        scope = _scope()
+        scope = new_scope()
         created = await _create(store, scope, changes=_three_messages(), title="before")
         before = await _read_all(store, scope)
         # A valid change first, so a partial apply would be visible.
         changes = {**changes}
         if "messages" in changes:
-            changes["messages"] = [_ins(b.message("extra")), *changes["messages"]]
+            changes["messages"] = [b.insert(b.message("extra")), *changes["messages"]]
         else:
-            changes["messages"] = [_ins(b.message("extra"))]
+            changes["messages"] = [b.insert(b.message("extra"))]
         with pytest.raises(ThreadStoreInvariantError, match=named):
             await store.commit_thread(
                 b.update(scope, "t1", created.version, changes, title="after")
@@ -513,47 +500,57 @@ class TestCreateUpdateDelete:
     async def test_insert_of_existing_id_on_create_is_invariant_error(
         self, store: ThreadStore
     ) -> None:
-        scope = _scope()
+        scope = new_scope()
         with pytest.raises(ThreadStoreInvariantError, match="m1"):
             await store.commit_thread(
-                b.create(scope, "t1", {"messages": [_ins(b.message("m1")), _ins(b.message("m1"))]})
+                b.create(
+                    scope,
+                    "t1",
+                    {"messages": [b.insert(b.message("m1")), b.insert(b.message("m1"))]},
+                )
             )
         assert (await store.read_thread(b.read(scope, "t1"))).thread is None
 
     async def test_truncate_null_removes_all(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         created = await _create(
             store,
             scope,
             changes={
                 **_three_messages(),
-                "runs": [_ins(b.run(f"r{i}", "completed")) for i in (1, 2)],
+                "runs": [b.insert(b.run(f"r{i}", "completed")) for i in (1, 2)],
             },
         )
         await _update(
-            store, scope, created.version, {"messages": [_trunc(None)], "runs": [_trunc(None)]}
+            store,
+            scope,
+            created.version,
+            {"messages": [b.truncate(None)], "runs": [b.truncate(None)]},
         )
         assert _ids(await _read_all(store, scope)) == ([], [], [])
 
     async def test_truncate_after_id_removes_later_records(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         created = await _create(
             store,
             scope,
             changes={
-                "messages": [_ins(b.message(f"m{i}")) for i in range(1, 6)],
-                "runs": [_ins(b.run(f"r{i}", "completed")) for i in (1, 2, 3)],
+                "messages": [b.insert(b.message(f"m{i}")) for i in range(1, 6)],
+                "runs": [b.insert(b.run(f"r{i}", "completed")) for i in (1, 2, 3)],
             },
         )
         await _update(
-            store, scope, created.version, {"messages": [_trunc("m2")], "runs": [_trunc("r1")]}
+            store,
+            scope,
+            created.version,
+            {"messages": [b.truncate("m2")], "runs": [b.truncate("r1")]},
         )
         assert _ids(await _read_all(store, scope)) == (["m1", "m2"], ["r1"], [])
 
     async def test_truncate_after_last_removes_nothing(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         created = await _create(store, scope, changes=_three_messages())
-        result = await _update(store, scope, created.version, {"messages": [_trunc("m3")]})
+        result = await _update(store, scope, created.version, {"messages": [b.truncate("m3")]})
         assert result.thread is not None
         assert result.thread.version.revision == 2
         assert await _messages(store, scope) == ["m1", "m2", "m3"]
@@ -561,29 +558,29 @@ class TestCreateUpdateDelete:
     async def test_truncate_removes_records_inserted_earlier_in_the_commit(
         self, store: ThreadStore
     ) -> None:
-        scope = _scope()
+        scope = new_scope()
         created = await _create(store, scope, changes=_three_messages())
         await _update(
             store,
             scope,
             created.version,
-            {"messages": [_ins(b.message("m4")), _trunc("m2"), _ins(b.message("m5"))]},
+            {"messages": [b.insert(b.message("m4")), b.truncate("m2"), b.insert(b.message("m5"))]},
         )
         assert await _messages(store, scope) == ["m1", "m2", "m5"]
 
     async def test_truncate_on_queued_items_rejected(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         created = await _create(
             store,
             scope,
             changes={
-                "runs": [_ins(b.run("r1", "queued", queue_item_id="q1"))],
-                "queuedItems": [_ins(b.queued_item("q1", "r1"))],
+                "runs": [b.insert(b.run("r1", "queued", queue_item_id="q1"))],
+                "queuedItems": [b.insert(b.queued_item("q1", "r1"))],
             },
         )
         with pytest.raises(ThreadStoreInvariantError, match="queuedItems"):
             await store.commit_thread(
-                b.update(scope, "t1", created.version, {"queuedItems": [_trunc(None)]})
+                b.update(scope, "t1", created.version, {"queuedItems": [b.truncate(None)]})
             )
         assert _ids(await _read_all(store, scope)) == ([], ["r1"], ["q1"])
 
@@ -592,14 +589,19 @@ class TestCreateUpdateDelete:
     async def test_insert_then_replace_in_one_commit(
         self, store: ThreadStore, clock: ManualClock
     ) -> None:
-        scope = _scope()
+        scope = new_scope()
         created = await _create(store, scope)
         clock.advance(ms=3)
         await _update(
             store,
             scope,
             created.version,
-            {"messages": [_ins(b.message("m1", "first")), _rep(b.message("m1", "second"))]},
+            {
+                "messages": [
+                    b.insert(b.message("m1", "first")),
+                    b.replace(b.message("m1", "second")),
+                ]
+            },
         )
         read = await _read_all(store, scope)
         assert read.messages is not None
@@ -608,18 +610,24 @@ class TestCreateUpdateDelete:
         assert message.created_at == message.updated_at == clock()
 
     async def test_insert_then_delete_in_one_commit(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         created = await _create(store, scope, changes=_three_messages())
         await _update(
-            store, scope, created.version, {"messages": [_ins(b.message("m4")), _del("m4")]}
+            store,
+            scope,
+            created.version,
+            {"messages": [b.insert(b.message("m4")), b.delete_record("m4")]},
         )
         assert await _messages(store, scope) == ["m1", "m2", "m3"]
 
     async def test_delete_then_insert_same_id_appends(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         created = await _create(store, scope, changes=_three_messages())
         await _update(
-            store, scope, created.version, {"messages": [_del("m1"), _ins(b.message("m1"))]}
+            store,
+            scope,
+            created.version,
+            {"messages": [b.delete_record("m1"), b.insert(b.message("m1"))]},
         )
         assert await _messages(store, scope) == ["m2", "m3", "m1"]
         newest = await store.read_thread(
@@ -633,35 +641,41 @@ class TestCreateUpdateDelete:
         assert [m.message_id for m in newest.messages.items] == ["m1", "m3"]
 
     async def test_inserts_append_in_list_order(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         created = await _create(store, scope, changes=_three_messages())
         await _update(
             store,
             scope,
             created.version,
-            {"messages": [_ins(b.message("z")), _ins(b.message("a")), _ins(b.message("k"))]},
+            {
+                "messages": [
+                    b.insert(b.message("z")),
+                    b.insert(b.message("a")),
+                    b.insert(b.message("k")),
+                ]
+            },
         )
         assert await _messages(store, scope) == ["m1", "m2", "m3", "z", "a", "k"]
 
     async def test_rules_are_checked_on_the_result_not_per_family(self, store: ThreadStore) -> None:
         # Messages apply before runs: a message naming a run inserted later in
         # the same commit is valid because the rules check the final state.
-        scope = _scope()
+        scope = new_scope()
         await _create(
             store,
             scope,
             changes={
                 "messages": [
-                    _ins(b.message("m1", run_id="r1")),
-                    _ins(b.message("m2", role="assistant", run_id="r1", relation="output")),
+                    b.insert(b.message("m1", run_id="r1")),
+                    b.insert(b.message("m2", role="assistant", run_id="r1", relation="output")),
                 ],
-                "runs": [_ins(b.run("r1", "completed", inputs=["m1"]))],
+                "runs": [b.insert(b.run("r1", "completed", inputs=["m1"]))],
             },
         )
         assert _ids(await _read_all(store, scope)) == (["m1", "m2"], ["r1"], [])
 
     async def test_relationship_violation_applies_nothing(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         created = await _create(store, scope, changes=_three_messages(), title="before")
         with pytest.raises(ThreadStoreInvariantError):
             await store.commit_thread(
@@ -669,7 +683,7 @@ class TestCreateUpdateDelete:
                     scope,
                     "t1",
                     created.version,
-                    {"messages": [_ins(b.message("m4", run_id="ghost"))]},
+                    {"messages": [b.insert(b.message("m4", run_id="ghost"))]},
                     title="after",
                 )
             )
@@ -682,7 +696,7 @@ class TestCreateUpdateDelete:
     async def test_delete_result_and_missing_after(
         self, store: ThreadStore, clock: ManualClock
     ) -> None:
-        scope = _scope()
+        scope = new_scope()
         created = await _create(store, scope, changes=_three_messages())
         clock.advance(ms=9)
         result = await store.commit_thread(b.delete(scope, "t1", created.version))
@@ -696,11 +710,11 @@ class TestCreateUpdateDelete:
         assert listed.items == []
 
     async def test_delete_removes_only_that_thread(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         full = {
             **_three_messages(),
-            "runs": [_ins(b.run("r1", "queued", queue_item_id="q1"))],
-            "queuedItems": [_ins(b.queued_item("q1", "r1"))],
+            "runs": [b.insert(b.run("r1", "queued", queue_item_id="q1"))],
+            "queuedItems": [b.insert(b.queued_item("q1", "r1"))],
         }
         doomed = await _create(store, scope, "doomed", full)
         survivor = await _create(store, scope, "survivor", full)
@@ -727,10 +741,10 @@ class TestCreateUpdateDelete:
         assert _ids(by_id) == ([], [], [])
 
     async def test_recreated_thread_accepts_old_child_ids(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         doomed = await _create(store, scope, changes=_three_messages())
         await store.commit_thread(b.delete(scope, "t1", doomed.version))
-        await _create(store, scope, changes={"messages": [_ins(b.message("m3"))]})
+        await _create(store, scope, changes={"messages": [b.insert(b.message("m3"))]})
         assert await _messages(store, scope) == ["m3"]
 
 
@@ -742,7 +756,7 @@ class TestConflicts:
     pytestmark = pytest.mark.asyncio
 
     async def test_wrong_revision_conflicts(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         created = await _create(store, scope, title="one")
         second = await _update(store, scope, created.version, title="two")
         assert second.thread is not None
@@ -751,7 +765,7 @@ class TestConflicts:
                 scope,
                 "t1",
                 created.version,
-                {"messages": [_ins(b.message("m1"))]},
+                {"messages": [b.insert(b.message("m1"))]},
                 title="stale",
             )
         )
@@ -763,7 +777,7 @@ class TestConflicts:
         assert _ids(read) == ([], [], [])
 
     async def test_future_revision_conflicts(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         created = await _create(store, scope)
         ahead = ThreadVersion(thread_instance_id=created.version.thread_instance_id, revision=2)
         result = await store.commit_thread(b.update(scope, "t1", ahead, title="x"))
@@ -773,7 +787,7 @@ class TestConflicts:
     async def test_wrong_instance_id_with_right_revision_conflicts(
         self, store: ThreadStore
     ) -> None:
-        scope = _scope()
+        scope = new_scope()
         created = await _create(store, scope, title="original")
         forged = {"threadInstanceId": uuid4().hex, "revision": created.version.revision}
         update = await store.commit_thread(b.update(scope, "t1", forged, title="forged"))
@@ -786,10 +800,10 @@ class TestConflicts:
         assert read.thread == created
 
     async def test_create_on_existing_conflicts(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         created = await _create(store, scope, changes=_three_messages(), title="first")
         result = await store.commit_thread(
-            b.create(scope, "t1", {"messages": [_ins(b.message("x"))]}, title="second")
+            b.create(scope, "t1", {"messages": [b.insert(b.message("x"))]}, title="second")
         )
         assert isinstance(result, ConflictResult)
         assert result.current_version == created.version
@@ -798,17 +812,17 @@ class TestConflicts:
         assert _ids(read)[0] == ["m1", "m2", "m3"]
 
     async def test_create_on_existing_hidden_thread_conflicts(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         created = await _create(store, scope, visibility="hidden")
         result = await store.commit_thread(b.create(scope, "t1"))
         assert isinstance(result, ConflictResult)
         assert result.current_version == created.version
 
     async def test_update_on_missing_conflicts(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         version = {"threadInstanceId": uuid4().hex, "revision": 1}
         result = await store.commit_thread(
-            b.update(scope, "t1", version, {"messages": [_ins(b.message("m1"))]}, title="x")
+            b.update(scope, "t1", version, {"messages": [b.insert(b.message("m1"))]}, title="x")
         )
         assert isinstance(result, ConflictResult)
         assert result.current_version is None
@@ -817,7 +831,7 @@ class TestConflicts:
         assert listed.items == []
 
     async def test_delete_on_missing_conflicts(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         result = await store.commit_thread(
             b.delete(scope, "t1", {"threadInstanceId": "abc", "revision": 3})
         )
@@ -825,7 +839,7 @@ class TestConflicts:
         assert result.current_version is None
 
     async def test_delete_after_delete_conflicts(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         created = await _create(store, scope)
         first = await store.commit_thread(b.delete(scope, "t1", created.version))
         assert isinstance(first, CommittedResult)
@@ -834,7 +848,7 @@ class TestConflicts:
         assert second.current_version is None
 
     async def test_stale_delete_conflicts_and_keeps_thread(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         created = await _create(store, scope, changes=_three_messages())
         updated = await _update(store, scope, created.version, title="new")
         assert updated.thread is not None
@@ -851,18 +865,18 @@ class TestConflicts:
         # The condition is judged before the child changes (SPEC 8: the version
         # differs -> conflict); a stale commit whose changes would also fail
         # mechanically is a conflict, not an error.
-        scope = _scope()
+        scope = new_scope()
         created = await _create(store, scope)
         updated = await _update(store, scope, created.version, title="x")
         assert updated.thread is not None
         result = await store.commit_thread(
-            b.update(scope, "t1", created.version, {"messages": [_del("missing")]})
+            b.update(scope, "t1", created.version, {"messages": [b.delete_record("missing")]})
         )
         assert isinstance(result, ConflictResult)
         assert result.current_version == updated.thread.version
 
     async def test_conflict_does_not_bump_revision(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         created = await _create(store, scope)
         for _ in range(3):
             stale = await store.commit_thread(

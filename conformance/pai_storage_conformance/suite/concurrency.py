@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import uuid
 from typing import Any
 
 import pytest
@@ -18,23 +17,13 @@ from pai_storage import (
 )
 from pai_storage import builders as b
 
+from ._support import new_scope
+
 __all__ = ["TestConcurrency", "TestIsolation"]
 
 pytestmark = pytest.mark.asyncio
 
 RACERS = 12
-
-
-def _ins(record: dict[str, Any]) -> dict[str, Any]:
-    return {"type": "insert", "record": record}
-
-
-def _rep(record: dict[str, Any]) -> dict[str, Any]:
-    return {"type": "replace", "record": record}
-
-
-def _scope(tag: str = "") -> str:
-    return f"conformance-concurrency-{tag}{uuid.uuid4()}"
 
 
 def _all_pages(limit: int = 100) -> dict[str, Any]:
@@ -55,9 +44,9 @@ def _split(results: list[Any]) -> tuple[list[CommittedResult], list[ConflictResu
 def _writer_changes(revision: int) -> dict[str, Any]:
     """What the streaming writer adds when it moves the thread to ``revision``."""
     return {
-        "messages": [_ins(b.message(f"m{revision}", f"message {revision}"))],
-        "runs": [_ins(b.run(f"r{revision}", "queued", queue_item_id=f"q{revision}"))],
-        "queuedItems": [_ins(b.queued_item(f"q{revision}", f"r{revision}", revision))],
+        "messages": [b.insert(b.message(f"m{revision}", f"message {revision}"))],
+        "runs": [b.insert(b.run(f"r{revision}", "queued", queue_item_id=f"q{revision}"))],
+        "queuedItems": [b.insert(b.queued_item(f"q{revision}", f"r{revision}", revision))],
     }
 
 
@@ -65,14 +54,14 @@ class TestConcurrency:
     """Racing writers: exactly one wins; readers always see one committed version."""
 
     async def test_racing_updates_on_one_version(self, store: ThreadStore) -> None:
-        scope, tid = _scope(), "race"
+        scope, tid = new_scope(), "race"
         created = await store.commit_thread(
             b.create(
                 scope,
                 tid,
                 {
-                    "messages": [_ins(b.message("m0", run_id="r0"))],
-                    "runs": [_ins(b.run("r0", "running", inputs=["m0"]))],
+                    "messages": [b.insert(b.message("m0", run_id="r0"))],
+                    "runs": [b.insert(b.run("r0", "running", inputs=["m0"]))],
                 },
             )
         )
@@ -87,7 +76,7 @@ class TestConcurrency:
                     version,
                     {
                         "messages": [
-                            _ins(
+                            b.insert(
                                 b.message(
                                     f"out-{round_}-{i}",
                                     role="assistant",
@@ -128,14 +117,14 @@ class TestConcurrency:
         assert version.revision == 4
 
     async def test_racing_lease_acquires(self, store: ThreadStore, clock: ManualClock) -> None:
-        scope, tid = _scope(), "lease-race"
+        scope, tid = new_scope(), "lease-race"
         created = await store.commit_thread(
             b.create(
                 scope,
                 tid,
                 {
-                    "messages": [_ins(b.message("m1", run_id="r1"))],
-                    "runs": [_ins(b.run("r1", "running", inputs=["m1"]))],
+                    "messages": [b.insert(b.message("m1", run_id="r1"))],
+                    "runs": [b.insert(b.run("r1", "running", inputs=["m1"]))],
                 },
             )
         )
@@ -163,14 +152,14 @@ class TestConcurrency:
         assert read.thread.version.revision == 2
 
     async def test_racing_creates_of_one_thread(self, store: ThreadStore) -> None:
-        scope, tid = _scope(), "create-race"
+        scope, tid = new_scope(), "create-race"
         results = await asyncio.gather(
             *(
                 store.commit_thread(
                     b.create(
                         scope,
                         tid,
-                        {"messages": [_ins(b.message(f"first-{i}"))]},
+                        {"messages": [b.insert(b.message(f"first-{i}"))]},
                         title=f"creator {i}",
                     )
                 )
@@ -196,13 +185,13 @@ class TestConcurrency:
         assert [t.thread_id for t in listed.items] == [tid]
 
     async def test_writers_on_different_threads_do_not_interfere(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         threads = [f"thread-{i}" for i in range(RACERS)]
         steps = 5
 
         async def writer(tid: str) -> ThreadVersion:
             result = await store.commit_thread(
-                b.create(scope, tid, {"messages": [_ins(b.message(f"{tid}-0"))]})
+                b.create(scope, tid, {"messages": [b.insert(b.message(f"{tid}-0"))]})
             )
             assert isinstance(result, CommittedResult)
             assert result.thread is not None
@@ -213,7 +202,7 @@ class TestConcurrency:
                         scope,
                         tid,
                         version,
-                        {"messages": [_ins(b.message(f"{tid}-{step}"))]},
+                        {"messages": [b.insert(b.message(f"{tid}-{step}"))]},
                         title=f"{tid} step {step}",
                     )
                 )
@@ -238,7 +227,7 @@ class TestConcurrency:
         assert sorted(t.thread_id for t in listed.items) == sorted(threads)
 
     async def test_reads_see_one_version_during_writes(self, store: ThreadStore) -> None:
-        scope, tid = _scope(), "stream"
+        scope, tid = new_scope(), "stream"
         total = 40
         created = await store.commit_thread(b.create(scope, tid, _writer_changes(1), title="rev 1"))
         assert isinstance(created, CommittedResult)
@@ -348,15 +337,15 @@ class TestIsolation:
                 tid,
                 {
                     "messages": [
-                        _ins(b.message("m1", run_id="r1")),
-                        _ins(b.message("m2", role="assistant", run_id="r1", relation="output")),
-                        _ins(b.message("m3", role="assistant", run_id="r1", relation="output")),
+                        b.insert(b.message("m1", run_id="r1")),
+                        b.insert(b.message("m2", role="assistant", run_id="r1", relation="output")),
+                        b.insert(b.message("m3", role="assistant", run_id="r1", relation="output")),
                     ],
                     "runs": [
-                        _ins(b.run("r1", "running", inputs=["m1"])),
-                        _ins(b.run("r2", "queued", queue_item_id="q1")),
+                        b.insert(b.run("r1", "running", inputs=["m1"])),
+                        b.insert(b.run("r2", "queued", queue_item_id="q1")),
                     ],
-                    "queuedItems": [_ins(b.queued_item("q1", "r2", "next"))],
+                    "queuedItems": [b.insert(b.queued_item("q1", "r2", "next"))],
                     "lease": b.acquire("r1", "w1"),
                 },
                 title=f"owned by {scope}",
@@ -380,7 +369,7 @@ class TestIsolation:
     async def test_other_scope_cannot_see_or_touch(
         self, store: ThreadStore, suffix_a: str, tid_a: str, suffix_b: str, tid_b: str
     ) -> None:
-        base = _scope()
+        base = new_scope()
         scope_a, scope_b = base + suffix_a, base + suffix_b
         created = await self._populate(store, scope_a, tid_a)
         assert created.thread is not None
@@ -410,7 +399,9 @@ class TestIsolation:
                     version,
                     {
                         "messages": [
-                            _ins(b.message("m4", role="assistant", run_id="r1", relation="output"))
+                            b.insert(
+                                b.message("m4", role="assistant", run_id="r1", relation="output")
+                            )
                         ]
                     },
                     title="hijacked",
@@ -445,7 +436,7 @@ class TestIsolation:
         assert listed_b.items == []
 
     async def test_child_page_token_is_bound_to_its_scope(self, store: ThreadStore) -> None:
-        scope_a, scope_b = _scope("a-"), _scope("b-")
+        scope_a, scope_b = new_scope("a"), new_scope("b")
         await self._populate(store, scope_a, "t")
         await self._populate(store, scope_b, "t")
         selections = {
@@ -467,7 +458,7 @@ class TestIsolation:
                 await store.read_thread(b.read(scope_b, "t", **{family: continued}))
 
     async def test_list_token_is_bound_to_its_scope(self, store: ThreadStore) -> None:
-        scope_a, scope_b = _scope("a-"), _scope("b-")
+        scope_a, scope_b = new_scope("a"), new_scope("b")
         for tid in ("t1", "t2", "t3"):
             await self._populate(store, scope_a, tid)
             await self._populate(store, scope_b, tid)

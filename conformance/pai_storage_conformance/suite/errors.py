@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from typing import Any
-from uuid import uuid4
 
 import pytest
 
@@ -27,19 +26,13 @@ from pai_storage import (
 )
 from pai_storage import builders as b
 
+from ._support import new_scope
+
 __all__ = ["TestErrorsAndWarnings"]
 
 pytestmark = pytest.mark.asyncio
 
 VERSION = {"threadInstanceId": "0" * 32, "revision": 1}
-
-
-def _scope() -> str:
-    return f"scope-{uuid4().hex}"
-
-
-def _ins(record: dict[str, Any]) -> dict[str, Any]:
-    return {"type": "insert", "record": record}
 
 
 def _with(base: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
@@ -72,8 +65,8 @@ def _full_create(scope: str) -> dict[str, Any]:
         scope,
         "t1",
         {
-            "messages": [_ins(b.message("m1", run_id="r1"))],
-            "runs": [_ins(b.run("r1", "running", inputs=["m1"]))],
+            "messages": [b.insert(b.message("m1", run_id="r1"))],
+            "runs": [b.insert(b.run("r1", "running", inputs=["m1"]))],
             "lease": b.acquire("r1", "w1"),
         },
     )
@@ -315,7 +308,7 @@ LIST_CASES: list[Any] = [
 
 
 async def _assert_usable(store: ThreadStore) -> None:
-    scope = _scope()
+    scope = new_scope()
     result = await store.commit_thread(_full_create(scope))
     assert isinstance(result, CommittedResult)
     read = await store.read_thread(b.read(scope, "t1"))
@@ -327,7 +320,7 @@ async def _assert_usable(store: ThreadStore) -> None:
 
 async def _existing(store: ThreadStore, scope: str) -> ThreadRecord:
     result = await store.commit_thread(
-        b.create(scope, "t1", {"messages": [_ins(b.message("m1", metadata={"k": [1]}))]})
+        b.create(scope, "t1", {"messages": [b.insert(b.message("m1", metadata={"k": [1]}))]})
     )
     assert isinstance(result, CommittedResult)
     assert result.thread is not None
@@ -345,7 +338,7 @@ class TestErrorsAndWarnings:
     async def test_malformed_commit_is_invariant_error(
         self, store: ThreadStore, build: Callable[[str], dict[str, Any]], word: str
     ) -> None:
-        scope = _scope()
+        scope = new_scope()
         with pytest.raises(ThreadStoreInvariantError) as caught:
             await store.commit_thread(build(scope))
         assert word in str(caught.value)
@@ -353,13 +346,13 @@ class TestErrorsAndWarnings:
         await _assert_usable(store)
 
     async def test_malformed_update_leaves_thread_unchanged(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         existing = await _existing(store, scope)
         bad = b.update(
             scope,
             "t1",
             existing.version,
-            {"messages": [_ins({**b.message("m2"), "parts": []})]},
+            {"messages": [b.insert({**b.message("m2"), "parts": []})]},
             title="changed",
         )
         with pytest.raises(ThreadStoreInvariantError, match="parts"):
@@ -371,7 +364,7 @@ class TestErrorsAndWarnings:
     async def test_malformed_read_is_invariant_error(
         self, store: ThreadStore, include: dict[str, Any], word: str
     ) -> None:
-        scope = _scope()
+        scope = new_scope()
         await _existing(store, scope)
         with pytest.raises(ThreadStoreInvariantError) as caught:
             await store.read_thread({"scopeKey": scope, "threadId": "t1", "include": include})
@@ -383,7 +376,7 @@ class TestErrorsAndWarnings:
         self, store: ThreadStore, fields: dict[str, Any], word: str
     ) -> None:
         with pytest.raises(ThreadStoreInvariantError) as caught:
-            await store.list_threads({"scopeKey": _scope(), "limit": 5, **fields})
+            await store.list_threads({"scopeKey": new_scope(), "limit": 5, **fields})
         assert word in str(caught.value)
         await _assert_usable(store)
 
@@ -441,12 +434,12 @@ class TestErrorsAndWarnings:
         self, store: ThreadStore, build: Callable[[str], dict[str, Any]], path: str
     ) -> None:
         with pytest.raises(ThreadStoreInvariantError) as caught:
-            await store.commit_thread(build(_scope()))
+            await store.commit_thread(build(new_scope()))
         assert path in str(caught.value)
 
     async def test_errors_never_echo_input_values(self, store: ThreadStore) -> None:
         secret = "SECRET-VALUE-4242"
-        scope = _scope()
+        scope = new_scope()
         cases = [
             _with(_full_create(scope), "mutation.root.agent", [secret]),
             _with(_full_create(scope), "mutation.root.listVisibility", secret),
@@ -472,7 +465,7 @@ class TestErrorsAndWarnings:
         await _assert_usable(store)
 
     async def test_wrong_model_type_is_invariant_error(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         read_model = ReadThreadInput.model_validate(b.read(scope, "t1"))
         with pytest.raises(ThreadStoreInvariantError):
             await store.commit_thread(read_model)  # type: ignore[arg-type]
@@ -480,7 +473,7 @@ class TestErrorsAndWarnings:
     # ------------------------------------------------------------ models or JSON
 
     async def test_inputs_may_be_models_or_json(self, store: ThreadStore) -> None:
-        scope_json, scope_model = _scope(), _scope()
+        scope_json, scope_model = new_scope(), new_scope()
         created_json = await store.commit_thread(_full_create(scope_json))
         created_model = await store.commit_thread(
             CommitThreadInput.model_validate(_full_create(scope_model))
@@ -517,7 +510,7 @@ class TestErrorsAndWarnings:
 
     async def test_record_json_forms_are_accepted_as_inputs(self, store: ThreadStore) -> None:
         # A read record's draft (its JSON form minus the stamps) can be replaced as is.
-        scope = _scope()
+        scope = new_scope()
         existing = await _existing(store, scope)
         read = await store.read_thread(
             b.read(scope, "t1", messages={"type": "ids", "messageIds": ["m1"]})
@@ -560,7 +553,7 @@ class TestErrorsAndWarnings:
             raise error("boom")
 
     async def test_raised_errors_are_caught_by_the_root(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         await _existing(store, scope)
         with pytest.raises(ThreadStoreError):
             await store.commit_thread(b.create(scope, "t2", metadata={"x": float("nan")}))
@@ -580,7 +573,7 @@ class TestErrorsAndWarnings:
             await store.list_threads({"scopeKey": scope, "limit": 0})
 
     async def test_conflict_is_a_result_not_an_error(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         existing = await _existing(store, scope)
         result = await store.commit_thread(b.create(scope, "t1"))
         assert isinstance(result, ConflictResult)
@@ -592,12 +585,12 @@ class TestErrorsAndWarnings:
     async def test_mutating_returned_records_does_not_change_the_store(
         self, store: ThreadStore
     ) -> None:
-        scope = _scope()
+        scope = new_scope()
         result = await store.commit_thread(
             b.create(
                 scope,
                 "t1",
-                {"messages": [_ins(b.message("m1", metadata={"k": [1]}))]},
+                {"messages": [b.insert(b.message("m1", metadata={"k": [1]}))]},
                 metadata={"a": {"b": [1]}},
                 privateMetadata={"p": 1},
             )
@@ -634,16 +627,16 @@ class TestErrorsAndWarnings:
     async def test_mutating_inputs_after_commit_does_not_change_the_store(
         self, store: ThreadStore
     ) -> None:
-        scope = _scope()
+        scope = new_scope()
         message = b.message("m1", metadata={"k": [1]})
         queued_input: dict[str, Any] = {"text": ["hi"]}
         request = b.create(
             scope,
             "t1",
             {
-                "messages": [_ins(message)],
-                "runs": [_ins(b.run("r1", "queued", queue_item_id="q1"))],
-                "queuedItems": [_ins(b.queued_item("q1", "r1", queued_input))],
+                "messages": [b.insert(message)],
+                "runs": [b.insert(b.run("r1", "queued", queue_item_id="q1"))],
+                "queuedItems": [b.insert(b.queued_item("q1", "r1", queued_input))],
             },
             metadata={"root": {"x": 1}},
         )
@@ -654,7 +647,7 @@ class TestErrorsAndWarnings:
         queued_input["text"].append("there")
         request["mutation"]["root"]["metadata"]["root"]["x"] = 2
 
-        scope_model = _scope()
+        scope_model = new_scope()
         model_data = model.model_copy(update={"scope_key": scope_model})
         await store.commit_thread(model_data)
         model_data.mutation.root.metadata["root"]["x"] = 3  # type: ignore[union-attr]

@@ -17,6 +17,8 @@ from pai_storage import (
 )
 from pai_storage import builders as b
 
+from ._support import new_scope
+
 __all__ = ["TestIdentityAndScoping"]
 
 pytestmark = pytest.mark.asyncio
@@ -36,10 +38,6 @@ OPAQUE_IDS = [
 ]
 
 BAD_LENGTH_IDS = [pytest.param("", id="empty"), pytest.param("k" * 1025, id="1025-chars")]
-
-
-def _scope() -> str:
-    return f"scope-{uuid4().hex}"
 
 
 async def _create(store: ThreadStore, scope: str, thread: str, **root: Any) -> ThreadRecord:
@@ -66,7 +64,7 @@ class TestIdentityAndScoping:
 
     @pytest.mark.parametrize("thread_id", OPAQUE_IDS)
     async def test_opaque_thread_id_round_trips(self, store: ThreadStore, thread_id: str) -> None:
-        scope = _scope()
+        scope = new_scope()
         created = await _create(store, scope, thread_id, title="t")
         assert created.thread_id == thread_id
         read = await store.read_thread(b.read(scope, thread_id))
@@ -99,7 +97,7 @@ class TestIdentityAndScoping:
 
     @pytest.mark.parametrize("bad", BAD_LENGTH_IDS)
     async def test_bad_length_thread_id_rejected(self, store: ThreadStore, bad: str) -> None:
-        scope = _scope()
+        scope = new_scope()
         with pytest.raises(ThreadStoreInvariantError, match="threadId"):
             await store.commit_thread(b.create(scope, bad))
         with pytest.raises(ThreadStoreInvariantError, match="threadId"):
@@ -117,7 +115,7 @@ class TestIdentityAndScoping:
             await store.list_threads({"scopeKey": bad, "limit": 10})
 
     async def test_lone_surrogate_rejected(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         with pytest.raises(ThreadStoreInvariantError, match="threadId"):
             await store.commit_thread(b.create(scope, "bad\ud800id"))
         with pytest.raises(ThreadStoreInvariantError, match="scopeKey"):
@@ -131,14 +129,14 @@ class TestIdentityAndScoping:
 
     async def test_valid_surrogate_pair_is_not_a_lone_surrogate(self, store: ThreadStore) -> None:
         # "🧵" is one code point in Python; a backend must not split it.
-        scope = _scope()
+        scope = new_scope()
         await _create(store, scope, "🧵")
         read = await store.read_thread(b.read(scope, "🧵"))
         assert read.thread is not None
         assert read.thread.thread_id == "🧵"
 
     async def test_similar_ids_are_distinct(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         ids = ["a", "A", "a ", "a\x00", "a/", "a.b", "a/b", "ab"]
         for index, thread_id in enumerate(ids):
             await _create(store, scope, thread_id, title=f"title-{index}")
@@ -151,7 +149,7 @@ class TestIdentityAndScoping:
 
     async def test_scope_and_thread_do_not_concatenate(self, store: ThreadStore) -> None:
         # ("S/x", "y") and ("S", "x/y") must be different threads in different scopes.
-        scope = _scope()
+        scope = new_scope()
         await _create(store, scope + "/x", "y", title="first")
         await _create(store, scope, "x/y", title="second")
         first = await store.read_thread(b.read(scope + "/x", "y"))
@@ -169,7 +167,7 @@ class TestIdentityAndScoping:
     async def test_create_gives_revision_one_and_fresh_instance_id(
         self, store: ThreadStore
     ) -> None:
-        scope = _scope()
+        scope = new_scope()
         first = await _create(store, scope, "t1")
         second = await _create(store, scope, "t2")
         assert first.version.revision == 1
@@ -179,7 +177,7 @@ class TestIdentityAndScoping:
         assert first.version.thread_instance_id != second.version.thread_instance_id
 
     async def test_every_commit_adds_exactly_one(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         created = await _create(store, scope, "t1")
         version = created.version
         for expected in (2, 3, 4):
@@ -195,7 +193,7 @@ class TestIdentityAndScoping:
         assert read.thread.title == "rev4"
 
     async def test_commit_with_changes_adds_exactly_one(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         created = await _create(store, scope, "t1")
         changes = {
             "messages": [
@@ -210,7 +208,7 @@ class TestIdentityAndScoping:
         assert result.thread.version.revision == 2
 
     async def test_delete_and_recreate_gives_new_instance_id(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         first = await _create(store, scope, "t1")
         deleted = await store.commit_thread(b.delete(scope, "t1", first.version))
         assert isinstance(deleted, CommittedResult)
@@ -221,7 +219,7 @@ class TestIdentityAndScoping:
         assert second.version.thread_instance_id != first.version.thread_instance_id
 
     async def test_stale_version_from_before_delete_conflicts(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         first = await _create(store, scope, "t1")
         # Bring the old incarnation to revision 2, then delete and re-create it
         # and bring the new one to revision 2 as well: same revision, new instance.
@@ -251,7 +249,7 @@ class TestIdentityAndScoping:
     # ------------------------------------------------------------ isolation
 
     async def test_same_thread_id_in_two_scopes_is_independent(self, store: ThreadStore) -> None:
-        scope_a, scope_b = _scope(), _scope()
+        scope_a, scope_b = new_scope(), new_scope()
         a = await _create(store, scope_a, "shared", title="A", category="ca")
         b_ = await _create(store, scope_b, "shared", title="B", category="cb")
         assert a.version.thread_instance_id != b_.version.thread_instance_id
@@ -271,7 +269,7 @@ class TestIdentityAndScoping:
         assert read_a.thread.version.revision == 2
 
     async def test_children_are_isolated_by_scope(self, store: ThreadStore) -> None:
-        scope_a, scope_b = _scope(), _scope()
+        scope_a, scope_b = new_scope(), new_scope()
         await store.commit_thread(
             b.create(scope_a, "t", {"messages": [{"type": "insert", "record": b.message("mA")}]})
         )
@@ -291,7 +289,7 @@ class TestIdentityAndScoping:
         assert [m.message_id for m in by_id.messages.items] == ["mB"]
 
     async def test_nothing_in_scope_a_reachable_through_scope_b(self, store: ThreadStore) -> None:
-        scope_a, scope_b = _scope(), _scope()
+        scope_a, scope_b = new_scope(), new_scope()
         a = await _create(store, scope_a, "t1", title="secret")
 
         read = await store.read_thread(
@@ -323,7 +321,7 @@ class TestIdentityAndScoping:
         assert after.thread.version == a.version
 
     async def test_create_in_other_scope_does_not_conflict(self, store: ThreadStore) -> None:
-        scope_a, scope_b = _scope(), _scope()
+        scope_a, scope_b = new_scope(), new_scope()
         await _create(store, scope_a, "t1")
         created = await store.commit_thread(b.create(scope_b, "t1"))
         assert isinstance(created, CommittedResult)
@@ -332,7 +330,7 @@ class TestIdentityAndScoping:
         assert created.thread.version.revision == 1
 
     async def test_list_shows_only_own_scope(self, store: ThreadStore) -> None:
-        scope_a, scope_b = _scope(), _scope()
+        scope_a, scope_b = new_scope(), new_scope()
         for thread_id in ("a1", "a2", "a3"):
             await _create(store, scope_a, thread_id)
         await _create(store, scope_b, "b1", visibility="hidden")

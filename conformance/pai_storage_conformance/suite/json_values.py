@@ -9,7 +9,6 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
-from uuid import uuid4
 
 import pytest
 
@@ -29,19 +28,13 @@ from pai_storage import (
 )
 from pai_storage import builders as b
 
+from ._support import new_scope
+
 __all__ = ["TestStrictJson"]
 
 pytestmark = pytest.mark.asyncio
 
 TIMESTAMP = re.compile(r"\A\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z\Z")
-
-
-def _scope() -> str:
-    return f"scope-{uuid4().hex}"
-
-
-def _ins(record: dict[str, Any]) -> dict[str, Any]:
-    return {"type": "insert", "record": record}
 
 
 class _Color(enum.Enum):
@@ -124,13 +117,13 @@ def _tool(**fields: Any) -> dict[str, Any]:
 
 def _queued(**fields: Any) -> dict[str, Any]:
     return {
-        "runs": [_ins(b.run("r1", "queued", queue_item_id="q1"))],
-        "queuedItems": [_ins({**b.queued_item("q1", "r1"), **fields})],
+        "runs": [b.insert(b.run("r1", "queued", queue_item_id="q1"))],
+        "queuedItems": [b.insert({**b.queued_item("q1", "r1"), **fields})],
     }
 
 
 def _run(**fields: Any) -> dict[str, Any]:
-    return {"runs": [_ins({**b.run("r1", "completed"), **fields})]}
+    return {"runs": [b.insert({**b.run("r1", "completed"), **fields})]}
 
 
 # Each location builds (root fields, changes) around a JSON value.
@@ -142,7 +135,7 @@ LOCATIONS: list[Any] = [
         lambda v: ({"privateMetadata": v}, None), "root.privateMetadata", id="root-private"
     ),
     pytest.param(
-        lambda v: ({}, {"messages": [_ins(b.message("m1", metadata=v))]}),
+        lambda v: ({}, {"messages": [b.insert(b.message("m1", metadata=v))]}),
         "record.metadata",
         id="message-metadata",
     ),
@@ -151,7 +144,9 @@ LOCATIONS: list[Any] = [
             {},
             {
                 "messages": [
-                    _ins(_message_with_part({"type": "text", "text": "x", "providerMetadata": v}))
+                    b.insert(
+                        _message_with_part({"type": "text", "text": "x", "providerMetadata": v})
+                    )
                 ]
             },
         ),
@@ -163,7 +158,7 @@ LOCATIONS: list[Any] = [
             {},
             {
                 "messages": [
-                    _ins(
+                    b.insert(
                         _message_with_part(
                             {"type": "reasoning", "text": "x", "providerMetadata": v}
                         )
@@ -179,7 +174,7 @@ LOCATIONS: list[Any] = [
             {},
             {
                 "messages": [
-                    _ins(
+                    b.insert(
                         _message_with_part(
                             {
                                 "type": "file",
@@ -196,24 +191,24 @@ LOCATIONS: list[Any] = [
         id="file-provider-metadata",
     ),
     pytest.param(
-        lambda v: ({}, {"messages": [_ins(_message_with_part(_tool(input=v)))]}),
+        lambda v: ({}, {"messages": [b.insert(_message_with_part(_tool(input=v)))]}),
         "parts[0].input",
         id="tool-input",
     ),
     pytest.param(
-        lambda v: ({}, {"messages": [_ins(_message_with_part(_tool(output=v)))]}),
+        lambda v: ({}, {"messages": [b.insert(_message_with_part(_tool(output=v)))]}),
         "parts[0].output",
         id="tool-output",
     ),
     pytest.param(
-        lambda v: ({}, {"messages": [_ins(_message_with_part(_tool(callProviderMetadata=v)))]}),
+        lambda v: ({}, {"messages": [b.insert(_message_with_part(_tool(callProviderMetadata=v)))]}),
         "parts[0].callProviderMetadata",
         id="tool-call-provider-metadata",
     ),
     pytest.param(
         lambda v: (
             {},
-            {"messages": [_ins(_message_with_part(_tool(resultProviderMetadata=v)))]},
+            {"messages": [b.insert(_message_with_part(_tool(resultProviderMetadata=v)))]},
         ),
         "parts[0].resultProviderMetadata",
         id="tool-result-provider-metadata",
@@ -221,7 +216,7 @@ LOCATIONS: list[Any] = [
     pytest.param(
         lambda v: (
             {},
-            {"messages": [_ins(_message_with_part({"type": "data", "name": "n", "data": v}))]},
+            {"messages": [b.insert(_message_with_part({"type": "data", "name": "n", "data": v}))]},
         ),
         "parts[0].data",
         id="data-part",
@@ -318,7 +313,7 @@ class TestStrictJson:
     async def test_rejected_kind_names_its_path_and_writes_nothing(
         self, store: ThreadStore, make_bad: Callable[[], Any]
     ) -> None:
-        scope = _scope()
+        scope = new_scope()
         with pytest.raises(ThreadStoreSerializationError) as caught:
             await store.commit_thread(b.create(scope, "t1", metadata=_wrap(make_bad())))
         assert "metadata.items[3].score" in str(caught.value)
@@ -335,7 +330,7 @@ class TestStrictJson:
         where: Location,
         path: str,
     ) -> None:
-        scope = _scope()
+        scope = new_scope()
         root, changes = where(_wrap(make_bad()))
         path = path.removeprefix("root.")
         with pytest.raises(ThreadStoreSerializationError) as caught:
@@ -347,9 +342,9 @@ class TestStrictJson:
     async def test_rejected_value_in_update_writes_nothing(
         self, store: ThreadStore, make_bad: Callable[[], Any]
     ) -> None:
-        scope = _scope()
+        scope = new_scope()
         created = await store.commit_thread(
-            b.create(scope, "t1", {"messages": [_ins(b.message("m1"))]}, metadata={"ok": 1})
+            b.create(scope, "t1", {"messages": [b.insert(b.message("m1"))]}, metadata={"ok": 1})
         )
         assert isinstance(created, CommittedResult)
         assert created.thread is not None
@@ -361,8 +356,8 @@ class TestStrictJson:
                     created.thread.version,
                     {
                         "messages": [
-                            _ins(b.message("m2")),
-                            _ins(b.message("m3", metadata={"deep": _wrap(make_bad())})),
+                            b.insert(b.message("m2")),
+                            b.insert(b.message("m3", metadata={"deep": _wrap(make_bad())})),
                         ]
                     },
                     metadata={"ok": 2},
@@ -378,12 +373,12 @@ class TestStrictJson:
         ("build", "path"),
         [
             pytest.param(
-                lambda v: {"messages": [_ins(_message_with_part(_tool(input=v)))]},
+                lambda v: {"messages": [b.insert(_message_with_part(_tool(input=v)))]},
                 "parts[0].input",
                 id="tool-input",
             ),
             pytest.param(
-                lambda v: {"messages": [_ins(_message_with_part(_tool(output=v)))]},
+                lambda v: {"messages": [b.insert(_message_with_part(_tool(output=v)))]},
                 "parts[0].output",
                 id="tool-output",
             ),
@@ -394,14 +389,14 @@ class TestStrictJson:
     async def test_rejected_top_level_json_value(
         self, store: ThreadStore, build: Callable[[Any], dict[str, Any]], path: str, bad: Any
     ) -> None:
-        scope = _scope()
+        scope = new_scope()
         with pytest.raises(ThreadStoreSerializationError) as caught:
             await store.commit_thread(b.create(scope, "t1", build(bad)))
         assert path in str(caught.value)
         assert (await store.read_thread(b.read(scope, "t1"))).thread is None
 
     async def test_rejection_never_echoes_values(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         with pytest.raises(ThreadStoreSerializationError) as caught:
             await store.commit_thread(
                 b.create(
@@ -414,7 +409,7 @@ class TestStrictJson:
         assert "alice@example.invalid" not in str(caught.value)
 
     async def test_shared_non_cyclic_values_are_accepted(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         shared = {"k": [1, 2]}
         result = await store.commit_thread(
             b.create(scope, "t1", metadata={"a": shared, "b": shared, "c": [shared, shared]})
@@ -430,7 +425,7 @@ class TestStrictJson:
     # ------------------------------------------------------------ round trips
 
     async def test_opaque_json_round_trips_exactly_everywhere(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         value = copy.deepcopy(ROUND_TRIP)
         message = b.message("m1", role="assistant", metadata=copy.deepcopy(value))
         message["parts"] = [
@@ -464,7 +459,11 @@ class TestStrictJson:
             b.create(
                 scope,
                 "t1",
-                {"messages": [_ins(message)], "runs": [_ins(run)], "queuedItems": [_ins(item)]},
+                {
+                    "messages": [b.insert(message)],
+                    "runs": [b.insert(run)],
+                    "queuedItems": [b.insert(item)],
+                },
                 metadata=copy.deepcopy(value),
                 privateMetadata=copy.deepcopy(value),
             )
@@ -502,7 +501,7 @@ class TestStrictJson:
         _assert_same(by_id.messages.items[0].metadata, value, "by_id.metadata")
 
     async def test_json_form_of_round_tripped_values(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         await store.commit_thread(b.create(scope, "t1", metadata=copy.deepcopy(ROUND_TRIP)))
         read = await store.read_thread(b.read(scope, "t1"))
         assert read.thread is not None
@@ -517,9 +516,9 @@ class TestStrictJson:
     async def test_any_json_value_as_tool_input_and_queued_input(
         self, store: ThreadStore, value: Any
     ) -> None:
-        scope = _scope()
+        scope = new_scope()
         changes = {
-            "messages": [_ins(_message_with_part(_tool(input=value, output=value)))],
+            "messages": [b.insert(_message_with_part(_tool(input=value, output=value)))],
             **_queued(input=value),
         }
         await store.commit_thread(b.create(scope, "t1", changes))
@@ -535,12 +534,12 @@ class TestStrictJson:
     async def test_null_tool_output_kept_and_absent_output_omitted(
         self, store: ThreadStore
     ) -> None:
-        scope = _scope()
+        scope = new_scope()
         with_null = _message_with_part(_tool(output=None))
         without = _message_with_part(_tool(state="input-available"))
         without["messageId"] = "m2"
         await store.commit_thread(
-            b.create(scope, "t1", {"messages": [_ins(with_null), _ins(without)]})
+            b.create(scope, "t1", {"messages": [b.insert(with_null), b.insert(without)]})
         )
         read = await _read_all(store, scope)
         assert read.messages is not None
@@ -555,7 +554,7 @@ class TestStrictJson:
             assert Message.model_validate(message.to_json()).to_json() == message.to_json()
 
     async def test_input_mutation_after_commit_does_not_leak(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         metadata: dict[str, Any] = {"list": [1, 2], "obj": {"k": "v"}}
         await store.commit_thread(b.create(scope, "t1", metadata=metadata))
         metadata["list"].append(3)
@@ -568,7 +567,7 @@ class TestStrictJson:
     # ------------------------------------------------------------ the JSON form
 
     async def test_json_form_of_every_record(self, store: ThreadStore, clock: ManualClock) -> None:
-        scope = _scope()
+        scope = new_scope()
         clock.set(datetime(2030, 1, 2, 3, 4, 5, 678000, tzinfo=UTC))
         t = "2030-01-02T03:04:05.678Z"
         expires = "2030-01-02T03:05:05.678Z"
@@ -581,13 +580,13 @@ class TestStrictJson:
                 scope,
                 "t1",
                 {
-                    "messages": [_ins(b.message("m1", "hello", run_id="r1"))],
+                    "messages": [b.insert(b.message("m1", "hello", run_id="r1"))],
                     "runs": [
-                        _ins(failed),
-                        _ins(b.run("r1", "running", inputs=["m1"])),
-                        _ins(b.run("r2", "queued", queue_item_id="q1")),
+                        b.insert(failed),
+                        b.insert(b.run("r1", "running", inputs=["m1"])),
+                        b.insert(b.run("r2", "queued", queue_item_id="q1")),
                     ],
-                    "queuedItems": [_ins(b.queued_item("q1", "r2", {"text": "next"}))],
+                    "queuedItems": [b.insert(b.queued_item("q1", "r2", {"text": "next"}))],
                     "lease": b.acquire("r1", "w1", 60_000),
                 },
                 agent="helper",
@@ -703,7 +702,7 @@ class TestStrictJson:
     async def test_json_form_of_conflicts_and_deletes(
         self, store: ThreadStore, clock: ManualClock
     ) -> None:
-        scope = _scope()
+        scope = new_scope()
         created = await store.commit_thread(b.create(scope, "t1"))
         assert isinstance(created, CommittedResult)
         assert created.thread is not None
@@ -729,9 +728,11 @@ class TestStrictJson:
         assert read.to_json() == {"observedAt": created.to_json()["committedAt"], "thread": None}
 
     async def test_page_json_has_token_only_when_more(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         await store.commit_thread(
-            b.create(scope, "t1", {"messages": [_ins(b.message("m1")), _ins(b.message("m2"))]})
+            b.create(
+                scope, "t1", {"messages": [b.insert(b.message("m1")), b.insert(b.message("m2"))]}
+            )
         )
         one = await store.read_thread(
             b.read(scope, "t1", messages={"type": "page", "view": "raw", "page": {"limit": 1}})
@@ -749,10 +750,10 @@ class TestStrictJson:
     async def test_real_clock_timestamps_are_milliseconds(
         self, real_clock_store: ThreadStore
     ) -> None:
-        scope = _scope()
+        scope = new_scope()
         before = datetime.now(UTC)
         await real_clock_store.commit_thread(
-            b.create(scope, "t1", {"messages": [_ins(b.message("m1"))]})
+            b.create(scope, "t1", {"messages": [b.insert(b.message("m1"))]})
         )
         read = await _read_all(real_clock_store, scope)
         assert read.thread is not None
@@ -769,13 +770,13 @@ class TestStrictJson:
             assert TIMESTAMP.match(stamp), f"{where}: {stamp!r}"
 
     async def test_public_projection_drops_private_metadata(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         run = {**b.run("r1", "completed"), "metadata": {"pub": 1}, "privateMetadata": {"sec": 2}}
         await store.commit_thread(
             b.create(
                 scope,
                 "t1",
-                {"runs": [_ins(run)]},
+                {"runs": [b.insert(run)]},
                 metadata={"pub": 1},
                 privateMetadata={"secret": "s3cr3t"},
             )
@@ -802,18 +803,18 @@ class TestStrictJson:
     ) -> None:
         # SPEC 5: model_dump(mode="json") gives the camelCase JSON form with
         # absent optional fields omitted (never null), exactly like to_json().
-        scope = _scope()
+        scope = new_scope()
         await store.commit_thread(
             b.create(
                 scope,
                 "t1",
                 {
-                    "messages": [_ins(b.message("m1", run_id="r1"))],
+                    "messages": [b.insert(b.message("m1", run_id="r1"))],
                     "runs": [
-                        _ins(b.run("r1", "running", inputs=["m1"])),
-                        _ins(b.run("r2", "queued", queue_item_id="q1")),
+                        b.insert(b.run("r1", "running", inputs=["m1"])),
+                        b.insert(b.run("r2", "queued", queue_item_id="q1")),
                     ],
-                    "queuedItems": [_ins(b.queued_item("q1", "r2"))],
+                    "queuedItems": [b.insert(b.queued_item("q1", "r2"))],
                     "lease": b.acquire("r1", "w1"),
                 },
             )
@@ -838,13 +839,13 @@ class TestStrictJson:
         assert "renewedAt" not in dumped["lease"]
 
     async def test_renewed_lease_json_form(self, store: ThreadStore, clock: ManualClock) -> None:
-        scope = _scope()
+        scope = new_scope()
         clock.set(datetime(2030, 5, 6, 7, 8, 9, 10000, tzinfo=UTC))
         created = await store.commit_thread(
             b.create(
                 scope,
                 "t1",
-                {"runs": [_ins(b.run("r1", "running"))], "lease": b.acquire("r1", "w1", 1000)},
+                {"runs": [b.insert(b.run("r1", "running"))], "lease": b.acquire("r1", "w1", 1000)},
             )
         )
         assert isinstance(created, CommittedResult)

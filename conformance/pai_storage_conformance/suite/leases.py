@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -20,6 +19,8 @@ from pai_storage import (
 )
 from pai_storage import builders as b
 
+from ._support import new_scope
+
 __all__ = ["TestLeases"]
 
 pytestmark = pytest.mark.asyncio
@@ -27,23 +28,11 @@ pytestmark = pytest.mark.asyncio
 MAX_DURATION_MS = 86_400_000
 
 
-def _ins(record: dict[str, Any]) -> dict[str, Any]:
-    return {"type": "insert", "record": record}
-
-
-def _rep(record: dict[str, Any]) -> dict[str, Any]:
-    return {"type": "replace", "record": record}
-
-
-def _scope() -> str:
-    return f"conformance-leases-{uuid.uuid4()}"
-
-
 def _turn(lease: dict[str, Any] | None = None) -> dict[str, Any]:
     """One running turn (r1 owning m1) plus an optional lease change."""
     changes: dict[str, Any] = {
-        "messages": [_ins(b.message("m1", "hello", run_id="r1"))],
-        "runs": [_ins(b.run("r1", "running", inputs=["m1"]))],
+        "messages": [b.insert(b.message("m1", "hello", run_id="r1"))],
+        "runs": [b.insert(b.run("r1", "running", inputs=["m1"]))],
     }
     if lease is not None:
         changes["lease"] = lease
@@ -85,7 +74,7 @@ class TestLeases:
     async def test_acquire_on_create_stamps_commit_time(
         self, store: ThreadStore, clock: ManualClock, operation: str
     ) -> None:
-        scope, now = _scope(), clock()
+        scope, now = new_scope(), clock()
         result = _committed(
             await store.commit_thread(
                 b.create(scope, "t", _turn(b.acquire("r1", "w1", 45_000, operation)))
@@ -116,7 +105,7 @@ class TestLeases:
     async def test_acquire_on_update_uses_that_commits_time(
         self, store: ThreadStore, clock: ManualClock
     ) -> None:
-        scope = _scope()
+        scope = new_scope()
         created = _committed(await store.commit_thread(b.create(scope, "t", _turn())))
         assert created.thread.lease is None
         later = clock.advance(ms=12_345)
@@ -140,7 +129,7 @@ class TestLeases:
     async def test_acquire_while_unexpired_lease_exists_conflicts(
         self, store: ThreadStore, clock: ManualClock, owner: str
     ) -> None:
-        scope = _scope()
+        scope = new_scope()
         created = _committed(
             await store.commit_thread(b.create(scope, "t", _turn(b.acquire("r1", "w1", 30_000))))
         )
@@ -165,7 +154,7 @@ class TestLeases:
     async def test_acquire_replaces_an_expired_lease(
         self, store: ThreadStore, clock: ManualClock
     ) -> None:
-        scope = _scope()
+        scope = new_scope()
         created = _committed(
             await store.commit_thread(b.create(scope, "t", _turn(b.acquire("r1", "w1", 30_000))))
         )
@@ -191,7 +180,7 @@ class TestLeases:
     # -------------------------------------------------------------------- renew
 
     async def test_renew_by_holder(self, store: ThreadStore, clock: ManualClock) -> None:
-        scope = _scope()
+        scope = new_scope()
         start = clock()
         created = _committed(
             await store.commit_thread(b.create(scope, "t", _turn(b.acquire("r1", "w1", 30_000))))
@@ -228,7 +217,7 @@ class TestLeases:
     async def test_renew_of_expired_lease_conflicts(
         self, store: ThreadStore, clock: ManualClock, past_expiry_ms: int
     ) -> None:
-        scope = _scope()
+        scope = new_scope()
         created = _committed(
             await store.commit_thread(b.create(scope, "t", _turn(b.acquire("r1", "w1", 30_000))))
         )
@@ -242,7 +231,7 @@ class TestLeases:
         assert stored.lease == created.thread.lease
 
     async def test_renew_of_missing_lease_conflicts(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         created = _committed(await store.commit_thread(b.create(scope, "t", _turn())))
         result = await store.commit_thread(
             b.update(scope, "t", created.thread.version, {"lease": b.renew("r1", "w1")})
@@ -253,7 +242,7 @@ class TestLeases:
         assert stored.version.revision == 1
 
     async def test_renew_on_create_conflicts(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         result = await store.commit_thread(b.create(scope, "t", _turn(b.renew("r1", "w1"))))
         _conflict(result, None)
         assert (await store.read_thread(b.read(scope, "t"))).thread is None
@@ -262,7 +251,7 @@ class TestLeases:
     async def test_renew_by_non_holder_conflicts(
         self, store: ThreadStore, run_id: str, owner: str
     ) -> None:
-        scope = _scope()
+        scope = new_scope()
         created = _committed(
             await store.commit_thread(b.create(scope, "t", _turn(b.acquire("r1", "w1"))))
         )
@@ -278,7 +267,7 @@ class TestLeases:
     async def test_release_by_holder(
         self, store: ThreadStore, clock: ManualClock, expiry: str
     ) -> None:
-        scope = _scope()
+        scope = new_scope()
         created = _committed(
             await store.commit_thread(b.create(scope, "t", _turn(b.acquire("r1", "w1", 30_000))))
         )
@@ -290,7 +279,7 @@ class TestLeases:
                     "t",
                     created.thread.version,
                     {
-                        "runs": [_rep(b.run("r1", "completed", inputs=["m1"]))],
+                        "runs": [b.replace(b.run("r1", "completed", inputs=["m1"]))],
                         "lease": b.release("r1", "w1", expiry),
                     },
                 )
@@ -311,7 +300,7 @@ class TestLeases:
                     "t",
                     stored.version,
                     {
-                        "runs": [_rep(b.run("r1", "running", inputs=["m1"]))],
+                        "runs": [b.replace(b.run("r1", "running", inputs=["m1"]))],
                         "lease": b.acquire("r1", "w2", 1_000, "regenerate"),
                     },
                 )
@@ -325,7 +314,7 @@ class TestLeases:
     async def test_release_by_non_holder_conflicts(
         self, store: ThreadStore, clock: ManualClock, run_id: str, owner: str, expiry: str
     ) -> None:
-        scope = _scope()
+        scope = new_scope()
         created = _committed(
             await store.commit_thread(b.create(scope, "t", _turn(b.acquire("r1", "w1", 30_000))))
         )
@@ -340,7 +329,7 @@ class TestLeases:
             assert (await _root(store, scope, "t")).lease == created.thread.lease
 
     async def test_release_without_lease_conflicts(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         created = _committed(await store.commit_thread(b.create(scope, "t", _turn())))
         for expiry in ("unexpired", "any"):
             result = await store.commit_thread(
@@ -355,7 +344,7 @@ class TestLeases:
     async def test_release_unexpired_of_expired_lease_conflicts_but_any_succeeds(
         self, store: ThreadStore, clock: ManualClock, past_expiry_ms: int
     ) -> None:
-        scope = _scope()
+        scope = new_scope()
         created = _committed(
             await store.commit_thread(b.create(scope, "t", _turn(b.acquire("r1", "w1", 30_000))))
         )
@@ -380,7 +369,7 @@ class TestLeases:
     async def test_takeover_after_expiry_fences_the_old_owner(
         self, store: ThreadStore, clock: ManualClock
     ) -> None:
-        scope = _scope()
+        scope = new_scope()
         created = _committed(
             await store.commit_thread(b.create(scope, "t", _turn(b.acquire("r1", "w1", 30_000))))
         )
@@ -437,7 +426,7 @@ class TestLeases:
     async def test_lease_conflict_applies_nothing_else(
         self, store: ThreadStore, clock: ManualClock
     ) -> None:
-        scope = _scope()
+        scope = new_scope()
         created = _committed(
             await store.commit_thread(b.create(scope, "t", _turn(b.acquire("r1", "w1", 30_000))))
         )
@@ -450,7 +439,7 @@ class TestLeases:
                 version,
                 {
                     "messages": [
-                        _ins(
+                        b.insert(
                             b.message(
                                 "m2", "partial", role="assistant", run_id="r1", relation="output"
                             )
@@ -493,7 +482,7 @@ class TestLeases:
     async def test_duration_out_of_bounds_is_invariant_error(
         self, store: ThreadStore, duration: int
     ) -> None:
-        scope = _scope()
+        scope = new_scope()
         with pytest.raises(ThreadStoreInvariantError, match="durationMs"):
             await store.commit_thread(b.create(scope, "t", _turn(b.acquire("r1", "w1", duration))))
         assert (await store.read_thread(b.read(scope, "t"))).thread is None
@@ -511,7 +500,7 @@ class TestLeases:
 
     @pytest.mark.parametrize("duration", [1.5, "1000", True, None])
     async def test_duration_must_be_an_integer(self, store: ThreadStore, duration: Any) -> None:
-        scope = _scope()
+        scope = new_scope()
         with pytest.raises(ThreadStoreInvariantError, match="durationMs"):
             await store.commit_thread(b.create(scope, "t", _turn(b.acquire("r1", "w1", duration))))
         assert (await store.read_thread(b.read(scope, "t"))).thread is None
@@ -519,7 +508,7 @@ class TestLeases:
     async def test_duration_bounds_are_inclusive(
         self, store: ThreadStore, clock: ManualClock
     ) -> None:
-        scope = _scope()
+        scope = new_scope()
         now = clock()
         created = _committed(
             await store.commit_thread(
@@ -549,7 +538,7 @@ class TestLeases:
         self, real_clock_store: ThreadStore
     ) -> None:
         store = real_clock_store
-        scope = _scope()
+        scope = new_scope()
         slack = timedelta(seconds=5)
         before = datetime.now(UTC)
         created = _committed(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from typing import Any
-from uuid import uuid4
 
 import pytest
 
@@ -18,13 +17,11 @@ from pai_storage import (
 )
 from pai_storage import builders as b
 
+from ._support import new_scope
+
 __all__ = ["TestListing"]
 
 pytestmark = pytest.mark.asyncio
-
-
-def _scope() -> str:
-    return f"scope-{uuid4().hex}"
 
 
 async def _create(store: ThreadStore, scope: str, thread: str, **root: Any) -> ThreadRecord:
@@ -98,21 +95,21 @@ class TestListing:
     pytestmark = pytest.mark.asyncio
 
     async def test_empty_scope_lists_nothing(self, store: ThreadStore) -> None:
-        page = await store.list_threads({"scopeKey": _scope(), "limit": 10})
+        page = await store.list_threads({"scopeKey": new_scope(), "limit": 10})
         assert page.items == []
         assert page.next_page_token is None
 
     async def test_order_updated_desc_then_thread_id_asc(
         self, store: ThreadStore, clock: ManualClock
     ) -> None:
-        scope = _scope()
+        scope = new_scope()
         expected = await _mixed_timestamps(store, clock, scope)
         assert await _list(store, scope) == expected
 
     async def test_thread_id_tiebreak_is_code_point_order(
         self, store: ThreadStore, clock: ManualClock
     ) -> None:
-        scope = _scope()
+        scope = new_scope()
         ids = ["b", "B", "a", "_", "é", "🧵", "a b", "ab", "Z", "10", "9"]
         for thread in ids:
             await _create(store, scope, thread)
@@ -121,7 +118,7 @@ class TestListing:
     async def test_update_moves_thread_to_front(
         self, store: ThreadStore, clock: ManualClock
     ) -> None:
-        scope = _scope()
+        scope = new_scope()
         first = await _create(store, scope, "first")
         clock.advance(ms=5)
         await _create(store, scope, "second")
@@ -136,7 +133,7 @@ class TestListing:
     async def test_listed_records_are_the_current_roots(
         self, store: ThreadStore, clock: ManualClock
     ) -> None:
-        scope = _scope()
+        scope = new_scope()
         created = await _create(
             store, scope, "t1", title="x", category="c", metadata={"k": [1, 2.5]}
         )
@@ -151,7 +148,7 @@ class TestListing:
     async def test_keyset_walk_yields_each_thread_once_in_order(
         self, store: ThreadStore, clock: ManualClock, limit: int
     ) -> None:
-        scope = _scope()
+        scope = new_scope()
         expected = await _mixed_timestamps(store, clock, scope)
         pages = await _walk(store, scope, limit)
         assert [t for page in pages for t in page] == expected
@@ -161,7 +158,7 @@ class TestListing:
     async def test_limit_exactly_total_has_no_token(
         self, store: ThreadStore, clock: ManualClock
     ) -> None:
-        scope = _scope()
+        scope = new_scope()
         expected = await _mixed_timestamps(store, clock, scope)
         page = await store.list_threads({"scopeKey": scope, "limit": len(expected)})
         assert [t.thread_id for t in page.items] == expected
@@ -172,7 +169,7 @@ class TestListing:
     async def test_keyset_neither_repeats_nor_skips_unchanged_threads(
         self, store: ThreadStore, clock: ManualClock
     ) -> None:
-        scope = _scope()
+        scope = new_scope()
         expected = await _mixed_timestamps(store, clock, scope)
         first = await store.list_threads({"scopeKey": scope, "limit": 3})
         seen = [t.thread_id for t in first.items]
@@ -203,7 +200,7 @@ class TestListing:
         assert "b" not in rest
 
     async def test_agent_filter(self, store: ThreadStore, clock: ManualClock) -> None:
-        scope = _scope()
+        scope = new_scope()
         await _create(store, scope, "a1", agent="alpha")
         clock.advance(ms=1)
         await _create(store, scope, "b1", agent="beta")
@@ -215,7 +212,7 @@ class TestListing:
         assert await _list(store, scope, agent="alph") == []
 
     async def test_parent_thread_filter(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         await _create(store, scope, "root")
         await _create(store, scope, "child1", parentThreadId="root")
         await _create(store, scope, "child2", parentThreadId="root")
@@ -228,7 +225,7 @@ class TestListing:
     async def test_category_filter_follows_updates(
         self, store: ThreadStore, clock: ManualClock
     ) -> None:
-        scope = _scope()
+        scope = new_scope()
         first = await _create(store, scope, "t1", category="work")
         await _create(store, scope, "t2", category="home")
         await _create(store, scope, "t3")
@@ -240,7 +237,7 @@ class TestListing:
         assert await _list(store, scope) == ["t1", "t2", "t3"]
 
     async def test_combined_filters(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         await _create(store, scope, "x1", agent="a", category="c", parentThreadId="p")
         await _create(store, scope, "x2", agent="a", category="c")
         await _create(store, scope, "x3", agent="a", category="d", parentThreadId="p")
@@ -262,7 +259,7 @@ class TestListing:
     async def test_hidden_only_with_include_hidden(
         self, store: ThreadStore, clock: ManualClock
     ) -> None:
-        scope = _scope()
+        scope = new_scope()
         await _create(store, scope, "visible")
         clock.advance(ms=1)
         hidden = await _create(store, scope, "hidden", visibility="hidden")
@@ -278,7 +275,7 @@ class TestListing:
         assert await _list(store, scope) == ["hidden", "visible"]
 
     async def test_hidden_threads_paginate(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         for index in range(5):
             await _create(
                 store, scope, f"t{index}", visibility="hidden" if index % 2 else "visible"
@@ -289,7 +286,7 @@ class TestListing:
         assert pages == [["t0"], ["t2"], ["t4"]]
 
     async def test_filtered_walk(self, store: ThreadStore, clock: ManualClock) -> None:
-        scope = _scope()
+        scope = new_scope()
         for index in range(9):
             clock.advance(ms=index % 2)
             await _create(store, scope, f"t{index}", agent="even" if index % 2 == 0 else "odd")
@@ -301,7 +298,7 @@ class TestListing:
     async def test_list_continuation_may_change_limit(
         self, store: ThreadStore, clock: ManualClock
     ) -> None:
-        scope = _scope()
+        scope = new_scope()
         expected = await _mixed_timestamps(store, clock, scope)
         first = await store.list_threads({"scopeKey": scope, "limit": 2})
         second = await store.list_threads(
@@ -332,7 +329,7 @@ class TestListing:
     async def test_continuation_must_repeat_filters(
         self, store: ThreadStore, first: dict[str, Any], changed: dict[str, Any]
     ) -> None:
-        scope = _scope()
+        scope = new_scope()
         for index in range(4):
             await _create(
                 store,
@@ -351,7 +348,7 @@ class TestListing:
             )
 
     async def test_continuation_must_repeat_scope(self, store: ThreadStore) -> None:
-        scope_a, scope_b = _scope(), _scope()
+        scope_a, scope_b = new_scope(), new_scope()
         for scope in (scope_a, scope_b):
             for index in range(3):
                 await _create(store, scope, f"t{index}")
@@ -363,7 +360,7 @@ class TestListing:
             )
 
     async def test_tampered_and_garbage_tokens_rejected(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         for index in range(3):
             await _create(store, scope, f"t{index}")
         page = await store.list_threads({"scopeKey": scope, "limit": 1})
@@ -376,7 +373,7 @@ class TestListing:
                 await store.list_threads({"scopeKey": scope, "limit": 1, "pageToken": bad})
 
     async def test_child_page_token_is_not_a_list_token(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         for index in range(3):
             await store.commit_thread(
                 b.create(
@@ -403,10 +400,10 @@ class TestListing:
     @pytest.mark.parametrize("limit", [0, MAX_PAGE_SIZE + 1, -5])
     async def test_limit_out_of_range_rejected(self, store: ThreadStore, limit: int) -> None:
         with pytest.raises(ThreadStoreInvariantError, match="limit"):
-            await store.list_threads({"scopeKey": _scope(), "limit": limit})
+            await store.list_threads({"scopeKey": new_scope(), "limit": limit})
 
     async def test_limit_bounds_accepted(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         for index in range(3):
             await _create(store, scope, f"t{index}")
         one = await store.list_threads({"scopeKey": scope, "limit": 1})
@@ -417,7 +414,7 @@ class TestListing:
         assert full.next_page_token is None
 
     async def test_more_than_one_full_page(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         ids = [f"t{index:03d}" for index in range(MAX_PAGE_SIZE + 5)]
         for thread in ids:
             await _create(store, scope, thread)

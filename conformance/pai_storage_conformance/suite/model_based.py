@@ -60,22 +60,6 @@ THREADS_PER_EXAMPLE = 2
 STEPS = 30
 
 
-def _ins(record: dict[str, Any]) -> dict[str, Any]:
-    return {"type": "insert", "record": record}
-
-
-def _rep(record: dict[str, Any]) -> dict[str, Any]:
-    return {"type": "replace", "record": record}
-
-
-def _del(record_id: str) -> dict[str, Any]:
-    return {"type": "delete", "id": record_id}
-
-
-def _trunc(after_id: str | None) -> dict[str, Any]:
-    return {"type": "truncate", "afterId": after_id}
-
-
 def _messages(agg: ThreadAggregate) -> list[Message]:
     return [e.record for e in sorted(agg.messages, key=lambda e: e.position)]
 
@@ -249,8 +233,8 @@ class _Workload(RuleBasedStateMachine):
     def _create(self, data: st.DataObject, tid: str) -> None:
         rid, mid = self.fresh("r"), self.fresh("m")
         changes: dict[str, Any] = {
-            "messages": [_ins(self.message(mid, rid))],
-            "runs": [_ins(b.run(rid, "running", inputs=[mid]))],
+            "messages": [b.insert(self.message(mid, rid))],
+            "runs": [b.insert(b.run(rid, "running", inputs=[mid]))],
         }
         if data.draw(st.booleans()):
             changes["lease"] = b.acquire(
@@ -271,8 +255,8 @@ class _Workload(RuleBasedStateMachine):
         tid = self.pick(data)
         rid, qid = self.fresh("r"), self.fresh("q")
         changes = {
-            "runs": [_ins(b.run(rid, "queued", queue_item_id=qid))],
-            "queuedItems": [_ins(b.queued_item(qid, rid, {"text": f"turn {qid}", "n": 1.5}))],
+            "runs": [b.insert(b.run(rid, "queued", queue_item_id=qid))],
+            "queuedItems": [b.insert(b.queued_item(qid, rid, {"text": f"turn {qid}", "n": 1.5}))],
         }
         self.commit(tid, self.update(tid, changes), "queue turn")
 
@@ -308,10 +292,10 @@ class _Workload(RuleBasedStateMachine):
                 role="assistant",
                 status=data.draw(st.sampled_from(["complete", "incomplete", "error"])),
             )
-            change = _rep(draft)
+            change = b.replace(draft)
         else:
             tool = data.draw(st.booleans())
-            change = _ins(
+            change = b.insert(
                 self.message(
                     self.fresh("m"),
                     run.run_id,
@@ -334,7 +318,7 @@ class _Workload(RuleBasedStateMachine):
         if run is None:
             return self.read_only(tid)
         status = "waiting" if run.status == "running" else "running"
-        changes: dict[str, Any] = {"runs": [_rep(_run_draft(run, status=status))]}
+        changes: dict[str, Any] = {"runs": [b.replace(_run_draft(run, status=status))]}
         if data.draw(st.booleans()):
             changes["lease"] = self._lease_change(data, tid, "renew", run.run_id)
         self.commit(tid, self.update(tid, changes), f"run {status}")
@@ -350,7 +334,7 @@ class _Workload(RuleBasedStateMachine):
         extra: dict[str, Any] = {"status": status}
         if status == "failed":
             extra["error"] = {"code": "boom", "message": "the model failed"}
-        changes: dict[str, Any] = {"runs": [_rep(_run_draft(run, **extra))]}
+        changes: dict[str, Any] = {"runs": [b.replace(_run_draft(run, **extra))]}
         if agg.root.lease is not None and data.draw(st.integers(0, 9)) < 9:
             changes["lease"] = self._lease_change(data, tid, "release", agg.root.lease.run_id)
         self.commit(tid, self.update(tid, changes), f"finish {status}")
@@ -368,9 +352,11 @@ class _Workload(RuleBasedStateMachine):
         run = data.draw(st.sampled_from(queued))
         mid = self.fresh("m")
         changes: dict[str, Any] = {
-            "messages": [_ins(self.message(mid, run.run_id))],
-            "runs": [_rep(_run_draft(run, status="running", admitted=True, inputMessageIds=[mid]))],
-            "queuedItems": [_del(run.admission.queue_item_id or "none")],
+            "messages": [b.insert(self.message(mid, run.run_id))],
+            "runs": [
+                b.replace(_run_draft(run, status="running", admitted=True, inputMessageIds=[mid]))
+            ],
+            "queuedItems": [b.delete_record(run.admission.queue_item_id or "none")],
         }
         if data.draw(st.integers(0, 4)) < 4:
             changes["lease"] = b.acquire(
@@ -390,8 +376,8 @@ class _Workload(RuleBasedStateMachine):
             return self.read_only(tid)
         run = data.draw(st.sampled_from(queued))
         changes = {
-            "runs": [_rep(_run_draft(run, status="cancelled", admitted=False))],
-            "queuedItems": [_del(run.admission.queue_item_id or "none")],
+            "runs": [b.replace(_run_draft(run, status="cancelled", admitted=False))],
+            "queuedItems": [b.delete_record(run.admission.queue_item_id or "none")],
         }
         self.commit(tid, self.update(tid, changes), "cancel queued")
 
@@ -411,16 +397,16 @@ class _Workload(RuleBasedStateMachine):
         later = runs[runs.index(run) + 1 :]
         later_ids = {r.run_id for r in later}
         changes: dict[str, Any] = {
-            "messages": [_trunc(run.input_message_ids[-1])],
+            "messages": [b.truncate(run.input_message_ids[-1])],
             "runs": [
-                _trunc(run.run_id),
-                _rep(_run_draft(run, status="running", operation="regenerate", error=None)),
+                b.truncate(run.run_id),
+                b.replace(_run_draft(run, status="running", operation="regenerate", error=None)),
             ],
             "lease": b.acquire(
                 run.run_id, data.draw(st.sampled_from(OWNERS)), data.draw(DURATIONS), "regenerate"
             ),
         }
-        items = [_del(i.queue_item_id) for i in _items(agg) if i.run_id in later_ids]
+        items = [b.delete_record(i.queue_item_id) for i in _items(agg) if i.run_id in later_ids]
         if items:
             changes["queuedItems"] = items
         self.commit(tid, self.update(tid, changes), "regenerate")
@@ -515,25 +501,29 @@ class _Workload(RuleBasedStateMachine):
         runs = _runs(agg) if agg is not None else []
         changes: dict[str, Any]
         if kind == "replace missing message":
-            changes = {"messages": [_rep(self.message("no-such-message", None))]}
+            changes = {"messages": [b.replace(self.message("no-such-message", None))]}
         elif kind == "delete missing run":
-            changes = {"runs": [_del("no-such-run")]}
+            changes = {"runs": [b.delete_record("no-such-run")]}
         elif kind == "insert existing message":
             mid = messages[0].message_id if messages else "m-dup"
             changes = {
-                "messages": [_ins(self.message(mid, None))] * (1 if messages else 2),
+                "messages": [b.insert(self.message(mid, None))] * (1 if messages else 2),
             }
         elif kind == "truncate at missing boundary":
-            changes = {"messages": [_trunc("no-such-message")]}
+            changes = {"messages": [b.truncate("no-such-message")]}
         elif kind == "message names missing run":
-            changes = {"messages": [_ins(self.message(self.fresh("m"), "no-such-run", "output"))]}
+            changes = {
+                "messages": [b.insert(self.message(self.fresh("m"), "no-such-run", "output"))]
+            }
         elif kind == "standalone message after open run":
-            changes = {"messages": [_ins(self.message(self.fresh("m"), None))]}
+            changes = {"messages": [b.insert(self.message(self.fresh("m"), None))]}
         elif kind == "queued run without item":
-            changes = {"runs": [_ins(b.run(self.fresh("r"), "queued", queue_item_id="q-none"))]}
+            changes = {"runs": [b.insert(b.run(self.fresh("r"), "queued", queue_item_id="q-none"))]}
         elif kind == "delete queued item only":
             items = _items(agg) if agg is not None else []
-            changes = {"queuedItems": [_del(items[0].queue_item_id if items else "q-none")]}
+            changes = {
+                "queuedItems": [b.delete_record(items[0].queue_item_id if items else "q-none")]
+            }
         elif kind == "lease for finished run":
             finished = [r for r in runs if r.status in FINAL]
             rid = finished[0].run_id if finished else "no-such-run"
@@ -553,27 +543,27 @@ class _Workload(RuleBasedStateMachine):
         elif kind == "message without parts":
             draft = self.message(self.fresh("m"), None)
             draft["parts"] = []
-            changes = {"messages": [_ins(draft)]}
+            changes = {"messages": [b.insert(draft)]}
         elif kind == "input after output":
             run = self._open_run(tid)
             rid = run.run_id if run is not None else "no-such-run"
             changes = {
                 "messages": [
-                    _ins(self.message(self.fresh("m"), rid, "output", role="assistant")),
-                    _ins(self.message(self.fresh("m"), rid, "input")),
+                    b.insert(self.message(self.fresh("m"), rid, "output", role="assistant")),
+                    b.insert(self.message(self.fresh("m"), rid, "input")),
                 ]
             }
         elif kind == "two open runs":
             rid, mid = self.fresh("r"), self.fresh("m")
             changes = {
-                "messages": [_ins(self.message(mid, rid))],
-                "runs": [_ins(b.run(rid, "running", inputs=[mid]))],
+                "messages": [b.insert(self.message(mid, rid))],
+                "runs": [b.insert(b.run(rid, "running", inputs=[mid]))],
             }
         else:  # create existing thread (a conflict when it exists)
             rid, mid = self.fresh("r"), self.fresh("m")
             changes = {
-                "messages": [_ins(self.message(mid, rid))],
-                "runs": [_ins(b.run(rid, "waiting", inputs=[mid]))],
+                "messages": [b.insert(self.message(mid, rid))],
+                "runs": [b.insert(b.run(rid, "waiting", inputs=[mid]))],
             }
             self.commit(tid, b.create(self.scope, tid, changes), f"invalid: {kind}")
             return

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from typing import Any
-from uuid import uuid4
 
 import pytest
 
@@ -18,20 +17,14 @@ from pai_storage import (
 )
 from pai_storage import builders as b
 
+from ._support import new_scope
+
 __all__ = ["TestPagination"]
 
 pytestmark = pytest.mark.asyncio
 
 ATTR = {"messages": "messages", "runs": "runs", "queuedItems": "queued_items"}
 ID_ATTR = {"messages": "message_id", "runs": "run_id", "queuedItems": "queue_item_id"}
-
-
-def _scope() -> str:
-    return f"scope-{uuid4().hex}"
-
-
-def _ins(record: dict[str, Any]) -> dict[str, Any]:
-    return {"type": "insert", "record": record}
 
 
 def _with_page(selection: dict[str, Any], limit: int, token: str | None) -> dict[str, Any]:
@@ -128,13 +121,19 @@ async def _full_thread(store: ThreadStore, scope: str, thread: str = "t1") -> Th
         thread,
         {
             "messages": [
-                _ins(b.message(mid, transcript=t, context=c)) for mid, (t, c) in MESSAGES.items()
+                b.insert(b.message(mid, transcript=t, context=c))
+                for mid, (t, c) in MESSAGES.items()
             ],
             "runs": [
-                *[_ins(b.run(rid, status, operation=None)) for rid, status in RUN_STATUSES.items()],
-                *[_ins(b.run(f"rq{i}", "queued", queue_item_id=f"q{i}")) for i in range(1, 6)],
+                *[
+                    b.insert(b.run(rid, status, operation=None))
+                    for rid, status in RUN_STATUSES.items()
+                ],
+                *[b.insert(b.run(f"rq{i}", "queued", queue_item_id=f"q{i}")) for i in range(1, 6)],
             ],
-            "queuedItems": [_ins(b.queued_item(f"q{i}", f"rq{i}", {"n": i})) for i in range(1, 6)],
+            "queuedItems": [
+                b.insert(b.queued_item(f"q{i}", f"rq{i}", {"n": i})) for i in range(1, 6)
+            ],
         },
     )
 
@@ -163,7 +162,7 @@ class TestPagination:
     async def test_limit_out_of_range_is_invariant_error(
         self, store: ThreadStore, family: str, selection: dict[str, Any], limit: int
     ) -> None:
-        scope = _scope()
+        scope = new_scope()
         await _full_thread(store, scope)
         with pytest.raises(ThreadStoreInvariantError, match="limit"):
             await store.read_thread(
@@ -171,7 +170,7 @@ class TestPagination:
             )
 
     async def test_limit_bounds_are_accepted(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         await _full_thread(store, scope)
         ids, token = await _page(store, scope, "t1", "messages", MSG_RAW, 1)
         assert (ids, token is not None) == (["m1"], True)
@@ -181,7 +180,7 @@ class TestPagination:
     # ------------------------------------------------------------ next tokens
 
     async def test_token_present_exactly_when_more_items_exist(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         await _full_thread(store, scope)
         ids, token = await _page(store, scope, "t1", "messages", MSG_RAW, 7)
         assert (ids, token) == (VIEWS["raw"], None)
@@ -192,15 +191,15 @@ class TestPagination:
         assert (rest, last) == (["m7"], None)
 
     async def test_exact_multiple_has_no_trailing_empty_page(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         await _create(
-            store, scope, "t1", {"messages": [_ins(b.message(f"m{i}")) for i in range(4)]}
+            store, scope, "t1", {"messages": [b.insert(b.message(f"m{i}")) for i in range(4)]}
         )
         pages = await _walk(store, scope, "t1", "messages", MSG_RAW, 2)
         assert pages == [["m0", "m1"], ["m2", "m3"]]
 
     async def test_filtered_page_token_only_when_more_matches(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         await _full_thread(store, scope)
         # Only two runs are "failed": a page of two is the whole result.
         selection = {"type": "page", "statuses": ["failed"]}
@@ -215,7 +214,7 @@ class TestPagination:
     async def test_walk_messages_yields_each_once_in_order(
         self, store: ThreadStore, view: str, order: str, limit: int
     ) -> None:
-        scope = _scope()
+        scope = new_scope()
         await _full_thread(store, scope)
         expected = VIEWS[view] if order == "oldest" else VIEWS[view][::-1]
         pages = await _walk(
@@ -226,7 +225,7 @@ class TestPagination:
 
     @pytest.mark.parametrize("order", ["oldest", "newest"])
     async def test_walk_messages_with_bounds(self, store: ThreadStore, order: str) -> None:
-        scope = _scope()
+        scope = new_scope()
         await _full_thread(store, scope)
         selection = {
             "type": "page",
@@ -257,7 +256,7 @@ class TestPagination:
         expected: list[str],
         order: str,
     ) -> None:
-        scope = _scope()
+        scope = new_scope()
         await _full_thread(store, scope)
         selection: dict[str, Any] = {"type": "page", "order": order}
         if statuses is not None:
@@ -267,7 +266,7 @@ class TestPagination:
 
     @pytest.mark.parametrize("order", ["oldest", "newest"])
     async def test_walk_queued_items(self, store: ThreadStore, order: str) -> None:
-        scope = _scope()
+        scope = new_scope()
         await _full_thread(store, scope)
         expected = [f"q{i}" for i in range(1, 6)]
         pages = await _walk(store, scope, "t1", "queuedItems", {"type": "page", "order": order}, 2)
@@ -275,7 +274,7 @@ class TestPagination:
         assert len(pages) == 3
 
     async def test_queued_items_run_filter(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         await _full_thread(store, scope)
         selection = {"type": "page", "runId": "rq3"}
         pages = await _walk(store, scope, "t1", "queuedItems", selection, 1)
@@ -288,13 +287,13 @@ class TestPagination:
     ) -> None:
         # Every queued run has exactly one item; walk a filter that matches
         # none of the first items to check the filter does not stop the walk.
-        scope = _scope()
+        scope = new_scope()
         await _full_thread(store, scope)
         pages = await _walk(store, scope, "t1", "queuedItems", {"type": "page", "runId": "rq5"}, 1)
         assert pages == [["q5"]]
 
     async def test_continuation_may_change_limit(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         await _full_thread(store, scope)
         first, token = await _page(store, scope, "t1", "messages", MSG_RAW, 2)
         assert first == ["m1", "m2"]
@@ -304,7 +303,7 @@ class TestPagination:
         assert (third, token) == (["m7"], None)
 
     async def test_continuation_repeated_gives_same_page(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         await _full_thread(store, scope)
         _, token = await _page(store, scope, "t1", "runs", {"type": "page"}, 3)
         again = await _page(store, scope, "t1", "runs", {"type": "page"}, 3, token)
@@ -355,7 +354,7 @@ class TestPagination:
         first: dict[str, Any],
         changed: dict[str, Any],
     ) -> None:
-        scope = _scope()
+        scope = new_scope()
         await _full_thread(store, scope)
         _, token = await _page(store, scope, "t1", family, first, 1)
         assert token is not None
@@ -366,7 +365,7 @@ class TestPagination:
         # "order" defaults to "oldest": a token from the default form continues
         # the explicit one unless the backend treats them as different queries.
         # The literal reading of the spec: the same query, so it continues.
-        scope = _scope()
+        scope = new_scope()
         await _full_thread(store, scope)
         _, token = await _page(store, scope, "t1", "messages", MSG_RAW, 2)
         ids, _ = await _page(
@@ -381,7 +380,7 @@ class TestPagination:
     async def test_token_of_another_family_rejected(
         self, store: ThreadStore, family: str, other: str
     ) -> None:
-        scope = _scope()
+        scope = new_scope()
         await _full_thread(store, scope)
         selection = MSG_RAW if family == "messages" else {"type": "page"}
         other_selection = MSG_RAW if other == "messages" else {"type": "page"}
@@ -391,7 +390,7 @@ class TestPagination:
             await _page(store, scope, "t1", other, other_selection, 1, token)
 
     async def test_token_of_another_thread_rejected(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         await _full_thread(store, scope, "t1")
         await _full_thread(store, scope, "t2")
         for family, selection in (
@@ -404,7 +403,7 @@ class TestPagination:
                 await _page(store, scope, "t2", family, selection, 1, token)
 
     async def test_token_of_another_scope_rejected(self, store: ThreadStore) -> None:
-        scope_a, scope_b = _scope(), _scope()
+        scope_a, scope_b = new_scope(), new_scope()
         await _full_thread(store, scope_a)
         await _full_thread(store, scope_b)
         for family, selection in (
@@ -417,7 +416,7 @@ class TestPagination:
                 await _page(store, scope_b, "t1", family, selection, 1, token)
 
     async def test_tampered_token_rejected(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         await _full_thread(store, scope)
         _, token = await _page(store, scope, "t1", "messages", MSG_RAW, 2)
         assert token is not None
@@ -434,7 +433,7 @@ class TestPagination:
         "garbage", ["garbage", "a.b.c", "...", "🧵", "null", "{}", "eyJ2IjoxfQ", " "]
     )
     async def test_garbage_token_rejected(self, store: ThreadStore, garbage: str) -> None:
-        scope = _scope()
+        scope = new_scope()
         await _full_thread(store, scope)
         with pytest.raises(ThreadStorePageTokenError):
             await _page(store, scope, "t1", "messages", MSG_RAW, 2, garbage)
@@ -447,22 +446,27 @@ class TestPagination:
     async def test_later_pages_never_show_later_inserts(
         self, store: ThreadStore, order: str
     ) -> None:
-        scope = _scope()
+        scope = new_scope()
         created = await _create(
-            store, scope, "t1", {"messages": [_ins(b.message(f"m{i}")) for i in range(1, 5)]}
+            store, scope, "t1", {"messages": [b.insert(b.message(f"m{i}")) for i in range(1, 5)]}
         )
         selection = {"type": "page", "view": "raw", "order": order}
         first, token = await _page(store, scope, "t1", "messages", selection, 2)
-        await _update(store, scope, "t1", created.version, {"messages": [_ins(b.message("m5"))]})
+        await _update(
+            store, scope, "t1", created.version, {"messages": [b.insert(b.message("m5"))]}
+        )
         rest = _flat(await _walk_from(store, scope, "messages", selection, 2, token))
         expected = ["m1", "m2", "m3", "m4"]
         assert first + rest == (expected if order == "oldest" else expected[::-1])
 
     async def test_delete_last_then_insert_is_not_shown(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         version = (
             await _create(
-                store, scope, "t1", {"messages": [_ins(b.message(f"m{i}")) for i in range(1, 5)]}
+                store,
+                scope,
+                "t1",
+                {"messages": [b.insert(b.message(f"m{i}")) for i in range(1, 5)]},
             )
         ).version
         first, token = await _page(store, scope, "t1", "messages", MSG_RAW, 2)
@@ -473,7 +477,7 @@ class TestPagination:
             )
         ).version
         version = (
-            await _update(store, scope, "t1", version, {"messages": [_ins(b.message("m5"))]})
+            await _update(store, scope, "t1", version, {"messages": [b.insert(b.message("m5"))]})
         ).version
         rest = _flat(await _walk_from(store, scope, "messages", MSG_RAW, 2, token))
         assert rest == ["m3"]
@@ -483,9 +487,9 @@ class TestPagination:
     async def test_delete_last_and_insert_in_one_commit_is_not_shown(
         self, store: ThreadStore
     ) -> None:
-        scope = _scope()
+        scope = new_scope()
         created = await _create(
-            store, scope, "t1", {"messages": [_ins(b.message(f"m{i}")) for i in range(1, 5)]}
+            store, scope, "t1", {"messages": [b.insert(b.message(f"m{i}")) for i in range(1, 5)]}
         )
         first, token = await _page(store, scope, "t1", "messages", MSG_RAW, 3)
         assert first == ["m1", "m2", "m3"]
@@ -494,7 +498,7 @@ class TestPagination:
             scope,
             "t1",
             created.version,
-            {"messages": [{"type": "delete", "id": "m4"}, _ins(b.message("m5"))]},
+            {"messages": [{"type": "delete", "id": "m4"}, b.insert(b.message("m5"))]},
         )
         rest, last = await _page(store, scope, "t1", "messages", MSG_RAW, 3, token)
         assert (rest, last) == ([], None)
@@ -502,7 +506,7 @@ class TestPagination:
     async def test_runs_and_queued_items_pages_never_show_later_inserts(
         self, store: ThreadStore
     ) -> None:
-        scope = _scope()
+        scope = new_scope()
         created = await _full_thread(store, scope)
         runs_first, runs_token = await _page(store, scope, "t1", "runs", {"type": "page"}, 10)
         queued_first, queued_token = await _page(
@@ -514,8 +518,8 @@ class TestPagination:
             "t1",
             created.version,
             {
-                "runs": [_ins(b.run("rq9", "queued", queue_item_id="q9"))],
-                "queuedItems": [_ins(b.queued_item("q9", "rq9"))],
+                "runs": [b.insert(b.run("rq9", "queued", queue_item_id="q9"))],
+                "queuedItems": [b.insert(b.queued_item("q9", "rq9"))],
             },
         )
         runs_rest = _flat(await _walk_from(store, scope, "runs", {"type": "page"}, 10, runs_token))
@@ -526,9 +530,9 @@ class TestPagination:
         assert queued_first + queued_rest == ["q1", "q2", "q3", "q4", "q5"]
 
     async def test_records_deleted_after_first_page_are_not_shown(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         created = await _create(
-            store, scope, "t1", {"messages": [_ins(b.message(f"m{i}")) for i in range(1, 7)]}
+            store, scope, "t1", {"messages": [b.insert(b.message(f"m{i}")) for i in range(1, 7)]}
         )
         _, token = await _page(store, scope, "t1", "messages", MSG_RAW, 2)
         await _update(
@@ -548,7 +552,7 @@ class TestPagination:
     async def test_token_of_deleted_and_recreated_thread_rejected(
         self, store: ThreadStore, family: str, selection: dict[str, Any]
     ) -> None:
-        scope = _scope()
+        scope = new_scope()
         created = await _full_thread(store, scope)
         _, token = await _page(store, scope, "t1", family, selection, 1)
         assert token is not None

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from typing import Any
-from uuid import uuid4
 
 import pytest
 
@@ -17,17 +16,11 @@ from pai_storage import (
 )
 from pai_storage import builders as b
 
+from ._support import new_scope
+
 __all__ = ["TestIdSelections", "TestMessageViews", "TestReads"]
 
 pytestmark = pytest.mark.asyncio
-
-
-def _scope() -> str:
-    return f"scope-{uuid4().hex}"
-
-
-def _ins(record: dict[str, Any]) -> dict[str, Any]:
-    return {"type": "insert", "record": record}
 
 
 async def _commit_create(
@@ -65,10 +58,10 @@ RAW = list(VISIBILITY)
 
 
 async def _visibility_thread(store: ThreadStore) -> tuple[str, str]:
-    scope, thread = _scope(), "views"
+    scope, thread = new_scope(), "views"
     changes = {
         "messages": [
-            _ins(b.message(mid, transcript=t, context=c)) for mid, (t, c) in VISIBILITY.items()
+            b.insert(b.message(mid, transcript=t, context=c)) for mid, (t, c) in VISIBILITY.items()
         ]
     }
     await _commit_create(store, scope, thread, changes)
@@ -100,7 +93,7 @@ class TestReads:
     ) -> None:
         result = await store.read_thread(
             b.read(
-                _scope(),
+                new_scope(),
                 "nope",
                 messages=_msg_page(),
                 runs={"type": "page", "page": {"limit": 5}},
@@ -116,15 +109,15 @@ class TestReads:
     async def test_observed_at_follows_the_clock(
         self, store: ThreadStore, clock: ManualClock
     ) -> None:
-        scope = _scope()
+        scope = new_scope()
         await _commit_create(store, scope, "t1")
         clock.advance(ms=1500)
         result = await store.read_thread(b.read(scope, "t1"))
         assert result.observed_at == clock()
 
     async def test_no_include_returns_no_pages(self, store: ThreadStore) -> None:
-        scope = _scope()
-        await _commit_create(store, scope, "t1", {"messages": [_ins(b.message("m1"))]})
+        scope = new_scope()
+        await _commit_create(store, scope, "t1", {"messages": [b.insert(b.message("m1"))]})
         result = await store.read_thread(b.read(scope, "t1"))
         assert result.thread is not None
         assert result.messages is None
@@ -132,15 +125,15 @@ class TestReads:
         assert result.queued_items is None
 
     async def test_page_only_for_requested_family(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         await _commit_create(
             store,
             scope,
             "t1",
             {
-                "messages": [_ins(b.message("m1"))],
-                "runs": [_ins(_queued_run("r1", "q1"))],
-                "queuedItems": [_ins(b.queued_item("q1", "r1"))],
+                "messages": [b.insert(b.message("m1"))],
+                "runs": [b.insert(_queued_run("r1", "q1"))],
+                "queuedItems": [b.insert(b.queued_item("q1", "r1"))],
             },
         )
         only_runs = await store.read_thread(
@@ -166,7 +159,7 @@ class TestReads:
         assert [m.message_id for m in only_messages.messages.items] == ["m1"]
 
     async def test_empty_families_give_empty_pages(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         created = await _commit_create(store, scope, "t1")
         result = await store.read_thread(
             b.read(
@@ -184,7 +177,7 @@ class TestReads:
             assert page.version == created.version
 
     async def test_empty_id_selection_results_are_empty_pages(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         created = await _commit_create(store, scope, "t1")
         result = await store.read_thread(
             b.read(
@@ -204,8 +197,10 @@ class TestReads:
     async def test_root_and_pages_carry_the_same_version(
         self, store: ThreadStore, clock: ManualClock
     ) -> None:
-        scope = _scope()
-        created = await _commit_create(store, scope, "t1", {"messages": [_ins(b.message("m1"))]})
+        scope = new_scope()
+        created = await _commit_create(
+            store, scope, "t1", {"messages": [b.insert(b.message("m1"))]}
+        )
         version = created.version
         for index in range(3):
             clock.advance(ms=10)
@@ -214,7 +209,7 @@ class TestReads:
                     scope,
                     "t1",
                     version,
-                    {"messages": [_ins(b.message(f"n{index}"))]},
+                    {"messages": [b.insert(b.message(f"n{index}"))]},
                 )
             )
             assert isinstance(result, CommittedResult)
@@ -268,9 +263,12 @@ class TestMessageViews:
         assert await _message_ids(store, scope, thread, newest) == expected[::-1]
 
     async def test_view_follows_replaced_visibility(self, store: ThreadStore) -> None:
-        scope, thread = _scope(), "t1"
+        scope, thread = new_scope(), "t1"
         created = await _commit_create(
-            store, scope, thread, {"messages": [_ins(b.message("m1")), _ins(b.message("m2"))]}
+            store,
+            scope,
+            thread,
+            {"messages": [b.insert(b.message("m1")), b.insert(b.message("m2"))]},
         )
         hidden = b.message("m1", transcript=False, context=True)
         await store.commit_thread(
@@ -286,12 +284,18 @@ class TestMessageViews:
         assert await _message_ids(store, scope, thread, _msg_page("raw")) == ["m1", "m2"]
 
     async def test_replace_keeps_position(self, store: ThreadStore) -> None:
-        scope, thread = _scope(), "t1"
+        scope, thread = new_scope(), "t1"
         created = await _commit_create(
             store,
             scope,
             thread,
-            {"messages": [_ins(b.message("m1")), _ins(b.message("m2")), _ins(b.message("m3"))]},
+            {
+                "messages": [
+                    b.insert(b.message("m1")),
+                    b.insert(b.message("m2")),
+                    b.insert(b.message("m3")),
+                ]
+            },
         )
         await store.commit_thread(
             b.update(
@@ -361,9 +365,12 @@ class TestMessageViews:
         assert await _message_ids(store, scope, thread, _msg_page("transcript")) == TRANSCRIPT
 
     async def test_deleted_message_is_a_missing_anchor(self, store: ThreadStore) -> None:
-        scope, thread = _scope(), "t1"
+        scope, thread = new_scope(), "t1"
         created = await _commit_create(
-            store, scope, thread, {"messages": [_ins(b.message("m1")), _ins(b.message("m2"))]}
+            store,
+            scope,
+            thread,
+            {"messages": [b.insert(b.message("m1")), b.insert(b.message("m2"))]},
         )
         await store.commit_thread(
             b.update(scope, thread, created.version, {"messages": [{"type": "delete", "id": "m1"}]})
@@ -372,15 +379,15 @@ class TestMessageViews:
             await store.read_thread(b.read(scope, thread, messages=_msg_page(afterMessageId="m1")))
 
     async def test_run_id_is_not_a_message_anchor(self, store: ThreadStore) -> None:
-        scope, thread = _scope(), "t1"
+        scope, thread = new_scope(), "t1"
         await _commit_create(
             store,
             scope,
             thread,
             {
-                "messages": [_ins(b.message("m1"))],
-                "runs": [_ins(_queued_run("r1", "q1"))],
-                "queuedItems": [_ins(b.queued_item("q1", "r1"))],
+                "messages": [b.insert(b.message("m1"))],
+                "runs": [b.insert(_queued_run("r1", "q1"))],
+                "queuedItems": [b.insert(b.queued_item("q1", "r1"))],
             },
         )
         with pytest.raises(ThreadStoreInvariantError, match="r1"):
@@ -395,18 +402,18 @@ class TestIdSelections:
     pytestmark = pytest.mark.asyncio
 
     async def _thread(self, store: ThreadStore) -> tuple[str, str]:
-        scope, thread = _scope(), "ids"
+        scope, thread = new_scope(), "ids"
         await _commit_create(
             store,
             scope,
             thread,
             {
-                "messages": [_ins(b.message(f"m{i}")) for i in range(1, 6)],
+                "messages": [b.insert(b.message(f"m{i}")) for i in range(1, 6)],
                 "runs": [
-                    *[_ins(b.run(f"r{i}", "completed", operation=None)) for i in range(1, 4)],
-                    *[_ins(_queued_run(f"rq{i}", f"q{i}")) for i in range(1, 4)],
+                    *[b.insert(b.run(f"r{i}", "completed", operation=None)) for i in range(1, 4)],
+                    *[b.insert(_queued_run(f"rq{i}", f"q{i}")) for i in range(1, 4)],
                 ],
-                "queuedItems": [_ins(b.queued_item(f"q{i}", f"rq{i}", i)) for i in range(1, 4)],
+                "queuedItems": [b.insert(b.queued_item(f"q{i}", f"rq{i}", i)) for i in range(1, 4)],
             },
         )
         return scope, thread
@@ -495,5 +502,5 @@ class TestIdSelections:
     async def test_duplicate_id_rejected_even_for_missing_thread(self, store: ThreadStore) -> None:
         with pytest.raises(ThreadStoreInvariantError, match="messageIds"):
             await store.read_thread(
-                b.read(_scope(), "missing", messages={"type": "ids", "messageIds": ["a", "a"]})
+                b.read(new_scope(), "missing", messages={"type": "ids", "messageIds": ["a", "a"]})
             )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import uuid
 from datetime import timedelta
 from typing import Any, Literal
 
@@ -19,32 +18,14 @@ from pai_storage import (
 )
 from pai_storage import builders as b
 
+from ._support import new_scope
+
 __all__ = ["TestRelationshipRules", "TestWorkedExample"]
 
 pytestmark = pytest.mark.asyncio
 
 
 # ------------------------------------------------------------------ helpers
-
-
-def _ins(record: dict[str, Any]) -> dict[str, Any]:
-    return {"type": "insert", "record": record}
-
-
-def _rep(record: dict[str, Any]) -> dict[str, Any]:
-    return {"type": "replace", "record": record}
-
-
-def _del(record_id: str) -> dict[str, Any]:
-    return {"type": "delete", "id": record_id}
-
-
-def _trunc(after_id: str | None) -> dict[str, Any]:
-    return {"type": "truncate", "afterId": after_id}
-
-
-def _scope() -> str:
-    return f"conformance-relationships-{uuid.uuid4()}"
 
 
 def _user(
@@ -123,13 +104,13 @@ async def _turn_thread(store: ThreadStore, scope: str, tid: str = "t") -> Thread
             tid,
             {
                 "messages": [
-                    _ins(_user("m1", "r1")),
-                    _ins(_out("m2", "r1")),
-                    _ins(_user("m3", "r2")),
+                    b.insert(_user("m1", "r1")),
+                    b.insert(_out("m2", "r1")),
+                    b.insert(_user("m3", "r2")),
                 ],
                 "runs": [
-                    _ins(b.run("r1", "completed", inputs=["m1"])),
-                    _ins(b.run("r2", "running", inputs=["m3"])),
+                    b.insert(b.run("r1", "completed", inputs=["m1"])),
+                    b.insert(b.run("r2", "running", inputs=["m3"])),
                 ],
                 "lease": b.acquire("r2", "w1"),
             },
@@ -146,14 +127,14 @@ async def _done_thread(store: ThreadStore, scope: str, tid: str = "t") -> Thread
             tid,
             {
                 "messages": [
-                    _ins(_user("m1", "r1")),
-                    _ins(_out("m2", "r1")),
-                    _ins(_user("m3", "r2")),
-                    _ins(_out("m4", "r2")),
+                    b.insert(_user("m1", "r1")),
+                    b.insert(_out("m2", "r1")),
+                    b.insert(_user("m3", "r2")),
+                    b.insert(_out("m4", "r2")),
                 ],
                 "runs": [
-                    _ins(b.run("r1", "completed", inputs=["m1"])),
-                    _ins(b.run("r2", "completed", inputs=["m3"])),
+                    b.insert(b.run("r1", "completed", inputs=["m1"])),
+                    b.insert(b.run("r2", "completed", inputs=["m3"])),
                 ],
             },
         ),
@@ -166,35 +147,35 @@ class TestRelationshipRules:
     # ------------------------------------------------------------------ rule 1
 
     async def test_rule1_run_message_names_existing_run(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         version = await _commit_ok(
             store,
             b.create(
                 scope,
                 "t",
                 {
-                    "messages": [_ins(_user("m0")), _ins(_user("m1", "r1"))],
-                    "runs": [_ins(b.run("r1", "completed", inputs=["m1"]))],
+                    "messages": [b.insert(_user("m0")), b.insert(_user("m1", "r1"))],
+                    "runs": [b.insert(b.run("r1", "completed", inputs=["m1"]))],
                 },
             ),
         )
         assert version.revision == 1
 
     async def test_rule1_violated_on_create(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         await _assert_create_rule_broken(
-            store, scope, "t", {"messages": [_ins(_user("m1", "ghost"))]}, 1
+            store, scope, "t", {"messages": [b.insert(_user("m1", "ghost"))]}, 1
         )
 
     async def test_rule1_violated_on_update(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         version = await _done_thread(store, scope)
         # an output message naming a run that does not exist
         await _assert_rule_broken(
             store,
             scope,
             "t",
-            b.update(scope, "t", version, {"messages": [_ins(_out("m5", "ghost"))]}),
+            b.update(scope, "t", version, {"messages": [b.insert(_out("m5", "ghost"))]}),
             1,
         )
         # re-pointing an existing message at a missing run
@@ -202,21 +183,26 @@ class TestRelationshipRules:
             store,
             scope,
             "t",
-            b.update(scope, "t", version, {"messages": [_rep(_out("m4", "ghost"))]}),
+            b.update(scope, "t", version, {"messages": [b.replace(_out("m4", "ghost"))]}),
             1,
         )
         # deleting a run whose messages stay behind
         await _assert_rule_broken(
-            store, scope, "t", b.update(scope, "t", version, {"runs": [_del("r1")]}), 1
+            store, scope, "t", b.update(scope, "t", version, {"runs": [b.delete_record("r1")]}), 1
         )
         # truncating every run while the messages stay
         await _assert_rule_broken(
-            store, scope, "t", b.update(scope, "t", version, {"runs": [_trunc(None)]}), 1
+            store, scope, "t", b.update(scope, "t", version, {"runs": [b.truncate(None)]}), 1
         )
         # removing the messages and the runs together is fine
         final = await _commit_ok(
             store,
-            b.update(scope, "t", version, {"messages": [_trunc("m2")], "runs": [_del("r2")]}),
+            b.update(
+                scope,
+                "t",
+                version,
+                {"messages": [b.truncate("m2")], "runs": [b.delete_record("r2")]},
+            ),
         )
         assert final.revision == 2
         read = await store.read_thread(b.read(scope, "t", **_all_pages()))
@@ -228,7 +214,7 @@ class TestRelationshipRules:
     # ------------------------------------------------------------------ rule 2
 
     async def test_rule2_contiguous_runs_pass(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         version = await _turn_thread(store, scope)
         version = await _commit_ok(
             store,
@@ -236,13 +222,13 @@ class TestRelationshipRules:
                 scope,
                 "t",
                 version,
-                {"messages": [_ins(_out("m4", "r2")), _ins(_out("m5", "r2"))]},
+                {"messages": [b.insert(_out("m4", "r2")), b.insert(_out("m5", "r2"))]},
             ),
         )
         assert version.revision == 2
 
     async def test_rule2_violated_by_appending_to_older_run(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         version = await _turn_thread(store, scope)
         version = await _commit_ok(
             store,
@@ -251,8 +237,8 @@ class TestRelationshipRules:
                 "t",
                 version,
                 {
-                    "messages": [_ins(_out("m4", "r2"))],
-                    "runs": [_rep(b.run("r2", "completed", inputs=["m3"]))],
+                    "messages": [b.insert(_out("m4", "r2"))],
+                    "runs": [b.replace(b.run("r2", "completed", inputs=["m3"]))],
                     "lease": b.release("r2", "w1"),
                 },
             ),
@@ -262,7 +248,7 @@ class TestRelationshipRules:
             store,
             scope,
             "t",
-            b.update(scope, "t", version, {"messages": [_ins(_out("m5", "r1"))]}),
+            b.update(scope, "t", version, {"messages": [b.insert(_out("m5", "r1"))]}),
             2,
         )
         # so does appending to both runs in one commit
@@ -274,24 +260,24 @@ class TestRelationshipRules:
                 scope,
                 "t",
                 version,
-                {"messages": [_ins(_out("m5", "r2")), _ins(_out("m6", "r1"))]},
+                {"messages": [b.insert(_out("m5", "r2")), b.insert(_out("m6", "r1"))]},
             ),
             2,
         )
 
     async def test_rule2_violated_on_create(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         await _assert_create_rule_broken(
             store,
             scope,
             "t",
             {
                 "messages": [
-                    _ins(_user("m1", "r1")),
-                    _ins(b.message("note", "a standalone note", role="system")),
-                    _ins(_out("m2", "r1")),
+                    b.insert(_user("m1", "r1")),
+                    b.insert(b.message("note", "a standalone note", role="system")),
+                    b.insert(_out("m2", "r1")),
                 ],
-                "runs": [_ins(b.run("r1", "completed", inputs=["m1"]))],
+                "runs": [b.insert(b.run("r1", "completed", inputs=["m1"]))],
             },
             2,
         )
@@ -299,7 +285,7 @@ class TestRelationshipRules:
     # ------------------------------------------------------------------ rule 3
 
     async def test_rule3_inputs_in_order_pass(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         version = await _commit_ok(
             store,
             b.create(
@@ -307,12 +293,12 @@ class TestRelationshipRules:
                 "t",
                 {
                     "messages": [
-                        _ins(_user("m1", "r1")),
-                        _ins(_user("m2", "r1")),
-                        _ins(_user("c1", "r1", relation="context")),
-                        _ins(_out("o1", "r1")),
+                        b.insert(_user("m1", "r1")),
+                        b.insert(_user("m2", "r1")),
+                        b.insert(_user("c1", "r1", relation="context")),
+                        b.insert(_out("o1", "r1")),
                     ],
-                    "runs": [_ins(b.run("r1", "running", inputs=["m1", "m2"]))],
+                    "runs": [b.insert(b.run("r1", "running", inputs=["m1", "m2"]))],
                 },
             ),
         )
@@ -342,20 +328,20 @@ class TestRelationshipRules:
         messages: list[dict[str, Any]],
         inputs: list[str],
     ) -> None:
-        scope = _scope()
+        scope = new_scope()
         await _assert_create_rule_broken(
             store,
             scope,
             "t",
             {
-                "messages": [_ins(m) for m in messages],
-                "runs": [_ins(b.run("r1", "running", inputs=inputs))],
+                "messages": [b.insert(m) for m in messages],
+                "runs": [b.insert(b.run("r1", "running", inputs=inputs))],
             },
             3,
         )
 
     async def test_rule3_violated_on_update(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         version = await _turn_thread(store, scope)
         # adding a second input right after the first (before any output) is fine
         version = await _commit_ok(
@@ -365,21 +351,21 @@ class TestRelationshipRules:
                 "t",
                 version,
                 {
-                    "messages": [_ins(_user("m3b", "r2"))],
-                    "runs": [_rep(b.run("r2", "running", inputs=["m3", "m3b"]))],
+                    "messages": [b.insert(_user("m3b", "r2"))],
+                    "runs": [b.replace(b.run("r2", "running", inputs=["m3", "m3b"]))],
                 },
             ),
         )
         assert version.revision == 2
         # an input message after the run's output
         with_output = await _commit_ok(
-            store, b.update(scope, "t", version, {"messages": [_ins(_out("m4", "r2"))]})
+            store, b.update(scope, "t", version, {"messages": [b.insert(_out("m4", "r2"))]})
         )
         await _assert_rule_broken(
             store,
             scope,
             "t",
-            b.update(scope, "t", with_output, {"messages": [_ins(_user("m5", "r2"))]}),
+            b.update(scope, "t", with_output, {"messages": [b.insert(_user("m5", "r2"))]}),
             3,
         )
         # listing the late input does not help: the interval must start with the inputs
@@ -392,8 +378,8 @@ class TestRelationshipRules:
                 "t",
                 with_output,
                 {
-                    "messages": [_ins(_user("m5", "r2"))],
-                    "runs": [_rep(b.run("r2", "running", inputs=["m3", "m3b", "m5"]))],
+                    "messages": [b.insert(_user("m5", "r2"))],
+                    "runs": [b.replace(b.run("r2", "running", inputs=["m3", "m3b", "m5"]))],
                 },
             ),
             3,
@@ -404,7 +390,10 @@ class TestRelationshipRules:
             scope,
             "t",
             b.update(
-                scope, "t", with_output, {"runs": [_rep(b.run("r2", "running", inputs=["m4"]))]}
+                scope,
+                "t",
+                with_output,
+                {"runs": [b.replace(b.run("r2", "running", inputs=["m4"]))]},
             ),
             3,
         )
@@ -417,7 +406,7 @@ class TestRelationshipRules:
                 scope,
                 "t",
                 with_output,
-                {"messages": [_rep(_user("m3", "r2", relation="context"))]},
+                {"messages": [b.replace(_user("m3", "r2", relation="context"))]},
             ),
             3,
         )
@@ -427,7 +416,7 @@ class TestRelationshipRules:
     async def test_rule4_queued_and_cancelled_runs_without_messages_pass(
         self, store: ThreadStore
     ) -> None:
-        scope = _scope()
+        scope = new_scope()
         version = await _turn_thread(store, scope)
         version = await _commit_ok(
             store,
@@ -436,10 +425,10 @@ class TestRelationshipRules:
                 "t",
                 version,
                 {
-                    "runs": [_ins(_queued("r3", "q3")), _ins(_queued("r4", "q4"))],
+                    "runs": [b.insert(_queued("r3", "q3")), b.insert(_queued("r4", "q4"))],
                     "queuedItems": [
-                        _ins(b.queued_item("q3", "r3", {"text": "later"})),
-                        _ins(b.queued_item("q4", "r4", {"text": "never"})),
+                        b.insert(b.queued_item("q3", "r3", {"text": "later"})),
+                        b.insert(b.queued_item("q4", "r4", {"text": "never"})),
                     ],
                 },
             ),
@@ -452,24 +441,26 @@ class TestRelationshipRules:
                 "t",
                 version,
                 {
-                    "runs": [_rep(b.run("r4", "cancelled", admitted=False, queue_item_id="q4"))],
-                    "queuedItems": [_del("q4")],
+                    "runs": [
+                        b.replace(b.run("r4", "cancelled", admitted=False, queue_item_id="q4"))
+                    ],
+                    "queuedItems": [b.delete_record("q4")],
                 },
             ),
         )
         assert version.revision == 3
 
     async def test_rule4_violated_on_create(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         # a queued run owning a message
         await _assert_create_rule_broken(
             store,
             scope,
             "t",
             {
-                "messages": [_ins(_user("m1", "r1"))],
-                "runs": [_ins(_queued("r1", "q1"))],
-                "queuedItems": [_ins(b.queued_item("q1", "r1"))],
+                "messages": [b.insert(_user("m1", "r1"))],
+                "runs": [b.insert(_queued("r1", "q1"))],
+                "queuedItems": [b.insert(b.queued_item("q1", "r1"))],
             },
             4,
         )
@@ -479,9 +470,9 @@ class TestRelationshipRules:
             scope,
             "t",
             {
-                "messages": [_ins(_user("m1"))],
-                "runs": [_ins(b.run("r1", "queued", queue_item_id="q1", inputs=["m1"]))],
-                "queuedItems": [_ins(b.queued_item("q1", "r1"))],
+                "messages": [b.insert(_user("m1"))],
+                "runs": [b.insert(b.run("r1", "queued", queue_item_id="q1", inputs=["m1"]))],
+                "queuedItems": [b.insert(b.queued_item("q1", "r1"))],
             },
             4,
         )
@@ -491,14 +482,14 @@ class TestRelationshipRules:
             scope,
             "t",
             {
-                "messages": [_ins(_user("m1", "r1"))],
-                "runs": [_ins(b.run("r1", "cancelled", admitted=False, inputs=["m1"]))],
+                "messages": [b.insert(_user("m1", "r1"))],
+                "runs": [b.insert(b.run("r1", "cancelled", admitted=False, inputs=["m1"]))],
             },
             4,
         )
 
     async def test_rule4_violated_on_update(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         version = await _done_thread(store, scope)
         version = await _commit_ok(
             store,
@@ -508,10 +499,10 @@ class TestRelationshipRules:
                 version,
                 {
                     "runs": [
-                        _ins(_queued("r3", "q3")),
-                        _ins(b.run("r4", "cancelled", admitted=False)),
+                        b.insert(_queued("r3", "q3")),
+                        b.insert(b.run("r4", "cancelled", admitted=False)),
                     ],
-                    "queuedItems": [_ins(b.queued_item("q3", "r3"))],
+                    "queuedItems": [b.insert(b.queued_item("q3", "r3"))],
                 },
             ),
         )
@@ -520,7 +511,7 @@ class TestRelationshipRules:
             store,
             scope,
             "t",
-            b.update(scope, "t", version, {"messages": [_ins(_out("m9", "r3"))]}),
+            b.update(scope, "t", version, {"messages": [b.insert(_out("m9", "r3"))]}),
             4,
         )
         # a message for the never-admitted cancelled run r4
@@ -528,7 +519,7 @@ class TestRelationshipRules:
             store,
             scope,
             "t",
-            b.update(scope, "t", version, {"messages": [_ins(_out("m9", "r4"))]}),
+            b.update(scope, "t", version, {"messages": [b.insert(_out("m9", "r4"))]}),
             4,
         )
         # giving the queued run input ids before admission
@@ -540,7 +531,7 @@ class TestRelationshipRules:
                 scope,
                 "t",
                 version,
-                {"runs": [_rep(b.run("r3", "queued", queue_item_id="q3", inputs=["m1"]))]},
+                {"runs": [b.replace(b.run("r3", "queued", queue_item_id="q3", inputs=["m1"]))]},
             ),
             4,
         )
@@ -548,7 +539,7 @@ class TestRelationshipRules:
     # ------------------------------------------------------------------ rule 5
 
     async def test_rule5_open_run_owning_tail_passes(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         version = await _turn_thread(store, scope)
         version = await _commit_ok(
             store,
@@ -557,8 +548,8 @@ class TestRelationshipRules:
                 "t",
                 version,
                 {
-                    "messages": [_ins(_out("m4", "r2", "incomplete"))],
-                    "runs": [_rep(b.run("r2", "waiting", inputs=["m3"]))],
+                    "messages": [b.insert(_out("m4", "r2", "incomplete"))],
+                    "runs": [b.replace(b.run("r2", "waiting", inputs=["m3"]))],
                 },
             ),
         )
@@ -566,46 +557,46 @@ class TestRelationshipRules:
 
     @pytest.mark.parametrize("second", ["running", "waiting"])
     async def test_rule5_two_open_runs_on_create(self, store: ThreadStore, second: str) -> None:
-        scope = _scope()
+        scope = new_scope()
         await _assert_create_rule_broken(
             store,
             scope,
             "t",
             {
-                "messages": [_ins(_user("m1", "r1")), _ins(_user("m2", "r2"))],
+                "messages": [b.insert(_user("m1", "r1")), b.insert(_user("m2", "r2"))],
                 "runs": [
-                    _ins(b.run("r1", "running", inputs=["m1"])),
-                    _ins(b.run("r2", second, inputs=["m2"])),
+                    b.insert(b.run("r1", "running", inputs=["m1"])),
+                    b.insert(b.run("r2", second, inputs=["m2"])),
                 ],
             },
             5,
         )
 
     async def test_rule5_open_run_not_owning_tail_on_create(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         await _assert_create_rule_broken(
             store,
             scope,
             "t",
             {
-                "messages": [_ins(_user("m1", "r1")), _ins(_user("m2", "r2"))],
+                "messages": [b.insert(_user("m1", "r1")), b.insert(_user("m2", "r2"))],
                 "runs": [
-                    _ins(b.run("r1", "running", inputs=["m1"])),
-                    _ins(b.run("r2", "completed", inputs=["m2"])),
+                    b.insert(b.run("r1", "running", inputs=["m1"])),
+                    b.insert(b.run("r2", "completed", inputs=["m2"])),
                 ],
             },
             5,
         )
 
     async def test_rule5_violated_on_update(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         version = await _turn_thread(store, scope)
         # a standalone message after the running run's interval
         await _assert_rule_broken(
             store,
             scope,
             "t",
-            b.update(scope, "t", version, {"messages": [_ins(_user("late"))]}),
+            b.update(scope, "t", version, {"messages": [b.insert(_user("late"))]}),
             5,
         )
         # reopening the completed r1 while r2 runs: two open runs
@@ -613,7 +604,9 @@ class TestRelationshipRules:
             store,
             scope,
             "t",
-            b.update(scope, "t", version, {"runs": [_rep(b.run("r1", "waiting", inputs=["m1"]))]}),
+            b.update(
+                scope, "t", version, {"runs": [b.replace(b.run("r1", "waiting", inputs=["m1"]))]}
+            ),
             5,
         )
         # completing r2 then appending a standalone message is fine
@@ -624,8 +617,8 @@ class TestRelationshipRules:
                 "t",
                 version,
                 {
-                    "messages": [_ins(_user("late"))],
-                    "runs": [_rep(b.run("r2", "completed", inputs=["m3"]))],
+                    "messages": [b.insert(_user("late"))],
+                    "runs": [b.replace(b.run("r2", "completed", inputs=["m3"]))],
                     "lease": b.release("r2", "w1"),
                 },
             ),
@@ -635,14 +628,16 @@ class TestRelationshipRules:
             store,
             scope,
             "t",
-            b.update(scope, "t", done, {"runs": [_rep(b.run("r1", "running", inputs=["m1"]))]}),
+            b.update(
+                scope, "t", done, {"runs": [b.replace(b.run("r1", "running", inputs=["m1"]))]}
+            ),
             5,
         )
 
     # ------------------------------------------------------------------ rule 6
 
     async def test_rule6_queue_admission_passes(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         version = await _commit_ok(
             store,
             b.create(
@@ -650,13 +645,13 @@ class TestRelationshipRules:
                 "t",
                 {
                     "runs": [
-                        _ins(_queued("r1", "q1")),
-                        _ins(_queued("r2", "q2")),
-                        _ins(b.run("r3", "cancelled", admitted=True)),
+                        b.insert(_queued("r1", "q1")),
+                        b.insert(_queued("r2", "q2")),
+                        b.insert(b.run("r3", "cancelled", admitted=True)),
                     ],
                     "queuedItems": [
-                        _ins(b.queued_item("q1", "r1", ["a"])),
-                        _ins(b.queued_item("q2", "r2", {"b": 1})),
+                        b.insert(b.queued_item("q1", "r1", ["a"])),
+                        b.insert(b.queued_item("q2", "r2", {"b": 1})),
                     ],
                 },
             ),
@@ -669,9 +664,9 @@ class TestRelationshipRules:
                 "t",
                 version,
                 {
-                    "messages": [_ins(_user("m1", "r1"))],
-                    "runs": [_rep(b.run("r1", "running", inputs=["m1"], queue_item_id="q1"))],
-                    "queuedItems": [_del("q1")],
+                    "messages": [b.insert(_user("m1", "r1"))],
+                    "runs": [b.replace(b.run("r1", "running", inputs=["m1"], queue_item_id="q1"))],
+                    "queuedItems": [b.delete_record("q1")],
                     "lease": b.acquire("r1", "w1"),
                 },
             ),
@@ -728,24 +723,24 @@ class TestRelationshipRules:
         runs: list[dict[str, Any]],
         items: list[dict[str, Any]],
     ) -> None:
-        scope = _scope()
+        scope = new_scope()
         changes: dict[str, Any] = {}
         if runs:
-            changes["runs"] = [_ins(r) for r in runs]
+            changes["runs"] = [b.insert(r) for r in runs]
         if items:
-            changes["queuedItems"] = [_ins(i) for i in items]
+            changes["queuedItems"] = [b.insert(i) for i in items]
         await _assert_create_rule_broken(store, scope, "t", changes, 6)
 
     async def test_rule6_violated_on_update(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         version = await _commit_ok(
             store,
             b.create(
                 scope,
                 "t",
                 {
-                    "runs": [_ins(_queued("r1", "q1"))],
-                    "queuedItems": [_ins(b.queued_item("q1", "r1"))],
+                    "runs": [b.insert(_queued("r1", "q1"))],
+                    "queuedItems": [b.insert(b.queued_item("q1", "r1"))],
                 },
             ),
         )
@@ -754,35 +749,35 @@ class TestRelationshipRules:
             (
                 "item left behind",
                 {
-                    "messages": [_ins(_user("m1", "r1"))],
-                    "runs": [_rep(b.run("r1", "running", inputs=["m1"], queue_item_id="q1"))],
+                    "messages": [b.insert(_user("m1", "r1"))],
+                    "runs": [b.replace(b.run("r1", "running", inputs=["m1"], queue_item_id="q1"))],
                 },
             ),
             # deleting the item but leaving the run queued
-            ("queued run without item", {"queuedItems": [_del("q1")]}),
+            ("queued run without item", {"queuedItems": [b.delete_record("q1")]}),
             # marking the run running without admitting it
             (
                 "running not admitted",
                 {
-                    "runs": [_rep(b.run("r1", "running", admitted=False, queue_item_id="q1"))],
-                    "queuedItems": [_del("q1")],
+                    "runs": [b.replace(b.run("r1", "running", admitted=False, queue_item_id="q1"))],
+                    "queuedItems": [b.delete_record("q1")],
                 },
             ),
             # admitting while still queued
             (
                 "queued and admitted",
-                {"runs": [_rep(b.run("r1", "queued", admitted=True, queue_item_id="q1"))]},
+                {"runs": [b.replace(b.run("r1", "queued", admitted=True, queue_item_id="q1"))]},
             ),
             # pointing the item at another run
             (
                 "item names another run",
                 {
-                    "runs": [_ins(b.run("r2", "cancelled", admitted=True))],
-                    "queuedItems": [_rep(b.queued_item("q1", "r2"))],
+                    "runs": [b.insert(b.run("r2", "cancelled", admitted=True))],
+                    "queuedItems": [b.replace(b.queued_item("q1", "r2"))],
                 },
             ),
             # a second item for the queued run
-            ("second item", {"queuedItems": [_ins(b.queued_item("q2", "r1"))]}),
+            ("second item", {"queuedItems": [b.insert(b.queued_item("q2", "r1"))]}),
         ]
         for case, changes in cases:
             try:
@@ -795,7 +790,7 @@ class TestRelationshipRules:
     # ------------------------------------------------------------------ rule 7
 
     async def test_rule7_lease_on_open_run_passes(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         version = await _turn_thread(store, scope)
         waiting = _committed(
             await store.commit_thread(
@@ -804,7 +799,7 @@ class TestRelationshipRules:
                     "t",
                     version,
                     {
-                        "runs": [_rep(b.run("r2", "waiting", inputs=["m3"]))],
+                        "runs": [b.replace(b.run("r2", "waiting", inputs=["m3"]))],
                         "lease": b.renew("r2", "w1"),
                     },
                 )
@@ -815,15 +810,15 @@ class TestRelationshipRules:
         assert waiting.thread.lease.run_id == "r2"
 
     async def test_rule7_lease_naming_non_open_run_on_create(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         # a lease naming a completed run
         await _assert_create_rule_broken(
             store,
             scope,
             "t",
             {
-                "messages": [_ins(_user("m1", "r1"))],
-                "runs": [_ins(b.run("r1", "completed", inputs=["m1"]))],
+                "messages": [b.insert(_user("m1", "r1"))],
+                "runs": [b.insert(b.run("r1", "completed", inputs=["m1"]))],
                 "lease": b.acquire("r1", "w1"),
             },
             7,
@@ -834,22 +829,22 @@ class TestRelationshipRules:
             scope,
             "t",
             {
-                "runs": [_ins(_queued("r1", "q1"))],
-                "queuedItems": [_ins(b.queued_item("q1", "r1"))],
+                "runs": [b.insert(_queued("r1", "q1"))],
+                "queuedItems": [b.insert(b.queued_item("q1", "r1"))],
                 "lease": b.acquire("r1", "w1"),
             },
             7,
         )
 
     async def test_rule7_lease_naming_missing_run_on_create(self, store: ThreadStore) -> None:
-        scope = _scope()
+        scope = new_scope()
         await _assert_create_rule_broken(
             store,
             scope,
             "t",
             {
-                "messages": [_ins(_user("m1", "r1"))],
-                "runs": [_ins(b.run("r1", "running", inputs=["m1"]))],
+                "messages": [b.insert(_user("m1", "r1"))],
+                "runs": [b.insert(b.run("r1", "running", inputs=["m1"]))],
                 "lease": b.acquire("r9", "w1"),
             },
             7,
@@ -860,13 +855,13 @@ class TestRelationshipRules:
     async def test_rule7_finishing_run_without_releasing_lease(
         self, store: ThreadStore, final: str
     ) -> None:
-        scope = _scope()
+        scope = new_scope()
         version = await _turn_thread(store, scope)
         await _assert_rule_broken(
             store,
             scope,
             "t",
-            b.update(scope, "t", version, {"runs": [_rep(b.run("r2", final, inputs=["m3"]))]}),
+            b.update(scope, "t", version, {"runs": [b.replace(b.run("r2", final, inputs=["m3"]))]}),
             7,
         )
         # finishing and releasing together is fine
@@ -877,7 +872,7 @@ class TestRelationshipRules:
                 "t",
                 version,
                 {
-                    "runs": [_rep(b.run("r2", final, inputs=["m3"]))],
+                    "runs": [b.replace(b.run("r2", final, inputs=["m3"]))],
                     "lease": b.release("r2", "w1", "any"),
                 },
             ),
@@ -887,7 +882,7 @@ class TestRelationshipRules:
     async def test_rule7_acquire_for_non_open_run_on_update(
         self, store: ThreadStore, clock: ManualClock
     ) -> None:
-        scope = _scope()
+        scope = new_scope()
         version = await _turn_thread(store, scope)
         # after expiry, acquiring the lease for the completed r1
         clock.advance(timedelta(hours=1))
@@ -907,14 +902,19 @@ class TestRelationshipRules:
     async def test_rule7_lease_naming_missing_run_on_update(
         self, store: ThreadStore, clock: ManualClock
     ) -> None:
-        scope = _scope()
+        scope = new_scope()
         version = await _turn_thread(store, scope)
         # deleting the leased run (and its messages) while the lease stays
         await _assert_rule_broken(
             store,
             scope,
             "t",
-            b.update(scope, "t", version, {"messages": [_trunc("m2")], "runs": [_del("r2")]}),
+            b.update(
+                scope,
+                "t",
+                version,
+                {"messages": [b.truncate("m2")], "runs": [b.delete_record("r2")]},
+            ),
             7,
         )
         # after expiry, acquiring the lease for a run that does not exist
@@ -932,7 +932,7 @@ class TestWorkedExample:
     """SPEC 8.2: one turn, a queued second turn, streaming, admission and regeneration."""
 
     async def test_one_turn_end_to_end(self, store: ThreadStore, clock: ManualClock) -> None:
-        scope, tid = _scope(), "worked-example"
+        scope, tid = new_scope(), "worked-example"
         t0 = clock()
 
         # 1. create with m1 and r1 running, lease for r1 (owner w1, send)
@@ -942,8 +942,8 @@ class TestWorkedExample:
                     scope,
                     tid,
                     {
-                        "messages": [_ins(_user("m1", "r1"))],
-                        "runs": [_ins(b.run("r1", "running", inputs=["m1"]))],
+                        "messages": [b.insert(_user("m1", "r1"))],
+                        "runs": [b.insert(b.run("r1", "running", inputs=["m1"]))],
                         "lease": b.acquire("r1", "w1", 30_000, "send"),
                     },
                     title="worked example",
@@ -966,8 +966,8 @@ class TestWorkedExample:
                 tid,
                 v1,
                 {
-                    "runs": [_ins(_queued("r2", "q1"))],
-                    "queuedItems": [_ins(b.queued_item("q1", "r2", {"text": "and another"}))],
+                    "runs": [b.insert(_queued("r2", "q1"))],
+                    "queuedItems": [b.insert(b.queued_item("q1", "r2", {"text": "and another"}))],
                 },
                 title="worked example",
             ),
@@ -982,7 +982,7 @@ class TestWorkedExample:
                 scope,
                 tid,
                 v2,
-                {"messages": [_ins(_out("m2", "r1", "streaming"))]},
+                {"messages": [b.insert(_out("m2", "r1", "streaming"))]},
                 title="worked example",
             ),
         )
@@ -994,7 +994,7 @@ class TestWorkedExample:
                     tid,
                     v3,
                     {
-                        "messages": [_rep(_out("m2", "r1", "complete"))],
+                        "messages": [b.replace(_out("m2", "r1", "complete"))],
                         "lease": b.renew("r1", "w1", 30_000),
                     },
                     title="worked example",
@@ -1026,7 +1026,7 @@ class TestWorkedExample:
                     tid,
                     v4,
                     {
-                        "runs": [_rep(b.run("r1", "completed", inputs=["m1"]))],
+                        "runs": [b.replace(b.run("r1", "completed", inputs=["m1"]))],
                         "lease": b.release("r1", "w1", "unexpired"),
                     },
                     title="worked example",
@@ -1047,9 +1047,11 @@ class TestWorkedExample:
                     tid,
                     v5,
                     {
-                        "messages": [_ins(_user("m3", "r2"))],
-                        "runs": [_rep(b.run("r2", "running", inputs=["m3"], queue_item_id="q1"))],
-                        "queuedItems": [_del("q1")],
+                        "messages": [b.insert(_user("m3", "r2"))],
+                        "runs": [
+                            b.replace(b.run("r2", "running", inputs=["m3"], queue_item_id="q1"))
+                        ],
+                        "queuedItems": [b.delete_record("q1")],
                         "lease": b.acquire("r2", "w2", 30_000, "send"),
                     },
                     title="worked example",
@@ -1093,8 +1095,10 @@ class TestWorkedExample:
                 tid,
                 v6,
                 {
-                    "messages": [_ins(_out("m4", "r2"))],
-                    "runs": [_rep(b.run("r2", "completed", inputs=["m3"], queue_item_id="q1"))],
+                    "messages": [b.insert(_out("m4", "r2"))],
+                    "runs": [
+                        b.replace(b.run("r2", "completed", inputs=["m3"], queue_item_id="q1"))
+                    ],
                     "lease": b.release("r2", "w2", "any"),
                 },
                 title="worked example",
@@ -1108,10 +1112,10 @@ class TestWorkedExample:
             tid,
             v7,
             {
-                "messages": [_trunc("m1")],
+                "messages": [b.truncate("m1")],
                 "runs": [
-                    _trunc("r1"),
-                    _rep(b.run("r1", "running", inputs=["m1"], operation="regenerate")),
+                    b.truncate("r1"),
+                    b.replace(b.run("r1", "running", inputs=["m1"], operation="regenerate")),
                 ],
                 "lease": b.acquire("r1", "w3", 30_000, "regenerate"),
             },
@@ -1162,7 +1166,7 @@ class TestWorkedExample:
                 scope,
                 tid,
                 v7,
-                {"messages": [_ins(_out("m5", "r2"))]},
+                {"messages": [b.insert(_out("m5", "r2"))]},
                 title="worked example",
             )
         )
@@ -1175,7 +1179,10 @@ class TestWorkedExample:
                 scope,
                 tid,
                 v9,
-                {"messages": [_ins(_out("m2", "r1", "streaming"))], "lease": b.renew("r1", "w3")},
+                {
+                    "messages": [b.insert(_out("m2", "r1", "streaming"))],
+                    "lease": b.renew("r1", "w3"),
+                },
                 title="worked example",
             ),
         )
