@@ -21,8 +21,8 @@ from typing import Any
 from pai_storage import (
     Backend,
     Clock,
-    CommitThreadInput,
     CommittedResult,
+    CommitThreadInput,
     ConflictResult,
     ListThreadsInput,
     Page,
@@ -92,9 +92,7 @@ class KeyValueThreadStore(ThreadStore):
         roots = [ThreadRecord.model_validate(json.loads(v)["thread"]) for v in values]
         return plan.select(roots)
 
-    async def _commit_thread(
-        self, request: CommitThreadInput
-    ) -> CommittedResult | ConflictResult:
+    async def _commit_thread(self, request: CommitThreadInput) -> CommittedResult | ConflictResult:
         key = self._key(request.scope_key, request.thread_id)
         async with self._lock:
             current = self._load(key)

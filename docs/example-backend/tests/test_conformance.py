@@ -4,9 +4,9 @@ from collections.abc import AsyncIterator
 
 import pytest_asyncio
 from pai_example_kv import KeyValueThreadStore
+from pai_storage_conformance import ThreadStoreConformance
 
 from pai_storage import ManualClock, ThreadStore
-from pai_storage_conformance import ThreadStoreConformance
 
 
 class TestKeyValueStore(ThreadStoreConformance):
