@@ -17,9 +17,10 @@ ISO 8601 strings with milliseconds and ``Z``.
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Annotated, Any, ClassVar, Generic, Literal, Self, TypeVar
+from typing import Annotated, Any, ClassVar, Generic, Literal, Self, TypeVar, cast
 
 from pydantic import (
     AfterValidator,
@@ -62,6 +63,8 @@ __all__ = [
     "DeleteMutation",
     "FilePart",
     "InsertChange",
+    "Json",
+    "JsonObject",
     "LeaseChange",
     "LeaseRef",
     "ListThreadsInput",
@@ -97,6 +100,7 @@ __all__ = [
     "RunPageSelection",
     "RunRecord",
     "RunSelection",
+    "RunStatus",
     "StandaloneAssociation",
     "TextPart",
     "ThreadChanges",
@@ -105,6 +109,7 @@ __all__ = [
     "ThreadReadResult",
     "ThreadRecord",
     "ThreadVersion",
+    "Timestamp",
     "ToolCallPart",
     "TruncateChange",
     "UpdateMutation",
@@ -128,8 +133,13 @@ MAX_DURATION_MS = 86_400_000
 
 def _check_text(value: str) -> str:
     if not value.isascii() and not is_valid_text(value):
-        raise PydanticCustomError("invalid_text", "string contains a lone surrogate")
+        raise PydanticCustomError(
+            "strict_json", "{path}: {reason}", {"path": "", "reason": _LONE_SURROGATE}
+        )
     return value
+
+
+_LONE_SURROGATE = "string with a lone surrogate is not valid Unicode"
 
 
 def _check_id(value: str) -> str:
@@ -137,7 +147,9 @@ def _check_id(value: str) -> str:
         raise PydanticCustomError(
             "invalid_id", "must be 1 to {max} characters", {"max": MAX_ID_LENGTH}
         )
-    return _check_text(value)
+    if not value.isascii() and not is_valid_text(value):
+        raise PydanticCustomError("invalid_id", "id contains a lone surrogate")
+    return value
 
 
 def _strict_json_error(err: ThreadStoreSerializationError) -> PydanticCustomError:
@@ -156,9 +168,11 @@ def _check_json(value: Any) -> Any:
 
 def _check_json_object(value: Any) -> dict[str, Any]:
     if type(value) is not dict:
-        raise PydanticCustomError("dict_type", "Input should be a JSON object")
+        if value is None or type(value) in (list, str, int, float, bool):
+            raise PydanticCustomError("dict_type", "Input should be a JSON object")
+        _check_json(value)  # not JSON at all: a strict-JSON error naming the value's type
     _check_json(value)
-    return value
+    return cast(dict[str, Any], value)
 
 
 def _parse_timestamp(value: Any) -> datetime:
@@ -257,9 +271,46 @@ def convert_validation_error(
                 f"{outer}{inner}", f"{ctx.get('reason', err['msg'])} (in {what})"
             )
     first = errors[0]
+    if first["type"] == "union_tag_invalid":
+        ctx = first.get("ctx") or {}
+        first["msg"] = (
+            f"unknown {str(ctx.get('discriminator', 'tag')).strip(chr(39))} (expected one of "
+            f"{ctx.get('expected_tags', '?')})"
+        )
     where = _loc_path(first["loc"], data) or "<input>"
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
     return ThreadStoreInvariantError(f"invalid {what}: {where}: {first['msg']}{more}")
+
+
+_OPAQUE_FIELDS = frozenset(
+    {
+        "metadata",
+        "private_metadata",
+        "provider_metadata",
+        "call_provider_metadata",
+        "result_provider_metadata",
+        "input",
+        "output",
+        "data",
+    }
+)
+
+
+class _Opaque:
+    """Stands in for an opaque JSON value in a repr."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: Any) -> None:
+        self._value = value
+
+    def __repr__(self) -> str:
+        value = self._value
+        if isinstance(value, dict):
+            return f"<object: {len(value)} keys>"
+        if isinstance(value, list):
+            return f"<array: {len(value)} items>"
+        return "<json>" if value is not None else "None"
 
 
 class StoreModel(BaseModel):
@@ -300,7 +351,11 @@ class StoreModel(BaseModel):
         try:
             return super().model_validate_json(json_data, **kwargs)
         except ValidationError as exc:
-            raise convert_validation_error(exc, cls.__name__) from None
+            try:
+                data = json.loads(json_data)
+            except ValueError:
+                data = None
+            raise convert_validation_error(exc, cls.__name__, data) from None
 
     @model_serializer(mode="wrap")
     def _omit_absent(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> Any:
@@ -321,6 +376,11 @@ class StoreModel(BaseModel):
                 if field.alias:
                     data.pop(field.alias, None)
         return data
+
+    def __repr_args__(self) -> Any:
+        # Opaque JSON may hold personal data: reprs (and so logs) show only its shape.
+        for name, value in super().__repr_args__():
+            yield name, (_Opaque(value) if name in _OPAQUE_FIELDS else value)
 
     def to_json(self) -> dict[str, Any]:
         """The JSON form of this value (a fresh ``dict``)."""

@@ -136,7 +136,9 @@ class ChildPagePlan:
         self._scope_key = scope_key
         self._query = query_digest(query)
         self._cursor = (
-            codec.decode(page_token, family, scope_key, self._query) if page_token else None
+            codec.decode(page_token, family, scope_key, self._query)
+            if page_token is not None
+            else None
         )
 
     @property
@@ -320,7 +322,7 @@ class ListPlan:
             }
         )
         self.cursor: tuple[int, str] | None = None
-        if page_token:
+        if page_token is not None:
             position = codec.decode(page_token, "threads", scope_key, self._query)
             updated, thread_id = position.get("u"), position.get("t")
             if type(updated) is not int or type(thread_id) is not str:

@@ -147,7 +147,9 @@ def _explain(value: Any, path: str) -> None:
             if kind is dict:
                 for key, sub in reversed(item.items()):
                     if type(key) is not str:
-                        raise _fail(where, f"key {key!r} is not a string")
+                        raise _fail(
+                            where, f"a key of type {type(key).__qualname__} is not a string"
+                        )
                     if not key.isascii() and _SURROGATE.search(key):
                         raise _fail(where, "key with a lone surrogate is not valid Unicode")
                     stack.append((sub, _join(where, key), depth))

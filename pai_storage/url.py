@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from urllib.parse import SplitResult, parse_qsl, quote, unquote, urlsplit
+from urllib.parse import SplitResult, parse_qsl, quote, quote_plus, unquote, urlsplit
 
 from .errors import ThreadStoreConfigurationError
 
@@ -53,7 +53,10 @@ class StoreURL:
         if "," in raw_netloc.rsplit("@", 1)[-1]:  # multi-host seed lists are kept verbatim
             netloc = raw_netloc.rsplit("@", 1)[-1]
             netloc = userinfo + netloc
-        query = "&".join(f"{quote(k, safe='')}={quote(v, safe='')}" for k, v in self.query)
+        query = "&".join(
+            f"{quote(k, safe='')}={'***' if hide_password and _is_secret(k) else quote(v, safe='')}"
+            for k, v in self.query
+        )
         return f"{scheme or self.full_scheme}://{netloc}{self.path}" + (
             f"?{query}" if query else ""
         )
@@ -65,12 +68,27 @@ class StoreURL:
         return f"StoreURL({self.render()!r})"
 
 
+_SECRET_WORDS = ("password", "passwd", "secret", "token", "authmechanismproperties")
+
+
+def _is_secret(query_key: str) -> bool:
+    """Query options that carry credentials (``password=``, ``sslpassword=``, ...)."""
+    key = query_key.lower()
+    return any(word in key for word in _SECRET_WORDS)
+
+
 def redact(text: str, url: StoreURL | None) -> str:
-    """Remove ``url``'s password from ``text`` (raw and percent-encoded forms)."""
-    if url is None or not url.password:
+    """Remove ``url``'s secrets from ``text``: the password and credential query values.
+
+    Both the raw and the percent-encoded forms are replaced.
+    """
+    if url is None:
         return text
-    for secret in {url.password, quote(url.password, safe="")}:
-        text = text.replace(secret, "***")
+    secrets = [url.password] if url.password else []
+    secrets += [v for k, v in url.query if v and _is_secret(k)]
+    for secret in secrets:
+        for form in {secret, quote(secret, safe=""), quote_plus(secret)}:
+            text = text.replace(form, "***")
     return text
 
 

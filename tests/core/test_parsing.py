@@ -43,7 +43,7 @@ def test_commit_results_parse_from_json() -> None:
 
 
 def test_union_parse_rejects_unknown_tag_with_typed_error() -> None:
-    with pytest.raises(p.ThreadStoreInvariantError, match="does not match any of the expected"):
+    with pytest.raises(p.ThreadStoreInvariantError, match="unknown type"):
         p.parse(p.Part, {"type": "video", "url": "x"})
     with pytest.raises(p.ThreadStoreSerializationError, match=r"data\.x: NaN"):
         p.parse(p.Part, {"type": "data", "name": "n", "data": {"x": float("nan")}})

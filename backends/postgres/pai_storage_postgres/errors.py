@@ -29,6 +29,7 @@ from pai_storage import (
     ThreadStoreCommitUnknownError,
     ThreadStoreConfigurationError,
     ThreadStoreError,
+    ThreadStoreInvariantError,
     ThreadStoreUnavailableError,
     redact,
 )
@@ -52,8 +53,14 @@ def is_retryable(exc: BaseException) -> bool:
     return sqlstate(exc) in RETRYABLE_STATES
 
 
-def _is_connection_loss(exc: BaseException) -> bool:
+def _is_client_configuration(exc: BaseException) -> bool:
     import asyncpg  # type: ignore[import-untyped]
+
+    return isinstance(exc, asyncpg.exceptions.ClientConfigurationError)
+
+
+def _is_connection_loss(exc: BaseException) -> bool:
+    import asyncpg
 
     return isinstance(
         exc,
@@ -77,6 +84,13 @@ def map_error(exc: BaseException, phase: Phase, url: StoreURL | None) -> ThreadS
     where = redact(str(url), url) if url is not None else "PostgreSQL"
     if state is not None:
         detail = f"PostgreSQL error {state}: {text}"
+        if state.startswith(("22", "54")):
+            # Data exception or program limit (e.g. ids whose combined UTF-8 size exceeds
+            # the 2,704-byte b-tree entry limit): the input cannot be stored as given.
+            return ThreadStoreInvariantError(
+                f"{detail}; PostgreSQL cannot store this input as given (see "
+                "docs/postgres.md, 'Limits'); nothing was applied"
+            )
         if state.startswith(_CONFIG_CLASSES):
             return ThreadStoreConfigurationError(f"{detail} (server {where})")
         if state.startswith(_UNAVAILABLE_CLASSES):
@@ -87,6 +101,8 @@ def map_error(exc: BaseException, phase: Phase, url: StoreURL | None) -> ThreadS
                 )
             return ThreadStoreUnavailableError(f"{detail}; nothing was applied")
         return ThreadStoreError(detail)
+    if _is_client_configuration(exc):
+        return ThreadStoreConfigurationError(f"invalid connection settings for {where}: {text}")
     if _is_connection_loss(exc):
         if phase == "commit":
             return ThreadStoreCommitUnknownError(
