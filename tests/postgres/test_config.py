@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import random
+import string
 
 import asyncpg  # type: ignore[import-untyped]
 import pytest
@@ -12,6 +14,7 @@ from pg_support import URL
 from pai_storage import (
     CommittedResult,
     ThreadStoreConfigurationError,
+    ThreadStoreInvariantError,
     ThreadStoreUnavailableError,
     open_store,
 )
@@ -175,3 +178,26 @@ async def test_concurrent_creates_one_wins(pg_schema: str) -> None:
         for r in results:
             if not isinstance(r, CommittedResult):
                 assert r.current_version in (None, winner)
+
+
+async def test_ids_beyond_the_index_entry_limit_are_invariant_errors(pg_schema: str) -> None:
+    # Three 1,024-character ids in one message key exceed PostgreSQL's 2,704-byte
+    # b-tree entry: a typed invariant error, nothing written, store still usable.
+    rng = random.Random(7)  # incompressible: PostgreSQL compresses repetitive index entries
+    long_id = "".join(rng.choice(string.ascii_letters + string.digits) for _ in range(1024))
+    async with PostgresThreadStore(URL, schema=pg_schema) as store:
+        with pytest.raises(ThreadStoreInvariantError, match="cannot store this input"):
+            await store.commit_thread(
+                b.create(long_id, long_id, {"messages": [b.insert(b.message(long_id))]})
+            )
+        assert (await store.read_thread(b.read(long_id, long_id))).thread is None
+        result = await store.commit_thread(b.create(long_id, long_id))
+        assert isinstance(result, CommittedResult)
+
+
+async def test_query_string_password_never_shown() -> None:
+    store = open_store(f"postgresql://127.0.0.1:1/db?password={SECRET}&connect_timeout=1")
+    assert SECRET not in repr(store)
+    with pytest.raises(ThreadStoreUnavailableError) as caught:
+        await store.initialize()
+    assert SECRET not in str(caught.value)
