@@ -7,7 +7,13 @@ from typing import Any
 import pytest
 from pai_storage_mongo.store import LIST_SORT, MongoThreadStore
 
-from pai_storage import CommittedResult, ListThreadsInput, ManualClock, ReadThreadInput
+from pai_storage import (
+    CommittedResult,
+    IdsPlan,
+    ListThreadsInput,
+    ManualClock,
+    ReadThreadInput,
+)
 from pai_storage import builders as b
 
 pytestmark = pytest.mark.asyncio
@@ -126,9 +132,117 @@ async def test_child_pages_use_an_index_without_sorting(
     assert not isinstance(sub, type(None))
     window = sub.window(created.thread.version, 20)  # type: ignore[union-attr]
     key = {"scopeKey": "scope", "threadId": "t"}
-    query, sort, hint = mongo_store.page_query(family, key, sub, window)  # type: ignore[arg-type]
+    scans = mongo_store.page_queries(family, key, sub, window)  # type: ignore[arg-type]
+    assert scans
     col = _plain(mongo_store, family)
-    explained = await col.find(query, sort=sort, hint=hint).limit(window.fetch).explain()
-    stages = _stages(explained["queryPlanner"]["winningPlan"])
-    assert "IXSCAN" in stages, stages
-    assert "SORT" not in stages, stages
+    for query, sort, hint in scans:
+        explained = await col.find(query, sort=sort, hint=hint).limit(window.fetch).explain()
+        stages = _stages(explained["queryPlanner"]["winningPlan"])
+        assert "IXSCAN" in stages, stages
+        assert "SORT" not in stages, stages
+
+
+async def _explain_page(
+    store: MongoThreadStore, family: str, selection: dict[str, Any]
+) -> tuple[list[list[str]], int]:
+    """Each scan's plan stages for a child page, and the documents they examined in all."""
+    request = ReadThreadInput.model_validate(b.read("scope", "t", **{family: selection}))
+    read = await store.read_thread(request)
+    assert read.thread is not None
+    read_plan = store._selections.plan_read(request)
+    sub = {"runs": read_plan.runs, "queuedItems": read_plan.queued_items}[family]
+    assert sub is not None
+    assert not isinstance(sub, IdsPlan)
+    high_water = await _plain(store, family).count_documents({"scopeKey": "scope"})
+    window = sub.window(read.thread.version, high_water)
+    key = {"scopeKey": "scope", "threadId": "t"}
+    stages: list[list[str]] = []
+    examined = 0
+    for query, sort, hint in store.page_queries(family, key, sub, window):
+        cursor = _plain(store, family).find(query, sort=sort, hint=hint).limit(window.fetch)
+        explained = await cursor.explain()
+        stages.append(_stages(explained["queryPlanner"]["winningPlan"]))
+        examined += explained["executionStats"]["totalDocsExamined"]
+    return stages, examined
+
+
+async def test_status_filtered_run_pages_examine_only_the_page(
+    mongo_store: MongoThreadStore,
+) -> None:
+    """One failed and one cancelled run, then 3,000 completed ones: the old runs are
+    found without walking the completed ones (one bounded index scan per status)."""
+    runs = [b.insert(b.run("f0", "failed")), b.insert(b.run("c0", "cancelled"))]
+    runs += [b.insert(b.run(f"r{i:04d}", "completed")) for i in range(3000)]
+    created = await mongo_store.commit_thread(b.create("scope", "t", {"runs": runs}))
+    assert isinstance(created, CommittedResult)
+
+    selection = {"type": "page", "statuses": ["failed"], "order": "newest", "page": {"limit": 1}}
+    stages, examined = await _explain_page(mongo_store, "runs", selection)
+    assert len(stages) == 1
+    assert "IXSCAN" in stages[0], stages
+    assert "SORT" not in stages[0], stages
+    assert examined <= 2, examined
+    read = await mongo_store.read_thread(b.read("scope", "t", runs=selection))
+    assert read.runs is not None
+    assert [r.run_id for r in read.runs.items] == ["f0"]
+    assert read.runs.next_page_token is None
+
+    both = {
+        "type": "page",
+        "statuses": ["failed", "cancelled"],
+        "order": "newest",
+        "page": {"limit": 1},
+    }
+    stages, examined = await _explain_page(mongo_store, "runs", both)
+    assert len(stages) == 2
+    assert all("IXSCAN" in s and "SORT" not in s for s in stages), stages
+    assert examined <= 4, examined
+    first = await mongo_store.read_thread(b.read("scope", "t", runs=both))
+    assert first.runs is not None
+    assert [r.run_id for r in first.runs.items] == ["c0"]
+    assert first.runs.next_page_token is not None
+    second = await mongo_store.read_thread(
+        b.read(
+            "scope",
+            "t",
+            runs={**both, "page": {"limit": 1, "pageToken": first.runs.next_page_token}},
+        )
+    )
+    assert second.runs is not None
+    assert [r.run_id for r in second.runs.items] == ["f0"]
+    assert second.runs.next_page_token is None
+    oldest = await mongo_store.read_thread(
+        b.read("scope", "t", runs={**both, "order": "oldest", "page": {"limit": 5}})
+    )
+    assert oldest.runs is not None
+    assert [r.run_id for r in oldest.runs.items] == ["f0", "c0"]
+    mixed = await mongo_store.read_thread(
+        b.read(
+            "scope",
+            "t",
+            runs={"type": "page", "statuses": ["completed", "failed"], "page": {"limit": 3}},
+        )
+    )
+    assert mixed.runs is not None
+    assert [r.run_id for r in mixed.runs.items] == ["f0", "r0000", "r0001"]
+
+
+async def test_run_filtered_queue_pages_examine_only_the_page(
+    mongo_store: MongoThreadStore,
+) -> None:
+    """The target run's queued item first, then 3,000 items of other runs."""
+    runs = [b.insert(b.run(f"r{i:04d}", "queued", queue_item_id=f"q{i:04d}")) for i in range(3001)]
+    items = [b.insert(b.queued_item(f"q{i:04d}", f"r{i:04d}")) for i in range(3001)]
+    created = await mongo_store.commit_thread(
+        b.create("scope", "t", {"runs": runs, "queuedItems": items})
+    )
+    assert isinstance(created, CommittedResult)
+    selection = {"type": "page", "runId": "r0000", "order": "newest", "page": {"limit": 1}}
+    stages, examined = await _explain_page(mongo_store, "queuedItems", selection)
+    assert len(stages) == 1
+    assert "IXSCAN" in stages[0], stages
+    assert "SORT" not in stages[0], stages
+    assert examined <= 2, examined
+    read = await mongo_store.read_thread(b.read("scope", "t", queuedItems=selection))
+    assert read.queued_items is not None
+    assert [i.queue_item_id for i in read.queued_items.items] == ["q0000"]

@@ -131,3 +131,73 @@ async def test_corrupt_child_is_rejected_by_targeted_reads(mongo_store: Any) -> 
     # The root alone is still readable, and listing is unaffected.
     read = await mongo_store.read_thread(b.read("scope", "t0"))
     assert read.thread is not None
+
+
+async def _corrupt_utf8(store: Any, thread_id: str) -> None:
+    """Rewrite a root so one string's stored bytes are not valid UTF-8 (raw BSON)."""
+    from bson.codec_options import CodecOptions
+    from bson.raw_bson import RawBSONDocument
+
+    threads = raw_collections(store)["threads"].with_options(
+        codec_options=CodecOptions(document_class=RawBSONDocument)
+    )
+    stored = await threads.find_one({"threadId": thread_id})
+    assert stored is not None
+    raw = stored.raw
+    assert raw.count(SECRET.encode()) == 1
+    broken = raw.replace(SECRET.encode(), b"\xff" + SECRET.encode()[1:])
+    await threads.delete_one({"threadId": thread_id})
+    await threads.insert_one(RawBSONDocument(broken))
+
+
+async def _corrupt_escaped_json(store: Any, thread_id: str) -> None:
+    """Store an escaped-opaque-JSON binary (subtype 0x80) that is not JSON."""
+    from bson.binary import Binary
+
+    await raw_collections(store)["threads"].update_one(
+        {"threadId": thread_id}, {"$set": {"metadata": Binary(b"\xff{" + SECRET.encode(), 0x80)}}
+    )
+
+
+@pytest.mark.parametrize("corrupt", [_corrupt_utf8, _corrupt_escaped_json], ids=["utf8", "json"])
+async def test_undecodable_root_is_skipped_by_lists_and_rejected_by_reads(
+    mongo_harness: MongoHarness, corrupt: Any
+) -> None:
+    warnings: list[StoreWarning] = []
+    store = mongo_harness.open_store(on_warning=warnings.append)
+    try:
+        await store.initialize()
+        for i in range(3):
+            await _create(store, f"t{i}")
+        await corrupt(store, "t1")
+
+        page = await store.list_threads({"scopeKey": "scope", "limit": 10})
+        assert [t.thread_id for t in page.items] == ["t2", "t0"]
+        assert len(warnings) == 1
+        warning = warnings[0]
+        assert warning.kind == "invalid_thread_skipped"
+        assert warning.scope_key == "scope"
+        assert warning.thread_id == "t1"
+        assert SECRET[1:] not in repr(warning)
+
+        # A page that would end on the bad row still fills up from the good ones.
+        page = await store.list_threads({"scopeKey": "scope", "limit": 1})
+        assert [t.thread_id for t in page.items] == ["t2"]
+        rest = await store.list_threads(
+            {"scopeKey": "scope", "limit": 1, "pageToken": page.next_page_token}
+        )
+        assert [t.thread_id for t in rest.items] == ["t0"]
+        assert rest.next_page_token is None
+
+        with pytest.raises(ThreadStoreInvariantError) as err:
+            await store.read_thread(b.read("scope", "t1"))
+        assert SECRET[1:] not in str(err.value)
+        with pytest.raises(ThreadStoreInvariantError):
+            await store.commit_thread(
+                b.update("scope", "t1", {"threadInstanceId": "x", "revision": 1})
+            )
+    finally:
+        from pai_storage_mongo.harness import drop_store_collections
+
+        await drop_store_collections(store)
+        await store.close()

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from bson.binary import Binary
 from bson.codec_options import CodecOptions, TypeDecoder, TypeRegistry
+from bson.errors import InvalidBSON
 from bson.int64 import Int64
 from pydantic import BaseModel
 
@@ -66,7 +67,10 @@ class _JsonTextDecoder(TypeDecoder):
 
     def transform_bson(self, value: Any) -> Any:
         if isinstance(value, Binary) and value.subtype == JSON_SUBTYPE:
-            return json.loads(bytes(value).decode("utf-8"))
+            try:
+                return json.loads(bytes(value).decode("utf-8"))
+            except ValueError:  # never echo the stored bytes
+                raise InvalidBSON("an escaped opaque JSON value is corrupt") from None
         return value
 
 

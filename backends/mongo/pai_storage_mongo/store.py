@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import random
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
@@ -10,7 +12,10 @@ from contextlib import suppress
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from bson.errors import BSONError
+import bson
+from bson.codec_options import CodecOptions, DatetimeConversion
+from bson.errors import BSONError, InvalidBSON
+from bson.raw_bson import RawBSONDocument
 from pymongo import ASCENDING, DESCENDING, IndexModel, ReturnDocument
 from pymongo import timeout as pymongo_timeout
 from pymongo.errors import OperationFailure, PyMongoError, ServerSelectionTimeoutError
@@ -114,7 +119,8 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 _A, _D = ASCENDING, DESCENDING
 
-# The seed's index set, by collection suffix ("" is the thread collection).
+# The seed's index set plus two child-page indexes (docs/mongodb.md), by collection
+# suffix ("" is the thread collection).
 INDEXES: dict[str, list[tuple[str, list[tuple[str, int]], bool]]] = {
     "": [
         ("scope_thread_unique", [("scopeKey", _A), ("threadId", _A)], True),
@@ -206,6 +212,12 @@ INDEXES: dict[str, list[tuple[str, list[tuple[str, int]], bool]]] = {
             [("scopeKey", _A), ("threadId", _A), ("runId", _A), ("queueItemId", _A)],
             False,
         ),
+        # Not in the seed: queued-item pages filtered by run, in ``_order`` order.
+        (
+            "scope_thread_run_order",
+            [("scopeKey", _A), ("threadId", _A), ("runId", _A), ("_order", _A)],
+            False,
+        ),
     ],
     "_runs": [
         ("scope_thread_run_unique", [("scopeKey", _A), ("threadId", _A), ("runId", _A)], True),
@@ -224,6 +236,13 @@ INDEXES: dict[str, list[tuple[str, list[tuple[str, int]], bool]]] = {
                 ("admission.queueItemId", _A),
                 ("runId", _A),
             ],
+            False,
+        ),
+        # Not in the seed: run pages filtered by status, in ``_order`` order (one
+        # bounded scan per status; the seed's ``{status, runId}`` cannot give it).
+        (
+            "scope_thread_status_order",
+            [("scopeKey", _A), ("threadId", _A), ("status", _A), ("_order", _A)],
             False,
         ),
     ],
@@ -249,6 +268,9 @@ _HINT_AGENT = [
 ]
 _HINT_PARENT = [*_HINT_AGENT[:3], ("parentThreadId", _A), *_HINT_AGENT[3:]]
 _HINT_CATEGORY = [*_HINT_AGENT[:3], ("category", _A), *_HINT_AGENT[3:]]
+
+# List rows stay raw BSON until each is decoded inside the skip-and-warn block.
+_RAW_CODEC_OPTIONS: CodecOptions[RawBSONDocument] = CodecOptions(document_class=RawBSONDocument)
 
 _TXN_OPTIONS: dict[str, Any] = {
     "read_concern": ReadConcern("snapshot"),
@@ -358,6 +380,11 @@ class MongoThreadStore(ThreadStore):
         return self._client.start_session(causal_consistency=False)
 
     def _error(self, exc: BaseException, phase: Phase) -> ThreadStoreError:
+        if isinstance(exc, InvalidBSON):
+            return ThreadStoreInvariantError(
+                "invalid stored data: a stored document cannot be decoded "
+                "(e.g. invalid UTF-8 or a corrupt escaped value)"
+            )
         if isinstance(exc, BSONError) and not isinstance(exc, PyMongoError):
             return ThreadStoreInvariantError(
                 redact(f"a value cannot be stored in MongoDB: {type(exc).__name__}", self.url)
@@ -631,32 +658,45 @@ class MongoThreadStore(ThreadStore):
         )
         rows: list[tuple[int, Any]] = []
         if window.upper - window.lower > 1:
-            query, sort, hint = self.page_query(family, key, plan, window)
-            cursor = self._col(family).find(
-                query, sort=sort, limit=window.fetch, hint=hint, session=session
-            )
             model = _FAMILY_MODEL[family]
-            async for doc in cursor:
-                rows.append(parse_child(model, doc))
+            scans: list[list[tuple[int, Any]]] = []
+            for query, sort, hint in self.page_queries(family, key, plan, window):
+                cursor = self._col(family).find(
+                    query, sort=sort, limit=window.fetch, hint=hint, session=session
+                )
+                scans.append([parse_child(model, doc) async for doc in cursor])
+            if len(scans) == 1:
+                rows = scans[0]
+            else:  # one sorted scan per status: merge them in window order
+                newest = window.order == "newest"
+                merged = heapq.merge(*scans, key=lambda row: row[0], reverse=newest)
+                rows = list(itertools.islice(merged, window.fetch))
         return plan.finish(window, rows, version)
 
     @staticmethod
-    def page_query(
+    def page_queries(
         family: str, key: Doc, plan: ChildPagePlan, window: Window
-    ) -> tuple[Doc, list[tuple[str, int]], list[tuple[str, int]]]:
-        """The filter, sort and index hint of one child page (a bounded ``_order`` range)."""
+    ) -> list[tuple[Doc, list[tuple[str, int]], list[tuple[str, int]]]]:
+        """The filter, sort and index hint of each scan of one child page.
+
+        Each is a bounded ``_order`` range read in index order (``limit`` page+1).
+        A run page filtered by several statuses is one scan per status, merged
+        by position; every other page is one scan.
+        """
         query: Doc = {**key, "_order": {"$gt": window.lower, "$lt": window.upper}}
         hint = [("scopeKey", _A), ("threadId", _A), ("_order", _A)]
+        sort = [("_order", _A if window.order == "oldest" else _D)]
         if family == "messages" and plan.view in ("transcript", "context"):
             field = f"visibility.{plan.view}"
             query[field] = True
             hint = [("scopeKey", _A), ("threadId", _A), (field, _A), ("_order", _A)]
         elif family == "runs" and plan.statuses is not None:
-            query["status"] = {"$in": sorted(plan.statuses)}
+            hint = [("scopeKey", _A), ("threadId", _A), ("status", _A), ("_order", _A)]
+            return [({**query, "status": status}, sort, hint) for status in sorted(plan.statuses)]
         elif family == "queuedItems" and plan.run_id is not None:
             query["runId"] = plan.run_id
-        sort = [("_order", _A if window.order == "oldest" else _D)]
-        return query, sort, hint
+            hint = [("scopeKey", _A), ("threadId", _A), ("runId", _A), ("_order", _A)]
+        return [(query, sort, hint)]
 
     # ------------------------------------------------------------ lists
 
@@ -700,6 +740,8 @@ class MongoThreadStore(ThreadStore):
         plan = self._selections.plan_list(request)
         query, hint = self.list_query(plan)
 
+        raw_threads = self._col("threads").with_options(codec_options=_RAW_CODEC_OPTIONS)
+
         async def attempt() -> Page[ThreadRecord]:
             rows: list[ThreadRecord] = []
             skipped: list[StoreWarning] = []
@@ -710,16 +752,18 @@ class MongoThreadStore(ThreadStore):
                 seen = 0
                 rows.clear()
                 skipped.clear()
-                cursor = self._col("threads").find(
+                # Raw rows, decoded one by one: a row whose bytes cannot be decoded
+                # is skipped like any other invalid root, not fatal to the batch.
+                cursor = raw_threads.find(
                     query, sort=LIST_SORT, hint=hint, limit=limit or 0, batch_size=plan.fetch
                 )
                 try:
-                    async for doc in cursor:
+                    async for raw in cursor:
                         seen += 1
                         try:
-                            record, _ = parse_root(doc)
+                            record, _ = parse_root(_decode_root(raw))
                         except ThreadStoreInvariantError as exc:
-                            skipped.append(_skipped(request.scope_key, doc, exc))
+                            skipped.append(_skipped(request.scope_key, raw, exc))
                             continue
                         rows.append(record)
                         if len(rows) >= plan.fetch:
@@ -787,21 +831,29 @@ class MongoThreadStore(ThreadStore):
         """Write the root first (so the transaction holds the thread), then read its time.
 
         An update or delete marks the stored root in one round trip and gets it
-        back (``None`` when missing). A create reads first and upserts a
-        placeholder only when the key is free; the final root replaces it.
-        Returns the stored root (or ``None``) and the server's time at the hold.
+        back, but only when it is at the expected version: a stale commit writes
+        nothing (so it never causes a write conflict for the real writer) and
+        reads the root once to report the conflict. A create reads first and
+        upserts a placeholder only when the key is free; the final root replaces
+        it. Returns the stored root (or ``None``) and the server's time at the
+        hold (``None`` when nothing was held).
         """
         key = {"scopeKey": request.scope_key, "threadId": request.thread_id}
         threads = self._col("threads")
         if request.condition.type == "version":
+            expected = request.condition.version
             held = await threads.find_one_and_update(
-                key,
+                {
+                    **key,
+                    "version.threadInstanceId": expected.thread_instance_id,
+                    "version.revision": expected.revision,
+                },
                 [{"$set": {"_heldAt": "$$NOW"}}],
                 return_document=ReturnDocument.AFTER,
                 session=session,
             )
-            if held is None:
-                return None, None
+            if held is None:  # missing or at another version: a conflict, nothing written
+                return await threads.find_one(key, session=session), None
             return held, held.pop("_heldAt")
         raw = await threads.find_one(key, session=session)
         if raw is not None:
@@ -831,7 +883,8 @@ class MongoThreadStore(ThreadStore):
         conflict = check_condition(request, current.version if current else None)
         if conflict is not None:
             return conflict
-        assert held_at is not None
+        if held_at is None:  # the filter missed a root whose version matches: not a valid root
+            raise ThreadStoreInvariantError("invalid stored thread: malformed version")
         now = self.now() or truncate_ms(held_at)
         if current is not None and now < current.updated_at:
             now = current.updated_at  # committed_at never goes backwards within a thread
@@ -998,13 +1051,40 @@ def _duplicate_insert(
     return ThreadStoreInvariantError(f"changes.{family}: insert of a {noun} that already exists")
 
 
-def _skipped(scope_key: str, doc: Mapping[str, Any], exc: Exception) -> StoreWarning:
-    thread_id = doc.get("threadId")
+_UNDECODABLE = "invalid stored thread: the stored document cannot be decoded"
+
+
+def _decode_root(raw: RawBSONDocument) -> Doc:
+    """Decode one raw list row with the store's codec; undecodable bytes are invalid."""
+    try:
+        return bson.decode(raw.raw, codec_options=CODEC_OPTIONS)
+    except (BSONError, ValueError) as exc:  # ValueError: UnicodeDecodeError and the like
+        raise ThreadStoreInvariantError(f"{_UNDECODABLE} ({type(exc).__name__})") from None
+
+
+def _raw_thread_id(raw: RawBSONDocument) -> str | None:
+    """The ``threadId`` of a raw row, or ``None`` when it cannot be read faithfully."""
+    for handler in ("strict", "replace"):
+        options: CodecOptions[Doc] = CodecOptions(
+            unicode_decode_error_handler=handler,
+            datetime_conversion=DatetimeConversion.DATETIME_AUTO,
+        )
+        try:
+            thread_id = bson.decode(raw.raw, codec_options=options).get("threadId")
+        except (BSONError, ValueError):
+            continue
+        if not isinstance(thread_id, str) or (handler == "replace" and "\ufffd" in thread_id):
+            return None
+        return thread_id
+    return None
+
+
+def _skipped(scope_key: str, raw: RawBSONDocument, exc: Exception) -> StoreWarning:
     return StoreWarning(
         kind="invalid_thread_skipped",
         reason=str(exc)[:300],
         scope_key=scope_key,
-        thread_id=thread_id if isinstance(thread_id, str) else None,
+        thread_id=_raw_thread_id(raw),
     )
 
 
@@ -1129,7 +1209,9 @@ class _Reader:
         """
 
         def ref(field: str) -> Doc:
-            return {"m": "$messageId", "o": "$_order", "r": f"${field}"}
+            # ``o`` (the position) comes first: MongoDB compares embedded documents field
+            # by field in stored order, so ``$min`` below picks the first by position.
+            return {"o": "$_order", "m": "$messageId", "r": f"${field}"}
 
         is_input = {"$eq": ["$association.relation", "input"]}
         cursor = await self._store._col("messages").aggregate(

@@ -411,6 +411,25 @@ class TestRelationshipRules:
             3,
         )
 
+    async def test_rule3_output_before_inputs_is_rejected(self, store: ThreadStore) -> None:
+        # The output comes first by position but sorts last by id: a store must judge
+        # "nothing precedes the inputs" by position, not by message id.
+        scope = new_scope()
+        await _assert_create_rule_broken(
+            store,
+            scope,
+            "t",
+            {
+                "messages": [
+                    b.insert(_out("zz", "r1")),
+                    b.insert(_user("in", "r1")),
+                    b.insert(_out("aa", "r1")),
+                ],
+                "runs": [b.insert(b.run("r1", "running", inputs=["in"]))],
+            },
+            3,
+        )
+
     # ------------------------------------------------------------------ rule 4
 
     async def test_rule4_queued_and_cancelled_runs_without_messages_pass(
