@@ -46,8 +46,8 @@ from .errors import (
 from .events import StoreWarning, WarningCallback, emit_warning
 from .leases import LEASE_CONFLICT, LeaseConflict, apply_lease_change, is_expired
 from .models import *  # noqa: F403 - the record and input types are the public API
+from .models import StoreModel, format_timestamp, truncate_ms
 from .models import __all__ as _model_names
-from .models import format_timestamp, truncate_ms
 from .parsing import (
     parse,
     parse_aggregate,
@@ -125,6 +125,7 @@ __all__ = [
     "RunRef",
     "SelectionHelpers",
     "StoreInfo",
+    "StoreModel",
     "StoreURL",
     "StoreWarning",
     "TestHarness",

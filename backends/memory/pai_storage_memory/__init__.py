@@ -6,9 +6,14 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from pai_storage import Backend, StoreURL, TestHarness, ThreadStore
-from pai_storage.clock import Clock
-from pai_storage.errors import ThreadStoreConfigurationError
+from pai_storage import (
+    Backend,
+    Clock,
+    StoreURL,
+    TestHarness,
+    ThreadStore,
+    ThreadStoreConfigurationError,
+)
 
 from .store import MemoryThreadStore
 

@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import TypeVar
 
 from pai_storage import (
+    Clock,
     CommittedResult,
     CommitThreadInput,
     ConflictResult,
@@ -20,12 +21,11 @@ from pai_storage import (
     ThreadReadResult,
     ThreadRecord,
     ThreadStore,
+    WarningCallback,
     apply_thread_changes,
     system_clock,
     truncate_ms,
 )
-from pai_storage.clock import Clock
-from pai_storage.events import WarningCallback
 
 __all__ = ["MemoryThreadStore"]
 

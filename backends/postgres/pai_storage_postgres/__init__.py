@@ -13,6 +13,7 @@ from typing import Any
 
 from pai_storage import (
     Backend,
+    Clock,
     StoreURL,
     TestHarness,
     ThreadStore,
@@ -21,7 +22,6 @@ from pai_storage import (
     make_url,
     redact,
 )
-from pai_storage.clock import Clock
 
 from .schema import SCHEMA_VERSION, Tables, quote_ident
 from .store import PostgresThreadStore

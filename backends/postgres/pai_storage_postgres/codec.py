@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import TypeVar
 
-from pai_storage.models import StoreModel
+from pai_storage import StoreModel, ThreadStoreInvariantError
 
 __all__ = ["dec", "dump", "enc", "enc_opt", "parse", "run_ref_fields"]
 
@@ -43,11 +43,16 @@ def parse(model: type[M], doc: str) -> M:
 
 def run_ref_fields(doc: str) -> tuple[str, bool, str | None, tuple[str, ...]]:
     """``(status, admitted, queue_item_id, input_message_ids)`` of a stored run."""
-    data = json.loads(doc)
-    admission = data["admission"]
-    return (
-        data["status"],
-        bool(admission["admitted"]),
-        admission.get("queueItemId"),
-        tuple(data["inputMessageIds"]),
-    )
+    try:
+        data = json.loads(doc)
+        admission = data["admission"]
+        return (
+            str(data["status"]),
+            bool(admission["admitted"]),
+            admission.get("queueItemId"),
+            tuple(data["inputMessageIds"]),
+        )
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise ThreadStoreInvariantError(
+            "a stored run is invalid (impossible persisted state)"
+        ) from None

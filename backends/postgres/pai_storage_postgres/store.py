@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 from pai_storage import (
     ChildPagePlan,
+    Clock,
     CommittedResult,
     CommitThreadInput,
     ConflictResult,
@@ -43,6 +44,7 @@ from pai_storage import (
     RunRef,
     SelectionHelpers,
     StoreInfo,
+    StoreModel,
     StoreURL,
     StoreWarning,
     ThreadChanges,
@@ -55,6 +57,7 @@ from pai_storage import (
     ThreadStoreInvariantError,
     ThreadStoreUnavailableError,
     ThreadVersion,
+    WarningCallback,
     Window,
     apply_family_changes,
     apply_lease_change,
@@ -69,9 +72,6 @@ from pai_storage import (
     stamp_run,
     timestamp_ms,
 )
-from pai_storage.clock import Clock
-from pai_storage.events import WarningCallback
-from pai_storage.models import StoreModel
 
 from .codec import dec, dump, enc, enc_opt, parse, run_ref_fields
 from .errors import Phase, is_retryable, map_error
