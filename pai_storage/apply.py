@@ -20,7 +20,7 @@ Nothing is applied unless all five pass.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -29,6 +29,7 @@ from .aggregate import Family, ThreadAggregate
 from .changes import (
     FamilyWrite,
     apply_family_changes,
+    change_ids,
     record_id,
     stamp_message,
     stamp_queued_item,
@@ -48,7 +49,11 @@ from .models import (
     ThreadVersion,
     truncate_ms,
 )
-from .relationships import assert_relationships, facts_from_aggregate
+from .relationships import (
+    assert_relationships,
+    facts_from_aggregate,
+    plan_relationship_validation,
+)
 
 __all__ = [
     "ApplyResult",
@@ -174,12 +179,40 @@ def _apply_family(family: Family[Any], write: FamilyWrite[Any]) -> Family[Any]:
     return Family(entries=entries, next_position=write.next_position)
 
 
+def _previous_runs(family: Family[Any], changes: Sequence[Any] | None) -> dict[str, Any]:
+    """The run ids, before the commit, of the existing records the changes name."""
+    return {
+        rid: entry.record.run_id
+        for rid in change_ids(changes)
+        if (entry := family.get(rid)) is not None
+    }
+
+
+def _truncated(
+    family: Family[Any], write: FamilyWrite[Any], key: Callable[[Any], str | None]
+) -> set[str]:
+    """``key`` of every previous record a truncation removed (scans only the cut tail)."""
+    found: set[str] = set()
+    cut = write.truncate_after
+    if cut is None:
+        return found
+    entries = family.entries
+    for rid in reversed(entries):
+        entry = entries[rid]
+        if entry.position <= cut:
+            break
+        if (value := key(entry.record)) is not None:
+            found.add(value)
+    return found
+
+
 def apply_thread_changes(
     aggregate: ThreadAggregate | None,
     commit: CommitThreadInput | Mapping[str, Any],
     now: datetime,
     *,
     instance_id: Callable[[], str] = new_instance_id,
+    bounded: bool = False,
 ) -> ApplyResult:
     """Validate and apply a complete commit to an aggregate (the reference model).
 
@@ -195,6 +228,11 @@ def apply_thread_changes(
         thread; truncated to milliseconds.
     instance_id:
         Source of fresh thread instance ids (for a create).
+    bounded:
+        Check the relationship rules only for the runs the commit can affect
+        (:func:`plan_relationship_validation`), trusting that ``aggregate``
+        obeys them, as every state a store committed does. The default checks
+        every run: the reference model.
 
     Returns
     -------
@@ -253,5 +291,15 @@ def apply_thread_changes(
         runs=_apply_family(old_runs, runs),
         queued_items=_apply_family(old_queued, queued),
     )
-    assert_relationships(facts_from_aggregate(result))
+    if bounded:
+        plan_relationship_validation(
+            changes,
+            previous_message_runs=_previous_runs(old_messages, changes.messages),
+            previous_item_runs=_previous_runs(old_queued, changes.queued_items),
+            truncated_message_runs=_truncated(old_messages, messages, lambda r: r.run_id),
+            truncated_run_ids=_truncated(old_runs, runs, lambda r: r.run_id),
+            lease=lease,
+        ).check_aggregate(result)
+    else:
+        assert_relationships(facts_from_aggregate(result))
     return ApplyResult(CommittedResult(type="committed", thread=root, committed_at=now), result)

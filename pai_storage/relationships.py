@@ -278,20 +278,16 @@ class RelationshipPlan:
     def needed(self) -> bool:
         return bool(self.run_ids) or self.check_tail or self.lease is not None
 
-    async def check(self, reader: RelationshipReader) -> None:
-        """Load the post-commit facts through ``reader`` and assert the rules."""
-        if not self.needed:
-            return
-        open_runs: Sequence[RunRef] = ()
-        tail = None
+    def _run_ids(self, open_runs: Sequence[RunRef]) -> list[str]:
         run_ids = set(self.run_ids)
-        if self.check_tail:
-            open_runs = await reader.open_runs()
-            run_ids.update(r.run_id for r in open_runs)
-            tail = await reader.tail()
+        run_ids.update(r.run_id for r in open_runs)
         if self.lease is not None:
             run_ids.add(self.lease.run_id)
-        runs = await reader.run_facts(sorted(run_ids)) if run_ids else {}
+        return sorted(run_ids)
+
+    def _assert(
+        self, runs: Mapping[str, RunFacts], open_runs: Sequence[RunRef], tail: MessageRef | None
+    ) -> None:
         assert_relationships(
             RelationshipFacts(
                 runs=runs,
@@ -301,6 +297,60 @@ class RelationshipPlan:
                 check_tail=self.check_tail,
             )
         )
+
+    async def check(self, reader: RelationshipReader) -> None:
+        """Load the post-commit facts through ``reader`` and assert the rules."""
+        if not self.needed:
+            return
+        open_runs: Sequence[RunRef] = await reader.open_runs() if self.check_tail else ()
+        tail = await reader.tail() if self.check_tail else None
+        run_ids = self._run_ids(open_runs)
+        self._assert(await reader.run_facts(run_ids) if run_ids else {}, open_runs, tail)
+
+    def check_aggregate(self, aggregate: ThreadAggregate) -> None:
+        """The same check against a post-commit aggregate held in memory."""
+        if not self.needed:
+            return
+        open_runs = _open_runs(aggregate) if self.check_tail else []
+        tail = _tail(aggregate) if self.check_tail else None
+        run_ids = self._run_ids(open_runs)
+        self._assert(_run_facts(aggregate, run_ids) if run_ids else {}, open_runs, tail)
+
+
+def _open_runs(aggregate: ThreadAggregate) -> list[RunRef]:
+    return [RunRef.of(e.record) for e in aggregate.runs if e.record.status in OPEN_STATUSES]
+
+
+def _tail(aggregate: ThreadAggregate) -> MessageRef | None:
+    entries = aggregate.messages.entries
+    if not entries:
+        return None
+    last = entries[next(reversed(entries))]
+    return MessageRef.of(last.position, last.record)
+
+
+def _run_facts(aggregate: ThreadAggregate, run_ids: Iterable[str]) -> dict[str, RunFacts]:
+    """Facts for ``run_ids`` from one cheap pass over the messages and queued items."""
+    facts: dict[str, RunFacts] = {}
+    for run_id in run_ids:
+        run = aggregate.runs.get(run_id)
+        facts[run_id] = RunFacts(RunRef.of(run.record) if run else None, [], False, [])
+    spans: dict[str, tuple[int, int]] = {}
+    for index, entry in enumerate(aggregate.messages):
+        owner = entry.record.run_id
+        if owner is not None and owner in facts:
+            facts[owner].messages.append(  # type: ignore[attr-defined]
+                MessageRef.of(entry.position, entry.record)
+            )
+            spans[owner] = (spans.get(owner, (index, index))[0], index)
+    for run_id, (first, last) in spans.items():
+        facts[run_id].foreign_inside = last - first + 1 != len(facts[run_id].messages)
+    for item_entry in aggregate.queued_items:
+        if item_entry.record.run_id in facts:
+            facts[item_entry.record.run_id].queued_items.append(  # type: ignore[attr-defined]
+                QueueRef.of(item_entry.record)
+            )
+    return facts
 
 
 def plan_relationship_validation(
