@@ -1,0 +1,1 @@
+"""Benchmarks of pai-storage (not part of the installed library)."""

