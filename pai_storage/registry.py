@@ -16,7 +16,7 @@ import difflib
 import importlib.util
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from contextlib import AbstractAsyncContextManager
 from importlib.metadata import entry_points
 from types import MappingProxyType
@@ -100,6 +100,18 @@ class Backend(ABC):
             raise ThreadStoreConfigurationError(
                 f"the {self.name} backend needs {', '.join(missing)}, which is not "
                 f"installed: {hint}"
+            )
+
+    def check_options(
+        self, url: StoreURL, options: Mapping[str, Any], valid: Iterable[str]
+    ) -> None:
+        """Raise a configuration error naming any option not in ``valid``."""
+        allowed = set(valid)
+        unknown = set(options) - allowed
+        if unknown:
+            raise ThreadStoreConfigurationError(
+                f"unknown option(s) for {url.full_scheme}://: {', '.join(sorted(unknown))}; "
+                f"valid: {', '.join(sorted(allowed))}"
             )
 
     def open(self, url: StoreURL, **options: Any) -> ThreadStore:

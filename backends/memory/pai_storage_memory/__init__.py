@@ -37,12 +37,7 @@ class MemoryBackend(Backend):
     url_schemes = ("memory",)
 
     def _open(self, url: StoreURL, **options: Any) -> ThreadStore:
-        unknown = set(options) - _OPTIONS
-        if unknown:
-            raise ThreadStoreConfigurationError(
-                f"unknown option(s) for memory://: {', '.join(sorted(unknown))}; "
-                f"valid: {', '.join(sorted(_OPTIONS))}"
-            )
+        self.check_options(url, options, _OPTIONS)
         if url.host or url.path.strip("/") or url.query:
             raise ThreadStoreConfigurationError("memory:// takes no host, path or query")
         return MemoryThreadStore(**options)

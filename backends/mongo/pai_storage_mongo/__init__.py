@@ -14,7 +14,6 @@ from pai_storage import (
     StoreURL,
     TestHarness,
     ThreadStore,
-    ThreadStoreConfigurationError,
 )
 
 if TYPE_CHECKING:
@@ -34,12 +33,7 @@ class MongoBackend(Backend):
     requires = ("pymongo",)
 
     def _open(self, url: StoreURL, **options: Any) -> ThreadStore:
-        unknown = set(options) - OPTIONS
-        if unknown:
-            raise ThreadStoreConfigurationError(
-                f"unknown option(s) for mongodb://: {', '.join(sorted(unknown))}; "
-                f"valid: url, {', '.join(sorted(OPTIONS))}"
-            )
+        self.check_options(url, options, OPTIONS)
         from .store import MongoThreadStore
 
         return MongoThreadStore(url, **options)

@@ -17,7 +17,6 @@ from pai_storage import (
     StoreURL,
     TestHarness,
     ThreadStore,
-    ThreadStoreConfigurationError,
     ThreadStoreUnavailableError,
     make_url,
     redact,
@@ -110,12 +109,7 @@ class PostgresBackend(Backend):
     requires = ("asyncpg",)
 
     def _open(self, url: StoreURL, **options: Any) -> ThreadStore:
-        unknown = set(options) - OPTIONS
-        if unknown:
-            raise ThreadStoreConfigurationError(
-                f"unknown option(s) for {url.full_scheme}://: {', '.join(sorted(unknown))}; "
-                f"valid: {', '.join(sorted(OPTIONS))}"
-            )
+        self.check_options(url, options, OPTIONS)
         return PostgresThreadStore(url, **options)
 
     def test_harness(self, url: str | None = None) -> TestHarness:

@@ -720,15 +720,7 @@ class PostgresThreadStore(ThreadStore):
                 scope,
                 thread,
             )
-            current = (
-                None
-                if row is None
-                else ThreadVersion(
-                    thread_instance_id=row["instance_id"], revision=int(row["revision"])
-                )
-            )
-            if check_condition(request, current) is not None:
-                raise _Conflict(current)
+            current = _check_condition(request, row)
             now = await self._time(conn)
         else:
             row = await conn.fetchrow(
@@ -737,15 +729,7 @@ class PostgresThreadStore(ThreadStore):
                 scope,
                 thread,
             )
-            current = (
-                None
-                if row is None
-                else ThreadVersion(
-                    thread_instance_id=row["instance_id"], revision=int(row["revision"])
-                )
-            )
-            if check_condition(request, current) is not None:
-                raise _Conflict(current)
+            current = _check_condition(request, row)
             # The time is read while holding the row: a commit that waited for
             # the lock judges leases at the moment it applies, and committedAt
             # never goes backwards within a thread.
@@ -949,6 +933,18 @@ def _update_sql(family: _Family, table: str) -> str:
         f"WHERE t.scope_key = $1 AND t.thread_id = $2 AND t.position = u.position "
         f"AND t.{family.id_col} = u.id"
     )
+
+
+def _check_condition(request: CommitThreadInput, row: Any) -> ThreadVersion | None:
+    """The stored version; raises :class:`_Conflict` unless the commit's condition holds."""
+    current = (
+        None
+        if row is None
+        else ThreadVersion(thread_instance_id=row["instance_id"], revision=int(row["revision"]))
+    )
+    if check_condition(request, current) is not None:
+        raise _Conflict(current)
+    return current
 
 
 def _terminate(conn: asyncpg.Connection) -> None:

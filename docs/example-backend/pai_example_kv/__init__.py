@@ -35,7 +35,6 @@ from pai_storage import (
     ThreadReadResult,
     ThreadRecord,
     ThreadStore,
-    ThreadStoreConfigurationError,
     apply_thread_changes,
     default_scope_digest,
     system_clock,
@@ -126,9 +125,7 @@ class _Backend(Backend):
     url_schemes = ("kv",)
 
     def _open(self, url: StoreURL, **options: Any) -> ThreadStore:
-        unknown = set(options) - {"clock", "on_warning"}
-        if unknown:
-            raise ThreadStoreConfigurationError(f"unknown option(s): {sorted(unknown)}")
+        self.check_options(url, options, {"clock", "on_warning"})
         return KeyValueThreadStore(**options)
 
     def test_harness(self, url: str | None = None) -> TestHarness:
