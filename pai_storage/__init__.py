@@ -14,7 +14,7 @@ re-exported here (:func:`apply_thread_changes`, :class:`SelectionHelpers`,
 :func:`plan_relationship_validation`, ...).
 """
 
-from .aggregate import Entry, Family, ThreadAggregate
+from .aggregate import Entry, Family, FamilyName, ThreadAggregate
 from .apply import (
     ApplyResult,
     apply_thread_changes,
@@ -109,6 +109,7 @@ __all__ = [
     "Clock",
     "Entry",
     "Family",
+    "FamilyName",
     "FamilyWrite",
     "IdsPlan",
     "LeaseConflict",

@@ -16,14 +16,17 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 from .errors import ThreadStoreInvariantError
 from .models import Message, QueuedItem, RunRecord, ThreadRecord
 
-__all__ = ["Entry", "Family", "ThreadAggregate"]
+__all__ = ["Entry", "Family", "FamilyName", "ThreadAggregate"]
 
 R = TypeVar("R", Message, RunRecord, QueuedItem)
+
+FamilyName = Literal["messages", "runs", "queuedItems"]
+"""The JSON name of a child family."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,9 +17,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, TypeVar
 
-from .aggregate import Entry
+from .aggregate import Entry, FamilyName
 from .errors import ThreadStoreInvariantError
 from .models import (
     Admission,
@@ -47,7 +47,6 @@ __all__ = [
 ]
 
 R = TypeVar("R", Message, RunRecord, QueuedItem)
-FamilyName = Literal["messages", "runs", "queuedItems"]
 
 TERMINAL_STATUSES = frozenset({"completed", "failed", "cancelled"})
 

@@ -219,33 +219,18 @@ def assert_relationships(facts: RelationshipFacts) -> None:
 
 def facts_from_aggregate(aggregate: ThreadAggregate) -> RelationshipFacts:
     """Facts for every run id the aggregate mentions (the full check)."""
-    runs: dict[str, RunFacts] = {
-        entry.record.run_id: RunFacts(RunRef.of(entry.record), [], False, [])
-        for entry in aggregate.runs
-    }
-    for entry in aggregate.queued_items:
-        item = entry.record
-        runs.setdefault(item.run_id, RunFacts(None, [], False, []))
-        runs[item.run_id].queued_items.append(QueueRef.of(item))  # type: ignore[attr-defined]
-    messages = [MessageRef.of(e.position, e.record) for e in aggregate.messages]
-    spans: dict[str, tuple[int, int]] = {}
-    for index, ref in enumerate(messages):
-        if ref.run_id is None:
-            continue
-        runs.setdefault(ref.run_id, RunFacts(None, [], False, []))
-        runs[ref.run_id].messages.append(ref)  # type: ignore[attr-defined]
-        first, _ = spans.get(ref.run_id, (index, index))
-        spans[ref.run_id] = (first, index)
-    for run_id, (first, last) in spans.items():
-        runs[run_id].foreign_inside = last - first + 1 != len(runs[run_id].messages)
     lease = aggregate.root.lease
+    run_ids = dict.fromkeys(e.record.run_id for e in aggregate.runs)
+    run_ids.update(dict.fromkeys(e.record.run_id for e in aggregate.queued_items))
+    run_ids.update(
+        dict.fromkeys(rid for e in aggregate.messages if (rid := e.record.run_id) is not None)
+    )
     if lease is not None:
-        runs.setdefault(lease.run_id, RunFacts(None, [], False, []))
-    open_runs = [ref.run for ref in runs.values() if ref.run and ref.run.status in OPEN_STATUSES]
+        run_ids[lease.run_id] = None
     return RelationshipFacts(
-        runs=runs,
-        open_runs=open_runs,
-        tail=messages[-1] if messages else None,
+        runs=_run_facts(aggregate, run_ids),
+        open_runs=_open_runs(aggregate),
+        tail=_tail(aggregate),
         lease=lease,
     )
 

@@ -22,9 +22,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
-from .aggregate import Entry, Family, ThreadAggregate
+from .aggregate import Entry, Family, FamilyName, ThreadAggregate
 from .errors import ThreadStoreInvariantError, ThreadStorePageTokenError
 from .models import (
     Message,
@@ -60,7 +60,6 @@ __all__ = [
 
 T = TypeVar("T")
 R = TypeVar("R", Message, RunRecord, QueuedItem)
-FamilyName = Literal["messages", "runs", "queuedItems"]
 
 
 def timestamp_ms(moment: datetime) -> int:

@@ -17,7 +17,7 @@ import contextlib
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from pai_storage import (
     ChildPagePlan,
@@ -28,6 +28,7 @@ from pai_storage import (
     CreateMutation,
     DeleteMutation,
     Entry,
+    FamilyName,
     FamilyWrite,
     IdsPlan,
     LeaseConflict,
@@ -82,7 +83,6 @@ if TYPE_CHECKING:
 
 __all__ = ["PostgresThreadStore"]
 
-FamilyName = Literal["messages", "runs", "queuedItems"]
 R = TypeVar("R", Message, RunRecord, QueuedItem)
 M = TypeVar("M", bound=StoreModel)
 
