@@ -1,156 +1,65 @@
-"""Commit semantics as pure functions: the reference model of SPEC section 8.
+"""The in-memory reference: the commit and read pipelines over an aggregate.
 
-:func:`apply_thread_changes` validates and applies a complete commit to an
-in-memory aggregate. Aggregate-style backends call it under their own lock, and
-the conformance suite runs it beside every backend as the reference model.
-
-Every commit is judged in the same order, by every backend:
-
-1. the input is well formed (:func:`assert_commit_input`), else an invariant error;
-2. the condition holds (thread missing for a create, the exact version for an
-   update or delete), else a conflict;
-3. the child changes apply mechanically (messages, then runs, then queued
-   items, each in list order), else an invariant error;
-4. the lease precondition holds, else a conflict;
-5. the post-commit state obeys every relationship rule, else an invariant error.
-
-Nothing is applied unless all five pass.
+:func:`apply_thread_changes` validates and applies a complete commit to a
+:class:`~pai_storage.ThreadAggregate` by running the same pipeline every
+backend runs (:func:`~pai_storage.backend.run_commit`) over in-memory
+primitives, and :func:`read_aggregate` serves a read the same way.
+Aggregate-style backends (one value per thread) call them under their own
+lock, and the conformance suite runs :func:`apply_thread_changes` beside every
+backend as the reference model.
 """
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from .aggregate import Family, ThreadAggregate
-from .changes import (
-    FamilyWrite,
-    apply_family_changes,
-    change_ids,
-    record_id,
-    stamp_message,
-    stamp_queued_item,
-    stamp_run,
-)
-from .errors import ThreadStoreInvariantError
-from .leases import LeaseConflict, apply_lease_change
+from .aggregate import Entry, Family, FamilyName, ThreadAggregate
+from .changes import FamilyWrite, record_id
+from .families import FamilySpec
 from .models import (
     CommittedResult,
     CommitThreadInput,
     ConflictResult,
-    CreateMutation,
-    DeleteMutation,
-    ThreadChanges,
-    ThreadLease,
+    ThreadReadResult,
     ThreadRecord,
-    ThreadVersion,
     truncate_ms,
 )
+from .pipeline import (
+    CommitTransaction,
+    HeldThread,
+    ReadHead,
+    ReadSnapshot,
+    RelationshipContext,
+    run_commit,
+    run_read,
+    run_sync,
+)
 from .relationships import (
+    RelationshipReader,
     assert_relationships,
     facts_from_aggregate,
-    plan_relationship_validation,
 )
+from .roots import (
+    apply_thread_root_update,
+    assert_commit_input,
+    check_condition,
+    new_instance_id,
+)
+from .selection import ChildPagePlan, ReadPlan, Window
 
 __all__ = [
+    "AggregateSnapshot",
     "ApplyResult",
     "apply_thread_changes",
     "apply_thread_root_update",
     "assert_commit_input",
     "check_condition",
     "new_instance_id",
+    "read_aggregate",
 ]
-
-
-def new_instance_id() -> str:
-    """A fresh thread instance id (random UUID, hex)."""
-    return uuid.uuid4().hex
-
-
-def assert_commit_input(commit: CommitThreadInput | Mapping[str, Any]) -> CommitThreadInput:
-    """Validate a commit input mechanically and return it as a model.
-
-    Accepts the model or its JSON form. Raises :class:`ThreadStoreInvariantError`
-    (or :class:`ThreadStoreSerializationError` for a value that is not strict
-    JSON) naming the path of the first problem.
-    """
-    if isinstance(commit, CommitThreadInput):
-        return commit
-    if not isinstance(commit, Mapping):
-        raise ThreadStoreInvariantError(
-            f"a commit input must be a CommitThreadInput or its JSON form, "
-            f"not {type(commit).__name__}"
-        )
-    return CommitThreadInput.model_validate(commit)
-
-
-def check_condition(
-    commit: CommitThreadInput, current: ThreadVersion | None
-) -> ConflictResult | None:
-    """The conflict for a false commit condition, or ``None`` when it holds."""
-    if commit.condition.type == "missing":
-        if current is None:
-            return None
-    elif current is not None and current == commit.condition.version:
-        return None
-    return ConflictResult(type="conflict", current_version=current)
-
-
-def apply_thread_root_update(
-    previous: ThreadRecord | None,
-    commit: CommitThreadInput,
-    now: datetime,
-    lease: ThreadLease | None,
-    instance_id: Callable[[], str] = new_instance_id,
-) -> ThreadRecord:
-    """Stamp the root a create or update commits at ``now`` (normalized backends).
-
-    A create gets revision 1 and a fresh instance id; an update keeps the
-    creation-only fields, replaces every mutable one (an omitted ``category``
-    or ``title`` is removed) and adds 1 to the revision. ``updated_at`` is
-    ``now`` either way.
-    """
-    mutation = commit.mutation
-    if isinstance(mutation, DeleteMutation):
-        raise ValueError("a delete commits no root")
-    root = mutation.root
-    if isinstance(mutation, CreateMutation):
-        return ThreadRecord.model_construct(
-            scope_key=commit.scope_key,
-            thread_id=commit.thread_id,
-            version=ThreadVersion.model_construct(thread_instance_id=instance_id(), revision=1),
-            agent=mutation.root.agent,
-            direct_execution_allowed=mutation.root.direct_execution_allowed,
-            parent_thread_id=mutation.root.parent_thread_id,
-            list_visibility=root.list_visibility,
-            category=root.category,
-            title=root.title,
-            metadata=root.metadata,
-            private_metadata=root.private_metadata,
-            lease=lease,
-            created_at=now,
-            updated_at=now,
-        )
-    if previous is None:
-        raise ValueError("an update needs the previous root")
-    return previous.model_copy(
-        update={
-            "version": ThreadVersion.model_construct(
-                thread_instance_id=previous.version.thread_instance_id,
-                revision=previous.version.revision + 1,
-            ),
-            "list_visibility": root.list_visibility,
-            "category": root.category,
-            "title": root.title,
-            "metadata": root.metadata,
-            "private_metadata": root.private_metadata,
-            "lease": lease,
-            "updated_at": now,
-        }
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,45 +74,96 @@ class ApplyResult:
     aggregate: ThreadAggregate | None
 
 
-def _apply_family(family: Family[Any], write: FamilyWrite[Any]) -> Family[Any]:
-    entries = dict(family.entries)
-    if write.truncate_after is not None:
-        cut = write.truncate_after
-        entries = {k: e for k, e in entries.items() if e.position <= cut}
-    for rid in write.deletes:
-        entries.pop(rid, None)
-    for rid, entry in write.updates.items():
-        entries[rid] = entry
-    for entry in write.inserts:
-        entries[record_id(entry.record)] = entry
-    return Family(entries=entries, next_position=write.next_position)
-
-
-def _previous_runs(family: Family[Any], changes: Sequence[Any] | None) -> dict[str, Any]:
-    """The run ids, before the commit, of the existing records the changes name."""
+def _families(aggregate: ThreadAggregate | None) -> dict[FamilyName, Family[Any]]:
+    if aggregate is None:
+        return {"messages": Family(), "runs": Family(), "queuedItems": Family()}
     return {
-        rid: entry.record.run_id
-        for rid in change_ids(changes)
-        if (entry := family.get(rid)) is not None
+        "messages": aggregate.messages,
+        "runs": aggregate.runs,
+        "queuedItems": aggregate.queued_items,
     }
 
 
-def _truncated(
-    family: Family[Any], write: FamilyWrite[Any], key: Callable[[Any], str | None]
-) -> set[str]:
-    """``key`` of every previous record a truncation removed (scans only the cut tail)."""
-    found: set[str] = set()
-    cut = write.truncate_after
-    if cut is None:
-        return found
-    entries = family.entries
-    for rid in reversed(entries):
-        entry = entries[rid]
-        if entry.position <= cut:
-            break
-        if (value := key(entry.record)) is not None:
-            found.add(value)
-    return found
+def _rows(family: Family[Any], ids: Sequence[str]) -> dict[str, Entry[Any]]:
+    return {i: entry for i in ids if (entry := family.get(i)) is not None}
+
+
+class _AggregateTransaction(CommitTransaction):
+    """Commit primitives over an aggregate; the result is built, never mutated in place."""
+
+    def __init__(self, aggregate: ThreadAggregate | None, now: datetime, bounded: bool) -> None:
+        self._before = aggregate
+        self._now = now
+        self._bounded = bounded
+        self._families = _families(aggregate)
+        self.root: ThreadRecord | None = None
+        self.deleted = False
+
+    async def hold(self) -> HeldThread:
+        if self._before is None:
+            return HeldThread(None)
+        positions = {name: fam.next_position for name, fam in self._families.items()}
+        return HeldThread(self._before.root, positions)
+
+    async def server_time(self) -> datetime:
+        return self._now
+
+    async def load_rows(self, spec: FamilySpec, ids: Sequence[str]) -> Mapping[str, Entry[Any]]:
+        return _rows(self._families[spec.name], ids)
+
+    async def write_root(
+        self, root: ThreadRecord, next_positions: Mapping[FamilyName, int], *, created: bool
+    ) -> None:
+        self.root = root
+        for name, position in next_positions.items():
+            fam = self._families[name]
+            self._families[name] = Family(entries=fam.entries, next_position=position)
+
+    async def write_family(self, spec: FamilySpec, write: FamilyWrite[Any]) -> Iterable[str]:
+        old = self._families[spec.name]
+        entries = dict(old.entries)
+        removed: set[str] = set()
+        cut = write.truncate_after
+        if cut is not None:
+            # Scan only the cut tail: entries are kept in position order.
+            for rid in reversed(old.entries):
+                entry = old.entries[rid]
+                if entry.position <= cut:
+                    break
+                del entries[rid]
+                if entry.record.run_id is not None:
+                    removed.add(entry.record.run_id)
+        for rid in write.deletes:
+            entries.pop(rid, None)
+        entries.update(write.updates)
+        for entry in write.inserts:
+            entries[record_id(entry.record)] = entry
+        self._families[spec.name] = Family(entries=entries, next_position=write.next_position)
+        return removed
+
+    async def delete_thread(self) -> None:
+        self.deleted = True
+
+    def result(self) -> ThreadAggregate | None:
+        if self.deleted or self.root is None:
+            return None
+        return ThreadAggregate(
+            root=self.root,
+            messages=self._families["messages"],
+            runs=self._families["runs"],
+            queued_items=self._families["queuedItems"],
+        )
+
+    def relationship_reader(self, context: RelationshipContext) -> RelationshipReader:
+        raise NotImplementedError  # pragma: no cover - check_relationships is overridden
+
+    async def check_relationships(self, context: RelationshipContext) -> None:
+        after = self.result()
+        assert after is not None
+        if self._bounded:
+            context.plan.check_aggregate(after)
+        else:
+            assert_relationships(facts_from_aggregate(after))
 
 
 def apply_thread_changes(
@@ -224,15 +184,15 @@ def apply_thread_changes(
     commit:
         The commit input (model or JSON form).
     now:
-        The commit time from the provider's clock, read while holding the
-        thread; truncated to milliseconds.
+        The provider's time, read while holding the thread. The commit time is
+        this, truncated to milliseconds, or the thread's last commit time if
+        that is later.
     instance_id:
         Source of fresh thread instance ids (for a create).
     bounded:
-        Check the relationship rules only for the runs the commit can affect
-        (:func:`plan_relationship_validation`), trusting that ``aggregate``
-        obeys them, as every state a store committed does. The default checks
-        every run: the reference model.
+        Check the relationship rules only for the runs the commit can affect,
+        trusting that ``aggregate`` obeys them, as every state a store
+        committed does. The default checks every run: the reference model.
 
     Returns
     -------
@@ -246,60 +206,50 @@ def apply_thread_changes(
         relationship rule; nothing is applied.
     """
     commit = assert_commit_input(commit)
-    now = truncate_ms(now)
-    current = aggregate.root if aggregate is not None else None
-    conflict = check_condition(commit, current.version if current else None)
-    if conflict is not None:
-        return ApplyResult(conflict, aggregate)
-    mutation = commit.mutation
-    if isinstance(mutation, DeleteMutation):
-        return ApplyResult(CommittedResult(type="committed", thread=None, committed_at=now), None)
+    tx = _AggregateTransaction(aggregate, truncate_ms(now), bounded)
+    result = run_sync(run_commit(tx, commit, instance_id=instance_id))
+    if isinstance(result, ConflictResult):
+        return ApplyResult(result, aggregate)
+    return ApplyResult(result, tx.result())
 
-    old_messages: Family[Any] = aggregate.messages if aggregate else Family()
-    old_runs: Family[Any] = aggregate.runs if aggregate else Family()
-    old_queued: Family[Any] = aggregate.queued_items if aggregate else Family()
-    changes = mutation.changes or ThreadChanges()
-    messages = apply_family_changes(
-        "messages",
-        changes.messages,
-        old_messages.entries,
-        old_messages.next_position,
-        now,
-        stamp_message,
-    )
-    runs = apply_family_changes(
-        "runs", changes.runs, old_runs.entries, old_runs.next_position, now, stamp_run
-    )
-    queued = apply_family_changes(
-        "queuedItems",
-        changes.queued_items,
-        old_queued.entries,
-        old_queued.next_position,
-        now,
-        stamp_queued_item,
-    )
-    lease = apply_lease_change(current.lease if current else None, changes.lease, now)
-    if isinstance(lease, LeaseConflict):
-        return ApplyResult(
-            ConflictResult(type="conflict", current_version=current.version if current else None),
-            aggregate,
-        )
-    root = apply_thread_root_update(current, commit, now, lease, instance_id)
-    result = ThreadAggregate(
-        root=root,
-        messages=_apply_family(old_messages, messages),
-        runs=_apply_family(old_runs, runs),
-        queued_items=_apply_family(old_queued, queued),
-    )
-    if bounded:
-        plan_relationship_validation(
-            changes,
-            previous_message_runs=_previous_runs(old_messages, changes.messages),
-            previous_item_runs=_previous_runs(old_queued, changes.queued_items),
-            truncated_message_runs=_truncated(old_messages, messages, lambda r: r.run_id),
-            truncated_run_ids=_truncated(old_runs, runs, lambda r: r.run_id),
-            lease=lease,
-        ).check_aggregate(result)
-    else:
-        assert_relationships(facts_from_aggregate(result))
-    return ApplyResult(CommittedResult(type="committed", thread=root, committed_at=now), result)
+
+class AggregateSnapshot(ReadSnapshot):
+    """Read primitives over an aggregate held in memory (or ``None``: missing)."""
+
+    def __init__(self, aggregate: ThreadAggregate | None, observed_at: datetime) -> None:
+        self._aggregate = aggregate
+        self._observed_at = observed_at
+        self._families = _families(aggregate)
+
+    async def head(self) -> ReadHead:
+        if self._aggregate is None:
+            return ReadHead(self._observed_at, None)
+        positions = {name: fam.next_position for name, fam in self._families.items()}
+        return ReadHead(self._observed_at, self._aggregate.root, positions)
+
+    async def load_rows(self, spec: FamilySpec, ids: Sequence[str]) -> Mapping[str, Entry[Any]]:
+        return _rows(self._families[spec.name], ids)
+
+    async def anchor_positions(self, message_ids: Sequence[str]) -> Mapping[str, int]:
+        return {i: e.position for i, e in _rows(self._families["messages"], message_ids).items()}
+
+    async def scan(
+        self, spec: FamilySpec, plan: ChildPagePlan, window: Window
+    ) -> Sequence[tuple[int, Any]]:
+        entries: Iterable[Entry[Any]] = self._families[spec.name]
+        if window.order == "newest":
+            entries = reversed(list(entries))
+        rows: list[tuple[int, Any]] = []
+        for entry in entries:
+            if window.contains(entry.position) and plan.matches(entry.record):
+                rows.append((entry.position, entry.record))
+                if len(rows) == window.fetch:
+                    break
+        return rows
+
+
+def read_aggregate(
+    aggregate: ThreadAggregate | None, plan: ReadPlan, observed_at: datetime
+) -> ThreadReadResult:
+    """Serve a planned read from an aggregate (``None``: the thread is missing)."""
+    return run_sync(run_read(AggregateSnapshot(aggregate, observed_at), plan))

@@ -21,16 +21,14 @@ from typing import Any, Generic, TypeVar
 
 from .aggregate import Entry, FamilyName
 from .errors import ThreadStoreInvariantError
+from .families import TERMINAL_STATUSES, stamp_message, stamp_queued_item, stamp_run
+from .families import family as family_spec
 from .models import (
-    Admission,
     DeleteChange,
     InsertChange,
     Message,
-    MessageDraft,
     QueuedItem,
-    QueuedItemDraft,
     ReplaceChange,
-    RunDraft,
     RunRecord,
     TruncateChange,
 )
@@ -40,6 +38,7 @@ __all__ = [
     "FamilyWrite",
     "apply_family_changes",
     "change_ids",
+    "duplicate_insert_error",
     "record_id",
     "stamp_message",
     "stamp_queued_item",
@@ -47,60 +46,6 @@ __all__ = [
 ]
 
 R = TypeVar("R", Message, RunRecord, QueuedItem)
-
-TERMINAL_STATUSES = frozenset({"completed", "failed", "cancelled"})
-
-_ID_ATTR = {"messages": "message_id", "runs": "run_id", "queuedItems": "queue_item_id"}
-_NOUN = {"messages": "message", "runs": "run", "queuedItems": "queued item"}
-
-
-def stamp_message(previous: Message | None, draft: MessageDraft, now: datetime) -> Message:
-    """The stored message for ``draft``: ``created_at`` kept on replace."""
-    return Message.model_construct(
-        **dict(draft),
-        created_at=previous.created_at if previous else now,
-        updated_at=now,
-    )
-
-
-def stamp_run(previous: RunRecord | None, draft: RunDraft, now: datetime) -> RunRecord:
-    """The stored run for ``draft`` with ``admitted_at`` and ``finished_at`` stamped.
-
-    ``admitted_at`` is stamped when ``admitted`` turns true and kept while it
-    stays true; ``finished_at`` is stamped when the status enters a terminal
-    status from a non-terminal one (or on insert), kept while terminal and
-    removed when the status leaves them.
-    """
-    admitted_at = None
-    if draft.admission.admitted:
-        was = previous.admission if previous else None
-        admitted_at = was.admitted_at if was and was.admitted and was.admitted_at else now
-    finished_at = None
-    if draft.status in TERMINAL_STATUSES:
-        if previous is not None and previous.status in TERMINAL_STATUSES:
-            finished_at = previous.finished_at or now
-        else:
-            finished_at = now
-    fields = dict(draft)
-    fields["admission"] = Admission.model_construct(
-        queue_item_id=draft.admission.queue_item_id,
-        admitted=draft.admission.admitted,
-        admitted_at=admitted_at,
-    )
-    return RunRecord.model_construct(
-        **fields,
-        created_at=previous.created_at if previous else now,
-        updated_at=now,
-        finished_at=finished_at,
-    )
-
-
-def stamp_queued_item(
-    previous: QueuedItem | None, draft: QueuedItemDraft, now: datetime
-) -> QueuedItem:
-    return QueuedItem.model_construct(
-        **dict(draft), created_at=previous.created_at if previous else now
-    )
 
 
 @dataclass(slots=True)
@@ -152,6 +97,24 @@ def change_ids(changes: Sequence[Any] | None) -> set[str]:
     return ids
 
 
+def duplicate_insert_error(
+    family: FamilyName, changes: Sequence[Any] | None, rid: str | None
+) -> ThreadStoreInvariantError:
+    """The error :func:`apply_family_changes` gives for an insert of an existing id.
+
+    For a backend whose unique index, not a lookup, found the duplicate
+    (``rid`` is the id the index reported, ``None`` when unknown).
+    """
+    noun = family_spec(family).noun
+    for index, change in enumerate(changes or ()):
+        if isinstance(change, InsertChange) and (rid is None or record_id(change.record) == rid):
+            return ThreadStoreInvariantError(
+                f"changes.{family}[{index}]: insert of {noun} "
+                f"{record_id(change.record)!r}, which already exists"
+            )
+    return ThreadStoreInvariantError(f"changes.{family}: insert of a {noun} that already exists")
+
+
 def record_id(record: Any) -> str:
     """The id of a child record or draft."""
     for attr in ("queue_item_id", "message_id", "run_id"):
@@ -166,7 +129,7 @@ def apply_family_changes(
     previous: Mapping[str, Entry[R]],
     next_position: int,
     now: datetime,
-    stamp: Callable[[Any, Any, datetime], R],
+    stamp: Callable[[Any, Any, datetime], R] | None = None,
 ) -> FamilyWrite[R]:
     """Apply ``changes`` to a family and return the net write.
 
@@ -180,9 +143,13 @@ def apply_family_changes(
     next_position:
         The family's high-water counter before the commit.
     stamp:
-        ``stamp(previous_record_or_None, draft, now)`` builds the stored record.
+        ``stamp(previous_record_or_None, draft, now)`` builds the stored record;
+        default: the family's own (:attr:`FamilySpec.stamp`).
     """
-    noun = _NOUN[family]
+    spec = family_spec(family)
+    noun = spec.noun
+    if stamp is None:
+        stamp = spec.stamp
     state: dict[str, Entry[R] | None] = {}
     cut: int | None = None
     position = next_position

@@ -38,6 +38,7 @@ from .models import (
     ThreadRecord,
     truncate_ms,
 )
+from .selection import SelectionHelpers
 
 __all__ = ["StoreInfo", "ThreadStore", "public_projection"]
 
@@ -91,15 +92,39 @@ class ThreadStore(ABC):
     on_warning:
         Receives recoverable integrity warnings (:class:`StoreWarning`); a
         plain function or a coroutine function. Failures in it are ignored.
+    token_secret:
+        Key (bytes) that makes page tokens unforgeable. Without it tokens are
+        only tamper-evident against accidents, not against a caller who
+        forges one: set it in production (``docs/reads.md``).
+
+    Every backend accepts these common options; they are checked here, once,
+    and a bad value raises :class:`ThreadStoreConfigurationError` when the
+    store is opened.
     """
 
     backend_name: str = "custom"
+    token_prefix: str = "pai"
+    """The prefix of this backend's page tokens (``"pai-pg"``)."""
 
     def __init__(
-        self, *, clock: Clock | None = None, on_warning: WarningCallback | None = None
+        self,
+        *,
+        clock: Clock | None = None,
+        on_warning: WarningCallback | None = None,
+        token_secret: bytes | None = None,
     ) -> None:
+        if clock is not None and not callable(clock):
+            raise ThreadStoreConfigurationError(
+                "option clock must be a callable returning an aware UTC datetime"
+            )
+        if on_warning is not None and not callable(on_warning):
+            raise ThreadStoreConfigurationError(
+                "option on_warning must be a function or a coroutine function"
+            )
         self.clock = clock
         self.on_warning = on_warning
+        self.selections = SelectionHelpers(self.token_prefix, secret=token_secret)
+        """Read and list planning bound to this store's page-token codec."""
         self._init_task: asyncio.Future[None] | None = None
         self._initialized = False
         self._closed = False
@@ -222,7 +247,14 @@ class ThreadStore(ABC):
 
     def now(self) -> datetime | None:
         """The test clock's time (ms precision), or ``None`` to use the provider's."""
-        return truncate_ms(self.clock()) if self.clock is not None else None
+        if self.clock is None:
+            return None
+        value = self.clock()
+        if not isinstance(value, datetime) or value.utcoffset() is None:
+            raise ThreadStoreConfigurationError(
+                "the clock option returned something other than an aware datetime"
+            )
+        return truncate_ms(value)
 
     async def warn(self, warning: StoreWarning) -> None:
         """Report a recoverable problem through ``on_warning`` (best effort)."""

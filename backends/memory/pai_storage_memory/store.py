@@ -5,91 +5,60 @@ from __future__ import annotations
 import copy
 import threading
 from datetime import datetime
-from typing import TypeVar
 
 from pai_storage import (
-    Clock,
     CommittedResult,
     CommitThreadInput,
     ConflictResult,
     ListThreadsInput,
     Page,
     ReadThreadInput,
-    SelectionHelpers,
     StoreInfo,
-    ThreadAggregate,
     ThreadReadResult,
     ThreadRecord,
     ThreadStore,
-    WarningCallback,
-    apply_thread_changes,
-    system_clock,
     truncate_ms,
 )
+from pai_storage.backend import ThreadAggregate, apply_thread_changes, read_aggregate, system_clock
 
 __all__ = ["MemoryThreadStore"]
-
-T = TypeVar("T")
 
 
 class MemoryThreadStore(ThreadStore):
     """Threads kept in process memory; the reference backend.
 
-    Commits go through :func:`pai_storage.apply_thread_changes` under one
-    per-store lock, so they are atomic and serialized. Inputs are copied before
-    they are stored and results are copied before they are returned: callers can
-    never mutate stored state. Nothing survives the process.
+    Reads and commits run the core's pipelines over the stored aggregate
+    (:func:`~pai_storage.backend.read_aggregate`,
+    :func:`~pai_storage.backend.apply_thread_changes`) under one per-store
+    lock, so they are atomic and serialized. Inputs are copied before they are
+    stored and results are copied before they are returned: callers can never
+    mutate stored state. Nothing survives the process.
 
-    Parameters
-    ----------
-    clock:
-        Test-only clock; the process clock otherwise.
-    on_warning:
-        Accepted for symmetry with other backends (nothing here can be corrupt).
-    token_secret:
-        Optional key for page-token integrity.
+    Accepts the common options of :class:`~pai_storage.ThreadStore`
+    (``clock``, ``on_warning``, ``token_secret``).
     """
 
     backend_name = "memory"
+    token_prefix = "pai-memory"
 
-    def __init__(
-        self,
-        *,
-        clock: Clock | None = None,
-        on_warning: WarningCallback | None = None,
-        token_secret: bytes | None = None,
-    ) -> None:
-        super().__init__(clock=clock, on_warning=on_warning)
+    def __init__(self, **options: object) -> None:
+        super().__init__(**options)  # type: ignore[arg-type]
         self._scopes: dict[str, dict[str, ThreadAggregate]] = {}
         # A threading lock: every critical section is synchronous, so the store
         # is also safe when shared by several event loops or threads.
         self._lock = threading.Lock()
-        self._selections = SelectionHelpers("pai-memory", secret=token_secret)
 
-    def _time(self, floor: datetime | None = None) -> datetime:
-        now = truncate_ms((self.clock or system_clock)())
-        # committed_at never goes backwards within a thread, even if the clock does.
-        return max(now, floor) if floor is not None else now
+    def _clock(self) -> datetime:
+        return self.now() or truncate_ms(system_clock())
 
     async def _read_thread(self, request: ReadThreadInput) -> ThreadReadResult:
-        plan = self._selections.plan_read(request)
+        plan = self.selections.plan_read(request)
         with self._lock:
-            observed_at = self._time()
             aggregate = self._scopes.get(request.scope_key, {}).get(request.thread_id)
-            if aggregate is None:
-                return ThreadReadResult(observed_at=observed_at, thread=None)
-            pages = plan.select(aggregate)
-            result = ThreadReadResult.model_construct(
-                observed_at=observed_at,
-                thread=aggregate.root,
-                messages=pages.get("messages"),
-                runs=pages.get("runs"),
-                queued_items=pages.get("queued_items"),
-            )
-            return copy.deepcopy(result)
+            return copy.deepcopy(read_aggregate(aggregate, plan, self._clock()))
 
     async def _list_threads(self, request: ListThreadsInput) -> Page[ThreadRecord]:
-        plan = self._selections.plan_list(request)
+        plan = self.selections.plan_list(request)
         with self._lock:
             threads = self._scopes.get(request.scope_key, {})
             page = plan.select(agg.root for agg in threads.values())
@@ -99,12 +68,12 @@ class MemoryThreadStore(ThreadStore):
         request = request.deep_copy()
         with self._lock:
             threads = self._scopes.get(request.scope_key, {})
-            current = threads.get(request.thread_id)
-            now = self._time(current.root.updated_at if current else None)
             # Every stored aggregate obeys the rules, so only the runs this commit
             # can affect are checked (the conformance suite compares this with the
             # full check of the reference model).
-            outcome = apply_thread_changes(current, request, now, bounded=True)
+            outcome = apply_thread_changes(
+                threads.get(request.thread_id), request, self._clock(), bounded=True
+            )
             if isinstance(outcome.result, CommittedResult):
                 if outcome.aggregate is None:
                     threads.pop(request.thread_id, None)

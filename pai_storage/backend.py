@@ -1,0 +1,169 @@
+"""What a backend author imports: the pipelines, their primitives and the helpers.
+
+Applications import :mod:`pai_storage`; a backend imports this module (plus the
+records and errors from :mod:`pai_storage`). Everything here is public and
+documented in ``docs/backend-authors.md``. A backend supplies primitives, the
+core runs the algorithms:
+
+- :class:`~pai_storage.ThreadStore` is the contract; a backend implements its
+  protected hooks. :class:`Backend` registers it by URL scheme.
+- A normalized backend implements :class:`CommitTransaction` and
+  :class:`ReadSnapshot` over its database and calls :func:`run_commit` and
+  :func:`run_read`, which run the whole judgement in one fixed order.
+- An aggregate-style backend (one value per thread) keeps
+  :class:`ThreadAggregate` values and calls :func:`apply_thread_changes` and
+  :func:`read_aggregate`.
+- :data:`FAMILIES` describes the three child families once (id field, noun,
+  model, stamping).
+- Reads and lists are planned by the store's ``selections``
+  (:class:`SelectionHelpers`), bound to its page-token codec.
+- :func:`map_errors` turns every driver exception of a block into the
+  contract's errors through one backend-supplied function.
+"""
+
+from .aggregate import Entry, Family, FamilyName, ThreadAggregate
+from .apply import AggregateSnapshot, ApplyResult, apply_thread_changes, read_aggregate
+from .changes import (
+    FamilyWrite,
+    apply_family_changes,
+    change_ids,
+    duplicate_insert_error,
+    record_id,
+)
+from .clock import Clock, ManualClock, system_clock
+from .errormap import map_errors
+from .events import StoreWarning, WarningCallback, emit_warning
+from .families import (
+    FAMILIES,
+    TERMINAL_STATUSES,
+    FamilySpec,
+    family,
+    stamp_message,
+    stamp_queued_item,
+    stamp_run,
+)
+from .leases import LEASE_CONFLICT, LeaseConflict, apply_lease_change, is_expired
+from .models import StoreModel, format_timestamp, truncate_ms
+from .pipeline import (
+    CommitTransaction,
+    HeldThread,
+    ReadHead,
+    ReadSnapshot,
+    RelationshipContext,
+    ThreadConflict,
+    commit_time,
+    run_commit,
+    run_read,
+    run_sync,
+)
+from .registry import ENTRY_POINT_GROUP, Backend, backend_for_url, get_backend
+from .relationships import (
+    OPEN_STATUSES,
+    MessageRef,
+    QueueRef,
+    RelationshipFacts,
+    RelationshipPlan,
+    RelationshipReader,
+    RunFacts,
+    RunRef,
+    assert_relationships,
+    facts_from_aggregate,
+    plan_relationship_validation,
+)
+from .roots import apply_thread_root_update, assert_commit_input, check_condition, new_instance_id
+from .selection import (
+    ChildPagePlan,
+    IdsPlan,
+    ListPlan,
+    ReadPlan,
+    SelectionHelpers,
+    Window,
+    timestamp_ms,
+)
+from .store import StoreInfo, ThreadStore
+from .strict_json import check_json, check_json_object
+from .tokens import PageTokenCodec, default_scope_digest, query_digest
+from .url import StoreURL, make_url, redact
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "FAMILIES",
+    "LEASE_CONFLICT",
+    "OPEN_STATUSES",
+    "TERMINAL_STATUSES",
+    "AggregateSnapshot",
+    "ApplyResult",
+    "Backend",
+    "ChildPagePlan",
+    "Clock",
+    "CommitTransaction",
+    "Entry",
+    "Family",
+    "FamilyName",
+    "FamilySpec",
+    "FamilyWrite",
+    "HeldThread",
+    "IdsPlan",
+    "LeaseConflict",
+    "ListPlan",
+    "ManualClock",
+    "MessageRef",
+    "PageTokenCodec",
+    "QueueRef",
+    "ReadHead",
+    "ReadPlan",
+    "ReadSnapshot",
+    "RelationshipContext",
+    "RelationshipFacts",
+    "RelationshipPlan",
+    "RelationshipReader",
+    "RunFacts",
+    "RunRef",
+    "SelectionHelpers",
+    "StoreInfo",
+    "StoreModel",
+    "StoreURL",
+    "StoreWarning",
+    "ThreadAggregate",
+    "ThreadConflict",
+    "ThreadStore",
+    "WarningCallback",
+    "Window",
+    "apply_family_changes",
+    "apply_lease_change",
+    "apply_thread_changes",
+    "apply_thread_root_update",
+    "assert_commit_input",
+    "assert_relationships",
+    "backend_for_url",
+    "change_ids",
+    "check_condition",
+    "check_json",
+    "check_json_object",
+    "commit_time",
+    "default_scope_digest",
+    "duplicate_insert_error",
+    "emit_warning",
+    "facts_from_aggregate",
+    "family",
+    "format_timestamp",
+    "get_backend",
+    "is_expired",
+    "make_url",
+    "map_errors",
+    "new_instance_id",
+    "plan_relationship_validation",
+    "query_digest",
+    "read_aggregate",
+    "record_id",
+    "redact",
+    "run_commit",
+    "run_read",
+    "run_sync",
+    "stamp_message",
+    "stamp_queued_item",
+    "stamp_run",
+    "system_clock",
+    "timestamp_ms",
+    "truncate_ms",
+]
