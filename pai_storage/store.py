@@ -14,17 +14,15 @@ methods state the guarantees the conformance suite checks.
 
 from __future__ import annotations
 
-import asyncio
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
-from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Any, TypeVar
 
 from .clock import Clock
-from .errors import ThreadStoreConfigurationError, ThreadStoreInvariantError
-from .events import StoreWarning, WarningCallback, emit_warning
+from .errors import ThreadStoreInvariantError
+from .events import WarningCallback
+from .lifecycle import ManagedStore
 from .models import (
     CommittedResult,
     CommitThreadInput,
@@ -36,7 +34,6 @@ from .models import (
     StoreModel,
     ThreadReadResult,
     ThreadRecord,
-    truncate_ms,
 )
 from .selection import SelectionHelpers
 
@@ -70,7 +67,7 @@ class StoreInfo:
     details: dict[str, str] = field(default_factory=dict)
 
 
-class ThreadStore(ABC):
+class ThreadStore(ManagedStore, ABC):
     """Durable, versioned, tenant-scoped storage of agent threads.
 
     Guarantees (checked by the conformance suite for every backend):
@@ -102,7 +99,6 @@ class ThreadStore(ABC):
     store is opened.
     """
 
-    backend_name: str = "custom"
     token_prefix: str = "pai"
     """The prefix of this backend's page tokens (``"pai-pg"``)."""
 
@@ -113,21 +109,9 @@ class ThreadStore(ABC):
         on_warning: WarningCallback | None = None,
         token_secret: bytes | None = None,
     ) -> None:
-        if clock is not None and not callable(clock):
-            raise ThreadStoreConfigurationError(
-                "option clock must be a callable returning an aware UTC datetime"
-            )
-        if on_warning is not None and not callable(on_warning):
-            raise ThreadStoreConfigurationError(
-                "option on_warning must be a function or a coroutine function"
-            )
-        self.clock = clock
-        self.on_warning = on_warning
+        super().__init__(clock=clock, on_warning=on_warning)
         self.selections = SelectionHelpers(self.token_prefix, secret=token_secret)
         """Read and list planning bound to this store's page-token codec."""
-        self._init_task: asyncio.Future[None] | None = None
-        self._initialized = False
-        self._closed = False
 
     # ------------------------------------------------------------ public API
 
@@ -194,81 +178,10 @@ class ThreadStore(ABC):
         await self._ensure_ready()
         return await self._commit_thread(parsed)
 
-    async def initialize(self) -> None:
-        """Connect and prepare the backend. Idempotent; also run lazily on first use.
-
-        Concurrent first calls share one attempt; a failed attempt is forgotten,
-        so the next call retries from scratch.
-        """
-        if self._closed:
-            raise ThreadStoreConfigurationError("this store is closed; open a new one")
-        if self._initialized:
-            return
-        task = self._init_task
-        if task is None:
-            task = self._init_task = asyncio.ensure_future(self._initialize_once())
-        try:
-            # Shielded: a cancelled caller does not cancel the attempt others share.
-            await asyncio.shield(task)
-        except BaseException:
-            if self._init_task is task and task.done():
-                self._init_task = None  # forget a failed attempt; the next call retries
-            raise
-
-    async def _initialize_once(self) -> None:
-        await self._initialize()
-        self._initialized = True
-
-    async def close(self) -> None:
-        """Release connections. Idempotent; the store cannot be used afterwards."""
-        if self._closed:
-            return
-        self._closed = True
-        await self._close()
-
     async def info(self) -> StoreInfo:
         """Initialize and describe the backend (server version, transactions)."""
         await self._ensure_ready()
         return await self._info()
-
-    async def __aenter__(self) -> Self:
-        await self.initialize()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
-
-    # ------------------------------------------------------------ for backends
-
-    def now(self) -> datetime | None:
-        """The test clock's time (ms precision), or ``None`` to use the provider's."""
-        if self.clock is None:
-            return None
-        value = self.clock()
-        if not isinstance(value, datetime) or value.utcoffset() is None:
-            raise ThreadStoreConfigurationError(
-                "the clock option returned something other than an aware datetime"
-            )
-        return truncate_ms(value)
-
-    async def warn(self, warning: StoreWarning) -> None:
-        """Report a recoverable problem through ``on_warning`` (best effort)."""
-        await emit_warning(self.on_warning, warning)
-
-    async def _ensure_ready(self) -> None:
-        if not self._initialized or self._closed:
-            await self.initialize()
-
-    async def _initialize(self) -> None:
-        """Connect and create or verify the schema. Default: nothing to do."""
-
-    async def _close(self) -> None:
-        """Release resources. Default: nothing to do."""
 
     async def _info(self) -> StoreInfo:
         return StoreInfo(backend=self.backend_name)
