@@ -25,6 +25,10 @@ class StoreWarning:
     reason: str
     scope_key: str | None = None
     thread_id: str | None = None
+    namespace: tuple[str, ...] | None = None
+    """The key-value namespace of an ``invalid_record`` item."""
+    key: str | None = None
+    """The key of an ``invalid_record`` key-value item."""
 
 
 WarningCallback = Callable[[StoreWarning], Awaitable[None] | None]
