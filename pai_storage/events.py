@@ -29,6 +29,8 @@ class StoreWarning:
     """The key-value namespace of an ``invalid_record`` item."""
     key: str | None = None
     """The key of an ``invalid_record`` key-value item."""
+    snapshot_id: str | None = None
+    """The id of an ``invalid_record`` snapshot (its scope is ``scope_key``)."""
 
 
 WarningCallback = Callable[[StoreWarning], Awaitable[None] | None]
