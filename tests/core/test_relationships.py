@@ -1,4 +1,7 @@
-"""Relationship rules of SPEC 8.1 and the bounded planner's agreement with the full check."""
+"""The relationship rules and the bounded planner's agreement with the full check.
+
+The rules are stated in ``docs/commits.md#relationship-rules``.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, assume, event, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from pai_storage import (
@@ -289,7 +292,7 @@ OWNERS = ["w1", "w2"]
 
 @st.composite
 def valid_aggregates(draw: Any) -> ThreadAggregate:
-    """A random aggregate that obeys 8.1, built by one create commit."""
+    """A random aggregate that obeys the relationship rules, built by one create commit."""
     n_runs = draw(st.integers(0, 4))
     statuses = [
         draw(st.sampled_from(["queued", "completed", "failed", "cancelled", "running", "waiting"]))
@@ -465,7 +468,17 @@ def _touched(family: Family[Any], changes: Any) -> dict[str, Entry[Any]]:
     return {i: e for i in change_ids(changes) if (e := family.get(i)) is not None}
 
 
+def _full_verdict(agg: ThreadAggregate, commit: CommitThreadInput, now: datetime) -> str:
+    """The reference's judgement of an update: ok, conflict, violation or another error."""
+    try:
+        outcome = apply_thread_changes(agg, commit, now)
+    except ThreadStoreInvariantError as err:
+        return "violation" if "relationship rule" in str(err) else f"error: {err}"
+    return "ok" if outcome.result.type == "committed" else "conflict"
+
+
 async def _planner_verdict(agg: ThreadAggregate, commit: CommitThreadInput, now: datetime) -> str:
+    """The same judgement from the touched rows only, the way a normalized backend makes it."""
     changes = commit.mutation.changes or ThreadChanges()
     writes = {}
     for name, fam, stamp, attr in (
@@ -474,16 +487,20 @@ async def _planner_verdict(agg: ThreadAggregate, commit: CommitThreadInput, now:
         ("queuedItems", agg.queued_items, stamp_queued_item, "queued_items"),
     ):
         family_changes = getattr(changes, attr)
-        writes[name] = apply_family_changes(
-            name,  # type: ignore[arg-type]
-            family_changes,
-            _touched(fam, family_changes),
-            fam.next_position,
-            now,
-            stamp,
-        )
+        try:
+            writes[name] = apply_family_changes(
+                name,  # type: ignore[arg-type]
+                family_changes,
+                _touched(fam, family_changes),
+                fam.next_position,
+                now,
+                stamp,
+            )
+        except ThreadStoreInvariantError as err:
+            return f"error: {err}"  # a mechanical error, found from the touched rows alone
     lease = apply_lease_change(agg.root.lease, changes.lease, now)
-    assert not isinstance(lease, LeaseConflict)
+    if isinstance(lease, LeaseConflict):
+        return "conflict"
     post = ThreadAggregate(
         root=agg.root.model_copy(update={"lease": lease}),
         messages=_post_family(agg.messages, writes["messages"]),
@@ -517,7 +534,7 @@ async def _planner_verdict(agg: ThreadAggregate, commit: CommitThreadInput, now:
 PLANNER_SETTINGS = settings(
     max_examples=200,
     deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    suppress_health_check=[HealthCheck.too_slow],
 )
 
 
@@ -525,21 +542,8 @@ async def _compare(data: Any, offset_ms: int, lease_on_new_run: bool) -> None:
     agg = data.draw(valid_aggregates())
     commit = CommitThreadInput.model_validate(data.draw(commits(agg, lease_on_new_run)))
     now = T0 + timedelta(milliseconds=offset_ms)
-    try:
-        outcome = apply_thread_changes(agg, commit, now)
-    except ThreadStoreInvariantError as err:
-        if "relationship rule" not in str(err):
-            assume(False)  # a mechanical error: the planner is never reached
-        full = "violation"
-    except RuntimeError:
-        if lease_on_new_run:
-            raise
-        assume(False)  # the known crash for a lease on a missing run, reported separately
-        raise
-    else:
-        assume(outcome.result.type == "committed")  # a lease conflict
-        full = "ok"
-    event(f"full check: {full}")
+    full = _full_verdict(agg, commit, now)
+    event(f"full check: {full.split(':')[0]}")
     planned = await _planner_verdict(agg, commit, now)
     assert planned == full, f"planner says {planned}, full check says {full}"
 
@@ -556,6 +560,6 @@ async def test_bounded_planner_agrees_with_full_check_lease_on_existing_runs(
     data: Any, offset_ms: int
 ) -> None:
     # The same property with leases only on runs that existed before the
-    # commit, so the lease-on-missing-run crash of the full check (see
-    # test_rule7_lease_on_missing_run) does not mask other disagreements.
+    # commit: leases naming a new run are mostly rule 7 violations, and without
+    # them more of the examples reach the other rules with a lease in place.
     await _compare(data, offset_ms, lease_on_new_run=False)

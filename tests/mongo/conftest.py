@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -86,9 +85,3 @@ def standalone_mongod() -> Iterator[MongodProcess]:
         yield process
     finally:
         process.stop()
-
-
-def raw_collections(store: MongoThreadStore) -> dict[str, Any]:
-    """The store's four collections, decoded with PyMongo's default codec (raw BSON types)."""
-    names = store.collection_names()
-    return {family: store.database.client[store.db_name][name] for family, name in names.items()}

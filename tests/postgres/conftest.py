@@ -16,9 +16,11 @@ import pytest_asyncio
 pytest.importorskip("asyncpg")
 
 import asyncpg  # type: ignore[import-untyped]
-from pg_support import URL, FaultProxy, dsn
+from support.proxy import FaultProxy
 
 from pai_storage import make_url
+
+from .helpers import URL, dsn
 
 
 @pytest.fixture
@@ -48,10 +50,10 @@ async def pg_conn() -> AsyncIterator[asyncpg.Connection]:
 @pytest_asyncio.fixture
 async def fault_proxy() -> AsyncIterator[FaultProxy]:
     parsed = make_url(URL)
-    proxy = FaultProxy(parsed.host or "127.0.0.1", parsed.port or 5432)
+    proxy = FaultProxy(parsed.port or 5432, parsed.host or "127.0.0.1")
     await proxy.start()
     yield proxy
-    await proxy.close()
+    await proxy.stop()
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ import string
 import asyncpg  # type: ignore[import-untyped]
 import pytest
 from pai_storage_postgres import SCHEMA_VERSION, PostgresThreadStore, backend
-from pg_support import URL
 
 from pai_storage import (
     CommittedResult,
@@ -19,6 +18,8 @@ from pai_storage import (
     open_store,
 )
 from pai_storage import builders as b
+
+from .helpers import URL
 
 SECRET = "pa55-w0rd-s3cret"
 
@@ -104,18 +105,23 @@ async def test_unreachable_port_is_unavailable_without_password() -> None:
 async def test_initialize_creates_schema_and_records_version(
     pg_schema: str, pg_conn: asyncpg.Connection
 ) -> None:
+    async def tables() -> dict[str, int]:
+        """Each table of the schema with its oid (a table dropped and re-created gets a new one)."""
+        rows = await pg_conn.fetch(
+            "SELECT c.relname, c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = $1 AND c.relkind = 'r'",
+            pg_schema,
+        )
+        return {r["relname"]: r["oid"] for r in rows}
+
     async with PostgresThreadStore(URL, schema=pg_schema, table_prefix="app_threads") as store:
         info = await store.info()
         assert info.server_version is not None
         assert info.server_version.startswith("PostgreSQL ")
         await store.initialize()  # idempotent
-    tables = {
-        r["tablename"]
-        for r in await pg_conn.fetch(
-            "SELECT tablename FROM pg_tables WHERE schemaname = $1", pg_schema
-        )
-    }
-    assert tables == {
+        assert isinstance(await store.commit_thread(b.create("scope", "kept")), CommittedResult)
+    created = await tables()
+    assert set(created) == {
         "app_threads",
         "app_threads_messages",
         "app_threads_runs",
@@ -124,9 +130,14 @@ async def test_initialize_creates_schema_and_records_version(
     }
     version = await pg_conn.fetchval(f'SELECT version FROM "{pg_schema}".app_threads_schema')
     assert version == SCHEMA_VERSION
-    # A second store on the same tables sees the recorded version and creates nothing.
+    # A second store on the same tables sees the recorded version and creates nothing:
+    # the same tables (same oids), one version row, and the first store's data intact.
     async with PostgresThreadStore(URL, schema=pg_schema, table_prefix="app_threads") as again:
         await again.initialize()
+        assert (await again.read_thread(b.read("scope", "kept"))).thread is not None
+    assert await tables() == created
+    rows = await pg_conn.fetch(f'SELECT version FROM "{pg_schema}".app_threads_schema')
+    assert [r["version"] for r in rows] == [SCHEMA_VERSION]
 
 
 @pytest.mark.asyncio

@@ -24,7 +24,8 @@ from pai_storage_postgres.store import (
     open_runs_statement,
     tail_statement,
 )
-from pg_support import URL
+
+from .helpers import URL
 
 SCOPE = b"explain-scope"
 INDEX_SCANS = {"Index Scan", "Index Only Scan"}

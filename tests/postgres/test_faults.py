@@ -1,7 +1,8 @@
 """Connection faults around a commit, injected by a loopback TCP proxy.
 
 After every cut the thread is re-read through a direct connection: it shows
-the whole commit or none of it, and the error raised is the one SPEC 11 names:
+the whole commit or none of it, and the error raised is the one
+``docs/errors.md`` promises for that moment:
 
 - cut before ``COMMIT`` is sent (mid-transaction): ``ThreadStoreUnavailableError``,
   nothing applied;
@@ -17,7 +18,7 @@ from typing import Any
 
 import pytest
 from pai_storage_postgres import PostgresThreadStore
-from pg_support import URL, FaultProxy
+from support.proxy import FaultProxy
 
 from pai_storage import (
     CommittedResult,
@@ -27,6 +28,8 @@ from pai_storage import (
     ThreadVersion,
 )
 from pai_storage import builders as b
+
+from .helpers import URL, proxied_url
 
 pytestmark = pytest.mark.asyncio
 
@@ -39,7 +42,11 @@ async def _setup(
     # One connection and no statement cache: every statement's SQL text
     # crosses the proxy, so the triggers below always see it.
     faulty = PostgresThreadStore(
-        proxy.url(), schema=schema, min_pool_size=1, max_pool_size=1, statement_cache_size=0
+        proxied_url(proxy.port),
+        schema=schema,
+        min_pool_size=1,
+        max_pool_size=1,
+        statement_cache_size=0,
     )
     direct = PostgresThreadStore(URL, schema=schema)
     await faulty.initialize()
@@ -80,16 +87,16 @@ ALL_APPLIED = (2, ["m1", "m2", "m3"], "after")
 
 
 @pytest.mark.parametrize(
-    ("trigger", "mode", "error", "expected"),
+    ("trigger", "forward", "error", "expected"),
     [
         pytest.param(
-            b"INSERT INTO", "drop", ThreadStoreUnavailableError, NONE_APPLIED, id="before-commit"
+            b"INSERT INTO", False, ThreadStoreUnavailableError, NONE_APPLIED, id="before-commit"
         ),
         pytest.param(
-            b"COMMIT", "drop", ThreadStoreCommitUnknownError, NONE_APPLIED, id="during-commit"
+            b"COMMIT", False, ThreadStoreCommitUnknownError, NONE_APPLIED, id="during-commit"
         ),
         pytest.param(
-            b"COMMIT", "after_reply", ThreadStoreCommitUnknownError, ALL_APPLIED, id="after-commit"
+            b"COMMIT", True, ThreadStoreCommitUnknownError, ALL_APPLIED, id="after-commit"
         ),
     ],
 )
@@ -97,20 +104,21 @@ async def test_cut_connection_applies_all_or_nothing(
     fault_proxy: FaultProxy,
     pg_schema: str,
     trigger: bytes,
-    mode: str,
+    forward: bool,
     error: type[ThreadStoreError],
     expected: tuple[int, list[str], str | None],
 ) -> None:
     faulty, direct, version = await _setup(fault_proxy, pg_schema)
     try:
-        fault_proxy.arm(trigger, mode)
+        fault_proxy.cut_on(trigger, forward=forward)
         with pytest.raises(error) as caught:
             await faulty.commit_thread(_append(version))
-        assert fault_proxy.fired.is_set()
+        assert fault_proxy.triggered.is_set()
         assert caught.value.__cause__ is not None  # the driver error is chained
         assert type(caught.value) is error
         assert await _state(direct) == expected
         # The store recovers: the pool replaces the dead connection.
+        fault_proxy.restore()
         assert await _state(faulty) == expected
     finally:
         await faulty.close()
@@ -132,7 +140,7 @@ async def test_proxy_down_after_start_is_unavailable(
 ) -> None:
     faulty, direct, version = await _setup(fault_proxy, pg_schema)
     try:
-        await fault_proxy.close()
+        await fault_proxy.stop()
         with pytest.raises(ThreadStoreUnavailableError):
             await faulty.commit_thread(_append(version))
         assert await _state(direct) == NONE_APPLIED
@@ -144,9 +152,11 @@ async def test_proxy_down_after_start_is_unavailable(
 async def test_read_cut_is_unavailable(fault_proxy: FaultProxy, pg_schema: str) -> None:
     faulty, direct, _ = await _setup(fault_proxy, pg_schema)
     try:
-        fault_proxy.arm(b"SELECT position, doc", "drop")
+        fault_proxy.cut_on(b"SELECT position, doc", forward=False)
         with pytest.raises(ThreadStoreUnavailableError):
             await _state(faulty)
+        assert fault_proxy.triggered.is_set()
+        fault_proxy.restore()
         assert await _state(faulty) == NONE_APPLIED
     finally:
         await faulty.close()

@@ -1,4 +1,7 @@
-"""The stored documents and indexes follow the seed (000_d26f8ef9576a3123) to the letter."""
+"""The stored documents and indexes follow ``docs/mongodb.md#data-model`` to the letter.
+
+That is the document and index layout ``@pai/storage-mongo`` uses.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ from pai_storage_mongo.store import MongoThreadStore
 from pai_storage import CommittedResult, ManualClock
 from pai_storage import builders as b
 
-from .conftest import raw_collections
+from .helpers import raw_collections
 
 pytestmark = pytest.mark.asyncio
 
@@ -29,7 +32,7 @@ OPAQUE: dict[str, Any] = {
 }
 WITH_NUL_KEY: dict[str, Any] = {**OPAQUE, "nul\x00key": {"x": True}}
 
-SEED_INDEXES: dict[str, list[tuple[list[tuple[str, int]], bool]]] = {
+BASE_INDEXES: dict[str, list[tuple[list[tuple[str, int]], bool]]] = {
     "threads": [
         ([("scopeKey", 1), ("threadId", 1)], True),
         ([("scopeKey", 1), ("updatedAt", -1), ("threadId", 1)], False),
@@ -293,8 +296,8 @@ async def test_records_round_trip_exactly(
         assert type(value["big"]) is int
 
 
-# Beyond the seed (docs/mongodb.md): status- and run-filtered child pages need ``_order``
-# order after the filter key, which the seed's ``{status, runId}`` and
+# Beyond the @pai/storage-mongo set (docs/mongodb.md): status- and run-filtered child
+# pages need ``_order`` order after the filter key, which its ``{status, runId}`` and
 # ``{runId, queueItemId}`` indexes cannot give.
 EXTRA_INDEXES: dict[str, list[tuple[list[tuple[str, int]], bool]]] = {
     "runs": [([("scopeKey", 1), ("threadId", 1), ("status", 1), ("_order", 1)], False)],
@@ -302,10 +305,10 @@ EXTRA_INDEXES: dict[str, list[tuple[list[tuple[str, int]], bool]]] = {
 }
 
 
-async def test_index_set_matches_the_seed(mongo_store: MongoThreadStore) -> None:
+async def test_index_set_matches_the_documented_one(mongo_store: MongoThreadStore) -> None:
     cols = raw_collections(mongo_store)
-    for family, seed in SEED_INDEXES.items():
-        expected = seed + EXTRA_INDEXES.get(family, [])
+    for family, base in BASE_INDEXES.items():
+        expected = base + EXTRA_INDEXES.get(family, [])
         info = await cols[family].index_information()
         found = sorted(
             (list(spec["key"]), bool(spec.get("unique")))

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from pai_storage_mongo.harness import MongodProcess, _free_port
 from pai_storage_mongo.store import MongoThreadStore
+from support.proxy import FaultProxy
 
 from pai_storage import (
     ThreadStoreConfigurationError,
@@ -17,7 +18,7 @@ from pai_storage import (
 )
 from pai_storage import builders as b
 
-from .proxy import FaultProxy
+from .helpers import proxied_url
 
 pytestmark = pytest.mark.asyncio
 
@@ -105,7 +106,7 @@ async def test_failed_initialization_is_forgotten(replica_port: int) -> None:
     await proxy.start()
     proxy.cut()  # refuse everything
     store = MongoThreadStore(
-        proxy.url(serverSelectionTimeoutMS="300"),
+        proxied_url(proxy.port, serverSelectionTimeoutMS="300"),
         db_name="pai_test",
         collection_name="pai_test_forgotten_init",
     )

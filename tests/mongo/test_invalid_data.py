@@ -14,7 +14,7 @@ from pai_storage import (
 )
 from pai_storage import builders as b
 
-from .conftest import raw_collections
+from .helpers import raw_collections
 
 pytestmark = pytest.mark.asyncio
 

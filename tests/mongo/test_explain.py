@@ -1,4 +1,8 @@
-"""Every list form and child page is an index scan with no blocking sort (seed, SPEC 12)."""
+"""Every list form and child page is an index scan with no blocking sort.
+
+The indexes are listed in ``docs/mongodb.md#data-model``; ``docs/performance.md`` states
+the cost model (a page read costs O(page), not O(thread)).
+"""
 
 from __future__ import annotations
 

@@ -15,6 +15,7 @@ import pytest
 import pytest_asyncio
 from pai_storage_mongo.harness import MongoHarness, drop_store_collections
 from pai_storage_mongo.store import MongoThreadStore
+from support.proxy import FaultProxy
 
 from pai_storage import (
     CommittedResult,
@@ -24,7 +25,7 @@ from pai_storage import (
 )
 from pai_storage import builders as b
 
-from .proxy import FaultProxy
+from .helpers import proxied_url
 
 pytestmark = pytest.mark.asyncio
 
@@ -39,7 +40,7 @@ async def proxied(
     direct = mongo_harness.open_store()
     await direct.initialize()
     through = MongoThreadStore(
-        proxy.url(serverSelectionTimeoutMS="1000"),
+        proxied_url(proxy.port, serverSelectionTimeoutMS="1000"),
         db_name=direct.db_name,
         collection_name=direct.collection_name,
     )

@@ -11,7 +11,7 @@ from pai_storage_mongo.store import _TXN_OPTIONS, MongoThreadStore
 from pai_storage import CommittedResult, CommitThreadInput, ConflictResult, ThreadVersion
 from pai_storage import builders as b
 
-from .conftest import raw_collections
+from .helpers import raw_collections
 
 pytestmark = pytest.mark.asyncio
 
