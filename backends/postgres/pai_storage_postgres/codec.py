@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from typing import TypeVar
 
-from pai_storage import StoreModel, ThreadStoreInvariantError
+from pai_storage import ThreadStoreInvariantError
+from pai_storage.backend import StoreModel
 
 __all__ = ["dec", "dump", "enc", "enc_opt", "parse", "run_ref_fields"]
 

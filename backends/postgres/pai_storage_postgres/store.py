@@ -1,13 +1,15 @@
 """The PostgreSQL thread store: normalized tables, one transaction per commit.
 
-Commits lock the root row (``SELECT ... FOR UPDATE``; a create inserts it with
-``ON CONFLICT DO NOTHING``), read the commit time *after* holding the row, load
-only the child rows the changes name, apply them through the core helpers
-(:func:`~pai_storage.apply_family_changes`, :func:`~pai_storage.apply_lease_change`,
-:func:`~pai_storage.apply_thread_root_update`), write the net effect, check the
-relationship rules with bounded queries inside the same transaction and commit.
-Reads run in one ``REPEATABLE READ READ ONLY`` snapshot, so the root and every
-page agree. Every page and list is a bounded index range scan.
+Commits and reads run the core's pipelines (:func:`~pai_storage.backend.run_commit`,
+:func:`~pai_storage.backend.run_read`); this module supplies their primitives
+over asyncpg. A commit runs in one transaction (:class:`_PgTransaction`): the
+root row is held with ``SELECT ... FOR UPDATE`` (a create checks it is missing
+and later inserts it with ``ON CONFLICT DO NOTHING``), the server's clock is
+read after the hold, only the child rows the changes name are loaded, the net
+writes are ``unnest`` statements, and the relationship rules are checked with
+bounded queries inside the same transaction. Reads with pages run in one
+``REPEATABLE READ READ ONLY`` snapshot (:class:`_PgSnapshot`), so the root and
+every page agree. Every page and list is a bounded index range scan.
 """
 
 from __future__ import annotations
@@ -17,39 +19,23 @@ import contextlib
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from pai_storage import (
-    ChildPagePlan,
     Clock,
     CommittedResult,
     CommitThreadInput,
     ConflictResult,
     CreateMutation,
-    DeleteMutation,
-    Entry,
-    FamilyName,
-    FamilyWrite,
-    IdsPlan,
-    LeaseConflict,
-    ListPlan,
     ListThreadsInput,
     Message,
-    MessageRef,
     Page,
     QueuedItem,
-    QueueRef,
     ReadThreadInput,
-    RunFacts,
     RunRecord,
-    RunRef,
-    SelectionHelpers,
     StoreInfo,
-    StoreModel,
     StoreURL,
     StoreWarning,
-    ThreadChanges,
-    ThreadPage,
     ThreadReadResult,
     ThreadRecord,
     ThreadStore,
@@ -59,18 +45,31 @@ from pai_storage import (
     ThreadStoreUnavailableError,
     ThreadVersion,
     WarningCallback,
+)
+from pai_storage.backend import (
+    FAMILIES,
+    ChildPagePlan,
+    CommitTransaction,
+    Entry,
+    FamilyName,
+    FamilySpec,
+    FamilyWrite,
+    HeldThread,
+    ListPlan,
+    MessageRef,
+    QueueRef,
+    ReadHead,
+    ReadSnapshot,
+    RelationshipContext,
+    RelationshipReader,
+    RunFacts,
+    RunRef,
+    ThreadConflict,
     Window,
-    apply_family_changes,
-    apply_lease_change,
-    apply_thread_root_update,
-    change_ids,
-    check_condition,
     make_url,
-    plan_relationship_validation,
-    record_id,
-    stamp_message,
-    stamp_queued_item,
-    stamp_run,
+    map_errors,
+    run_commit,
+    run_read,
     timestamp_ms,
 )
 
@@ -82,9 +81,6 @@ if TYPE_CHECKING:
     import asyncpg  # type: ignore[import-untyped]
 
 __all__ = ["PostgresThreadStore"]
-
-R = TypeVar("R", Message, RunRecord, QueuedItem)
-M = TypeVar("M", bound=StoreModel)
 
 COMMIT_ATTEMPTS = 3
 """Attempts for a commit that hits a serialization failure or deadlock."""
@@ -107,23 +103,49 @@ _NOW_SQL = "SELECT date_trunc('milliseconds', clock_timestamp())"
 
 
 @dataclass(frozen=True, slots=True)
-class _Family:
-    name: FamilyName
+class _Table:
+    """Where one family lives; every other fact about it is in :data:`FAMILIES`.
+
+    ``id_col`` is the record id column, ``next_col`` the family's position
+    counter on the root row, ``extra`` the columns beside ``doc`` that pages
+    and relationship checks filter on (name and SQL type).
+    """
+
     table: str
     id_col: str
     next_col: str
-    model: type[Message] | type[RunRecord] | type[QueuedItem]
+    extra: tuple[tuple[str, str], ...]
 
 
-class _Conflict(Exception):
-    """Internal: the commit's condition or lease precondition is false."""
+@dataclass(frozen=True, slots=True)
+class _Layout:
+    """The store's tables: the roots table and each family's :class:`_Table`."""
 
-    def __init__(self, current: ThreadVersion | None) -> None:
-        self.current = current
+    tables: Tables
+    families: Mapping[FamilyName, _Table]
+
+    @classmethod
+    def of(cls, t: Tables) -> _Layout:
+        messages_extra = (
+            ("run_id", "bytea"),
+            ("relation", "text"),
+            ("transcript", "boolean"),
+            ("context", "boolean"),
+        )
+        return cls(
+            t,
+            {
+                "messages": _Table(t.messages, "message_id", "messages_next", messages_extra),
+                "runs": _Table(t.runs, "run_id", "runs_next", (("status", "text"),)),
+                "queuedItems": _Table(
+                    t.queued, "queue_item_id", "queued_next", (("run_id", "bytea"),)
+                ),
+            },
+        )
 
 
 class _Retry(Exception):
-    """Internal: a serialization failure or deadlock; the attempt rolled back."""
+    """Internal: a serialization failure or deadlock; the attempt is rolled back and retried."""
 
 
 class PostgresThreadStore(ThreadStore):
@@ -148,16 +170,13 @@ class PostgresThreadStore(ThreadStore):
     statement_cache_size:
         asyncpg's prepared-statement cache per connection (0 behind PgBouncer
         in transaction mode).
-    clock:
-        Test-only clock override; production uses the server's
-        ``clock_timestamp()``.
-    on_warning:
-        Receives recoverable integrity warnings (:class:`~pai_storage.StoreWarning`).
-    token_secret:
-        Optional key that makes page tokens unforgeable.
+    clock, on_warning, token_secret:
+        The common options of :class:`~pai_storage.ThreadStore` (checked
+        there); production uses the server's ``clock_timestamp()``.
     """
 
     backend_name = "postgres"
+    token_prefix = "pai-pg"
 
     def __init__(
         self,
@@ -174,7 +193,7 @@ class PostgresThreadStore(ThreadStore):
         on_warning: WarningCallback | None = None,
         token_secret: bytes | None = None,
     ) -> None:
-        super().__init__(clock=clock, on_warning=on_warning)
+        super().__init__(clock=clock, on_warning=on_warning, token_secret=token_secret)
         self.url = make_url(url)
         if self.url.scheme not in ("postgresql", "postgres") or self.url.driver not in (
             None,
@@ -207,15 +226,7 @@ class PostgresThreadStore(ThreadStore):
         }
         self._pool: asyncpg.Pool | None = None
         self._server_version: str | None = None
-        self._selections = SelectionHelpers("pai-pg", secret=token_secret)
-        t = self.tables
-        self._families: dict[FamilyName, _Family] = {
-            "messages": _Family("messages", t.messages, "message_id", "messages_next", Message),
-            "runs": _Family("runs", t.runs, "run_id", "runs_next", RunRecord),
-            "queuedItems": _Family(
-                "queuedItems", t.queued, "queue_item_id", "queued_next", QueuedItem
-            ),
-        }
+        self._layout = _Layout.of(self.tables)
         self._list_sql: dict[tuple[bool, bool, bool, str, bool], str] = {}
 
     def __repr__(self) -> str:
@@ -224,34 +235,46 @@ class PostgresThreadStore(ThreadStore):
             f"schema={self.tables.schema!r})"
         )
 
+    def _errors(self, phase: Phase) -> contextlib.AbstractContextManager[None]:
+        """Map every driver exception of the block to the contract's errors."""
+        return map_errors(lambda exc: map_error(exc, phase, self.url))
+
     # ------------------------------------------------------------ lifecycle
 
     def _dsn(self) -> str:
         return self.url.render(hide_password=False, scheme="postgresql")
 
     async def _initialize(self) -> None:
+        """Open the pool and create or verify the schema.
+
+        Whatever this made is released when it fails or is cancelled at any
+        await (``close()`` cancels a pending initialize): the pool only becomes
+        the store's once the schema is verified.
+        """
         import asyncpg
 
+        # Built first, connected by the await below: a cancellation while the
+        # pool connects still leaves the pool object here to terminate.
+        pool = asyncpg.create_pool(self._dsn(), **self._pool_options)
         try:
-            pool = await asyncpg.create_pool(self._dsn(), **self._pool_options)
-        except Exception as exc:
-            raise map_error(exc, "connect", self.url) from exc
-        assert pool is not None
-        self._pool = pool
-        try:
+            with self._errors("connect"):
+                await pool
             await self._ensure_schema(pool)
         except BaseException:
-            self._pool = None
-            pool.terminate()
+            _terminate_pool(pool)
             raise
+        self._pool = pool
 
     async def _close(self) -> None:
         pool, self._pool = self._pool, None
-        if pool is not None:
-            try:
-                await asyncio.wait_for(pool.close(), timeout=10)
-            except Exception:  # a broken connection must not make close() fail
-                pool.terminate()
+        if pool is None:  # never initialized, or an initialize that released its pool
+            return
+        try:
+            await asyncio.wait_for(pool.close(), timeout=10)
+        except BaseException as exc:  # a broken connection, a timeout or a cancelled close
+            _terminate_pool(pool)
+            if not isinstance(exc, Exception):
+                raise
 
     async def _info(self) -> StoreInfo:
         return StoreInfo(
@@ -267,46 +290,44 @@ class PostgresThreadStore(ThreadStore):
         )
 
     async def _ensure_schema(self, pool: asyncpg.Pool) -> None:
-        async with self._connection(pool, "connect") as conn:
-            try:
-                version = conn.get_server_version()
-                shown = await conn.fetchval("SHOW server_version")
-                self._server_version = f"PostgreSQL {shown}"
-                if version.major < 13:
-                    raise ThreadStoreConfigurationError(
-                        f"the postgres backend needs PostgreSQL 13 or newer; the server runs "
-                        f"{self._server_version}"
-                    )
+        async with self._connection(pool) as conn:
+            with self._errors("connect"):
+                await self._prepare_schema(conn)
+
+    async def _prepare_schema(self, conn: asyncpg.Connection) -> None:
+        version = conn.get_server_version()
+        shown = await conn.fetchval("SHOW server_version")
+        self._server_version = f"PostgreSQL {shown}"
+        if version.major < 13:
+            raise ThreadStoreConfigurationError(
+                f"the postgres backend needs PostgreSQL 13 or newer; the server runs "
+                f"{self._server_version}"
+            )
+        stored = await self._schema_version(conn)
+        if stored == SCHEMA_VERSION:
+            return
+        if stored is None or stored < SCHEMA_VERSION:
+            async with conn.transaction():
+                # Several processes may initialize at once: DDL under one lock.
+                await conn.execute(
+                    "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
+                    self.tables.lock_key,
+                )
                 stored = await self._schema_version(conn)
-                if stored == SCHEMA_VERSION:
-                    return
-                if stored is None or stored < SCHEMA_VERSION:
-                    async with conn.transaction():
-                        # Several processes may initialize at once: DDL under one lock.
-                        await conn.execute(
-                            "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
-                            self.tables.lock_key,
-                        )
-                        stored = await self._schema_version(conn)
-                        if stored is None:
-                            for statement in self.tables.ddl():
-                                await conn.execute(statement)
-                            await conn.execute(
-                                f"INSERT INTO {self.tables.version_table} (version) "
-                                "VALUES ($1) ON CONFLICT DO NOTHING",
-                                SCHEMA_VERSION,
-                            )
-                            stored = SCHEMA_VERSION
-                if stored is not None and stored > SCHEMA_VERSION:
-                    raise ThreadStoreConfigurationError(
-                        f"the tables {self.tables.threads} use schema version {stored}, newer "
-                        f"than this pai-storage understands ({SCHEMA_VERSION}); upgrade "
-                        "pai-storage"
+                if stored is None:
+                    for statement in self.tables.ddl():
+                        await conn.execute(statement)
+                    await conn.execute(
+                        f"INSERT INTO {self.tables.version_table} (version) "
+                        "VALUES ($1) ON CONFLICT DO NOTHING",
+                        SCHEMA_VERSION,
                     )
-            except ThreadStoreError:
-                raise
-            except Exception as exc:
-                raise map_error(exc, "connect", self.url) from exc
+                    stored = SCHEMA_VERSION
+        if stored is not None and stored > SCHEMA_VERSION:
+            raise ThreadStoreConfigurationError(
+                f"the tables {self.tables.threads} use schema version {stored}, newer "
+                f"than this pai-storage understands ({SCHEMA_VERSION}); upgrade pai-storage"
+            )
 
     async def _schema_version(self, conn: asyncpg.Connection) -> int | None:
         exists = await conn.fetchval("SELECT to_regclass($1)", self.tables.version_table)
@@ -317,196 +338,47 @@ class PostgresThreadStore(ThreadStore):
 
     @contextlib.asynccontextmanager
     async def _connection(
-        self, pool: asyncpg.Pool | None = None, phase: Phase = "read"
+        self, pool: asyncpg.Pool | None = None
     ) -> AsyncIterator[asyncpg.Connection]:
+        """A pooled connection for one operation.
+
+        Released afterwards; terminated instead when the operation was
+        cancelled (e.g. a commit mid-transaction), because its state is then
+        unknown, and ``close()`` must not wait for it.
+        """
         pool = pool or self._pool
-        if pool is None:
-            raise ThreadStoreUnavailableError("the store is not connected")
+        if pool is None:  # close() released the pool under this operation
+            raise _closed_error()
         try:
             conn = await pool.acquire()
         except Exception as exc:
+            if self.closed:  # ... or is releasing it
+                raise _closed_error() from None
             raise map_error(exc, "connect", self.url) from exc
         try:
             yield conn
+        except BaseException as exc:
+            if not isinstance(exc, Exception):
+                _terminate(conn)
+            raise
         finally:
             try:
                 await pool.release(conn)
             except Exception:
                 _terminate(conn)
 
-    async def _time(self, conn: asyncpg.Connection, floor: datetime | None = None) -> datetime:
-        now = self.now()
-        if now is None:
-            now = cast(datetime, await conn.fetchval(_NOW_SQL))
-        return max(now, floor) if floor is not None else now
-
     # ------------------------------------------------------------ reads
 
     async def _read_thread(self, request: ReadThreadInput) -> ThreadReadResult:
-        plan = self._selections.plan_read(request)
-        paged = plan.messages is not None or plan.runs is not None or plan.queued_items is not None
+        plan = self.selections.plan_read(request)
+        paged = any(getattr(plan, spec.attr) is not None for spec in FAMILIES)
         async with self._connection() as conn:
-            try:
-                if not paged:
-                    return await self._read_root_only(conn, request)
+            with self._errors("read"):
+                snapshot = _PgSnapshot(conn, self._layout, request.scope_key, request.thread_id)
+                if not paged:  # the root alone: one statement, no transaction needed
+                    return await run_read(snapshot, plan, clock_now=self.now())
                 async with conn.transaction(isolation="repeatable_read", readonly=True):
-                    return await self._read_snapshot(conn, request, plan)
-            except ThreadStoreError:
-                raise
-            except Exception as exc:
-                raise map_error(exc, "read", self.url) from exc
-
-    async def _root_row(self, conn: asyncpg.Connection, scope: bytes, thread: bytes) -> Any:
-        t = self.tables.threads
-        return await conn.fetchrow(
-            "SELECT date_trunc('milliseconds', clock_timestamp()) AS now, t.doc, "
-            "t.messages_next, t.runs_next, t.queued_next "
-            f"FROM (VALUES (1)) AS one LEFT JOIN {t} t "
-            "ON t.scope_key = $1 AND t.thread_id = $2",
-            scope,
-            thread,
-        )
-
-    def _parse_root(self, doc: str, scope_key: str, thread_id: str) -> ThreadRecord:
-        root = parse(ThreadRecord, doc)
-        if root.scope_key != scope_key or root.thread_id != thread_id:
-            raise ThreadStoreInvariantError(
-                "stored thread root does not match its key (scope_key/thread_id)"
-            )
-        return root
-
-    async def _read_root_only(
-        self, conn: asyncpg.Connection, request: ReadThreadInput
-    ) -> ThreadReadResult:
-        row = await self._root_row(conn, enc(request.scope_key), enc(request.thread_id))
-        observed = self.now() or row["now"]
-        if row["doc"] is None:
-            return ThreadReadResult(observed_at=observed, thread=None)
-        root = self._parse_root(row["doc"], request.scope_key, request.thread_id)
-        return ThreadReadResult.model_construct(observed_at=observed, thread=root)
-
-    async def _read_snapshot(
-        self, conn: asyncpg.Connection, request: ReadThreadInput, plan: Any
-    ) -> ThreadReadResult:
-        scope, thread = enc(request.scope_key), enc(request.thread_id)
-        row = await self._root_row(conn, scope, thread)
-        observed = self.now() or row["now"]
-        if row["doc"] is None:
-            return ThreadReadResult(observed_at=observed, thread=None)
-        root = self._parse_root(row["doc"], request.scope_key, request.thread_id)
-        version = root.version
-        pages: dict[str, ThreadPage[Any]] = {}
-        selections: tuple[tuple[str, FamilyName, Any], ...] = (
-            ("messages", "messages", plan.messages),
-            ("runs", "runs", plan.runs),
-            ("queued_items", "queuedItems", plan.queued_items),
-        )
-        for attr, fam_name, sel in selections:
-            if sel is None:
-                continue
-            family = self._families[fam_name]
-            if isinstance(sel, IdsPlan):
-                found = await self._load_by_ids(conn, family, scope, thread, sel.ids)
-                pages[attr] = sel.finish({k: e.record for k, e in found.items()}, version)
-            else:
-                high_water = int(row[family.next_col]) - 1
-                pages[attr] = await self._read_page(
-                    conn, family, scope, thread, sel, version, high_water
-                )
-        return ThreadReadResult.model_construct(
-            observed_at=observed,
-            thread=root,
-            messages=pages.get("messages"),
-            runs=pages.get("runs"),
-            queued_items=pages.get("queued_items"),
-        )
-
-    async def _load_by_ids(
-        self,
-        conn: asyncpg.Connection,
-        family: _Family,
-        scope: bytes,
-        thread: bytes,
-        ids: Iterable[str],
-    ) -> dict[str, Entry[Any]]:
-        wanted = [enc(i) for i in ids]
-        if not wanted:
-            return {}
-        rows = await conn.fetch(
-            by_keys(family.table, family.id_col, f"t.position, t.{family.id_col} AS id, t.doc"),
-            scope,
-            thread,
-            wanted,
-        )
-        found: dict[str, Entry[Any]] = {}
-        for r in rows:
-            record = parse(family.model, r["doc"])
-            rid = dec(r["id"])
-            if record_id(record) != rid:
-                raise ThreadStoreInvariantError(
-                    f"stored {family.name} record does not match its id column"
-                )
-            found[rid] = Entry(int(r["position"]), record)
-        return found
-
-    async def _read_page(
-        self,
-        conn: asyncpg.Connection,
-        family: _Family,
-        scope: bytes,
-        thread: bytes,
-        plan: ChildPagePlan,
-        version: ThreadVersion,
-        high_water: int,
-    ) -> ThreadPage[Any]:
-        after_id, before_id = plan.bound_ids()
-        positions: list[int | None] = [None, None]
-        anchors = [i for i in (after_id, before_id) if i is not None]
-        if anchors:
-            rows = await conn.fetch(
-                by_keys(self.tables.messages, "message_id", "t.message_id, t.position"),
-                scope,
-                thread,
-                [enc(i) for i in anchors],
-            )
-            found = {dec(r["message_id"]): int(r["position"]) for r in rows}
-            for index, anchor in enumerate((after_id, before_id)):
-                if anchor is None:
-                    continue
-                if anchor not in found:
-                    raise plan.missing_anchor(anchor)
-                positions[index] = found[anchor]
-        window = plan.window(version, high_water, positions[0], positions[1])
-        rows_out: list[tuple[int, Any]] = []
-        if window.lower + 1 < window.upper:
-            for position, doc in await self._page_rows(conn, family, scope, thread, plan, window):
-                rows_out.append((position, parse(family.model, doc)))
-        return plan.finish(window, rows_out, version)
-
-    async def _page_rows(
-        self,
-        conn: asyncpg.Connection,
-        family: _Family,
-        scope: bytes,
-        thread: bytes,
-        plan: ChildPagePlan,
-        window: Window,
-    ) -> list[tuple[int, str]]:
-        args: list[Any] = [scope, thread, window.lower, window.upper, window.fetch]
-        statuses = sorted(plan.statuses) if plan.statuses is not None else []
-        run_filter = family.name == "queuedItems" and plan.run_id is not None
-        sql = self.page_statement(family.name, window.order, plan.view, run_filter, len(statuses))
-        if run_filter:
-            args.append(enc(cast(str, plan.run_id)))
-        args.extend(statuses)
-        rows = await conn.fetch(sql, *args)
-        found = [(int(r["position"]), cast(str, r["doc"])) for r in rows]
-        if len(statuses) > 1:
-            # One bounded index range scan per status, merged here: the same
-            # streaming merge MongoDB does for an $in on a leading index key.
-            found.sort(key=lambda item: item[0], reverse=window.order == "newest")
-            del found[window.fetch :]
-        return found
+                    return await run_read(snapshot, plan, clock_now=self.now())
 
     def page_statement(
         self,
@@ -518,24 +390,9 @@ class PostgresThreadStore(ThreadStore):
     ) -> str:
         """The SQL of a child page: ``$1`` scope, ``$2`` thread, ``$3``/``$4`` the
         exclusive position bounds, ``$5`` the row count, then the run id or statuses."""
-        table = self._families[family].table
-        direction = "ASC" if order == "oldest" else "DESC"
-        base = (
-            f"SELECT position, doc FROM {table} WHERE scope_key = $1 AND thread_id = $2 "
-            "AND position > $3 AND position < $4"
+        return page_statement(
+            self._layout.families[family].table, family, order, view, run_filter, statuses
         )
-        tail = f" ORDER BY position {direction} LIMIT $5"
-        if family == "messages":
-            views = {"transcript": " AND transcript", "context": " AND context"}
-            return base + views.get(view or "raw", "") + tail
-        if run_filter:
-            return base + " AND run_id = $6" + tail
-        if statuses == 0:
-            return base + tail
-        if statuses == 1:
-            return base + " AND status = $6" + tail
-        branches = [f"({base} AND status = ${6 + i}{tail})" for i in range(statuses)]
-        return " UNION ALL ".join(branches)
 
     # ------------------------------------------------------------ listing
 
@@ -576,14 +433,10 @@ class PostgresThreadStore(ThreadStore):
         return sql
 
     async def _list_threads(self, request: ListThreadsInput) -> Page[ThreadRecord]:
-        plan = self._selections.plan_list(request)
+        plan = self.selections.plan_list(request)
         async with self._connection() as conn:
-            try:
+            with self._errors("read"):
                 return await self._list(conn, plan)
-            except ThreadStoreError:
-                raise
-            except Exception as exc:
-                raise map_error(exc, "read", self.url) from exc
 
     async def _list(self, conn: asyncpg.Connection, plan: ListPlan) -> Page[ThreadRecord]:
         vis = "all" if plan.include_hidden else "visible"
@@ -666,165 +519,158 @@ class PostgresThreadStore(ThreadStore):
         ) from last
 
     async def _commit_once(self, request: CommitThreadInput) -> CommittedResult | ConflictResult:
-        phase: Phase = "write"
+        """One attempt: ``BEGIN``, the core's commit pipeline, ``COMMIT`` or ``ROLLBACK``."""
+        attempt = _Attempt(self.url)
         async with self._connection() as conn:
             try:
-                await conn.execute("BEGIN")
-                try:
-                    result = await self._apply(conn, request)
-                except _Conflict as conflict:
-                    await conn.execute("ROLLBACK")
-                    current = conflict.current
-                    if request.mutation.type == "create" and current is None:
-                        current = await self._current_version(conn, request)
-                    return ConflictResult(type="conflict", current_version=current)
-                phase = "commit"
-                await conn.execute("COMMIT")
-                return result
-            except ThreadStoreError:
+                with map_errors(attempt.translate):
+                    await conn.execute("BEGIN")
+                    tx = _PgTransaction(conn, self._layout, request)
+                    result = await run_commit(tx, request, clock_now=self.now())
+                    if isinstance(result, ConflictResult):
+                        await conn.execute("ROLLBACK")
+                        return result
+                    attempt.phase = "commit"
+                    await conn.execute("COMMIT")
+                    return result
+            except _Retry:
                 await _rollback(conn)
                 raise
-            except Exception as exc:
-                if is_retryable(exc):
-                    await _rollback(conn)
-                    raise _Retry() from exc
-                _terminate(conn)
-                raise map_error(exc, phase, self.url) from exc
-            except BaseException:
-                # Cancelled mid-transaction: the connection's state is unknown.
-                _terminate(conn)
+            except ThreadStoreError:
+                if attempt.driver_failed:
+                    _terminate(conn)  # the connection's state is unknown
+                else:
+                    await _rollback(conn)  # a judgement error: the connection is fine
                 raise
+            # Cancelled mid-transaction: _connection terminates the connection.
 
-    async def _current_version(
-        self, conn: asyncpg.Connection, request: CommitThreadInput
-    ) -> ThreadVersion | None:
-        row = await conn.fetchrow(
-            f"SELECT instance_id, revision FROM {self.tables.threads} "
-            "WHERE scope_key = $1 AND thread_id = $2",
-            enc(request.scope_key),
-            enc(request.thread_id),
-        )
-        if row is None:
-            return None
-        return ThreadVersion(thread_instance_id=row["instance_id"], revision=int(row["revision"]))
 
-    async def _apply(self, conn: asyncpg.Connection, request: CommitThreadInput) -> CommittedResult:
-        scope, thread = enc(request.scope_key), enc(request.thread_id)
-        mutation = request.mutation
-        t = self.tables.threads
-        previous: ThreadRecord | None = None
-        counters: dict[FamilyName, int] = {"messages": 1, "runs": 1, "queuedItems": 1}
-        if isinstance(mutation, CreateMutation):
-            row = await conn.fetchrow(
-                f"SELECT instance_id, revision FROM {t} WHERE scope_key = $1 AND thread_id = $2",
-                scope,
-                thread,
-            )
-            current = _check_condition(request, row)
-            now = await self._time(conn)
-        else:
-            row = await conn.fetchrow(
-                f"SELECT instance_id, revision, updated_at, messages_next, runs_next, "
-                f"queued_next, doc FROM {t} WHERE scope_key = $1 AND thread_id = $2 FOR UPDATE",
-                scope,
-                thread,
-            )
-            current = _check_condition(request, row)
-            # The time is read while holding the row: a commit that waited for
-            # the lock judges leases at the moment it applies, and committedAt
-            # never goes backwards within a thread.
-            now = await self._time(conn, row["updated_at"])
-            if isinstance(mutation, DeleteMutation):
-                await self._delete_thread(conn, scope, thread)
-                return CommittedResult(type="committed", thread=None, committed_at=now)
-            previous = self._parse_root(row["doc"], request.scope_key, request.thread_id)
-            counters = {
-                "messages": int(row["messages_next"]),
-                "runs": int(row["runs_next"]),
-                "queuedItems": int(row["queued_next"]),
-            }
-        changes = mutation.changes or ThreadChanges()
-        writes: dict[FamilyName, FamilyWrite[Any]] = {}
-        loaded: dict[FamilyName, dict[str, Entry[Any]]] = {}
-        steps: tuple[tuple[FamilyName, Any, Any], ...] = (
-            ("messages", changes.messages, stamp_message),
-            ("runs", changes.runs, stamp_run),
-            ("queuedItems", changes.queued_items, stamp_queued_item),
-        )
-        for name, family_changes, stamp in steps:
-            family = self._families[name]
-            ids = change_ids(family_changes) if previous is not None else set()
-            loaded[name] = await self._load_by_ids(conn, family, scope, thread, sorted(ids))
-            writes[name] = apply_family_changes(
-                name, family_changes, loaded[name], counters[name], now, stamp
-            )
-        lease = apply_lease_change(previous.lease if previous else None, changes.lease, now)
-        if isinstance(lease, LeaseConflict):
-            raise _Conflict(current)
-        root = apply_thread_root_update(previous, request, now, lease)
-        await self._write_root(conn, root, writes, created=previous is None)
-        truncated_message_runs = await self._write_family(
-            conn, self._families["messages"], scope, thread, writes["messages"]
-        )
-        truncated_runs = await self._write_family(
-            conn, self._families["runs"], scope, thread, writes["runs"]
-        )
-        await self._write_family(
-            conn, self._families["queuedItems"], scope, thread, writes["queuedItems"]
-        )
-        relationship_plan = plan_relationship_validation(
-            changes,
-            previous_message_runs={k: e.record.run_id for k, e in loaded["messages"].items()},
-            previous_item_runs={k: e.record.run_id for k, e in loaded["queuedItems"].items()},
-            truncated_message_runs=truncated_message_runs,
-            truncated_run_ids=truncated_runs,
-            lease=lease,
-        )
-        await relationship_plan.check(_Reader(conn, self.tables, scope, thread))
-        return CommittedResult(type="committed", thread=root, committed_at=now)
+class _Attempt:
+    """Error translation for one commit attempt: which phase, and whether the driver failed."""
 
-    async def _delete_thread(self, conn: asyncpg.Connection, scope: bytes, thread: bytes) -> None:
-        for table in (
-            self.tables.messages,
-            self.tables.runs,
-            self.tables.queued,
-            self.tables.threads,
-        ):
-            await conn.execute(
-                f"DELETE FROM {table} WHERE scope_key = $1 AND thread_id = $2", scope, thread
-            )
+    def __init__(self, url: StoreURL) -> None:
+        self.url = url
+        self.phase: Phase = "write"
+        self.driver_failed = False
 
-    async def _write_root(
+    def translate(self, exc: Exception) -> Exception:
+        if is_retryable(exc):
+            return _Retry()
+        self.driver_failed = True
+        return map_error(exc, self.phase, self.url)
+
+
+# ---------------------------------------------------------------- pipeline primitives
+
+
+class _ThreadRows:
+    """Queries over one thread's rows on one connection (shared by commits and reads)."""
+
+    def __init__(
         self,
         conn: asyncpg.Connection,
-        root: ThreadRecord,
-        writes: Mapping[FamilyName, FamilyWrite[Any]],
-        *,
-        created: bool,
+        layout: _Layout,
+        scope_key: str,
+        thread_id: str,
     ) -> None:
-        t = self.tables.threads
+        self._conn = conn
+        self._tables = layout.tables
+        self._families = layout.families
+        self._scope_key = scope_key
+        self._thread_id = thread_id
+        self._scope = enc(scope_key)
+        self._thread = enc(thread_id)
+
+    def _parse_root(self, doc: str) -> ThreadRecord:
+        root = parse(ThreadRecord, doc)
+        if root.scope_key != self._scope_key or root.thread_id != self._thread_id:
+            raise ThreadStoreInvariantError(
+                "stored thread root does not match its key (scope_key/thread_id)"
+            )
+        return root
+
+    def _positions(self, row: Any) -> dict[FamilyName, int]:
+        return {name: int(row[table.next_col]) for name, table in self._families.items()}
+
+    async def load_rows(self, spec: FamilySpec, ids: Sequence[str]) -> Mapping[str, Entry[Any]]:
+        wanted = [enc(i) for i in ids]
+        if not wanted:
+            return {}
+        table = self._families[spec.name]
+        rows = await self._conn.fetch(
+            by_keys(table.table, table.id_col, f"t.position, t.{table.id_col} AS id, t.doc"),
+            self._scope,
+            self._thread,
+            wanted,
+        )
+        found: dict[str, Entry[Any]] = {}
+        for r in rows:
+            record = parse(spec.model, r["doc"])
+            rid = dec(r["id"])
+            if spec.record_id(record) != rid:
+                raise ThreadStoreInvariantError(
+                    f"stored {spec.noun} record does not match its id column"
+                )
+            found[rid] = Entry(int(r["position"]), record)
+        return found
+
+
+class _PgTransaction(_ThreadRows, CommitTransaction):
+    """The commit primitives inside the attempt's ``READ COMMITTED`` transaction."""
+
+    def __init__(self, conn: asyncpg.Connection, layout: _Layout, request: CommitThreadInput):
+        super().__init__(conn, layout, request.scope_key, request.thread_id)
+        self._mutation = request.mutation
+
+    async def hold(self) -> HeldThread:
+        t = self._tables.threads
+        key = "WHERE scope_key = $1 AND thread_id = $2"
+        if isinstance(self._mutation, CreateMutation):
+            # Nothing to lock yet: write_root inserts with ON CONFLICT DO NOTHING.
+            row = await self._conn.fetchrow(
+                f"SELECT instance_id, revision FROM {t} {key}", self._scope, self._thread
+            )
+            if row is not None:  # the key is taken: no need to read the stored root
+                raise ThreadConflict(_version(row))
+            return HeldThread(None)
+        row = await self._conn.fetchrow(
+            f"SELECT messages_next, runs_next, queued_next, doc FROM {t} {key} FOR UPDATE",
+            self._scope,
+            self._thread,
+        )
+        if row is None:
+            return HeldThread(None)
+        return HeldThread(self._parse_root(row["doc"]), self._positions(row))
+
+    async def server_time(self) -> datetime:
+        return cast(datetime, await self._conn.fetchval(_NOW_SQL))
+
+    async def write_root(
+        self, root: ThreadRecord, next_positions: Mapping[FamilyName, int], *, created: bool
+    ) -> None:
+        t = self._tables.threads
         args = (
-            enc(root.scope_key),
-            enc(root.thread_id),
+            self._scope,
+            self._thread,
             root.version.revision,
             root.list_visibility,
             enc_opt(root.category),
             root.updated_at,
             -timestamp_ms(root.updated_at),
-            writes["messages"].next_position,
-            writes["runs"].next_position,
-            writes["queuedItems"].next_position,
+            next_positions["messages"],
+            next_positions["runs"],
+            next_positions["queuedItems"],
             dump(root),
         )
         if not created:
-            await conn.execute(
+            await self._conn.execute(
                 f"UPDATE {t} SET revision = $3, list_visibility = $4, category = $5, "
                 "updated_at = $6, sort_key = $7, messages_next = $8, runs_next = $9, "
                 "queued_next = $10, doc = $11 WHERE scope_key = $1 AND thread_id = $2",
                 *args,
             )
             return
-        inserted = await conn.fetchval(
+        inserted = await self._conn.fetchval(
             f"INSERT INTO {t} (scope_key, thread_id, revision, list_visibility, category, "
             "updated_at, sort_key, messages_next, runs_next, queued_next, doc, instance_id, "
             "agent, parent_thread_id) "
@@ -835,68 +681,148 @@ class PostgresThreadStore(ThreadStore):
             enc(root.agent),
             enc_opt(root.parent_thread_id),
         )
-        if not inserted:  # a concurrent create won the race
-            raise _Conflict(None)
+        if not inserted:
+            # A concurrent create won the key (the insert waited for it to commit);
+            # this statement's fresh snapshot sees the winner's version.
+            row = await self._conn.fetchrow(
+                f"SELECT instance_id, revision FROM {t} WHERE scope_key = $1 AND thread_id = $2",
+                self._scope,
+                self._thread,
+            )
+            raise ThreadConflict(_version(row) if row is not None else None)
 
-    async def _write_family(
-        self,
-        conn: asyncpg.Connection,
-        family: _Family,
-        scope: bytes,
-        thread: bytes,
-        write: FamilyWrite[Any],
-    ) -> list[str]:
-        """Apply one family's net write; returns the run ids a truncation removed."""
-        table, id_col = family.table, family.id_col
-        deletes = write.deletes
+    async def write_family(self, spec: FamilySpec, write: FamilyWrite[Any]) -> Iterable[str]:
+        table = self._families[spec.name]
+        conn, scope, thread = self._conn, self._scope, self._thread
         truncated: list[str] = []
-        key = "scope_key = $1 AND thread_id = $2"
         if write.truncate_after is not None:
             rows = await conn.fetch(
-                f"DELETE FROM {table} WHERE {key} AND position > $3 RETURNING run_id",
+                f"DELETE FROM {table.table} WHERE scope_key = $1 AND thread_id = $2 "
+                "AND position > $3 RETURNING run_id",
                 scope,
                 thread,
                 write.truncate_after,
             )
             truncated = sorted({dec(r["run_id"]) for r in rows if r["run_id"] is not None})
-        if deletes:
+        if write.deletes:
             await conn.execute(
-                f"DELETE FROM {table} AS t USING unnest($3::bytea[]) AS k(id) "
-                f"WHERE t.scope_key = $1 AND t.thread_id = $2 AND t.{id_col} = k.id",
+                f"DELETE FROM {table.table} AS t USING unnest($3::bytea[]) AS k(id) "
+                f"WHERE t.scope_key = $1 AND t.thread_id = $2 AND t.{table.id_col} = k.id",
                 scope,
                 thread,
-                [enc(i) for i in deletes],
+                [enc(i) for i in write.deletes],
             )
         if write.updates:
-            cols = _columns(family.name, list(write.updates.values()))
-            await conn.execute(_update_sql(family, table), scope, thread, *cols)
+            cols = _columns(spec, list(write.updates.values()))
+            await conn.execute(_update_sql(table), scope, thread, *cols)
         if write.inserts:
-            cols = _columns(family.name, write.inserts)
-            await conn.execute(_insert_sql(family, table), scope, thread, *cols)
+            cols = _columns(spec, write.inserts)
+            await conn.execute(_insert_sql(table), scope, thread, *cols)
         return truncated
 
+    async def delete_thread(self) -> None:
+        t = self._tables
+        for table in (t.messages, t.runs, t.queued, t.threads):
+            await self._conn.execute(
+                f"DELETE FROM {table} WHERE scope_key = $1 AND thread_id = $2",
+                self._scope,
+                self._thread,
+            )
 
-# ---------------------------------------------------------------- row helpers
-
-_EXTRA_COLUMNS: dict[FamilyName, tuple[tuple[str, str], ...]] = {
-    "messages": (
-        ("run_id", "bytea"),
-        ("relation", "text"),
-        ("transcript", "boolean"),
-        ("context", "boolean"),
-    ),
-    "runs": (("status", "text"),),
-    "queuedItems": (("run_id", "bytea"),),
-}
+    def relationship_reader(self, context: RelationshipContext) -> RelationshipReader:
+        return _Reader(self._conn, self._tables, self._scope, self._thread)
 
 
-def _columns(name: FamilyName, entries: Sequence[Entry[Any]]) -> list[list[Any]]:
+class _PgSnapshot(_ThreadRows, ReadSnapshot):
+    """The read primitives; the caller runs them in one ``REPEATABLE READ`` snapshot."""
+
+    async def head(self) -> ReadHead:
+        row = await self._conn.fetchrow(
+            "SELECT date_trunc('milliseconds', clock_timestamp()) AS now, t.doc, "
+            "t.messages_next, t.runs_next, t.queued_next "
+            f"FROM (VALUES (1)) AS one LEFT JOIN {self._tables.threads} t "
+            "ON t.scope_key = $1 AND t.thread_id = $2",
+            self._scope,
+            self._thread,
+        )
+        if row["doc"] is None:
+            return ReadHead(row["now"], None)
+        return ReadHead(row["now"], self._parse_root(row["doc"]), self._positions(row))
+
+    async def anchor_positions(self, message_ids: Sequence[str]) -> Mapping[str, int]:
+        rows = await self._conn.fetch(
+            by_keys(self._tables.messages, "message_id", "t.message_id, t.position"),
+            self._scope,
+            self._thread,
+            [enc(i) for i in message_ids],
+        )
+        return {dec(r["message_id"]): int(r["position"]) for r in rows}
+
+    async def scan(
+        self, spec: FamilySpec, plan: ChildPagePlan, window: Window
+    ) -> Sequence[tuple[int, Any]]:
+        table = self._families[spec.name]
+        args: list[Any] = [self._scope, self._thread, window.lower, window.upper, window.fetch]
+        statuses = sorted(plan.statuses) if plan.statuses is not None else []
+        run_filter = spec.name == "queuedItems" and plan.run_id is not None
+        sql = page_statement(
+            table.table, spec.name, window.order, plan.view, run_filter, len(statuses)
+        )
+        if run_filter:
+            args.append(enc(cast(str, plan.run_id)))
+        args.extend(statuses)
+        rows = await self._conn.fetch(sql, *args)
+        found = [(int(r["position"]), cast(str, r["doc"])) for r in rows]
+        if len(statuses) > 1:
+            # One bounded index range scan per status, merged here: the same
+            # streaming merge MongoDB does for an $in on a leading index key.
+            found.sort(key=lambda item: item[0], reverse=window.order == "newest")
+            del found[window.fetch :]
+        return [(position, parse(spec.model, doc)) for position, doc in found]
+
+
+# ---------------------------------------------------------------- statements and rows
+
+
+def page_statement(
+    table: str,
+    family: FamilyName,
+    order: str,
+    view: str | None = None,
+    run_filter: bool = False,
+    statuses: int = 0,
+) -> str:
+    """The SQL of a child page of ``table`` (see :meth:`PostgresThreadStore.page_statement`)."""
+    direction = "ASC" if order == "oldest" else "DESC"
+    base = (
+        f"SELECT position, doc FROM {table} WHERE scope_key = $1 AND thread_id = $2 "
+        "AND position > $3 AND position < $4"
+    )
+    tail = f" ORDER BY position {direction} LIMIT $5"
+    if family == "messages":
+        views = {"transcript": " AND transcript", "context": " AND context"}
+        return base + views.get(view or "raw", "") + tail
+    if run_filter:
+        return base + " AND run_id = $6" + tail
+    if statuses == 0:
+        return base + tail
+    if statuses == 1:
+        return base + " AND status = $6" + tail
+    branches = [f"({base} AND status = ${6 + i}{tail})" for i in range(statuses)]
+    return " UNION ALL ".join(branches)
+
+
+def _version(row: Any) -> ThreadVersion:
+    return ThreadVersion(thread_instance_id=row["instance_id"], revision=int(row["revision"]))
+
+
+def _columns(spec: FamilySpec, entries: Sequence[Entry[Any]]) -> list[list[Any]]:
     """Column arrays ``position, id, <extra columns>, doc`` for ``unnest``."""
     positions = [e.position for e in entries]
-    ids = [enc(record_id(e.record)) for e in entries]
+    ids = [enc(spec.record_id(e.record)) for e in entries]
     docs = [dump(e.record) for e in entries]
     extra: list[list[Any]]
-    if name == "messages":
+    if spec.name == "messages":
         records = [cast(Message, e.record) for e in entries]
         extra = [
             [enc_opt(m.run_id) for m in records],
@@ -904,47 +830,40 @@ def _columns(name: FamilyName, entries: Sequence[Entry[Any]]) -> list[list[Any]]
             [m.visibility.transcript for m in records],
             [m.visibility.context for m in records],
         ]
-    elif name == "runs":
+    elif spec.name == "runs":
         extra = [[cast(RunRecord, e.record).status for e in entries]]
     else:
         extra = [[enc(cast(QueuedItem, e.record).run_id) for e in entries]]
     return [positions, ids, *extra, docs]
 
 
-def _insert_sql(family: _Family, table: str) -> str:
-    extra = _EXTRA_COLUMNS[family.name]
-    names = ["position", family.id_col, *(c for c, _ in extra), "doc"]
-    types = ["bigint", "bytea", *(t for _, t in extra), "text"]
-    params = ", ".join(f"${i + 3}::{t}[]" for i, t in enumerate(types))
+def _unnest_params(table: _Table) -> str:
+    types = ["bigint", "bytea", *(t for _, t in table.extra), "text"]
+    return ", ".join(f"${i + 3}::{t}[]" for i, t in enumerate(types))
+
+
+def _insert_sql(table: _Table) -> str:
+    names = ["position", table.id_col, *(c for c, _ in table.extra), "doc"]
     return (
-        f"INSERT INTO {table} (scope_key, thread_id, {', '.join(names)}) "
-        f"SELECT $1, $2, * FROM unnest({params})"
+        f"INSERT INTO {table.table} (scope_key, thread_id, {', '.join(names)}) "
+        f"SELECT $1, $2, * FROM unnest({_unnest_params(table)})"
     )
 
 
-def _update_sql(family: _Family, table: str) -> str:
-    extra = _EXTRA_COLUMNS[family.name]
-    names = ["position", "id", *(c for c, _ in extra), "doc"]
-    types = ["bigint", "bytea", *(t for _, t in extra), "text"]
-    params = ", ".join(f"${i + 3}::{t}[]" for i, t in enumerate(types))
-    sets = ", ".join(f"{c} = u.{c}" for c in [*(c for c, _ in extra), "doc"])
+def _update_sql(table: _Table) -> str:
+    names = ["position", "id", *(c for c, _ in table.extra), "doc"]
+    sets = ", ".join(f"{c} = u.{c}" for c in [*(c for c, _ in table.extra), "doc"])
     return (
-        f"UPDATE {table} AS t SET {sets} FROM unnest({params}) AS u({', '.join(names)}) "
+        f"UPDATE {table.table} AS t SET {sets} "
+        f"FROM unnest({_unnest_params(table)}) AS u({', '.join(names)}) "
         f"WHERE t.scope_key = $1 AND t.thread_id = $2 AND t.position = u.position "
-        f"AND t.{family.id_col} = u.id"
+        f"AND t.{table.id_col} = u.id"
     )
 
 
-def _check_condition(request: CommitThreadInput, row: Any) -> ThreadVersion | None:
-    """The stored version; raises :class:`_Conflict` unless the commit's condition holds."""
-    current = (
-        None
-        if row is None
-        else ThreadVersion(thread_instance_id=row["instance_id"], revision=int(row["revision"]))
-    )
-    if check_condition(request, current) is not None:
-        raise _Conflict(current)
-    return current
+def _closed_error() -> ThreadStoreConfigurationError:
+    """What an operation that outlived ``close()`` raises (as the base class does)."""
+    return ThreadStoreConfigurationError("this store is closed; open a new one")
 
 
 def _terminate(conn: asyncpg.Connection) -> None:
@@ -952,6 +871,12 @@ def _terminate(conn: asyncpg.Connection) -> None:
     with contextlib.suppress(Exception):
         if not conn.is_closed():
             conn.terminate()
+
+
+def _terminate_pool(pool: asyncpg.Pool) -> None:
+    """Drop every connection of a pool, however far its start or use got."""
+    with contextlib.suppress(Exception):
+        pool.terminate()
 
 
 async def _rollback(conn: asyncpg.Connection) -> None:
@@ -971,6 +896,15 @@ def _check_int(name: str, value: object, minimum: int) -> None:
 def _check_seconds(name: str, value: object) -> None:
     if type(value) not in (int, float) or not 0 < cast(float, value) < 86_400:
         raise ThreadStoreConfigurationError(f"option {name} must be a number of seconds > 0")
+
+
+async def keep_session(conn: asyncpg.Connection) -> None:
+    """Pool reset hook: nothing to undo.
+
+    asyncpg still rolls back an open transaction on release; its default reset
+    (``RESET ALL``, ``UNLISTEN *``, ...) would cost one more round trip per
+    operation for session state this store never creates.
+    """
 
 
 # ---------------------------------------------------------------- relationships
@@ -993,15 +927,6 @@ def by_keys(table: str, column: str, select: str) -> str:
         # once per key, as an equality probe of the (scope, thread, key) index.
         f"CROSS JOIN LATERAL (SELECT {cols} FROM {table} WHERE {where} OFFSET 0) AS t"
     )
-
-
-async def keep_session(conn: asyncpg.Connection) -> None:
-    """Pool reset hook: nothing to undo.
-
-    asyncpg still rolls back an open transaction on release; its default reset
-    (``RESET ALL``, ``UNLISTEN *``, ...) would cost one more round trip per
-    operation for session state this store never creates.
-    """
 
 
 def open_runs_statement(tables: Tables) -> str:
