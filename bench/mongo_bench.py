@@ -468,7 +468,7 @@ def write_docs(table: str, path: Path) -> None:
         f"{table}\n\n"
         "Reading the figures. The size targets hold: an append, a newest-20 read and a\n"
         "list page cost the same at 10 and 10,000 messages (or threads deep); every\n"
-        "query is a bounded index range (see `tests/mongo/test_mongo_explain.py`).\n"
+        "query is a bounded index range (see `tests/mongo/test_explain.py`).\n"
         "Against the floor, reads and list pages are within about 1.5-1.9x: the\n"
         "difference is strict validation of every returned document, the page token\n"
         "and, for reads, the `$$NOW` observation. Commits are about 2-2.5x the floor\n"

@@ -1,6 +1,7 @@
 """pai-storage itself, through ``pai_storage.open_store(url)`` only.
 
-A turn is persisted the way an agent runtime drives the store (SPEC 8.2):
+A turn is persisted the way an agent runtime drives the store (the worked
+example of ``docs/commits.md#worked-example-one-turn``):
 
 * **2 commits/turn** (the baseline, 1.0 in every ratio): commit 1 inserts the
   user message and its ``running`` run and acquires the run's lease; commit 2

@@ -1,4 +1,4 @@
-"""Mechanics of ``apply_family_changes`` (SPEC sections 5 and 8)."""
+"""Mechanics of ``apply_family_changes`` (docs/commits.md#change-families-and-their-order)."""
 
 from __future__ import annotations
 
@@ -259,7 +259,7 @@ def scenarios(draw: Any) -> tuple[Family[Any], list[dict[str, Any]]]:
 
 
 def reference(family: Family[Any], changes: list[dict[str, Any]]) -> list[str] | str:
-    """The family's ids in order after the changes, by the plain list semantics of SPEC 8."""
+    """The family's ids in order after the changes, by plain list semantics (docs/commits.md)."""
     order = [e.record.message_id for e in sorted(family, key=lambda e: e.position)]
     for change in changes:
         kind = change["type"]

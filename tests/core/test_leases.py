@@ -1,4 +1,4 @@
-"""Lease rules (SPEC section 8), through the pure ``apply_thread_changes``."""
+"""Lease rules (docs/commits.md#leases), through the pure ``apply_thread_changes``."""
 
 from __future__ import annotations
 

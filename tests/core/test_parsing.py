@@ -1,4 +1,7 @@
-"""The strict parsers of SPEC 13: records, union results and whole aggregates."""
+"""The strict parsers backends use: records, union results and whole aggregates.
+
+They accept exactly the JSON form of docs/data-model.md#the-json-form.
+"""
 
 from __future__ import annotations
 

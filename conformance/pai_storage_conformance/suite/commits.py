@@ -1,4 +1,4 @@
-"""Commits (SPEC section 8): create, update, delete, stamping, change rules, conflicts."""
+"""Commits (docs/commits.md): create, update, delete, stamping, change rules, conflicts."""
 
 from __future__ import annotations
 
@@ -862,9 +862,9 @@ class TestConflicts:
     async def test_conflict_takes_precedence_over_mechanical_errors(
         self, store: ThreadStore
     ) -> None:
-        # The condition is judged before the child changes (SPEC 8: the version
-        # differs -> conflict); a stale commit whose changes would also fail
-        # mechanically is a conflict, not an error.
+        # The condition is judged before the child changes (docs/commits.md#how-a-commit-is-judged:
+        # the version differs -> conflict); a stale commit whose changes would
+        # also fail mechanically is a conflict, not an error.
         scope = new_scope()
         created = await _create(store, scope)
         updated = await _update(store, scope, created.version, title="x")

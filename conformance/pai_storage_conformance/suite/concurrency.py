@@ -1,4 +1,9 @@
-"""Concurrency (SPEC 6, 8) and scope isolation (SPEC 4, 6, 7)."""
+"""Concurrency and scope isolation.
+
+Consistent reads (docs/reads.md#reading-a-thread), atomic racing commits
+(docs/commits.md#atomicity-and-concurrency) and scopes that never see each other
+(docs/data-model.md#scopes-and-isolation).
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Errors (SPEC section 11): malformed inputs, the error hierarchy, defensive copies."""
+"""Errors (docs/errors.md): malformed inputs, the error hierarchy, defensive copies."""
 
 from __future__ import annotations
 

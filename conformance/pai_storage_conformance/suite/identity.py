@@ -1,4 +1,4 @@
-"""Identity and scoping (SPEC section 4): opaque ids, versions, isolation."""
+"""Identity and scoping (docs/data-model.md#identifiers): opaque ids, versions, isolation."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Strict JSON (SPEC sections 5 and 10): rejected values, exact round trips, JSON form."""
+"""Strict JSON (docs/json.md): rejected values, exact round trips, the JSON form of records."""
 
 from __future__ import annotations
 
@@ -801,8 +801,8 @@ class TestStrictJson:
     async def test_model_dump_json_mode_is_the_json_form(
         self, store: ThreadStore, clock: ManualClock
     ) -> None:
-        # SPEC 5: model_dump(mode="json") gives the camelCase JSON form with
-        # absent optional fields omitted (never null), exactly like to_json().
+        # model_dump(mode="json") gives the camelCase JSON form with absent optional
+        # fields omitted (never null), exactly like to_json(): docs/data-model.md#the-json-form.
         scope = new_scope()
         await store.commit_thread(
             b.create(

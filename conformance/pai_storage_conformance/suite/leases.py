@@ -1,4 +1,4 @@
-"""Lease rules (SPEC 8, 9): acquire, renew, release, expiry and the provider clock."""
+"""Lease rules (docs/commits.md#leases): acquire, renew, release, expiry and the provider clock."""
 
 from __future__ import annotations
 

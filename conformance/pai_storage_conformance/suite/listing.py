@@ -1,4 +1,4 @@
-"""Listing threads (SPEC section 7): order, keyset pages, filters, hidden threads."""
+"""Listing threads (docs/reads.md#listing-threads): order, keyset pages, filters, hidden threads."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Model-based testing (SPEC 14): random valid and invalid commits, store vs reference model.
+"""Model-based testing: random valid and invalid commits, store vs reference model.
 
 A Hypothesis state machine plays a realistic agent workload (turns, queued
 turns, streaming, completion, admission, cancellation, regeneration, deletes
@@ -681,7 +681,7 @@ def _machine(
 
 
 class TestModelBased:
-    """SPEC 14: random valid and invalid commits agree with the reference model."""
+    """Random valid and invalid commits agree with the reference model."""
 
     async def test_store_agrees_with_reference_model(
         self, store: ThreadStore, clock: ManualClock, pai_examples: int

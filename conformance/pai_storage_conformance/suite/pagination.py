@@ -1,4 +1,4 @@
-"""Child-family pagination (SPEC section 6): limits, tokens, continuations, snapshots."""
+"""Child-family pagination (docs/reads.md#page-tokens): limits, tokens, continuations, snapshots."""
 
 from __future__ import annotations
 
@@ -364,7 +364,7 @@ class TestPagination:
     async def test_explicit_default_order_is_the_same_query(self, store: ThreadStore) -> None:
         # "order" defaults to "oldest": a token from the default form continues
         # the explicit one unless the backend treats them as different queries.
-        # The literal reading of the spec: the same query, so it continues.
+        # docs/reads.md#continuation-rules: the same query, so it continues.
         scope = new_scope()
         await _full_thread(store, scope)
         _, token = await _page(store, scope, "t1", "messages", MSG_RAW, 2)

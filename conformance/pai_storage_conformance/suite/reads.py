@@ -1,4 +1,4 @@
-"""Reads (SPEC section 6): pages per family, message views and bounds, id selections."""
+"""Reads (docs/reads.md): pages per family, message views and bounds, id selections."""
 
 from __future__ import annotations
 

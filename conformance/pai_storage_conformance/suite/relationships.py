@@ -1,4 +1,8 @@
-"""Relationship rules (SPEC 8.1) and the worked example of one turn (SPEC 8.2)."""
+"""Relationship rules and the worked example of one turn.
+
+The rules are docs/commits.md#relationship-rules; the example is
+docs/commits.md#worked-example-one-turn.
+"""
 
 from __future__ import annotations
 
@@ -142,7 +146,7 @@ async def _done_thread(store: ThreadStore, scope: str, tid: str = "t") -> Thread
 
 
 class TestRelationshipRules:
-    """Every rule of SPEC 8.1, judged on the post-commit state, on create and on update."""
+    """Every relationship rule, judged on the post-commit state, on create and on update."""
 
     # ------------------------------------------------------------------ rule 1
 
@@ -948,7 +952,7 @@ class TestRelationshipRules:
 
 
 class TestWorkedExample:
-    """SPEC 8.2: one turn, a queued second turn, streaming, admission and regeneration."""
+    """The worked example: one turn, a queued second turn, streaming, admission, regeneration."""
 
     async def test_one_turn_end_to_end(self, store: ThreadStore, clock: ManualClock) -> None:
         scope, tid = new_scope(), "worked-example"
