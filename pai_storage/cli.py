@@ -2,14 +2,17 @@
 
 ::
 
-    pai-storage demo [URL]          play the SPEC 8.2 worked example (default memory://)
+    pai-storage demo [URL]          play the worked example of one turn (default memory://)
     pai-storage check URL           initialize a store and describe the backend
     pai-storage bench URL [...]     run the benchmark (pai_storage.benchmark)
     pai-storage --version
 
 Every command exits 0 on success and 1 on a :class:`ThreadStoreError`, whose
 message goes to stderr without a traceback and with any URL password masked.
-Usage errors exit 2.
+Usage errors exit 2. ``bench`` has its own statuses (see
+:mod:`pai_storage.benchmark`).
+
+The demo plays ``docs/commits.md#worked-example-one-turn`` step by step.
 """
 
 from __future__ import annotations
@@ -52,7 +55,6 @@ __all__ = ["main"]
 
 EXIT_OK = 0
 EXIT_ERROR = 1
-EXIT_USAGE = 2
 
 
 # ---------------------------------------------------------------- output helpers
@@ -113,7 +115,11 @@ _ANSWER_2 = "Rome."
 
 
 class _Demo:
-    """Plays SPEC 8.2 on a fresh thread in a fresh scope, printing each step."""
+    """Plays the worked example of one turn on a fresh thread in a fresh scope.
+
+    Each step prints what it commits and the state it leaves; the steps and
+    their JSON are those of ``docs/commits.md#worked-example-one-turn``.
+    """
 
     def __init__(
         self,
@@ -594,34 +600,16 @@ def _cmd_check(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------- bench
 
 
-def _cmd_bench(args: argparse.Namespace, extra: Sequence[str]) -> int:
-    try:
-        benchmark = importlib.import_module("pai_storage.benchmark")
-    except ModuleNotFoundError as exc:
-        if exc.name not in ("pai_storage.benchmark", "pai_storage"):
-            _error(f"the benchmark needs the module {exc.name!r}, which is not installed")
-        else:
-            _error(
-                "the bench command is not available: pai_storage.benchmark is missing "
-                "from this installation"
-            )
-        return EXIT_USAGE
+def _cmd_bench(extra: Sequence[str]) -> int:
+    # Imported only when asked for: the other commands never need it.
+    benchmark = importlib.import_module("pai_storage.benchmark")
     parser = argparse.ArgumentParser(
         prog="pai-storage bench", description="Measure a backend's read and commit latency."
     )
     benchmark.add_arguments(parser)
-    # The URL is part of the command's contract; add it if the module did not.
-    if not any(action.dest == "url" for action in parser._actions):
-        parser.add_argument("url", metavar="URL", help="store URL, e.g. memory://")
-    bench_args = parser.parse_args(list(extra))
-    url = str(getattr(bench_args, "url", ""))
-    mask = _password_masker(url)
-    try:
-        status = asyncio.run(benchmark.main(bench_args))
-    except ThreadStoreError as exc:
-        _error(f"{type(exc).__name__}: {exc}", mask)
-        return EXIT_ERROR
-    return int(status) if status is not None else EXIT_OK
+    # benchmark.main reports its own errors (passwords masked) and returns the status.
+    status: int = asyncio.run(benchmark.main(parser.parse_args(list(extra))))
+    return status
 
 
 # ---------------------------------------------------------------- entry point
@@ -637,7 +625,7 @@ def _parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser(
         "demo",
-        help="play the worked example of one turn (SPEC 8.2) on a fresh thread",
+        help="play the worked example of one turn on a fresh thread",
         description="Play the worked example on a fresh thread in a fresh scope, then delete it.",
     )
     demo.add_argument(
@@ -667,7 +655,7 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     try:
         if args.command == "bench":
-            return _cmd_bench(args, extra)
+            return _cmd_bench(extra)
         if extra:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         if args.command == "demo":
