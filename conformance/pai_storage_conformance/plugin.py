@@ -1,41 +1,63 @@
 """The pytest plugin: ``pytest --pai-backend=NAME [--pai-url=URL]``.
 
 Registered as a ``pytest11`` entry point, so it is active wherever
-``pai-storage`` is installed; it does nothing until a backend is chosen (by
-option or ini value). Then it starts that backend's test harness once per
-session (an unreachable server stops the run with a clear error), prints the
-backend and server in the header, and adds the conformance suite to the
-collected tests.
+``pai-storage`` is installed -- and therefore imports nothing but pytest and
+the standard library until it is asked for something: a run that chooses no
+backend never imports ``pai_storage``, the suite, Hypothesis or a backend, and
+does not need the ``test`` extra. A backend is chosen by option or by the
+``pai_backend`` ini value. Then the plugin imports that backend only, starts its
+test harness once per session (an unreachable server stops the run with a
+clear error), prints the backend and server in the header, and adds the
+conformance suite to the collected tests.
 
-Fixtures (override any of them in a ``conftest.py``):
+Fixtures (override any of them in a ``conftest.py`` or in your test class):
 
 ``pai_harness``
-    The chosen backend's :class:`~pai_storage.TestHarness` (session scope).
+    The chosen backend's :class:`~pai_storage_conformance.provision.TestHarness`
+    (session scope).
 ``clock``
     A :class:`~pai_storage.ManualClock` that drives the store's time.
+``pai_examples``
+    The example budget of the model-based (Hypothesis) test.
 ``store``
     An initialized store in a fresh namespace, using ``clock``.
 ``real_clock_store``
     A store that uses the provider's real clock.
-``pai_examples``
-    The example budget of the model-based (Hypothesis) test.
+
+The two async ones live in :mod:`pai_storage_conformance.fixtures` (they need
+pytest-asyncio); the plugin registers that module when a backend is chosen, or
+as soon as a test module has imported the suite (the subclassing use), before
+that module's tests are collected.
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib
+import importlib.util
 import os
-from collections.abc import AsyncIterator
+import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
-import pytest_asyncio
 
-from pai_storage import ManualClock, TestHarness, ThreadStore, available_backends, get_backend
-from pai_storage.errors import ThreadStoreError
+if TYPE_CHECKING:
+    from pai_storage import ManualClock
+
+    from .provision import TestHarness
+
+__all__ = ["FIXTURES_PLUGIN", "SUITE_DIR", "harness_of"]
 
 SUITE_DIR = Path(__file__).parent / "collected"
-_HARNESS = pytest.StashKey[TestHarness]()
+"""The directory ``--pai-backend`` adds to the collected paths."""
+
+FIXTURES_PLUGIN = "pai_storage_conformance.fixtures"
+"""The module holding the async fixtures, registered on demand."""
+
+_SUITE_MODULE = "pai_storage_conformance.suite"
+_SUITE_NEEDS = ("pytest_asyncio", "hypothesis")  # the `test` extra
+_HARNESS = pytest.StashKey["TestHarness"]()
 _BACKEND = pytest.StashKey[str]()
 
 
@@ -75,6 +97,12 @@ def _setting(config: pytest.Config, name: str) -> str | None:
     return str(value) if value not in (None, "") else None
 
 
+def _use_fixtures(config: pytest.Config) -> None:
+    """Register the async fixtures once; they import pai_storage and pytest-asyncio."""
+    if not config.pluginmanager.has_plugin(FIXTURES_PLUGIN):
+        config.pluginmanager.register(importlib.import_module(FIXTURES_PLUGIN), FIXTURES_PLUGIN)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "pai_capability(name): test needs an optional backend capability"
@@ -84,18 +112,37 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"--pai-examples must be a positive integer, not {examples!r}")
     name = _setting(config, "pai_backend")
     if name is None:
+        if _SUITE_MODULE in sys.modules:  # a conftest imported the suite already
+            _use_fixtures(config)
         return
+    missing = [module for module in _SUITE_NEEDS if importlib.util.find_spec(module) is None]
+    if missing:
+        raise pytest.UsageError(
+            f"--pai-backend={name!r}: the conformance suite needs {', '.join(missing)}, "
+            "which is not installed: pip install 'pai-storage[test]'"
+        )
+    from pai_storage.errors import ThreadStoreError
+    from pai_storage.registry import available_backends, get_backend
+
     try:
-        get_backend(name)
+        get_backend(name)  # imports this backend only
     except ThreadStoreError:
         valid = ", ".join(sorted(available_backends())) or "none installed"
         raise pytest.UsageError(
             f"--pai-backend={name!r} is not an installed pai-storage backend; valid names: {valid}"
         ) from None
     config.stash[_BACKEND] = name
+    _use_fixtures(config)
     suite = SUITE_DIR.resolve()
     if not any(Path(arg.split("::")[0]).resolve() == suite for arg in config.args):
         config.args.append(str(SUITE_DIR))
+
+
+def pytest_collectstart(collector: pytest.Collector) -> None:
+    # Subclassing use: the test module being collected imported the suite, so
+    # its classes need the async fixtures before their tests are collected.
+    if _SUITE_MODULE in sys.modules:
+        _use_fixtures(collector.config)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -104,6 +151,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     name = config.stash.get(_BACKEND, None)
     if name is None:
         return
+    from pai_storage.registry import get_backend
+
     url = _setting(config, "pai_url") or os.environ.get(f"PAI_TEST_{name.upper()}_URL") or None
     harness = get_backend(name).test_harness(url)
     try:
@@ -131,9 +180,14 @@ def pytest_report_header(config: pytest.Config) -> str | None:
     return f"pai-storage conformance: backend={name}; server={server}"
 
 
+def harness_of(config: pytest.Config) -> TestHarness | None:
+    """The started harness of the chosen backend, or ``None`` without one."""
+    return config.stash.get(_HARNESS, None)
+
+
 @pytest.fixture(scope="session")
 def pai_harness(pytestconfig: pytest.Config) -> TestHarness:
-    harness = pytestconfig.stash.get(_HARNESS, None)
+    harness = harness_of(pytestconfig)
     if harness is None:
         pytest.fail(
             "no pai-storage backend chosen: run with --pai-backend=NAME, or override "
@@ -144,25 +198,9 @@ def pai_harness(pytestconfig: pytest.Config) -> TestHarness:
 
 @pytest.fixture
 def clock() -> ManualClock:
-    return ManualClock()
+    import pai_storage
 
-
-@pytest_asyncio.fixture
-async def store(pai_harness: TestHarness, clock: ManualClock) -> AsyncIterator[ThreadStore]:
-    async with pai_harness.store(clock) as created:
-        yield created
-
-
-@pytest_asyncio.fixture
-async def real_clock_store(pytestconfig: pytest.Config) -> AsyncIterator[ThreadStore]:
-    harness = pytestconfig.stash.get(_HARNESS, None)
-    if harness is None:
-        pytest.skip(
-            "capability 'real_clock' not provided: override the real_clock_store "
-            "fixture (a store using the provider's own clock) to run this test"
-        )
-    async with harness.store(None) as created:
-        yield created
+    return pai_storage.ManualClock()
 
 
 @pytest.fixture
