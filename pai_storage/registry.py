@@ -1,13 +1,29 @@
-"""Backend registry: entry points, chosen by URL scheme, loaded lazily.
+"""Backend registry: entry points, chosen by URL scheme, imported only when used.
 
-A backend package exposes a :class:`Backend` object and registers it in the
-``pai_storage.backends`` entry-point group, exactly as the built-in ones do::
+A backend package exposes a :class:`Backend` object and declares it in two
+entry-point groups, exactly as the built-in ones do::
 
-    [project.entry-points."pai_storage.backends"]
+    [project.entry-points."pai_storage.backends"]   # name -> backend
     mystore = "my_package:backend"
 
-Entry points are imported only when a store is first opened (or the suite asks
-for a backend by name). :func:`register_backend` adds one in-process.
+    [project.entry-points."pai_storage.schemes"]    # URL scheme -> the same backend
+    mystore = "my_package:backend"
+    mystore-legacy = "my_package:backend"
+
+The names in ``pai_storage.schemes`` are the URL schemes the backend serves
+(its ``url_schemes``; ``scheme+driver`` URLs match on the part before ``+``),
+and each value names the same object as the backend's ``pai_storage.backends``
+entry. Entry-point metadata is read without importing anything, so opening
+``memory://`` imports the memory backend and no other one, and asking for a
+backend by name (``pytest --pai-backend=NAME``) imports only that one -- the
+way SQLAlchemy loads one dialect and fsspec one implementation.
+
+A scheme that no entry point declares makes the registry import every
+installed backend before it gives up: a backend that declares no schemes is
+still found (at that cost), and the error lists every installed scheme and
+every backend that failed to load. :func:`available_backends` imports them all
+too. :func:`register_backend` adds a backend in-process. See
+``docs/backend-authors.md``.
 """
 
 from __future__ import annotations
@@ -17,20 +33,24 @@ import importlib.util
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
-from contextlib import AbstractAsyncContextManager
-from importlib.metadata import entry_points
+from dataclasses import dataclass, field
+from importlib.metadata import EntryPoint, entry_points
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .clock import Clock
 from .errors import ThreadStoreConfigurationError
-from .store import ThreadStore
 from .url import StoreURL, make_url
+
+if TYPE_CHECKING:
+    # Test provisioning lives beside the conformance suite; the core only names it.
+    from pai_storage_conformance.provision import TestHarness
+
+    from .store import ThreadStore
 
 __all__ = [
     "ENTRY_POINT_GROUP",
+    "SCHEME_ENTRY_POINT_GROUP",
     "Backend",
-    "TestHarness",
     "available_backends",
     "backend_for_url",
     "get_backend",
@@ -40,30 +60,10 @@ __all__ = [
 ]
 
 ENTRY_POINT_GROUP = "pai_storage.backends"
+"""Entry-point group naming each backend: ``NAME = "package:backend"``."""
 
-
-class TestHarness(ABC):
-    """Makes isolated stores of one backend for the conformance suite.
-
-    Every store it creates lives in its own namespace (a fresh collection
-    prefix, schema or table prefix) and is cleaned up by :meth:`aclose`.
-    """
-
-    __test__ = False  # not a pytest test class
-
-    @abstractmethod
-    def store(self, clock: Clock | None = None) -> AbstractAsyncContextManager[ThreadStore]:
-        """An initialized store in a fresh namespace, removed on exit."""
-
-    async def start(self) -> None:
-        """Connect, or start a throwaway server; fail loudly if unreachable."""
-
-    async def aclose(self) -> None:
-        """Stop anything :meth:`start` started."""
-
-    def describe(self) -> str:
-        """One line for the pytest header: backend and server."""
-        return type(self).__name__
+SCHEME_ENTRY_POINT_GROUP = "pai_storage.schemes"
+"""Entry-point group naming the backend for each URL scheme: ``SCHEME = "package:backend"``."""
 
 
 class Backend(ABC):
@@ -75,7 +75,8 @@ class Backend(ABC):
         Short name, used by ``pytest --pai-backend=NAME``.
     url_schemes:
         Schemes it serves (``"postgresql"``; ``scheme+driver`` URLs match on
-        the part before ``+``).
+        the part before ``+``). Declare each one in the
+        ``pai_storage.schemes`` entry-point group too.
     extra:
         The ``pai-storage`` extra that installs its driver, if any.
     requires:
@@ -125,25 +126,124 @@ class Backend(ABC):
 
     @abstractmethod
     def test_harness(self, url: str | None = None) -> TestHarness:
-        """A harness for the conformance suite against ``url`` or a default server."""
+        """A harness for the conformance suite against ``url`` or a default server.
+
+        Return a :class:`pai_storage_conformance.provision.TestHarness`; import
+        it where the harness is built, so opening a store never imports test
+        provisioning.
+        """
 
 
-_lock = threading.Lock()
+@dataclass
+class _Installed:
+    """What installed distributions declare, read from metadata (nothing imported)."""
+
+    backends: dict[str, EntryPoint] = field(default_factory=dict)
+    """Backend name -> its entry point (the first one found wins)."""
+    schemes: dict[str, list[EntryPoint]] = field(default_factory=dict)
+    """URL scheme -> the entry points declaring it."""
+    names: dict[str, str] = field(default_factory=dict)
+    """Object reference (``package:backend``) -> backend name."""
+
+    @classmethod
+    def read(cls) -> _Installed:
+        found = cls()
+        for ep in entry_points(group=ENTRY_POINT_GROUP):
+            if ep.name not in found.backends:
+                found.backends[ep.name] = ep
+                found.names.setdefault(_ref(ep), ep.name)
+        for ep in entry_points(group=SCHEME_ENTRY_POINT_GROUP):
+            found.schemes.setdefault(ep.name.lower(), []).append(ep)
+        return found
+
+    def key(self, ep: EntryPoint) -> str:
+        """The backend name a scheme entry point refers to (its reference if none)."""
+        return self.names.get(_ref(ep), _ref(ep))
+
+
+def _ref(ep: EntryPoint) -> str:
+    return "".join(ep.value.split())
+
+
+# Loading imports backend modules; a module that registers something while it
+# is imported re-enters the lock from the same thread, hence RLock.
+_lock = threading.RLock()
 _backends: dict[str, Backend] = {}
 _schemes: dict[str, str] = {}
-_entry_points_loaded = False
+_installed: _Installed | None = None
+_attempted: set[str] = set()
+_everything_loaded = False
 _load_errors: dict[str, str] = {}
+_scheme_errors: dict[str, str] = {}
 BACKENDS: Mapping[str, Backend] = MappingProxyType(_backends)
 """Read-only view of the backends registered so far (entry points load lazily)."""
+
+
+def _declared() -> _Installed:
+    global _installed
+    if _installed is None:
+        _installed = _Installed.read()
+    return _installed
+
+
+def _load(key: str, ep: EntryPoint) -> None:
+    """Import one declared backend (once) and register it; record why it failed."""
+    if key in _attempted or key in _backends:
+        return  # an in-process registration under that name takes precedence
+    _attempted.add(key)
+    try:
+        backend = ep.load()
+        if not isinstance(backend, Backend):
+            raise TypeError(f"{ep.value} is not a pai_storage Backend")
+        _register(backend, replace=False)
+    except Exception as exc:  # one broken plugin must not hide the others
+        _load_errors[key] = f"{type(exc).__name__}: {exc}"
+
+
+def _load_name(name: str) -> None:
+    ep = _declared().backends.get(name)
+    if ep is not None:
+        _load(name, ep)
+
+
+def _load_scheme(scheme: str) -> None:
+    installed = _declared()
+    for ep in installed.schemes.get(scheme, ()):
+        key = installed.key(ep)
+        _load(key, installed.backends.get(key, ep))
+        if scheme not in _schemes and key in _backends:
+            _scheme_errors[scheme] = (
+                f"entry point {ep.name!r} in {SCHEME_ENTRY_POINT_GROUP!r} names backend "
+                f"{key!r}, whose url_schemes do not include {scheme!r}"
+            )
+
+
+def _load_everything() -> None:
+    global _everything_loaded
+    if _everything_loaded:
+        return
+    installed = _declared()
+    for name, ep in installed.backends.items():
+        _load(name, ep)
+    for declaring in installed.schemes.values():  # schemes whose value names no backend entry
+        for ep in declaring:
+            key = installed.key(ep)
+            _load(key, installed.backends.get(key, ep))
+    _everything_loaded = True
 
 
 def register_backend(backend: Backend, *, replace: bool = False) -> None:
     """Register ``backend`` in-process under its name and URL schemes.
 
     Raises :class:`ThreadStoreConfigurationError` when the name or a scheme is
-    taken by another backend (unless ``replace``).
+    taken by another backend, installed or registered (unless ``replace``).
     """
     with _lock:
+        # An installed backend that claims the same name or a scheme is loaded
+        # first, so a clash is found whether or not it was used yet.
+        _load_name(getattr(backend, "name", None) or "")
+        for scheme in getattr(backend, "url_schemes", None) or ():
+            _load_scheme(str(scheme).lower())
         _register(backend, replace)
 
 
@@ -168,7 +268,10 @@ def _register(backend: Backend, replace: bool) -> None:
 
 
 def unregister_backend(name: str) -> None:
-    """Remove an in-process registration (mainly for tests)."""
+    """Remove an in-process registration (mainly for tests).
+
+    A backend loaded from an entry point stays removed for this process.
+    """
     with _lock:
         backend = _backends.pop(name, None)
         if backend is not None:
@@ -176,73 +279,76 @@ def unregister_backend(name: str) -> None:
                 _schemes.pop(scheme.lower(), None)
 
 
-def _load_entry_points() -> None:
-    global _entry_points_loaded
-    with _lock:
-        if _entry_points_loaded:
-            return
-        for ep in entry_points(group=ENTRY_POINT_GROUP):
-            if ep.name in _backends:
-                continue
-            try:
-                backend = ep.load()
-                if not isinstance(backend, Backend):
-                    raise TypeError(f"{ep.value} is not a pai_storage.Backend")
-                _register(backend, replace=False)
-            except Exception as exc:  # one broken plugin must not hide the others
-                _load_errors[ep.name] = f"{type(exc).__name__}: {exc}"
-        _entry_points_loaded = True
-
-
 def available_backends() -> Mapping[str, Backend]:
-    """Every backend: entry points (loaded now) plus in-process registrations."""
-    _load_entry_points()
+    """Every backend: all entry points (imported now) plus in-process registrations."""
+    with _lock:
+        _load_everything()
     return BACKENDS
 
 
 def get_backend(name: str) -> Backend:
-    """The backend registered as ``name``; a typed error names the valid ones."""
-    backends = available_backends()
-    if name in backends:
-        return backends[name]
-    if name in _load_errors:
-        raise ThreadStoreConfigurationError(
-            f"backend {name!r} failed to load: {_load_errors[name]}"
-        )
+    """The backend registered as ``name``; a typed error names the valid ones.
+
+    Imports that backend only; an unknown name imports every installed backend
+    first, so the error lists them all.
+    """
+    with _lock:
+        _load_name(name)
+        if name not in _backends and name not in _load_errors:
+            _load_everything()
+        backend = _backends.get(name)
+        if backend is not None:
+            return backend
+        if name in _load_errors:
+            raise ThreadStoreConfigurationError(
+                f"backend {name!r} failed to load: {_load_errors[name]}"
+            )
+        known = sorted(_backends)
     raise ThreadStoreConfigurationError(
-        f"unknown backend {name!r}{_did_you_mean(name, backends)}; "
-        f"installed backends: {', '.join(sorted(backends)) or 'none'}"
+        f"unknown backend {name!r}{_did_you_mean(name, known)}; "
+        f"installed backends: {', '.join(known) or 'none'}"
     )
 
 
-def _did_you_mean(word: str, choices: Mapping[str, Any]) -> str:
+def _did_you_mean(word: str, choices: Iterable[str]) -> str:
     close = difflib.get_close_matches(word, list(choices), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def backend_for_url(url: str | StoreURL) -> tuple[Backend, StoreURL]:
-    """The backend serving ``url``'s scheme, and the parsed URL."""
+    """The backend serving ``url``'s scheme, and the parsed URL.
+
+    Imports only the backend declared for that scheme; an undeclared scheme
+    imports every installed backend first (see the module docstring).
+    """
     parsed = make_url(url)
-    available_backends()
-    name = _schemes.get(parsed.scheme)
-    if name is None:
-        failed = "".join(
+    scheme = parsed.scheme
+    with _lock:
+        if scheme not in _schemes:
+            _load_scheme(scheme)
+        if scheme not in _schemes:
+            _load_everything()
+        name = _schemes.get(scheme)
+        if name is not None:
+            return _backends[name], parsed
+        notes = "".join(
             f"; backend {n!r} failed to load ({err})" for n, err in sorted(_load_errors.items())
         )
-        raise ThreadStoreConfigurationError(
-            f"no backend serves URL scheme {parsed.scheme!r}"
-            f"{_did_you_mean(parsed.scheme, _schemes)}; installed schemes: "
-            f"{', '.join(sorted(_schemes)) or 'none'}{failed}"
-        )
-    return _backends[name], parsed
+        if scheme in _scheme_errors:
+            notes += f"; {_scheme_errors[scheme]}"
+        installed = sorted(_schemes)
+    raise ThreadStoreConfigurationError(
+        f"no backend serves URL scheme {scheme!r}{_did_you_mean(scheme, installed)}; "
+        f"installed schemes: {', '.join(installed) or 'none'}{notes}"
+    )
 
 
 def open_store(url: str | StoreURL, **options: Any) -> ThreadStore:
     """Open a store by URL, e.g. ``open_store("postgresql://app@db/agents")``.
 
-    The backend is chosen by scheme (``scheme+driver`` allowed). The store is
-    initialized lazily on first use, or explicitly with ``await
-    store.initialize()`` / ``async with store``.
+    The backend is chosen by scheme (``scheme+driver`` allowed) and only that
+    backend is imported. The store is initialized lazily on first use, or
+    explicitly with ``await store.initialize()`` / ``async with store``.
 
     Raises
     ------

@@ -1,28 +1,33 @@
-"""Backend registry and URL handling (SPEC section 3)."""
+"""Backend registry and URL handling (see docs/backends.md and docs/backend-authors.md)."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import textwrap
 from collections.abc import Iterator
+from importlib.metadata import distribution
+from pathlib import Path
 from typing import Any
 
 import pytest
+from pai_storage_conformance.provision import TestHarness
 
 from pai_storage import (
-    ENTRY_POINT_GROUP,
-    Backend,
     StoreURL,
-    TestHarness,
     ThreadStore,
     ThreadStoreConfigurationError,
     available_backends,
-    backend_for_url,
-    get_backend,
     make_url,
     open_store,
     redact,
     register_backend,
     unregister_backend,
 )
+from pai_storage.backend import ENTRY_POINT_GROUP, Backend, backend_for_url, get_backend
+from pai_storage.registry import SCHEME_ENTRY_POINT_GROUP
 
 SECRET = "s3cr3t-Pa55"
 
@@ -85,11 +90,212 @@ def _register(names: list[str], backend: Backend, **kw: Any) -> Backend:
 
 def test_entry_point_group_and_builtin_memory() -> None:
     assert ENTRY_POINT_GROUP == "pai_storage.backends"
+    assert SCHEME_ENTRY_POINT_GROUP == "pai_storage.schemes"
     backend = get_backend("memory")
     assert backend.name == "memory"
     assert "memory" in backend.url_schemes
     assert available_backends()["memory"] is backend
     assert backend_for_url("memory://")[0] is backend
+
+
+def test_builtin_scheme_entry_points_match_each_backend() -> None:
+    # The metadata is what lets the registry import one backend per scheme, so
+    # it must say exactly what each backend object serves.
+    eps = distribution("pai-storage").entry_points
+    backends = {ep.name: ep.value for ep in eps.select(group=ENTRY_POINT_GROUP)}
+    declared: dict[str, set[str]] = {}
+    for ep in eps.select(group=SCHEME_ENTRY_POINT_GROUP):
+        declared.setdefault(ep.value, set()).add(ep.name)
+    assert set(backends) == {"memory", "postgres", "mongo"}
+    assert set(declared) == set(backends.values())
+    for name, value in backends.items():
+        assert declared[value] == set(get_backend(name).url_schemes), name
+
+
+# ------------------------------------------------- lazy loading (fresh interpreters)
+
+BACKEND_MODULES = ("pai_storage_memory", "pai_storage_postgres", "pai_storage_mongo")
+DRIVERS = ("asyncpg", "pymongo", "bson")
+
+
+def _fresh(code: str, *, path: Path | None = None) -> dict[str, Any]:
+    """Run ``code`` in a new interpreter; it sets ``out`` (a JSON-able dict)."""
+    script = "import json, sys\nout = {}\n" + textwrap.dedent(code)
+    script += "\nout['loaded'] = sorted(m for m in sys.modules if m.split('.')[0] in WATCH)"
+    script += "\nprint(json.dumps(out))"
+    watch = (*BACKEND_MODULES, *DRIVERS, "pai_storage_conformance", "pai_example_kv")
+    env = dict(os.environ)
+    if path is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(path), env.get("PYTHONPATH")]))
+    run = subprocess.run(
+        [sys.executable, "-c", f"WATCH = {watch!r}\n{script}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert run.returncode == 0, run.stderr
+    result: dict[str, Any] = json.loads(run.stdout.strip().splitlines()[-1])
+    result["roots"] = sorted({m.split(".")[0] for m in result["loaded"]})
+    return result
+
+
+def test_importing_pai_storage_imports_no_backend() -> None:
+    result = _fresh("import pai_storage\nimport pai_storage.backend")
+    assert result["roots"] == []
+
+
+def test_opening_memory_imports_only_the_memory_backend() -> None:
+    result = _fresh(
+        """
+        import asyncio
+        from pai_storage import CommittedResult, open_store
+        from pai_storage import builders as b
+
+        async def use() -> None:
+            async with open_store("memory://") as store:
+                insert = {"type": "insert", "record": b.message("m1", "hi")}
+                made = await store.commit_thread(b.create("s", "t", {"messages": [insert]}))
+                assert isinstance(made, CommittedResult), made
+                read = await store.read_thread({"scopeKey": "s", "threadId": "t"})
+                out["thread"] = read.thread.thread_id
+
+        asyncio.run(use())
+        """
+    )
+    assert result["thread"] == "t"
+    assert result["roots"] == ["pai_storage_memory"]  # no other backend, driver or test code
+
+
+def test_resolving_postgresql_imports_only_the_postgres_backend() -> None:
+    result = _fresh(
+        """
+        from pai_storage.backend import backend_for_url, get_backend
+        out["backend"] = backend_for_url("postgresql+asyncpg://u@127.0.0.1/db")[0].name
+        out["by_name"] = get_backend("postgres").name
+        """
+    )
+    assert (result["backend"], result["by_name"]) == ("postgres", "postgres")
+    assert result["roots"] == ["pai_storage_postgres"]  # asyncpg itself waits for a connection
+
+
+def _fake_distribution(root: Path, dist: str, backends: str, schemes: str) -> None:
+    info = root / f"{dist}-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n")
+    groups = f"[{ENTRY_POINT_GROUP}]\n{backends}\n[{SCHEME_ENTRY_POINT_GROUP}]\n{schemes}\n"
+    (info / "entry_points.txt").write_text(groups)
+
+
+FAKE_BACKENDS = """
+from pai_storage.backend import Backend
+
+
+class Fake(Backend):
+    def __init__(self, name, schemes):
+        self.name, self.url_schemes = name, schemes
+
+    def _open(self, url, **options):
+        raise NotImplementedError
+
+    def test_harness(self, url=None):
+        raise NotImplementedError
+
+
+fakekv = Fake("fakekv", ("fake", "fake2"))
+liar = Fake("liar", ("honest",))
+legacy = Fake("legacy", ("legacy",))
+"""
+
+
+@pytest.fixture
+def third_party(tmp_path: Path) -> Path:
+    """Installed third-party backends, declared through entry-point metadata only."""
+    (tmp_path / "fake_backends.py").write_text(FAKE_BACKENDS)
+    (tmp_path / "boom_backend.py").write_text("raise RuntimeError('broken on import')\n")
+    _fake_distribution(
+        tmp_path,
+        "fake_backends",
+        "fakekv = fake_backends:fakekv\nliar = fake_backends:liar\nlegacy = fake_backends:legacy",
+        "fake = fake_backends:fakekv\nfake2 = fake_backends:fakekv\nliar = fake_backends:liar",
+    )
+    _fake_distribution(
+        tmp_path, "boom", "boom = boom_backend:backend", "boom = boom_backend:backend"
+    )
+    return tmp_path
+
+
+def test_a_declared_scheme_imports_only_its_backend(third_party: Path) -> None:
+    result = _fresh(
+        """
+        from pai_storage.backend import backend_for_url, get_backend
+        out["fake"] = backend_for_url("fake+drv://h")[0].name
+        out["fake2"] = backend_for_url("FAKE2://h")[0].name
+        out["by_name"] = get_backend("fakekv").name
+        out["boom_imported"] = "boom_backend" in sys.modules
+        """,
+        path=third_party,
+    )
+    assert (result["fake"], result["fake2"], result["by_name"]) == ("fakekv",) * 3
+    assert result["boom_imported"] is False
+    assert result["roots"] == []  # no built-in backend either
+
+
+def test_undeclared_scheme_falls_back_to_every_backend(third_party: Path) -> None:
+    result = _fresh(
+        """
+        from pai_storage import ThreadStoreConfigurationError
+        from pai_storage.backend import backend_for_url
+        out["legacy"] = backend_for_url("legacy://h")[0].name  # declares no scheme
+        try:
+            backend_for_url("liar://h")
+        except ThreadStoreConfigurationError as exc:
+            out["liar"] = str(exc)
+        """,
+        path=third_party,
+    )
+    assert result["legacy"] == "legacy"
+    assert "no backend serves URL scheme 'liar'" in result["liar"]
+    assert "backend 'boom' failed to load (RuntimeError: broken on import)" in result["liar"]
+    assert "names backend 'liar', whose url_schemes do not include 'liar'" in result["liar"]
+    assert "honest" in result["liar"]  # listed as installed once everything is loaded
+
+
+def test_registering_a_declared_scheme_is_a_clash_before_first_use(third_party: Path) -> None:
+    result = _fresh(
+        """
+        from pai_storage import ThreadStoreConfigurationError, register_backend
+        from fake_backends import Fake
+        for name, scheme in (("mine", "fake"), ("fakekv", "other")):
+            try:
+                register_backend(Fake(name, (scheme,)))
+            except ThreadStoreConfigurationError as exc:
+                out[name] = str(exc)
+        """,
+        path=third_party,
+    )
+    assert result["mine"] == "URL scheme 'fake' already belongs to backend 'fakekv'"
+    assert result["fakekv"] == "a backend named 'fakekv' is registered"
+
+
+def test_unknown_name_lists_installed_backends_and_failures(third_party: Path) -> None:
+    result = _fresh(
+        """
+        from pai_storage import ThreadStoreConfigurationError
+        from pai_storage.backend import get_backend
+        for name in ("fakvk", "boom"):
+            try:
+                get_backend(name)
+            except ThreadStoreConfigurationError as exc:
+                out[name] = str(exc)
+        """,
+        path=third_party,
+    )
+    assert "unknown backend 'fakvk' (did you mean 'fakekv'?)" in result["fakvk"]
+    installed = set(result["fakvk"].split("installed backends: ")[1].split(", "))
+    assert {"fakekv", "legacy", "liar", "memory", "postgres", "mongo"} <= installed
+    assert "boom" not in installed  # it failed to load: named in its own error instead
+    assert result["boom"] == "backend 'boom' failed to load: RuntimeError: broken on import"
 
 
 def test_unknown_scheme_lists_installed_schemes() -> None:

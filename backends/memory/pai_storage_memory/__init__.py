@@ -2,34 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pai_storage import (
-    Backend,
-    Clock,
-    StoreURL,
-    TestHarness,
-    ThreadStore,
-    ThreadStoreConfigurationError,
-)
+from pai_storage import ThreadStore, ThreadStoreConfigurationError
+from pai_storage.backend import Backend, StoreURL
 
 from .store import MemoryThreadStore
+
+if TYPE_CHECKING:
+    from pai_storage_conformance.provision import TestHarness
 
 __all__ = ["MemoryBackend", "MemoryThreadStore", "backend"]
 
 _OPTIONS = frozenset({"clock", "on_warning", "token_secret"})
-
-
-class MemoryHarness(TestHarness):
-    @asynccontextmanager
-    async def store(self, clock: Clock | None = None) -> AsyncIterator[ThreadStore]:
-        async with MemoryThreadStore(clock=clock) as store:
-            yield store
-
-    def describe(self) -> str:
-        return "memory (in-process)"
 
 
 class MemoryBackend(Backend):
@@ -43,6 +28,8 @@ class MemoryBackend(Backend):
         return MemoryThreadStore(**options)
 
     def test_harness(self, url: str | None = None) -> TestHarness:
+        from .harness import MemoryHarness  # test provisioning, imported only by the suite
+
         return MemoryHarness()
 
 

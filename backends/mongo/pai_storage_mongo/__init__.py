@@ -9,14 +9,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pai_storage import (
-    Backend,
-    StoreURL,
-    TestHarness,
-    ThreadStore,
-)
+from pai_storage import ThreadStore
+from pai_storage.backend import Backend, StoreURL
 
 if TYPE_CHECKING:
+    from pai_storage_conformance.provision import TestHarness
+
     from .store import MongoThreadStore
 
 __all__ = ["MongoBackend", "MongoThreadStore", "backend"]
@@ -39,7 +37,7 @@ class MongoBackend(Backend):
         return MongoThreadStore(url, **options)
 
     def test_harness(self, url: str | None = None) -> TestHarness:
-        from .harness import MongoHarness
+        from .harness import MongoHarness  # test provisioning, imported only by the suite
 
         return MongoHarness(url)
 

@@ -26,15 +26,15 @@ from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from typing import Any
 
+from pai_storage_conformance.provision import TestHarness
+
 from pai_storage import (
     Clock,
-    StoreURL,
-    TestHarness,
     ThreadStore,
     ThreadStoreConfigurationError,
     ThreadStoreUnavailableError,
-    make_url,
 )
+from pai_storage.backend import StoreURL, make_url
 
 from .store import MongoThreadStore
 

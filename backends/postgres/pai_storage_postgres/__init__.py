@@ -1,42 +1,30 @@
 """The PostgreSQL backend (``postgresql://``, ``postgres://``, ``postgresql+asyncpg://``).
 
 Install with ``pip install 'pai-storage[postgres]'`` (asyncpg). See
-``docs/postgres.md`` for set-up, schema, indexes and operations.
+``docs/postgres.md`` for set-up, schema, indexes and operations. The
+conformance harness is :mod:`pai_storage_postgres.harness`.
 """
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pai_storage import (
-    Backend,
-    Clock,
-    StoreURL,
-    TestHarness,
-    ThreadStore,
-    ThreadStoreUnavailableError,
-    make_url,
-    redact,
-)
+from pai_storage import ThreadStore
+from pai_storage.backend import Backend, StoreURL
 
-from .schema import SCHEMA_VERSION, Tables, quote_ident
+from .schema import SCHEMA_VERSION, Tables
 from .store import PostgresThreadStore
 
+if TYPE_CHECKING:
+    from pai_storage_conformance.provision import TestHarness
+
 __all__ = [
-    "DEFAULT_TEST_URL",
     "SCHEMA_VERSION",
     "PostgresBackend",
-    "PostgresHarness",
     "PostgresThreadStore",
     "Tables",
     "backend",
 ]
-
-DEFAULT_TEST_URL = "postgresql://postgres@127.0.0.1:5432/test"
-"""Where the conformance harness looks when no URL is given."""
 
 OPTIONS = frozenset(
     {
@@ -54,52 +42,6 @@ OPTIONS = frozenset(
 )
 
 
-class PostgresHarness(TestHarness):
-    """Conformance stores, each in its own throwaway PostgreSQL schema."""
-
-    def __init__(self, url: str | None = None) -> None:
-        self.url: StoreURL = make_url(url or DEFAULT_TEST_URL)
-        self._server: str | None = None
-
-    def _dsn(self) -> str:
-        return self.url.render(hide_password=False, scheme="postgresql")
-
-    async def start(self) -> None:
-        import asyncpg  # type: ignore[import-untyped]
-
-        try:
-            conn = await asyncpg.connect(self._dsn(), timeout=10)
-        except Exception as exc:
-            raise ThreadStoreUnavailableError(
-                f"cannot reach PostgreSQL at {self.url} "
-                f"({type(exc).__name__}: {redact(str(exc), self.url)}); start the server or "
-                "pass --pai-url / PAI_TEST_POSTGRES_URL"
-            ) from None
-        try:
-            self._server = str(await conn.fetchval("SHOW server_version"))
-        finally:
-            await conn.close()
-
-    def describe(self) -> str:
-        return f"PostgreSQL {self._server or '?'} at {self.url}"
-
-    @asynccontextmanager
-    async def store(self, clock: Clock | None = None) -> AsyncIterator[ThreadStore]:
-        import asyncpg
-
-        schema = f"pai_test_{uuid.uuid4().hex[:16]}"
-        store = PostgresThreadStore(self.url, schema=schema, clock=clock, max_pool_size=20)
-        try:
-            async with store:
-                yield store
-        finally:
-            conn = await asyncpg.connect(self._dsn(), timeout=10)
-            try:
-                await conn.execute(f"DROP SCHEMA IF EXISTS {quote_ident(schema)} CASCADE")
-            finally:
-                await conn.close()
-
-
 class PostgresBackend(Backend):
     """Opens :class:`PostgresThreadStore` instances by URL."""
 
@@ -113,6 +55,8 @@ class PostgresBackend(Backend):
         return PostgresThreadStore(url, **options)
 
     def test_harness(self, url: str | None = None) -> TestHarness:
+        from .harness import PostgresHarness  # test provisioning, imported only by the suite
+
         return PostgresHarness(url)
 
 

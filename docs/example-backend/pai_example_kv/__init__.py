@@ -1,6 +1,8 @@
 """``kv://``: thread aggregates stored as JSON values in a key-value map.
 
-Everything here uses public ``pai_storage`` names only. The "server" is a dict
+Everything here uses public names only: records and errors from
+``pai_storage``, author helpers from ``pai_storage.backend``, and the test
+harness base from ``pai_storage_conformance.provision``. The "server" is a dict
 of ``bytes -> bytes`` standing in for any key-value store; each thread is one
 value holding :meth:`pai_storage.ThreadAggregate.to_json`, keyed by a digest of
 the scope plus the JSON-encoded thread id (opaque ids never leak into key
@@ -18,8 +20,9 @@ from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Any
 
+from pai_storage_conformance.provision import TestHarness  # standard library only: cheap
+
 from pai_storage import (
-    Backend,
     Clock,
     CommittedResult,
     CommitThreadInput,
@@ -27,18 +30,20 @@ from pai_storage import (
     ListThreadsInput,
     Page,
     ReadThreadInput,
-    SelectionHelpers,
     StoreInfo,
-    StoreURL,
-    TestHarness,
-    ThreadAggregate,
     ThreadReadResult,
     ThreadRecord,
     ThreadStore,
-    apply_thread_changes,
-    default_scope_digest,
     system_clock,
     truncate_ms,
+)
+from pai_storage.backend import (
+    Backend,
+    SelectionHelpers,
+    StoreURL,
+    ThreadAggregate,
+    apply_thread_changes,
+    default_scope_digest,
 )
 
 __all__ = ["KeyValueThreadStore", "backend"]
@@ -111,6 +116,8 @@ class KeyValueThreadStore(ThreadStore):
 
 
 class _Harness(TestHarness):
+    """Conformance provisioning: a new store (a new key-value map) per test."""
+
     @asynccontextmanager
     async def store(self, clock: Clock | None = None) -> AsyncIterator[ThreadStore]:
         async with KeyValueThreadStore(clock=clock) as store:
@@ -122,7 +129,7 @@ class _Harness(TestHarness):
 
 class _Backend(Backend):
     name = "examplekv"
-    url_schemes = ("kv",)
+    url_schemes = ("kv",)  # declared in pyproject.toml's pai_storage.schemes group too
 
     def _open(self, url: StoreURL, **options: Any) -> ThreadStore:
         self.check_options(url, options, {"clock", "on_warning"})
