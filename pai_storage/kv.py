@@ -68,7 +68,7 @@ __all__ = [
     "VersionMismatch",
     "namespace_from_path",
     "namespace_path",
-    "path_upper_bound",
+    "prefix_upper_bound",
 ]
 
 DEFAULT_MAX_VALUE_BYTES = 4 * 1024 * 1024
@@ -112,16 +112,22 @@ def namespace_from_path(path: str) -> tuple[str, ...]:
     return tuple(path[:-1].split(NAMESPACE_SEPARATOR))
 
 
-def path_upper_bound(path: str) -> str | None:
-    """The least string above every string that starts with ``path``.
+def prefix_upper_bound(prefix: str) -> str | None:
+    """The least string above every string that starts with ``prefix``.
 
-    A prefix query is then the range ``path <= s < path_upper_bound(path)``
-    (``None``: no upper bound, for the empty prefix). For a namespace path the
-    last code point is U+001F, so the bound ends in U+0020.
+    A prefix query is then the range ``prefix <= s < prefix_upper_bound(prefix)``
+    (``None``: no upper bound). It serves namespace paths (whose last code
+    point is U+001F, so the bound ends in U+0020) and key prefixes alike. The
+    bound is valid text: it skips the surrogate block, and trailing
+    U+10FFFF characters, which nothing can follow, are dropped first.
     """
-    if not path:
+    stripped = prefix.rstrip("\U0010ffff")
+    if not stripped:
         return None
-    return path[:-1] + chr(ord(path[-1]) + 1)
+    last = ord(stripped[-1]) + 1
+    if last == 0xD800:
+        last = 0xE000
+    return stripped[:-1] + chr(last)
 
 
 # ---------------------------------------------------------------- results
@@ -629,7 +635,7 @@ class KeyValueStore(RuntimeStore):
 
         Ordered by (:func:`namespace_path`, key) in code-point order, starting
         strictly after the position ``after`` (a namespace and key) when given.
-        The prefix is a range on the path (:func:`path_upper_bound`), never a
+        The prefix is a range on the path (:func:`prefix_upper_bound`), never a
         pattern.
         """
 

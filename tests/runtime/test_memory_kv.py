@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+from hypothesis import given
+from hypothesis import strategies as st
 from pai_storage_conformance.suite.kv import KeyValueStoreTests
 from pai_storage_memory.kv import MemoryKeyValueStore
 
@@ -27,7 +29,7 @@ from pai_storage.kv import (
     KVConflict,
     namespace_from_path,
     namespace_path,
-    path_upper_bound,
+    prefix_upper_bound,
 )
 
 
@@ -45,6 +47,8 @@ class _CorruptibleStore(MemoryKeyValueStore):
         address = (namespace, key)
         self._entries[address] = replace(self._entries[address], text=text)
 
+
+PREFIX_ALPHABET = st.sampled_from(["a", "b", " ", "\x1e", "\x1f", "\ud7ff", "\ue000", "\U0010ffff"])
 
 CORRUPT_TEXTS = (
     "",
@@ -203,11 +207,28 @@ def test_namespace_paths_make_segment_prefixes_string_prefixes() -> None:
     assert namespace_from_path("") == ()
     with pytest.raises(ValueError, match="U\\+001F"):
         namespace_from_path("a")
-    assert path_upper_bound("") is None
-    upper = path_upper_bound(namespace_path(("a",)))
+    assert prefix_upper_bound("") is None
+    upper = prefix_upper_bound(namespace_path(("a",)))
     assert upper == "a "
     for inside in (("a",), ("a", "b"), ("a", "\uffff")):
         assert namespace_path(("a",)) <= namespace_path(inside) < upper
     for outside in (("ab",), ("a\x1e",), ("a ",), ("b",)):
         path = namespace_path(outside)
         assert not namespace_path(("a",)) <= path < upper
+
+
+def test_prefix_upper_bound_is_valid_text_at_the_edges() -> None:
+    assert prefix_upper_bound("ab") == "ac"
+    assert prefix_upper_bound("a\U0010ffff") == "b"
+    assert prefix_upper_bound("\U0010ffff\U0010ffff") is None
+    assert prefix_upper_bound("a\ud7ff") == "a\ue000"  # the surrogate block is skipped
+
+
+@given(
+    prefix=st.text(alphabet=PREFIX_ALPHABET, max_size=4),
+    text=st.text(alphabet=PREFIX_ALPHABET, max_size=6),
+)
+def test_prefix_upper_bound_makes_a_prefix_a_range(prefix: str, text: str) -> None:
+    upper = prefix_upper_bound(prefix)
+    in_range = prefix <= text and (upper is None or text < upper)
+    assert in_range == text.startswith(prefix)
