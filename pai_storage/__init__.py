@@ -9,7 +9,13 @@ Open a store by URL and use its three operations::
         page = await store.read_thread({...})
         threads = await store.list_threads({...})
 
-This module is what an application imports: opening stores, the records,
+Every store an agent product needs, from one connection string::
+
+    async with pai_storage.connect("memory://") as stores:
+        stores.threads, stores.kv, stores.state, stores.snapshots, stores.guard
+
+This module is what an application imports: opening stores (``open_store``,
+``connect``, ``open_kv_store``, ...), the store contracts, the records,
 inputs and results, the errors, the parsers and the JSON builders
 (:mod:`pai_storage.builders`). Backend authors import
 :mod:`pai_storage.backend` (the pipelines, their primitives and the helpers);
@@ -19,10 +25,20 @@ test provisioning lives beside the conformance suite.
 from typing import Any
 
 from . import builders
+from .bundle import (
+    Stores,
+    connect,
+    open_guard,
+    open_kv_store,
+    open_snapshot_store,
+    open_state_store,
+)
 from .clock import Clock, ManualClock, system_clock
 from .errors import *  # noqa: F403 - every error class is public
 from .errors import __all__ as _error_names
 from .events import StoreWarning, WarningCallback
+from .guard import ExecutionGuard, Lock, LockInfo, LostCallback
+from .kv import Item, KeyValueStore, KVConflict
 from .models import *  # noqa: F403 - the record and input types are the public API
 from .models import __all__ as _model_names
 from .models import format_timestamp, truncate_ms
@@ -36,6 +52,8 @@ from .parsing import (
     parse_thread,
 )
 from .registry import available_backends, open_store, register_backend, unregister_backend
+from .snapshots import Snapshot, SnapshotInfo, SnapshotStore
+from .state import AgentStateStore, VersionedState
 from .store import StoreInfo, ThreadStore, public_projection
 from .url import StoreURL, make_url, redact
 
@@ -44,6 +62,24 @@ __version__ = "0.1.0"
 __all__ = [
     *_error_names,
     *_model_names,
+    "AgentStateStore",
+    "ExecutionGuard",
+    "Item",
+    "KVConflict",
+    "KeyValueStore",
+    "Lock",
+    "LockInfo",
+    "LostCallback",
+    "Snapshot",
+    "SnapshotInfo",
+    "SnapshotStore",
+    "Stores",
+    "VersionedState",
+    "connect",
+    "open_guard",
+    "open_kv_store",
+    "open_snapshot_store",
+    "open_state_store",
     "Clock",
     "ManualClock",
     "StoreInfo",
@@ -79,8 +115,4 @@ def __getattr__(name: str) -> Any:
     backend = importlib.import_module("pai_storage.backend")
     if name in backend.__all__:
         return getattr(backend, name)
-    if name == "TestHarness":
-        from .registry import TestHarness
-
-        return TestHarness
     raise AttributeError(f"module 'pai_storage' has no attribute {name!r}")

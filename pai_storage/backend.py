@@ -19,6 +19,11 @@ core runs the algorithms:
   (:class:`SelectionHelpers`), bound to its page-token codec.
 - :func:`map_errors` turns every driver exception of a block into the
   contract's errors through one backend-supplied function.
+- The runtime stores (:class:`KeyValueStore`, :class:`AgentStateStore`,
+  :class:`SnapshotStore`, :class:`ExecutionGuard`) validate every argument in
+  their base classes (:mod:`pai_storage.runtime`) and call a few protected
+  hooks a backend implements; :meth:`Backend.open_components` opens them
+  (``docs/bundle.md``).
 """
 
 from .aggregate import Entry, Family, FamilyName, ThreadAggregate
@@ -42,7 +47,17 @@ from .families import (
     stamp_queued_item,
     stamp_run,
 )
+from .guard import ExecutionGuard, LockInfo
+from .kv import (
+    KeyValueStore,
+    KVRecord,
+    VersionMismatch,
+    namespace_from_path,
+    namespace_path,
+    prefix_upper_bound,
+)
 from .leases import LEASE_CONFLICT, LeaseConflict, apply_lease_change, is_expired
+from .lifecycle import ManagedStore
 from .models import StoreModel, format_timestamp, truncate_ms
 from .pipeline import (
     CommitTransaction,
@@ -56,7 +71,13 @@ from .pipeline import (
     run_read,
     run_sync,
 )
-from .registry import ENTRY_POINT_GROUP, Backend, backend_for_url, get_backend
+from .registry import (
+    ENTRY_POINT_GROUP,
+    SCHEME_ENTRY_POINT_GROUP,
+    Backend,
+    backend_for_url,
+    get_backend,
+)
 from .relationships import (
     OPEN_STATUSES,
     MessageRef,
@@ -71,6 +92,16 @@ from .relationships import (
     plan_relationship_validation,
 )
 from .roots import apply_thread_root_update, assert_commit_input, check_condition, new_instance_id
+from .runtime import (
+    RuntimeStore,
+    canonical_json,
+    check_duration,
+    check_limit,
+    check_name,
+    check_namespace,
+    check_value,
+    parse_json_text,
+)
 from .selection import (
     ChildPagePlan,
     IdsPlan,
@@ -80,6 +111,8 @@ from .selection import (
     Window,
     timestamp_ms,
 )
+from .snapshots import SnapshotDraft, SnapshotStore
+from .state import AgentStateStore, ListHead, ListWrite, SessionKey
 from .store import StoreInfo, ThreadStore
 from .strict_json import check_json, check_json_object
 from .tokens import PageTokenCodec, default_scope_digest, query_digest
@@ -90,7 +123,9 @@ __all__ = [
     "FAMILIES",
     "LEASE_CONFLICT",
     "OPEN_STATUSES",
+    "SCHEME_ENTRY_POINT_GROUP",
     "TERMINAL_STATUSES",
+    "AgentStateStore",
     "AggregateSnapshot",
     "ApplyResult",
     "Backend",
@@ -98,14 +133,21 @@ __all__ = [
     "Clock",
     "CommitTransaction",
     "Entry",
+    "ExecutionGuard",
     "Family",
     "FamilyName",
     "FamilySpec",
     "FamilyWrite",
     "HeldThread",
     "IdsPlan",
+    "KVRecord",
+    "KeyValueStore",
     "LeaseConflict",
+    "ListHead",
     "ListPlan",
+    "ListWrite",
+    "LockInfo",
+    "ManagedStore",
     "ManualClock",
     "MessageRef",
     "PageTokenCodec",
@@ -119,7 +161,11 @@ __all__ = [
     "RelationshipReader",
     "RunFacts",
     "RunRef",
+    "RuntimeStore",
     "SelectionHelpers",
+    "SessionKey",
+    "SnapshotDraft",
+    "SnapshotStore",
     "StoreInfo",
     "StoreModel",
     "StoreURL",
@@ -127,6 +173,7 @@ __all__ = [
     "ThreadAggregate",
     "ThreadConflict",
     "ThreadStore",
+    "VersionMismatch",
     "WarningCallback",
     "Window",
     "apply_family_changes",
@@ -136,10 +183,16 @@ __all__ = [
     "assert_commit_input",
     "assert_relationships",
     "backend_for_url",
+    "canonical_json",
     "change_ids",
     "check_condition",
+    "check_duration",
     "check_json",
     "check_json_object",
+    "check_limit",
+    "check_name",
+    "check_namespace",
+    "check_value",
     "commit_time",
     "default_scope_digest",
     "duplicate_insert_error",
@@ -151,8 +204,12 @@ __all__ = [
     "is_expired",
     "make_url",
     "map_errors",
+    "namespace_from_path",
+    "namespace_path",
     "new_instance_id",
+    "parse_json_text",
     "plan_relationship_validation",
+    "prefix_upper_bound",
     "query_digest",
     "read_aggregate",
     "record_id",

@@ -32,7 +32,7 @@ import difflib
 import importlib.util
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import EntryPoint, entry_points
 from types import MappingProxyType
@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     # Test provisioning lives beside the conformance suite; the core only names it.
     from pai_storage_conformance.provision import TestHarness
 
+    from .lifecycle import ManagedStore
     from .store import ThreadStore
 
 __all__ = [
@@ -82,12 +83,17 @@ class Backend(ABC):
     requires:
         Importable driver modules; missing ones make :meth:`open` fail with an
         install hint instead of an ``ImportError``.
+    components:
+        The stores it provides: ``"threads"`` and any of ``"kv"``, ``"state"``,
+        ``"snapshots"``, ``"guard"`` (see ``docs/bundle.md``). A backend that
+        provides more than threads implements :meth:`_open_components`.
     """
 
     name: str
     url_schemes: tuple[str, ...]
     extra: str | None = None
     requires: tuple[str, ...] = ()
+    components: frozenset[str] = frozenset({"threads"})
 
     def check_driver(self) -> None:
         """Raise a configuration error naming the extra when a driver is missing."""
@@ -115,6 +121,24 @@ class Backend(ABC):
                 f"valid: {', '.join(sorted(allowed))}"
             )
 
+    def split_options(
+        self,
+        url: StoreURL,
+        options: Mapping[str, Any],
+        accepted: Mapping[str, Iterable[str]],
+    ) -> dict[str, dict[str, Any]]:
+        """Each component's share of ``options``; any option no component accepts is an error.
+
+        ``accepted`` maps each component being opened to the options it takes;
+        an option goes to every component that takes it (``max_value_bytes``
+        to both the key-value and the agent-state store, say).
+        """
+        self.check_options(url, options, {o for names in accepted.values() for o in names})
+        return {
+            component: {k: v for k, v in options.items() if k in set(names)}
+            for component, names in accepted.items()
+        }
+
     def open(self, url: StoreURL, **options: Any) -> ThreadStore:
         """Open a store for ``url`` (not yet initialized)."""
         self.check_driver()
@@ -123,6 +147,36 @@ class Backend(ABC):
     @abstractmethod
     def _open(self, url: StoreURL, **options: Any) -> ThreadStore:
         """Create the store; the driver is known to be importable."""
+
+    def open_components(
+        self, url: StoreURL, components: Sequence[str], **options: Any
+    ) -> dict[str, ManagedStore]:
+        """Open several components of ``url`` together (not yet initialized).
+
+        What :func:`pai_storage.connect` calls once per URL: the backend may
+        share one client or pool among the components it opens here. Raises
+        :class:`ThreadStoreConfigurationError` naming this backend and the
+        component for one it does not provide.
+        """
+        for component in components:
+            if component not in self.components:
+                raise ThreadStoreConfigurationError(
+                    f"the {self.name} backend does not provide the {component} component "
+                    f"(it provides: {', '.join(sorted(self.components))})"
+                )
+        self.check_driver()
+        if list(components) == ["threads"]:
+            return {"threads": self._open(url, **options)}
+        return self._open_components(url, components, **options)
+
+    def _open_components(
+        self, url: StoreURL, components: Sequence[str], **options: Any
+    ) -> dict[str, ManagedStore]:
+        """Open the components (each one this backend provides).
+
+        The default serves a threads-only backend.
+        """
+        return {"threads": self._open(url, **options)}
 
     @abstractmethod
     def test_harness(self, url: str | None = None) -> TestHarness:

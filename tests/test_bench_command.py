@@ -8,17 +8,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from pai_storage_conformance.provision import TestHarness
 from pai_storage_memory import MemoryThreadStore
 
 import pai_storage
-from pai_storage import (
-    Backend,
-    StoreURL,
-    TestHarness,
-    ThreadStore,
-    ThreadStoreCommitUnknownError,
-)
+from pai_storage import ThreadStore, ThreadStoreCommitUnknownError
 from pai_storage import builders as b
+from pai_storage.backend import Backend, StoreURL
 from pai_storage.benchmark import (
     SCOPE_PREFIX,
     BenchFailure,

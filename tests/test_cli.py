@@ -11,9 +11,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from pai_storage_conformance.provision import TestHarness
 
 import pai_storage
-from pai_storage import Backend, StoreURL, TestHarness, ThreadStore
+from pai_storage import ThreadStore
+from pai_storage.backend import Backend, StoreURL
 from pai_storage.cli import main
 
 
@@ -160,16 +162,6 @@ def test_no_command_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None
         main([])
     assert exit_info.value.code == 2
     assert "usage" in capsys.readouterr().err
-
-
-def test_bench_without_the_benchmark_module(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    monkeypatch.setitem(sys.modules, "pai_storage.benchmark", None)  # import fails
-    assert main(["bench", "memory://"]) == 2
-    err = capsys.readouterr().err
-    assert "pai_storage.benchmark" in err
-    assert "Traceback" not in err
 
 
 def test_bench_is_wired_to_the_benchmark_module(

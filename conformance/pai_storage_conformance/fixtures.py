@@ -9,6 +9,7 @@ pytest-asyncio, so they work in its strict mode too.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -18,7 +19,7 @@ from pai_storage import ManualClock, ThreadStore
 from .plugin import harness_of
 from .provision import TestHarness
 
-__all__ = ["real_clock_store", "store"]
+__all__ = ["guard", "kv_store", "real_clock_store", "snapshot_store", "state_store", "store"]
 
 
 @pytest_asyncio.fixture
@@ -36,4 +37,46 @@ async def real_clock_store(pytestconfig: pytest.Config) -> AsyncIterator[ThreadS
             "fixture (a store using the provider's own clock) to run this test"
         )
     async with harness.store(None) as created:
+        yield created
+
+
+async def _component(
+    request: pytest.FixtureRequest, name: str, clock: ManualClock
+) -> AsyncIterator[Any]:
+    harness = harness_of(request.config)
+    if harness is None or name not in harness.components:
+        backend = "the test harness" if harness is None else harness.describe()
+        pytest.skip(
+            f"component {name!r} not provided by {backend}: the backend does not declare it "
+            f"(override the {request.fixturename} fixture to test your own store)"
+        )
+    async with harness.component(name, clock) as created:
+        yield created
+
+
+@pytest_asyncio.fixture
+async def kv_store(request: pytest.FixtureRequest, clock: ManualClock) -> AsyncIterator[Any]:
+    """An initialized key-value store in a fresh namespace, using ``clock``."""
+    async for created in _component(request, "kv", clock):
+        yield created
+
+
+@pytest_asyncio.fixture
+async def state_store(request: pytest.FixtureRequest, clock: ManualClock) -> AsyncIterator[Any]:
+    """An initialized agent-state store in a fresh namespace, using ``clock``."""
+    async for created in _component(request, "state", clock):
+        yield created
+
+
+@pytest_asyncio.fixture
+async def snapshot_store(request: pytest.FixtureRequest, clock: ManualClock) -> AsyncIterator[Any]:
+    """An initialized snapshot store in a fresh namespace, using ``clock``."""
+    async for created in _component(request, "snapshots", clock):
+        yield created
+
+
+@pytest_asyncio.fixture
+async def guard(request: pytest.FixtureRequest, clock: ManualClock) -> AsyncIterator[Any]:
+    """An initialized execution guard in a fresh namespace, using ``clock``."""
+    async for created in _component(request, "guard", clock):
         yield created

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from contextlib import AbstractAsyncContextManager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pai_storage import Clock, ThreadStore
@@ -30,6 +30,12 @@ class TestHarness(ABC):
 
     __test__ = False  # not a pytest test class
 
+    components: frozenset[str] = frozenset({"threads"})
+    """The components this harness can provision: ``"threads"`` and any of
+    ``"kv"``, ``"state"``, ``"snapshots"``, ``"guard"``. The suite runs a
+    runtime-store topic only for a component listed here and reports the
+    others as not provided."""
+
     @abstractmethod
     def store(self, clock: Clock | None = None) -> AbstractAsyncContextManager[ThreadStore]:
         """An initialized store in a fresh namespace, removed on exit.
@@ -37,6 +43,15 @@ class TestHarness(ABC):
         ``clock`` is the suite's manual clock; ``None`` means the store uses
         its provider's own clock.
         """
+
+    def component(self, name: str, clock: Clock | None = None) -> AbstractAsyncContextManager[Any]:
+        """An initialized store of component ``name`` in a fresh namespace, closed on exit.
+
+        Override it when :attr:`components` lists more than ``"threads"``.
+        """
+        if name == "threads":
+            return self.store(clock)
+        raise LookupError(f"{type(self).__name__} does not provide the {name} component")
 
     async def start(self) -> None:
         """Connect, or start a throwaway server; fail loudly if unreachable."""

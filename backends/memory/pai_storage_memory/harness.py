@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from pai_storage_conformance.provision import TestHarness
 
 from pai_storage import Clock, ThreadStore
+from pai_storage.backend import make_url
 
 from .store import MemoryThreadStore
 
@@ -15,7 +17,9 @@ __all__ = ["MemoryHarness"]
 
 
 class MemoryHarness(TestHarness):
-    """Each store is a fresh :class:`MemoryThreadStore`; nothing to start or clean up."""
+    """Each store is a fresh in-process store; nothing to start or clean up."""
+
+    components = frozenset({"threads", "kv", "state", "snapshots", "guard"})
 
     @asynccontextmanager
     async def store(self, clock: Clock | None = None) -> AsyncIterator[ThreadStore]:
@@ -24,3 +28,11 @@ class MemoryHarness(TestHarness):
 
     def describe(self) -> str:
         return "memory (in-process)"
+
+    @asynccontextmanager
+    async def component(self, name: str, clock: Clock | None = None) -> AsyncIterator[Any]:
+        from . import backend
+
+        opened = backend.open_components(make_url("memory://"), [name], clock=clock)[name]
+        async with opened:
+            yield opened

@@ -3,6 +3,12 @@
 ``pytest --pai-backend=NAME`` collects every topic class below. Third-party
 authors can instead subclass :class:`ThreadStoreConformance` and provide a
 ``store`` fixture (see ``docs/backend-authors.md``).
+
+The runtime stores have one topic each (:class:`KeyValueStoreTests`,
+:class:`ExecutionGuardTests`, ...), each using one fixture for the store under
+test (``kv_store``, ``guard``, ...); ``--pai-backend`` runs them for the
+components the backend's harness provides and reports the others as not
+provided. Subclass a topic and provide its fixture to run it on your own store.
 """
 
 from __future__ import annotations
@@ -12,8 +18,11 @@ import pytest
 from .commits import TestConflicts, TestCreateUpdateDelete
 from .concurrency import TestConcurrency, TestIsolation
 from .errors import TestErrorsAndWarnings
+from .guard import ExecutionGuardTests
+from .hostile import TestHostileValues
 from .identity import TestIdentityAndScoping
 from .json_values import TestStrictJson
+from .kv import KeyValueStoreTests
 from .leases import TestLeases
 from .listing import TestListing
 from .model_based import TestModelBased
@@ -22,13 +31,18 @@ from .reads import TestIdSelections, TestMessageViews, TestReads
 from .relationships import TestRelationshipRules, TestWorkedExample
 
 __all__ = [
+    "ExecutionGuardTests",
+    "KeyValueStoreTests",
     "TestConcurrency",
     "TestConflicts",
     "TestCreateUpdateDelete",
     "TestErrorsAndWarnings",
+    "TestExecutionGuard",
+    "TestHostileValues",
     "TestIdSelections",
     "TestIdentityAndScoping",
     "TestIsolation",
+    "TestKeyValueStore",
     "TestLeases",
     "TestListing",
     "TestMessageViews",
@@ -56,6 +70,7 @@ class ThreadStoreConformance(
     TestWorkedExample,
     TestStrictJson,
     TestErrorsAndWarnings,
+    TestHostileValues,
     TestConcurrency,
     TestIsolation,
     TestModelBased,
@@ -85,3 +100,15 @@ def _assert_no_shadowed_tests() -> None:
 
 
 _assert_no_shadowed_tests()
+
+
+class TestKeyValueStore(KeyValueStoreTests):
+    """The key-value store topic, on the ``kv_store`` fixture."""
+
+    pytestmark = pytest.mark.asyncio
+
+
+class TestExecutionGuard(ExecutionGuardTests):
+    """The execution guard topic, on the ``guard`` fixture."""
+
+    pytestmark = pytest.mark.asyncio
