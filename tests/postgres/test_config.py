@@ -14,6 +14,7 @@ from pai_storage import (
     CommittedResult,
     ThreadStoreConfigurationError,
     ThreadStoreInvariantError,
+    ThreadStorePageTokenError,
     ThreadStoreUnavailableError,
     open_store,
 )
@@ -74,6 +75,59 @@ def test_bad_options_are_configuration_errors(options: dict[str, object], words:
         open_store(f"postgresql://u:{SECRET}@127.0.0.1/db", **options)
     assert words in str(caught.value)
     assert SECRET not in str(caught.value)
+
+
+TOKEN_SECRET = "t0ken-hunter2"
+
+
+@pytest.mark.parametrize(
+    ("options", "words"),
+    [
+        ({"clock": 5}, "clock"),
+        ({"clock": "2026-01-01T00:00:00Z"}, "clock"),
+        ({"on_warning": "log"}, "on_warning"),
+        ({"token_secret": TOKEN_SECRET}, "token_secret"),
+        ({"token_secret": b""}, "token_secret"),
+    ],
+)
+def test_bad_common_options_fail_when_the_store_is_opened(
+    options: dict[str, object], words: str
+) -> None:
+    # Raised by open_store itself, not at the first operation; the same for the class.
+    with pytest.raises(ThreadStoreConfigurationError) as caught:
+        open_store(f"postgresql://u:{SECRET}@127.0.0.1/db", **options)
+    assert words in str(caught.value)
+    assert SECRET not in str(caught.value)
+    assert TOKEN_SECRET not in str(caught.value)
+    with pytest.raises(ThreadStoreConfigurationError, match=words):
+        PostgresThreadStore("postgresql://u@127.0.0.1/db", **options)
+
+
+async def test_token_secret_reaches_the_page_tokens(pg_schema: str) -> None:
+    one = PostgresThreadStore(URL, schema=pg_schema, token_secret=b"key-one")
+    two = PostgresThreadStore(URL, schema=pg_schema, token_secret=b"key-two")
+    page_of_one = {"type": "page", "view": "raw", "page": {"limit": 1}}
+    try:
+        messages = [b.insert(b.message(f"m{i}")) for i in range(3)]
+        assert isinstance(
+            await one.commit_thread(b.create("scope", "t", {"messages": messages})),
+            CommittedResult,
+        )
+        first = await one.read_thread(b.read("scope", "t", messages=page_of_one))
+        assert first.messages is not None
+        token = first.messages.next_page_token
+        assert token is not None
+        assert token.startswith("pai-pg.")
+        more = {"type": "page", "view": "raw", "page": {"limit": 1, "pageToken": token}}
+        second = await one.read_thread(b.read("scope", "t", messages=more))
+        assert second.messages is not None
+        assert [m.message_id for m in second.messages.items] == ["m1"]
+        # A store with another secret refuses the token: the option is really used.
+        with pytest.raises(ThreadStorePageTokenError, match="integrity"):
+            await two.read_thread(b.read("scope", "t", messages=more))
+    finally:
+        await one.close()
+        await two.close()
 
 
 def test_repr_and_str_hide_the_password() -> None:
