@@ -35,3 +35,24 @@ async def test_corrupt_root_is_skipped_by_list_and_rejected_by_read(
         with pytest.raises(ThreadStoreInvariantError) as caught:
             await store.read_thread(b.read("s", "b"))
         assert "personal" not in str(caught.value)
+
+
+@pytest.mark.asyncio
+async def test_commit_to_a_corrupt_root_is_an_invariant_error(
+    pg_schema: str, pg_conn: asyncpg.Connection
+) -> None:
+    async with PostgresThreadStore(URL, schema=pg_schema) as store:
+        created = await store.commit_thread(b.create("s", "t", metadata={"secret": "personal"}))
+        assert created.type == "committed"
+        assert created.thread is not None
+        version = created.thread.version
+        await pg_conn.execute(
+            f'UPDATE "{pg_schema}".pai_threads SET doc = replace(doc, \'"agent"\', \'"agnt"\')'
+        )
+        for commit in (b.update("s", "t", version, title="x"), b.delete("s", "t", version)):
+            with pytest.raises(ThreadStoreInvariantError) as caught:
+                await store.commit_thread(commit)
+            assert "personal" not in str(caught.value)
+        # Nothing was applied: the stored row is untouched.
+        revision = await pg_conn.fetchval(f'SELECT revision FROM "{pg_schema}".pai_threads')
+        assert revision == 1
