@@ -42,8 +42,9 @@ from pai_storage_postgres.store import (
     tail_statement,
 )
 
-from pai_storage import CommittedResult, ThreadVersion, make_url, timestamp_ms
+from pai_storage import CommittedResult, ThreadVersion, make_url
 from pai_storage import builders as b
+from pai_storage.backend import timestamp_ms
 
 SCOPE = "bench"
 FLOOR_SCOPE = "bench-floor"  # the floor writes root rows the store would not; keep them apart
