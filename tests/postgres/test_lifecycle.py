@@ -11,6 +11,10 @@ Two deterministic stops hold the initialize at a known await: a proxy that lets
 the pool's first connection through and holds the others (the pool is being
 created), and the advisory lock of the schema set-up, held by the test (the
 pool is open and a DDL transaction is waiting).
+
+The last test cancels a read and a commit while their statement waits for a
+table lock: the caller sees the cancellation, nothing is applied, and the
+store goes on working.
 """
 
 from __future__ import annotations
@@ -234,3 +238,50 @@ async def test_close_after_use_closes_the_pool(pg_schema: str) -> None:
     assert await _settled(app, 0) == 0
     with pytest.raises(ThreadStoreConfigurationError, match="closed"):
         await store.list_threads({"scopeKey": "scope", "limit": 5})
+
+
+@pytest.mark.parametrize("kind", ["read", "commit"])
+async def test_a_cancelled_operation_applies_nothing_and_the_store_recovers(
+    pg_schema: str, kind: str
+) -> None:
+    """Cancelled while its statement waits on the server: the caller sees the
+    cancellation (not a store error), a commit applies nothing, the pool recovers."""
+    page = {"type": "page", "view": "raw", "page": {"limit": 5}}
+    async with PostgresThreadStore(URL, schema=pg_schema, max_pool_size=1) as store:
+        created = await store.commit_thread(
+            b.create("scope", "thread", {"messages": [b.insert(b.message("m1"))]})
+        )
+        assert created.type == "committed"
+        assert created.thread is not None
+        blocker = await asyncpg.connect(dsn(), timeout=10)
+        try:
+            lock = blocker.transaction()
+            await lock.start()
+            await blocker.execute(f"LOCK TABLE {store.tables.messages} IN ACCESS EXCLUSIVE MODE")
+            if kind == "read":
+                operation = store.read_thread(b.read("scope", "thread", messages=page))
+            else:
+                operation = store.commit_thread(
+                    b.update(
+                        "scope",
+                        "thread",
+                        created.thread.version,
+                        {"messages": [b.insert(b.message("m2"))]},
+                        title="after",
+                    )
+                )
+            task = asyncio.ensure_future(operation)
+            await asyncio.sleep(0.3)  # the statement now waits for the lock
+            assert not task.done()
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            await lock.rollback()
+        finally:
+            await blocker.close()
+        read = await store.read_thread(b.read("scope", "thread", messages=page))
+        assert read.thread is not None
+        assert read.thread.version == created.thread.version
+        assert read.thread.title is None
+        assert read.messages is not None
+        assert [m.message_id for m in read.messages.items] == ["m1"]
