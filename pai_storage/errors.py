@@ -1,31 +1,58 @@
 """The exceptions every pai-storage operation can raise.
 
-Every error derives from one root, so ``except ThreadStoreError`` catches all of
-them and nothing else::
+Every error of every store derives from one root, :class:`StorageError`, so
+``except StorageError`` catches all of them and nothing else. The general
+classes say *what kind* of failure it is; the thread store raises its own
+subclasses of them, so code written against either set keeps working::
 
-    ThreadStoreError
-    ├── ThreadStorePageTokenError       invalid, tampered or mismatched page token
-    ├── ThreadStoreInvariantError       invalid input or impossible persisted state
-    │   └── ThreadStoreSerializationError   a value that is not strict JSON
-    ├── ThreadStoreCommitUnknownError   the outcome of a commit cannot be known
-    ├── ThreadStoreUnavailableError     the backend cannot be reached (retryable)
-    └── ThreadStoreConfigurationError   bad URL or options, missing driver, topology
+    StorageError
+    ├── InvalidInputError (ValueError)     bad argument; nothing was written
+    │   ├── SerializationError             a value that is not strict JSON
+    │   └── SnapshotTooLargeError          a snapshot over the backend's size limit
+    ├── UnavailableError                   cannot reach the server (retryable)
+    ├── OutcomeUnknownError                a write whose outcome cannot be known
+    ├── ConfigurationError                 bad URL or options, missing driver, topology
+    ├── PageTokenError                     invalid, tampered or mismatched page token
+    ├── CorruptSnapshotError               a stored snapshot failed its integrity check
+    ├── LockTimeoutError                   a lock was not acquired within its timeout
+    └── ThreadStoreError                   root of the thread store's errors
+        ├── ThreadStorePageTokenError          (also a PageTokenError)
+        ├── ThreadStoreInvariantError          (also an InvalidInputError)
+        │   └── ThreadStoreSerializationError  (also a SerializationError)
+        ├── ThreadStoreCommitUnknownError      (also an OutcomeUnknownError)
+        ├── ThreadStoreUnavailableError        (also an UnavailableError)
+        └── ThreadStoreConfigurationError      (also a ConfigurationError)
 
-A conflict (stale version, lease precondition false) is *not* an error: it is the
-``CommitConflict`` result of :meth:`ThreadStore.commit_thread`.
+``except ThreadStoreError`` still catches exactly the thread store's errors.
+
+A conflict (stale version, lease precondition false) is *not* an error: it is
+the :class:`~pai_storage.ConflictResult` that
+:meth:`ThreadStore.commit_thread` returns.
 
 Backends map every driver exception to one of these in one place and chain the
 original (``raise ... from exc``); it stays reachable as ``err.__cause__``.
 Messages name what is wrong and where, and never contain a password or the
 contents of stored metadata.
 
-``ThreadStoreInvariantError`` also derives from :class:`ValueError`, because it
-is what a malformed input raises, wherever that input is validated.
+:class:`InvalidInputError` (and so :class:`ThreadStoreInvariantError`) also
+derives from :class:`ValueError`, because it is what a malformed input raises,
+wherever that input is validated.
 """
 
 from __future__ import annotations
 
+from typing import Self
+
 __all__ = [
+    "ConfigurationError",
+    "CorruptSnapshotError",
+    "InvalidInputError",
+    "LockTimeoutError",
+    "OutcomeUnknownError",
+    "PageTokenError",
+    "SerializationError",
+    "SnapshotTooLargeError",
+    "StorageError",
     "ThreadStoreCommitUnknownError",
     "ThreadStoreConfigurationError",
     "ThreadStoreError",
@@ -33,29 +60,22 @@ __all__ = [
     "ThreadStorePageTokenError",
     "ThreadStoreSerializationError",
     "ThreadStoreUnavailableError",
+    "UnavailableError",
 ]
 
 
-class ThreadStoreError(Exception):
-    """Root of every error raised through the pai-storage contract."""
+# ---------------------------------------------------------------- general classes
 
 
-class ThreadStorePageTokenError(ThreadStoreError):
-    """A page token is malformed, tampered with, or used with another query.
-
-    Also raised when a child-family token outlives its thread incarnation (the
-    thread was deleted and re-created between pages).
-    """
+class StorageError(Exception):
+    """Root of every error raised by any pai-storage store."""
 
 
-class ThreadStoreInvariantError(ThreadStoreError, ValueError):
-    """An input is malformed or breaks a rule, or persisted state is impossible.
-
-    Nothing was written when a commit raises it.
-    """
+class InvalidInputError(StorageError, ValueError):
+    """An argument is malformed or breaks a rule. Nothing was written."""
 
 
-class ThreadStoreSerializationError(ThreadStoreInvariantError):
+class SerializationError(InvalidInputError):
     """A value that must be strict JSON is not; the message names its path.
 
     ``path`` is the location of the first bad value (``metadata.items[3].score``)
@@ -66,14 +86,76 @@ class ThreadStoreSerializationError(ThreadStoreInvariantError):
     reason: str
 
     @classmethod
-    def at(cls, path: str, reason: str) -> ThreadStoreSerializationError:
+    def at(cls, path: str, reason: str) -> Self:
+        """The error for the bad value at ``path`` (``""``: the value itself)."""
         err = cls(f"{path or '<value>'}: {reason}")
         err.path = path
         err.reason = reason
         return err
 
 
-class ThreadStoreCommitUnknownError(ThreadStoreError):
+class UnavailableError(StorageError):
+    """The backend cannot be reached. Retryable; a write raising it wrote nothing."""
+
+
+class OutcomeUnknownError(StorageError):
+    """The backend cannot tell whether a write was applied.
+
+    Re-read and re-plan; do not blindly repeat the write.
+    """
+
+
+class ConfigurationError(StorageError):
+    """A bad URL or option, a missing driver, or a server that cannot honour the contract."""
+
+
+class PageTokenError(StorageError):
+    """A page token is malformed, tampered with, or used with another query."""
+
+
+class CorruptSnapshotError(StorageError):
+    """A stored snapshot failed its integrity check; its damaged bytes were not returned."""
+
+
+class SnapshotTooLargeError(InvalidInputError):
+    """A snapshot is larger than the backend can store; the message names both sizes."""
+
+
+class LockTimeoutError(StorageError):
+    """A lock was not acquired within its timeout: another holder kept it."""
+
+
+# ---------------------------------------------------------------- thread store
+
+
+class ThreadStoreError(StorageError):
+    """Root of every error raised through the thread store's contract."""
+
+
+class ThreadStorePageTokenError(ThreadStoreError, PageTokenError):
+    """A page token is malformed, tampered with, or used with another query.
+
+    Also raised when a child-family token outlives its thread incarnation (the
+    thread was deleted and re-created between pages).
+    """
+
+
+class ThreadStoreInvariantError(ThreadStoreError, InvalidInputError):
+    """An input is malformed or breaks a rule, or persisted state is impossible.
+
+    Nothing was written when a commit raises it.
+    """
+
+
+class ThreadStoreSerializationError(ThreadStoreInvariantError, SerializationError):
+    """A value that must be strict JSON is not; the message names its path.
+
+    ``path`` is the location of the first bad value (``metadata.items[3].score``)
+    and ``reason`` says what is wrong with it (``NaN is not JSON``).
+    """
+
+
+class ThreadStoreCommitUnknownError(ThreadStoreError, OutcomeUnknownError):
     """The backend cannot tell whether a commit was applied.
 
     The store never leaves a partial commit: the commit was applied whole or not
@@ -81,9 +163,9 @@ class ThreadStoreCommitUnknownError(ThreadStoreError):
     """
 
 
-class ThreadStoreUnavailableError(ThreadStoreError):
+class ThreadStoreUnavailableError(ThreadStoreError, UnavailableError):
     """The backend cannot be reached. Retryable; a commit raising it applied nothing."""
 
 
-class ThreadStoreConfigurationError(ThreadStoreError):
+class ThreadStoreConfigurationError(ThreadStoreError, ConfigurationError):
     """A bad URL or option, a missing driver, or a server that cannot honour the contract."""
