@@ -5,18 +5,29 @@ Accepted: ``None``, ``bool``, ``int`` in the signed 64-bit range, finite
 and ``dict`` with ``str`` keys. Everything else -- NaN, infinities, ``-0.0``,
 out-of-range ints, tuples, sets, bytes, datetimes, Decimals, enums, subclasses
 of the accepted types, class instances, cycles, lone surrogates, nesting deeper
-than :data:`MAX_JSON_DEPTH` containers -- is rejected
-with :class:`ThreadStoreSerializationError` naming the path of the first bad
-value, e.g. ``metadata.items[3].score: NaN is not JSON``.
+than :data:`MAX_JSON_DEPTH` containers, more than :data:`MAX_JSON_NODES` values
+-- is rejected with :class:`ThreadStoreSerializationError` naming the path of
+the first bad value, e.g. ``metadata.items[3].score: NaN is not JSON``.
 
-The walk is iterative (no recursion limit on deep values) and checks exact
-types, which keeps it fast on the large values it sees on every commit.
+:func:`check_json` returns the store's own copy of the value, made in the same
+walk that checks it: a caller that mutates its object after validation changes
+nothing that was checked or will be stored.
+
+A container may appear more than once in a value (``x = [1]; [x, x]``): that is
+valid JSON, and it is written out once per appearance. The walk visits each
+distinct container once, so checking stays linear in the size of the object
+graph, but the limits apply to the value as written out: a container shared
+at several depths must fit the depth limit at each of them, and every
+appearance counts towards :data:`MAX_JSON_NODES`. Without that bound, 40
+levels of ``x = [x, x]`` -- a few hundred bytes in memory -- would expand to
+2**40 values in every backend's serializer.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from math import copysign, isfinite
 from typing import Any
 
 from .errors import ThreadStoreSerializationError
@@ -25,6 +36,7 @@ __all__ = [
     "INT64_MAX",
     "INT64_MIN",
     "MAX_JSON_DEPTH",
+    "MAX_JSON_NODES",
     "check_json",
     "check_json_object",
     "is_valid_text",
@@ -35,9 +47,14 @@ INT64_MAX = 2**63 - 1
 MAX_JSON_DEPTH = 64
 """Deepest nesting of containers in one opaque value. Every backend must store
 it (MongoDB allows 100 levels per document, counting the record around it)."""
+MAX_JSON_NODES = 1_000_000
+"""Most values (containers and scalars) in one opaque value as written out: a
+container that appears several times counts each time it appears."""
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_DEEPER = f"nesting deeper than {MAX_JSON_DEPTH} levels is not stored"
+_CYCLE = "cycle: a container contains itself"
 
 
 def is_valid_text(text: str) -> bool:
@@ -69,28 +86,42 @@ def _fail(path: str, reason: str) -> ThreadStoreSerializationError:
     return ThreadStoreSerializationError.at(path, reason)
 
 
-def _is_json(value: Any, depth: int, active: set[int]) -> bool:
-    """Fast yes/no check (no paths); depth is capped, so recursion is bounded."""
-    kind = type(value)
+class _Bad(Exception):
+    """The first bad value. Containers add their key or index while it unwinds."""
+
+    def __init__(self, reason: str, *, at_container: bool = False) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.segments: list[str | int] = []  # innermost first
+        # A bad key is reported at its container, not under the key itself.
+        self.at_container = at_container
+
+
+class _TooBig(Exception):
+    """More than MAX_JSON_NODES values as written out."""
+
+
+class _Shared(Exception):
+    """A container appears twice: check again, remembering each container."""
+
+
+class _Walk:
+    """State of one check: containers seen so far, and values counted."""
+
+    __slots__ = ("done", "nodes", "seen")
+
+    def __init__(self) -> None:
+        self.nodes = 1  # the top-level value
+        self.seen: set[int] = set()
+        # For the shared walk: id -> None while the container is on the current
+        # path (seen again: a cycle); afterwards (its copy, values below it,
+        # its height).
+        self.done: dict[int, tuple[Any, int, int] | None] = {}
+
+
+def _scalar_ok(value: Any, kind: type) -> bool:
     if kind is str:
-        return value.isascii() or _SURROGATE.search(value) is None
-    if kind is dict or kind is list:
-        ident = id(value)
-        if depth >= MAX_JSON_DEPTH or ident in active:
-            return False
-        active.add(ident)
-        if kind is dict:
-            for key, sub in value.items():
-                if type(key) is not str or not (key.isascii() or _SURROGATE.search(key) is None):
-                    return False
-                if not _is_json(sub, depth + 1, active):
-                    return False
-        else:
-            for sub in value:
-                if not _is_json(sub, depth + 1, active):
-                    return False
-        active.discard(ident)
-        return True
+        return bool(value.isascii() or _SURROGATE.search(value) is None)
     if kind is int:
         return bool(INT64_MIN <= value <= INT64_MAX)
     if kind is float:
@@ -98,70 +129,182 @@ def _is_json(value: Any, depth: int, active: set[int]) -> bool:
     return value is None or kind is bool
 
 
-def check_json(value: Any, path: str = "") -> None:
-    """Raise :class:`ThreadStoreSerializationError` unless ``value`` is strict JSON.
+def _bad_key(key: Any) -> _Bad | None:
+    if type(key) is not str:
+        return _Bad(f"a key of type {type(key).__qualname__} is not a string", at_container=True)
+    if not key.isascii() and _SURROGATE.search(key):
+        return _Bad("key with a lone surrogate is not valid Unicode", at_container=True)
+    return None
 
-    ``path`` prefixes the location named in the error (``"metadata"`` gives
-    ``metadata.items[3]: ...``).
+
+def _unwind(bad: _Bad, segment: str | int) -> None:
+    if bad.at_container:
+        bad.at_container = False
+    else:
+        bad.segments.append(segment)
+
+
+def _copy_tree(value: dict[Any, Any] | list[Any], depth: int, walk: _Walk) -> Any:
+    """Check and copy a container at ``depth`` (0 for the top) in which nothing repeats.
+
+    This runs on every opaque value of every commit, so common scalars are
+    checked inline; recursion is bounded by :data:`MAX_JSON_DEPTH`. A container
+    met twice raises :class:`_Shared` (the caller starts :func:`_copy_shared`).
     """
-    if _is_json(value, 0, set()):
-        return
-    _explain(value, path)
-    raise _fail(path, "not strict JSON")  # unreachable: _explain names the bad value
+    ident = id(value)
+    if ident in walk.seen:
+        raise _Shared
+    if depth >= MAX_JSON_DEPTH:
+        raise _Bad(_DEEPER)
+    walk.seen.add(ident)
+    walk.nodes += len(value)
+    if walk.nodes > MAX_JSON_NODES:
+        raise _TooBig
+    depth += 1
+    out: Any
+    if type(value) is dict:
+        out = {}
+        key: Any = None
+        try:
+            for key, sub in value.items():
+                if type(key) is not str or not key.isascii():
+                    bad = _bad_key(key)
+                    if bad is not None:
+                        raise bad
+                kind = type(sub)
+                if kind is str:
+                    if not sub.isascii() and _SURROGATE.search(sub):
+                        raise _Bad(_describe(sub))
+                elif kind is dict or kind is list:
+                    sub = _copy_tree(sub, depth, walk)
+                elif kind is int:
+                    if not INT64_MIN <= sub <= INT64_MAX:
+                        raise _Bad(_describe(sub))
+                elif kind is float:
+                    if not isfinite(sub) or (sub == 0.0 and copysign(1.0, sub) < 0):
+                        raise _Bad(_describe(sub))
+                elif sub is not None and kind is not bool:
+                    raise _Bad(_describe(sub))
+                out[key] = sub
+        except _Bad as bad:
+            _unwind(bad, key)
+            raise
+    else:
+        out = []
+        try:
+            for sub in value:
+                kind = type(sub)
+                if kind is str:
+                    if not sub.isascii() and _SURROGATE.search(sub):
+                        raise _Bad(_describe(sub))
+                elif kind is dict or kind is list:
+                    sub = _copy_tree(sub, depth, walk)
+                elif kind is int:
+                    if not INT64_MIN <= sub <= INT64_MAX:
+                        raise _Bad(_describe(sub))
+                elif kind is float:
+                    if not isfinite(sub) or (sub == 0.0 and copysign(1.0, sub) < 0):
+                        raise _Bad(_describe(sub))
+                elif sub is not None and kind is not bool:
+                    raise _Bad(_describe(sub))
+                out.append(sub)
+        except _Bad as bad:
+            _unwind(bad, len(out))  # items are copied in order: this is the index
+            raise
+    return out
 
 
-def _explain(value: Any, path: str) -> None:
-    """The slow walk that finds the first bad value and names its path."""
-    # Containers currently on the walk: a container reached again is a cycle.
-    # Shared (non-cyclic) sub-values are fine and checked each time they appear.
-    active: set[int] = set()
-    # Each entry is (value, path, depth) to check, or (None, id, 0) to leave a container.
-    stack: list[tuple[Any, Any, int]] = [(value, path, 0)]
-    while stack:
-        item, where, depth = stack.pop()
-        if item is None:
-            if type(where) is int:
-                active.discard(where)
-            continue
-        kind = type(item)
-        if kind is str:
-            if not item.isascii() and _SURROGATE.search(item):
-                raise _fail(where, _describe(item))
-        elif kind is bool:
-            pass
-        elif kind is int:
-            if not INT64_MIN <= item <= INT64_MAX:
-                raise _fail(where, _describe(item))
-        elif kind is float:
-            if not math.isfinite(item) or (item == 0.0 and math.copysign(1.0, item) < 0):
-                raise _fail(where, _describe(item))
-        elif kind is dict or kind is list:
-            ident = id(item)
-            if ident in active:
-                raise _fail(where, "cycle: a container contains itself")
-            depth += 1
-            if depth > MAX_JSON_DEPTH:
-                raise _fail(where, f"nesting deeper than {MAX_JSON_DEPTH} levels is not stored")
-            active.add(ident)
-            stack.append((None, ident, 0))
-            if kind is dict:
-                for key, sub in reversed(item.items()):
-                    if type(key) is not str:
-                        raise _fail(
-                            where, f"a key of type {type(key).__qualname__} is not a string"
-                        )
-                    if not key.isascii() and _SURROGATE.search(key):
-                        raise _fail(where, "key with a lone surrogate is not valid Unicode")
-                    stack.append((sub, _join(where, key), depth))
+def _copy_shared(value: dict[Any, Any] | list[Any], depth: int, walk: _Walk) -> tuple[Any, int]:
+    """Like :func:`_copy_tree` for a value with repeated containers; returns (copy, height).
+
+    Each distinct container is walked once; later appearances reuse its copy
+    and count its values again, and must fit the depth limit where they appear.
+    """
+    ident = id(value)
+    done = walk.done
+    if ident in done:
+        found = done[ident]
+        if found is None:
+            raise _Bad(_CYCLE)
+        copied, below, height = found
+        if depth + height > MAX_JSON_DEPTH:
+            raise _Bad(_DEEPER)
+        walk.nodes += below
+        if walk.nodes > MAX_JSON_NODES:
+            raise _TooBig
+        return copied, height
+    if depth >= MAX_JSON_DEPTH:
+        raise _Bad(_DEEPER)
+    done[ident] = None
+    start = walk.nodes
+    walk.nodes += len(value)
+    if walk.nodes > MAX_JSON_NODES:
+        raise _TooBig
+    height = 0
+    items = value.items() if type(value) is dict else enumerate(value)
+    out: Any = {} if type(value) is dict else []
+    segment: Any = None
+    try:
+        for segment, sub in items:
+            if type(out) is dict:
+                bad = _bad_key(segment)
+                if bad is not None:
+                    raise bad
+            kind = type(sub)
+            if kind is dict or kind is list:
+                sub, sub_height = _copy_shared(sub, depth + 1, walk)
+                height = max(height, sub_height)
+            elif not _scalar_ok(sub, kind):
+                raise _Bad(_describe(sub))
+            if type(out) is dict:
+                out[segment] = sub
             else:
-                for index in range(len(item) - 1, -1, -1):
-                    stack.append((item[index], f"{where}[{index}]", depth))
-        else:
-            raise _fail(where, _describe(item))
+                out.append(sub)
+    except _Bad as bad:
+        _unwind(bad, segment)
+        raise
+    height += 1
+    done[ident] = (out, walk.nodes - start, height)
+    return out, height
 
 
-def check_json_object(value: Any, path: str = "") -> None:
+def _render(path: str, segments: list[str | int]) -> str:
+    for segment in reversed(segments):
+        path = f"{path}[{segment}]" if type(segment) is int else _join(path, str(segment))
+    return path
+
+
+def check_json(value: Any, path: str = "") -> Any:
+    """Return the store's own copy of ``value``, or raise unless it is strict JSON.
+
+    Raises :class:`ThreadStoreSerializationError` naming the first bad value;
+    ``path`` prefixes the location named in the error (``"metadata"`` gives
+    ``metadata.items[3]: ...``). The copy shares no ``dict`` or ``list`` with
+    ``value`` (a container shared within ``value`` is shared within the copy).
+    """
+    kind = type(value)
+    if kind is not dict and kind is not list:
+        if not _scalar_ok(value, kind):
+            raise _fail(path, _describe(value))
+        return value
+    try:
+        try:
+            return _copy_tree(value, 0, _Walk())
+        except _Shared:
+            return _copy_shared(value, 0, _Walk())[0]
+    except _Bad as bad:
+        raise _fail(_render(path, bad.segments), bad.reason) from None
+    except _TooBig:
+        raise _fail(
+            path,
+            f"more than {MAX_JSON_NODES:,} values (a container counts each time it "
+            "appears) is not stored",
+        ) from None
+
+
+def check_json_object(value: Any, path: str = "") -> dict[str, Any]:
     """Like :func:`check_json`, and ``value`` must be a ``dict``."""
     if type(value) is not dict:
         raise _fail(path, f"expected a JSON object, got {type(value).__qualname__}")
-    check_json(value, path)
+    copied: dict[str, Any] = check_json(value, path)
+    return copied

@@ -5,6 +5,9 @@ from __future__ import annotations
 import copy
 import enum
 import json
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
@@ -13,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 
 from pai_storage import ThreadStoreSerializationError, check_json, check_json_object
-from pai_storage.strict_json import MAX_JSON_DEPTH
+from pai_storage.strict_json import MAX_JSON_DEPTH, MAX_JSON_NODES
 
 from . import strategies as s
 
@@ -142,7 +145,8 @@ def test_non_identifier_keys_are_quoted_in_path() -> None:
 
 
 def test_check_json_object_requires_dict() -> None:
-    for value in ([], "x", None, MyDict()):
+    values: list[Any] = [[], "x", None, MyDict()]
+    for value in values:
         with pytest.raises(ThreadStoreSerializationError, match="JSON object"):
             check_json_object(value, "metadata")
     check_json_object({"a": [1]}, "metadata")
@@ -166,7 +170,144 @@ def test_accepted_values_round_trip_unchanged(value: Any) -> None:
 def test_shared_non_cyclic_sub_values_accepted() -> None:
     shared = {"k": [1, 2]}
     lst = [shared, shared, [shared]]
-    check_json({"a": shared, "b": shared, "c": lst, "d": lst})
+    value = {"a": shared, "b": shared, "c": lst, "d": lst}
+    copied = check_json(value)
+    assert json.dumps(copied) == json.dumps(value)
+    # The copy mirrors the sharing, and shares nothing with the input.
+    assert copied["a"] is copied["b"] is copied["c"][0]
+    assert copied["a"] is not shared
+
+
+# ---------------------------------------------------------------- the check returns a copy
+
+
+def _containers(value: Any) -> list[Any]:
+    found: list[Any] = []
+    if isinstance(value, dict | list):
+        found.append(value)
+        for sub in value.values() if isinstance(value, dict) else value:
+            found.extend(_containers(sub))
+    return found
+
+
+@settings(max_examples=200, deadline=None)
+@given(s.json_values)
+def test_check_returns_an_equal_copy_sharing_no_container(value: Any) -> None:
+    copied = check_json(value, "metadata")
+    assert json.dumps(copied) == json.dumps(value)
+    originals = {id(c) for c in _containers(value)}
+    assert not any(id(c) in originals for c in _containers(copied))
+
+
+def test_mutating_the_input_after_the_check_leaves_the_copy_alone() -> None:
+    value: dict[str, Any] = {"a": [1, {"b": 2}]}
+    copied = check_json_object(value, "metadata")
+    value["a"][1]["b"] = float("nan")
+    value["a"].append(2**80)
+    value["new"] = object()
+    assert copied == {"a": [1, {"b": 2}]}
+    check_json(copied)
+
+
+def test_scalars_are_returned_as_they_are() -> None:
+    for scalar in (None, True, 0, 2**63 - 1, 1.5, "text"):
+        assert check_json(scalar) is scalar
+
+
+# ---------------------------------------------------------------- shared sub-values
+
+
+def _doubling(levels: int) -> Any:
+    value: Any = [1]
+    for _ in range(levels):
+        value = [value, value]
+    return value
+
+
+class Hung(Exception):
+    """A check still running when the watchdog fired."""
+
+
+@contextmanager
+def watchdog(seconds: float) -> Iterator[None]:
+    """Fail instead of hanging: a regression here is exponential, not slow."""
+
+    def expire(signum: int, frame: Any) -> None:
+        raise Hung(f"still running after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def test_shared_sub_value_bomb_is_rejected_without_expanding_it() -> None:
+    # 40 levels of x = [x, x] are 81 containers in memory and 2**41 values
+    # written out; the old check walked every one of them.
+    for levels in (22, 40, MAX_JSON_DEPTH - 2):  # the bomb sits one level down
+        with watchdog(30), pytest.raises(ThreadStoreSerializationError) as err:
+            check_json({"bomb": _doubling(levels)}, "metadata")
+        assert err.value.path == "metadata"
+        assert "1,000,000 values" in err.value.reason
+
+
+def test_shared_sub_values_within_the_node_limit_are_accepted() -> None:
+    # 2**18 leaves, 2**19 - 1 containers: about 800,000 values written out.
+    value = _doubling(18)
+    copied = check_json(value)
+    assert copied[0] is copied[1]
+    assert json.dumps(copied) == json.dumps(value)
+
+
+def test_node_limit_counts_every_value() -> None:
+    check_json([0] * (MAX_JSON_NODES - 1))  # the list itself is the last value
+    with pytest.raises(ThreadStoreSerializationError, match="1,000,000 values") as err:
+        check_json([0] * MAX_JSON_NODES, "output")
+    assert err.value.path == "output"
+
+
+def test_node_limit_counts_a_shared_container_each_time() -> None:
+    shared = [0] * 1000
+    check_json([shared] * 998)  # 1 + 998 * 1001 values
+    with pytest.raises(ThreadStoreSerializationError, match="1,000,000"):
+        check_json([shared] * 1000)
+
+
+def test_a_shared_container_must_fit_the_depth_limit_where_it_appears() -> None:
+    shared = _nested_lists(10)  # 10 levels
+    shallow = {"a": shared}
+    check_json(_nested_dicts(MAX_JSON_DEPTH - 11, shallow))  # deepest: exactly the limit
+    value = {"first": shared, "deep": _nested_dicts(MAX_JSON_DEPTH - 10, {"again": shared})}
+    with pytest.raises(ThreadStoreSerializationError) as err:
+        check_json(value, "metadata")
+    assert err.value.path == "metadata.deep" + ".a" * (MAX_JSON_DEPTH - 10) + ".again"
+    assert "deeper" in err.value.reason
+
+
+def test_errors_after_a_shared_container_are_named_exactly() -> None:
+    shared: list[Any] = [1, {"x": 2}]
+    value = {"a": shared, "b": [shared, shared], "c": {"d": float("nan")}}
+    with pytest.raises(ThreadStoreSerializationError) as err:
+        check_json(value, "metadata")
+    assert err.value.path == "metadata.c.d"
+    value = {"a": shared, "b": shared, "c": {1: "x"}}
+    with pytest.raises(ThreadStoreSerializationError) as err:
+        check_json(value, "metadata")
+    assert err.value.path == "metadata.c"
+    assert "not a string" in err.value.reason
+
+
+def test_a_cycle_behind_a_shared_container_is_named() -> None:
+    loop: dict[str, Any] = {}
+    loop["self"] = loop
+    shared = [1]
+    with pytest.raises(ThreadStoreSerializationError) as err:
+        check_json({"a": shared, "b": shared, "c": [loop]})
+    assert err.value.path == "c[0].self"
+    assert "cycle" in err.value.reason
 
 
 def _nested_lists(depth: int, leaf: Any = "leaf") -> Any:
