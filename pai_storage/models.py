@@ -1,17 +1,52 @@
 """Every record and input of the contract, as immutable pydantic models.
 
-Python attributes are snake_case; the JSON form (the wire and persisted form of
-SPEC section 5) is camelCase. ``Model.model_validate(json)`` accepts exactly the
-JSON form (snake_case names are accepted too), and ``model_dump(mode="json")``
-produces it: optional fields are omitted when absent, never written as null.
-Unknown fields and unknown part types are rejected.
+Python attributes are snake_case; the JSON form (the wire and persisted form,
+``docs/data-model.md``) is camelCase. ``Model.model_validate(json)`` accepts
+exactly the JSON form (snake_case names are accepted too), and
+``model_dump(mode="json")`` produces it: optional fields are omitted when
+absent, never written as null. Unknown fields and unknown part types are
+rejected.
 
 Validation failures raise :class:`ThreadStoreInvariantError` (a ``ValueError``)
 naming the path of the bad field; a value that is not strict JSON raises
 :class:`ThreadStoreSerializationError`. Error messages never echo input values.
 
+Opaque JSON values (metadata, private metadata, tool input and output,
+provider metadata, queued input, data parts) are copied while they are
+checked: a model never holds the caller's ``dict`` or ``list``, so mutating
+them after validation changes nothing.
+
 Timestamps are aware UTC datetimes truncated to milliseconds; in JSON they are
 ISO 8601 strings with milliseconds and ``Z``.
+
+Limits
+------
+Every backend refuses the same inputs, with the same error, before anything is
+written:
+
+=============================================  ======================================
+field                                          limit
+=============================================  ======================================
+``scopeKey``, ``threadId``, every record id,   1 to 1,024 characters
+lease owner and producer/initiator ids
+``agent`` (commit root and list filter)        1 character to 256 bytes of UTF-8
+``parentThreadId`` (commit root, list filter)  1 character to 256 bytes of UTF-8
+``category`` (commit root and list filter)     at most 256 bytes of UTF-8
+``version.revision``                           1 to 2**63 - 1
+``limit`` of a page or list                    1 to 100
+``ids`` of an ids selection                    1 to 100, distinct
+``durationMs`` of a lease                      1 to 86,400,000 (one day)
+an opaque JSON value                           strict JSON, 64 levels, 1,000,000 values
+=============================================  ======================================
+
+``agent``, ``parentThreadId`` and ``category`` are the text fields the list
+indexes hold besides the scope key and thread id. Their limit is in UTF-8
+bytes, not characters, because that is what an index entry holds: with the
+scope key and thread id at their longest ASCII form, an entry holding the
+agent and the parent (or category) at 256 bytes each still fits PostgreSQL's
+2,704-byte index entry. (Ids of up to 1,024 *non-ASCII* characters can still
+exceed it there; see ``docs/postgres.md``.) Stored records read back are not
+held to these input limits.
 """
 
 from __future__ import annotations
@@ -42,12 +77,13 @@ from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
 from .errors import ThreadStoreInvariantError, ThreadStoreSerializationError
-from .strict_json import check_json, is_valid_text
+from .strict_json import INT64_MAX, check_json, is_valid_text
 
 __all__ = [
     "MAX_DURATION_MS",
     "MAX_ID_LENGTH",
     "MAX_ID_SELECTION_SIZE",
+    "MAX_INDEXED_TEXT_BYTES",
     "MAX_PAGE_SIZE",
     "AcquireLease",
     "Admission",
@@ -126,6 +162,9 @@ MAX_ID_LENGTH = 1024
 """Longest scope key, thread id or record id, in characters."""
 MAX_DURATION_MS = 86_400_000
 """Longest lease duration a commit may request (one day)."""
+MAX_INDEXED_TEXT_BYTES = 256
+"""Longest ``agent``, ``category`` or ``parentThreadId`` of a commit or list, in
+UTF-8 bytes (see the limits table above)."""
 
 
 # ---------------------------------------------------------------- field types
@@ -159,11 +198,12 @@ def _strict_json_error(err: ThreadStoreSerializationError) -> PydanticCustomErro
 
 
 def _check_json(value: Any) -> Any:
+    # The model keeps the checked copy, never the caller's object: mutating that
+    # object after validation cannot change what was checked or what is stored.
     try:
-        check_json(value)
+        return check_json(value)
     except ThreadStoreSerializationError as err:
         raise _strict_json_error(err) from None
-    return value
 
 
 def _check_json_object(value: Any) -> dict[str, Any]:
@@ -171,8 +211,22 @@ def _check_json_object(value: Any) -> dict[str, Any]:
         if value is None or type(value) in (list, str, int, float, bool):
             raise PydanticCustomError("dict_type", "Input should be a JSON object")
         _check_json(value)  # not JSON at all: a strict-JSON error naming the value's type
-    _check_json(value)
-    return cast(dict[str, Any], value)
+    return cast(dict[str, Any], _check_json(value))
+
+
+def _utf8_size(value: str) -> int:
+    return len(value) if value.isascii() else len(value.encode("utf-8"))
+
+
+def _check_indexed(value: str) -> str:
+    size = _utf8_size(value)
+    if size > MAX_INDEXED_TEXT_BYTES:
+        raise PydanticCustomError(
+            "indexed_text_too_long",
+            "an indexed field holds at most {max} bytes of UTF-8 (this value has {size})",
+            {"max": MAX_INDEXED_TEXT_BYTES, "size": size},
+        )
+    return value
 
 
 def _parse_timestamp(value: Any) -> datetime:
@@ -211,6 +265,10 @@ def format_timestamp(moment: datetime) -> str:
 Id = Annotated[StrictStr, AfterValidator(_check_id)]
 """An opaque identifier: 1 to 1,024 characters of valid Unicode."""
 Text = Annotated[StrictStr, AfterValidator(_check_text)]
+IndexedId = Annotated[StrictStr, AfterValidator(_check_id), AfterValidator(_check_indexed)]
+"""An id that list indexes hold (agent, parent thread id): at most 256 UTF-8 bytes."""
+IndexedText = Annotated[StrictStr, AfterValidator(_check_text), AfterValidator(_check_indexed)]
+"""Text that list indexes hold (category): at most 256 UTF-8 bytes."""
 Json = Annotated[Any, AfterValidator(_check_json)]
 JsonObject = Annotated[dict[str, Any], PlainValidator(_check_json_object)]
 Timestamp = Annotated[
@@ -395,10 +453,10 @@ class StoreModel(BaseModel):
 
 
 class ThreadVersion(StoreModel):
-    """The optimistic-concurrency token: incarnation plus revision."""
+    """The optimistic-concurrency token: incarnation plus revision (1 to 2**63 - 1)."""
 
     thread_instance_id: Id
-    revision: Annotated[StrictInt, Field(ge=1)]
+    revision: Annotated[StrictInt, Field(ge=1, le=INT64_MAX)]
 
 
 class ThreadLease(StoreModel):
@@ -736,9 +794,9 @@ class ThreadReadResult(StoreModel):
 class ListThreadsInput(StoreModel):
     scope_key: Id
     limit: Limit
-    agent: Id | None = None
-    parent_thread_id: Id | None = None
-    category: Text | None = None
+    agent: IndexedId | None = None
+    parent_thread_id: IndexedId | None = None
+    category: IndexedText | None = None
     include_hidden: StrictBool | None = None
     page_token: StrictStr | None = None
 
@@ -756,11 +814,11 @@ class VersionCondition(StoreModel):
 
 
 class CreateRoot(StoreModel):
-    agent: Id
+    agent: IndexedId
     direct_execution_allowed: StrictBool
-    parent_thread_id: Id | None = None
+    parent_thread_id: IndexedId | None = None
     list_visibility: ListVisibility
-    category: Text | None = None
+    category: IndexedText | None = None
     title: Text | None = None
     metadata: JsonObject
     private_metadata: JsonObject
@@ -770,7 +828,7 @@ class UpdateRoot(StoreModel):
     """The complete set of mutable root fields; omitted ``category``/``title`` are removed."""
 
     list_visibility: ListVisibility
-    category: Text | None = None
+    category: IndexedText | None = None
     title: Text | None = None
     metadata: JsonObject
     private_metadata: JsonObject

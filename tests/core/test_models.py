@@ -36,6 +36,7 @@ from pai_storage import builders as b
 from pai_storage.strict_json import MAX_JSON_DEPTH
 
 from . import strategies as s
+from .test_strict_json import watchdog
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -550,3 +551,216 @@ def test_deepest_accepted_opaque_value_serializes_and_deeper_is_rejected() -> No
         ToolCallPart.model_validate({**base, "input": deep})
     assert err.value.path.startswith("input.a.a")
     assert "deeper" in err.value.reason
+
+
+# ---------------------------------------------------------------- hostile values
+
+
+INPUT_MODELS = [CommitThreadInput, ReadThreadInput, ListThreadsInput]
+
+
+def _integer_schemas(schema: Any, path: str = "") -> list[tuple[str, dict[str, Any]]]:
+    found: list[tuple[str, dict[str, Any]]] = []
+    if isinstance(schema, dict):
+        if schema.get("type") == "integer":
+            found.append((path, schema))
+        for key, sub in schema.items():
+            found.extend(_integer_schemas(sub, f"{path}.{key}"))
+    elif isinstance(schema, list):
+        for index, sub in enumerate(schema):
+            found.extend(_integer_schemas(sub, f"{path}[{index}]"))
+    return found
+
+
+@pytest.mark.parametrize("model", INPUT_MODELS)
+def test_every_integer_field_of_an_input_is_bounded_to_int64(model: Any) -> None:
+    integers = _integer_schemas(model.model_json_schema())
+    assert integers, "the schema walk found no integer field"
+    for path, schema in integers:
+        assert schema.get("minimum", schema.get("exclusiveMinimum", -(2**64))) >= -(2**63), path
+        assert schema.get("maximum", schema.get("exclusiveMaximum", 2**64)) <= 2**63 - 1, path
+
+
+@pytest.mark.parametrize("revision", [2**63, 2**64, 10**30])
+def test_revision_beyond_int64_is_an_invariant_error(revision: int) -> None:
+    commit = b.update("s", "t", {"threadInstanceId": "i", "revision": revision})
+    with pytest.raises(ThreadStoreInvariantError, match=r"condition\.version\.revision") as err:
+        CommitThreadInput.model_validate(commit)
+    assert str(revision) not in str(err.value).replace(str(2**63 - 1), "")
+    with pytest.raises(ThreadStoreInvariantError, match="revision"):
+        ThreadVersion(thread_instance_id="i", revision=revision)
+
+
+def test_revision_at_int64_max_is_valid() -> None:
+    commit = b.delete("s", "t", {"threadInstanceId": "i", "revision": 2**63 - 1})
+    parsed = CommitThreadInput.model_validate(commit)
+    assert parsed.condition.version.revision == 2**63 - 1  # type: ignore[union-attr]
+    assert CommitThreadInput.model_validate_json(json.dumps(commit)) == parsed
+
+
+def _hostile_commit() -> dict[str, Any]:
+    tool = {
+        "type": "tool-call",
+        "toolCallId": "c1",
+        "toolName": "search",
+        "input": {"q": [1]},
+        "state": "output-available",
+        "output": {"hits": [{"id": 1}]},
+        "callProviderMetadata": {"p": [1]},
+        "resultProviderMetadata": {"p": [1]},
+    }
+    message = b.message("m1", metadata={"k": [1]})
+    message["parts"] = [
+        {"type": "text", "text": "x", "providerMetadata": {"p": [1]}},
+        {"type": "reasoning", "text": "x", "providerMetadata": {"p": [1]}},
+        {"type": "file", "mediaType": "a/b", "url": "u", "providerMetadata": {"p": [1]}},
+        tool,
+        {"type": "data", "name": "n", "data": {"rows": [1]}},
+    ]
+    run = b.run("r1", "queued", queue_item_id="q1", metadata={"k": [1]})
+    run["privateMetadata"] = {"k": [1]}
+    queued = {**b.queued_item("q1", "r1", {"in": [1]}), "metadata": {"k": [1]}}
+    return b.create(
+        "s",
+        "t",
+        {
+            "messages": [b.insert(message)],
+            "runs": [b.insert(run)],
+            "queuedItems": [b.insert(queued)],
+        },
+        metadata={"k": [1]},
+        privateMetadata={"k": [1]},
+    )
+
+
+def _containers(value: Any) -> list[Any]:
+    """Every dict and list inside ``value`` (itself included)."""
+    found: list[Any] = []
+    if isinstance(value, dict | list):
+        found.append(value)
+        for sub in value.values() if isinstance(value, dict) else value:
+            found.extend(_containers(sub))
+    return found
+
+
+def test_validated_inputs_do_not_alias_the_callers_objects() -> None:
+    data = _hostile_commit()
+    parsed = CommitThreadInput.model_validate(data)
+    before = json.dumps(parsed.to_json())
+    # Every dict and list inside the caller's input now gets a NaN, a huge int
+    # and a set: none of it may reach the validated model.
+    for container in _containers(data):
+        if isinstance(container, dict):
+            container["evil"] = float("nan")
+        else:
+            container.append(2**80)
+    assert json.dumps(parsed.to_json(), allow_nan=False) == before
+    caller_ids = {id(c) for c in _containers(data)}
+    root = parsed.mutation.root  # type: ignore[union-attr]
+    changes = parsed.mutation.changes  # type: ignore[union-attr]
+    assert changes is not None
+    assert changes.messages
+    assert changes.runs
+    assert changes.queued_items
+    message = changes.messages[0].record  # type: ignore[union-attr]
+    run = changes.runs[0].record  # type: ignore[union-attr]
+    queued = changes.queued_items[0].record  # type: ignore[union-attr]
+    held = [root.metadata, root.private_metadata, message.metadata, run.metadata]
+    held += [run.private_metadata, queued.metadata, queued.input]
+    for part in message.parts:
+        for name in ("provider_metadata", "input", "output", "data"):
+            held.append(getattr(part, name, None))
+        for name in ("call_provider_metadata", "result_provider_metadata"):
+            held.append(getattr(part, name, None))
+    for value in held:
+        assert all(id(c) not in caller_ids for c in _containers(value))
+
+
+def test_validated_json_copy_keeps_order_and_types() -> None:
+    metadata = {"z": 1, "a": 1.0, "m": [True, None, "s", {"$ref": "x", "$id": 1}]}
+    draft = MessageDraft.model_validate(b.message("m1", metadata=metadata))
+    assert draft.metadata is not metadata
+    assert exact(draft.metadata) == exact(metadata)
+
+
+def test_shared_sub_value_bomb_in_a_commit_is_rejected() -> None:
+    bomb: Any = [1]
+    for _ in range(40):
+        bomb = [bomb, bomb]
+    with watchdog(30), pytest.raises(ThreadStoreSerializationError, match="1,000,000") as err:
+        CommitThreadInput.model_validate(b.create("s", "t", metadata={"bomb": bomb}))
+    assert err.value.path == "mutation.root.metadata"
+
+
+# ---------------------------------------------------------------- indexed text fields
+
+
+INDEXED_FIELDS = [
+    ("agent", lambda v: b.create("s", "t", agent=v), CommitThreadInput, "root.agent"),
+    ("category", lambda v: b.create("s", "t", category=v), CommitThreadInput, "root.category"),
+    (
+        "parentThreadId",
+        lambda v: b.create("s", "t", parentThreadId=v),
+        CommitThreadInput,
+        "root.parentThreadId",
+    ),
+    (
+        "category (update)",
+        lambda v: b.update("s", "t", {"threadInstanceId": "i", "revision": 1}, category=v),
+        CommitThreadInput,
+        "root.category",
+    ),
+    (
+        "agent filter",
+        lambda v: {"scopeKey": "s", "limit": 1, "agent": v},
+        ListThreadsInput,
+        "agent",
+    ),
+    (
+        "category filter",
+        lambda v: {"scopeKey": "s", "limit": 1, "category": v},
+        ListThreadsInput,
+        "category",
+    ),
+    (
+        "parent filter",
+        lambda v: {"scopeKey": "s", "limit": 1, "parentThreadId": v},
+        ListThreadsInput,
+        "parentThreadId",
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "build", "model", "where"), INDEXED_FIELDS)
+def test_indexed_text_fields_hold_at_most_256_utf8_bytes(
+    name: str, build: Any, model: Any, where: str
+) -> None:
+    # 256 bytes in ASCII, two-byte and four-byte characters: accepted.
+    for value in ("a" * 256, "é" * 128, "🧵" * 64, "\x00" * 256):
+        model.model_validate(build(value))
+    # One byte more, however few characters that is: refused, naming the limit in bytes.
+    for value in ("a" * 257, "é" * 128 + "a", "🧵" * 64 + "a", "é" * 129):
+        with pytest.raises(ThreadStoreInvariantError, match=where) as err:
+            model.model_validate(build(value))
+        assert "256 bytes of UTF-8" in str(err.value)
+        assert value not in str(err.value)
+        assert type(err.value) is ThreadStoreInvariantError
+
+
+def test_stored_records_are_not_held_to_the_input_limits() -> None:
+    data = {
+        "scopeKey": "s",
+        "threadId": "t",
+        "version": {"threadInstanceId": "i", "revision": 1},
+        "directExecutionAllowed": True,
+        "listVisibility": "visible",
+        "metadata": {},
+        "privateMetadata": {},
+        "createdAt": "2030-01-01T00:00:00.000Z",
+        "updatedAt": "2030-01-01T00:00:00.000Z",
+    }
+    data["agent"] = "a" * 1024
+    data["category"] = "c" * 2000
+    data["parentThreadId"] = "p" * 1024
+    record = ThreadRecord.model_validate(data)
+    assert record.agent == "a" * 1024
