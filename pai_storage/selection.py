@@ -21,12 +21,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from .aggregate import Entry, Family, FamilyName, ThreadAggregate
 from .errors import ThreadStoreInvariantError, ThreadStorePageTokenError
 from .models import (
+    MAX_ID_LENGTH,
     Message,
     MessageIdsSelection,
     MessagePageSelection,
@@ -46,6 +47,7 @@ from .models import (
     ThreadRecord,
     ThreadVersion,
 )
+from .strict_json import INT64_MAX, is_valid_text
 from .tokens import PageTokenCodec, ScopeDigest, default_scope_digest, query_digest
 
 __all__ = [
@@ -94,10 +96,66 @@ class IdsPlan:
         return ThreadPage[Any](items=items, version=version)
 
 
-def _int(value: Any) -> int:
-    if type(value) is not int:
-        raise ThreadStorePageTokenError("page token is malformed")
+# A decoded token is only a claim about a position: without a deployment
+# secret anyone can mint one (see PageTokenCodec). Every field is checked here,
+# once, so no backend ever sees a value it cannot bind to a query.
+_MAX_POSITION = INT64_MAX - 1  # a window's exclusive upper bound is anchor + 1
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MS = timedelta(milliseconds=1)
+_MIN_UPDATED_MS = (datetime.min.replace(tzinfo=UTC) - _EPOCH) // _MS
+_MAX_UPDATED_MS = (datetime.max.replace(tzinfo=UTC) - _EPOCH) // _MS
+
+
+def _malformed(what: str) -> ThreadStorePageTokenError:
+    return ThreadStorePageTokenError(f"page token is malformed ({what})")
+
+
+def _token_position(value: Any) -> int:
+    if type(value) is not int or not 0 <= value <= _MAX_POSITION:
+        raise _malformed("a position is not an integer from 0 to 2**63 - 2")
     return value
+
+
+def _token_id(value: Any) -> str:
+    if type(value) is not str or not 1 <= len(value) <= MAX_ID_LENGTH or not is_valid_text(value):
+        raise _malformed("an id is not 1 to 1,024 characters of valid Unicode")
+    return value
+
+
+def _token_keys(position: Mapping[str, Any], *keys: str) -> None:
+    if set(position) != set(keys):
+        raise _malformed("unexpected fields")
+
+
+@dataclass(frozen=True, slots=True)
+class _ChildCursor:
+    """A decoded child-page token: incarnation, anchor, bounds, last position."""
+
+    instance_id: str
+    anchor: int
+    lower: int
+    upper: int | None
+    position: int
+
+    @classmethod
+    def parse(cls, token: Mapping[str, Any]) -> _ChildCursor:
+        _token_keys(token, "i", "a", "lo", "hi", "c")
+        hi = token["hi"]
+        return cls(
+            instance_id=_token_id(token["i"]),
+            anchor=_token_position(token["a"]),
+            lower=_token_position(token["lo"]),
+            upper=None if hi is None else _token_position(hi),
+            position=_token_position(token["c"]),
+        )
+
+
+def _list_cursor(position: Mapping[str, Any]) -> tuple[int, str]:
+    _token_keys(position, "u", "t")
+    updated = position["u"]
+    if type(updated) is not int or not _MIN_UPDATED_MS <= updated <= _MAX_UPDATED_MS:
+        raise _malformed("the update time is not a millisecond timestamp of years 1 to 9999")
+    return updated, _token_id(position["t"])
 
 
 class ChildPagePlan:
@@ -135,7 +193,7 @@ class ChildPagePlan:
         self._scope_key = scope_key
         self._query = query_digest(query)
         self._cursor = (
-            codec.decode(page_token, family, scope_key, self._query)
+            _ChildCursor.parse(codec.decode(page_token, family, scope_key, self._query))
             if page_token is not None
             else None
         )
@@ -168,16 +226,15 @@ class ChildPagePlan:
         :meth:`missing_anchor`).
         """
         cursor = self._cursor
+        position: int | None
         if cursor is not None:
-            if cursor.get("i") != version.thread_instance_id:
+            if cursor.instance_id != version.thread_instance_id:
                 raise ThreadStorePageTokenError(
                     "page token belongs to an earlier incarnation of this thread "
                     "(it was deleted and re-created)"
                 )
-            anchor, lower = _int(cursor.get("a")), _int(cursor.get("lo"))
-            hi = cursor.get("hi")
-            bound_upper = None if hi is None else _int(hi)
-            position = _int(cursor.get("c"))
+            anchor, lower, bound_upper = cursor.anchor, cursor.lower, cursor.upper
+            position = cursor.position
         else:
             anchor, lower, position = high_water, after_position or 0, None
             bound_upper = before_position
@@ -322,11 +379,7 @@ class ListPlan:
         )
         self.cursor: tuple[int, str] | None = None
         if page_token is not None:
-            position = codec.decode(page_token, "threads", scope_key, self._query)
-            updated, thread_id = position.get("u"), position.get("t")
-            if type(updated) is not int or type(thread_id) is not str:
-                raise ThreadStorePageTokenError("page token is malformed")
-            self.cursor = (updated, thread_id)
+            self.cursor = _list_cursor(codec.decode(page_token, "threads", scope_key, self._query))
 
     def matches(self, record: ThreadRecord) -> bool:
         """Whether a root passes the filters (scope is the backend's to bind)."""
@@ -372,12 +425,22 @@ class ListPlan:
 class SelectionHelpers:
     """Selection planning and page finishing bound to one provider's token codec.
 
+    .. warning::
+       Pass ``secret`` (the store option ``token_secret``): set it in
+       production. Without it the token key is derived from the public prefix
+       and anyone can forge a token. Decoded tokens are validated field by
+       field (types, int64 ranges, ids) when a plan is made, so a forged token
+       raises :class:`ThreadStorePageTokenError` rather than reaching a
+       backend, but only a secret proves the store issued it.
+
     Parameters
     ----------
     token_prefix:
         Prefix of this provider's tokens, e.g. ``"pai-pg"``.
     secret:
-        Optional key for token integrity (see :class:`PageTokenCodec`).
+        Key for token integrity: non-empty ``bytes`` (see
+        :class:`PageTokenCodec`); anything else raises
+        :class:`ThreadStoreConfigurationError`.
     scope_digest:
         The scope binding recorded in every token.
     """

@@ -7,6 +7,15 @@ every token records a digest of its scope key and of its complete query, and
 the store re-checks both against the request that carries it.
 
 The payload holds only positions and digests, never record contents.
+
+Without a secret the MAC key is derived from the public prefix, so anyone who
+reads this code can mint a token with any contents: set ``token_secret`` in
+production. Either way a decoded token is only ever a *position*: the store
+checks every field's type and range before using it (see
+:mod:`pai_storage.selection`), and anything that is not a well-formed token of
+this store -- non-ASCII text, a lone surrogate, bad base64, bad JSON, a
+truncation -- raises :class:`ThreadStorePageTokenError`, never another
+exception.
 """
 
 from __future__ import annotations
@@ -16,15 +25,20 @@ import binascii
 import hashlib
 import hmac
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
-from .errors import ThreadStorePageTokenError
+from .errors import ThreadStoreConfigurationError, ThreadStorePageTokenError
 
 __all__ = ["PageTokenCodec", "ScopeDigest", "default_scope_digest", "query_digest"]
 
 ScopeDigest = Callable[[str], str]
 """Maps a scope key to a short, deterministic, stable digest."""
+
+
+_B64URL = re.compile(r"[A-Za-z0-9_-]*\Z")
+_KIND = re.compile(r"[A-Za-z]{1,32}\Z")
 
 
 def _b64(data: bytes) -> str:
@@ -52,15 +66,23 @@ def query_digest(query: Any) -> str:
 class PageTokenCodec:
     """Encode and verify page tokens for one provider.
 
+    .. warning::
+       Set ``secret`` (the store option ``token_secret``) in production.
+       Without it the key is derived from the public ``prefix``: tokens still
+       detect accidental edits, but anyone can forge one. A forged token can
+       only name a position in a query its bearer may already run (scope and
+       query are re-checked on every request), and every decoded field is
+       validated, but it is not proof that this store issued it.
+
     Parameters
     ----------
     prefix:
         Distinguishes this provider's tokens (``"pai-memory"``); a token minted
         with another prefix is rejected.
     secret:
-        Key for the integrity check. Defaults to one derived from ``prefix``,
-        which detects any edit; pass a deployment secret to make tokens
-        unforgeable as well.
+        Non-empty ``bytes``, the key of the integrity check. A value of another
+        type (a ``str`` included) or empty raises
+        :class:`ThreadStoreConfigurationError` here, when the store is made.
     scope_digest:
         The scope binding; the default is :func:`default_scope_digest`.
     """
@@ -72,8 +94,16 @@ class PageTokenCodec:
         secret: bytes | None = None,
         scope_digest: ScopeDigest = default_scope_digest,
     ) -> None:
-        if not prefix or "." in prefix:
-            raise ValueError("token prefix must be non-empty and contain no '.'")
+        if type(prefix) is not str or not _B64URL.match(prefix) or not prefix:
+            raise ThreadStoreConfigurationError(
+                "page token prefix must be non-empty letters, digits, '-' or '_' (no '.')"
+            )
+        if secret is not None and (not isinstance(secret, bytes) or not secret):
+            what = "empty bytes" if isinstance(secret, bytes) else type(secret).__qualname__
+            raise ThreadStoreConfigurationError(
+                f"option token_secret must be non-empty bytes, not {what} "
+                "(encode a text secret first, e.g. secret.encode())"
+            )
         self.prefix = prefix
         self.scope_digest = scope_digest
         self._key = secret if secret is not None else hashlib.sha256(prefix.encode()).digest()
@@ -89,23 +119,40 @@ class PageTokenCodec:
         return f"{self.prefix}.{body}.{self._mac(body)}"
 
     def decode(self, token: str, kind: str, scope_key: str, query: str) -> dict[str, Any]:
-        """Verify ``token`` for this kind, scope and query; return its position."""
+        """Verify ``token`` for this kind, scope and query; return its position.
+
+        Raises :class:`ThreadStorePageTokenError` for anything but a token this
+        codec minted for exactly this kind, scope and query. The position's
+        fields are the caller's to validate.
+        """
+        if type(token) is not str:
+            raise ThreadStorePageTokenError("page token must be a string")
         parts = token.split(".")
         if len(parts) != 3 or parts[0] != self.prefix:
             raise ThreadStorePageTokenError("page token is malformed or from another store")
         body, mac = parts[1], parts[2]
+        # Only base64url text can be a token; checking first keeps non-ASCII
+        # text and lone surrogates away from the MAC (which needs bytes).
+        if not body or not _B64URL.match(body) or not _B64URL.match(mac):
+            raise ThreadStorePageTokenError("page token is malformed")
         if not hmac.compare_digest(mac, self._mac(body)):
             raise ThreadStorePageTokenError("page token failed its integrity check (tampered)")
         try:
             payload = json.loads(_unb64(body))
-        except (binascii.Error, ValueError):
+        except (binascii.Error, ValueError, RecursionError):
+            # ValueError covers bad UTF-8 and integers too long to parse.
             raise ThreadStorePageTokenError("page token is malformed") from None
         if not isinstance(payload, dict) or payload.get("v") != 1:
             raise ThreadStorePageTokenError("page token has an unknown format version")
-        if payload.get("k") != kind:
-            raise ThreadStorePageTokenError(
-                f"page token belongs to a {payload.get('k')} page, not {kind}"
+        token_kind = payload.get("k")
+        if token_kind != kind:
+            # Name the token's kind only when it looks like one: never echo arbitrary text.
+            named = (
+                f"a {token_kind} page"
+                if type(token_kind) is str and _KIND.match(token_kind)
+                else "another kind of page"
             )
+            raise ThreadStorePageTokenError(f"page token belongs to {named}, not {kind}")
         if payload.get("s") != self.scope_digest(scope_key):
             raise ThreadStorePageTokenError("page token belongs to another scope")
         if payload.get("q") != query:

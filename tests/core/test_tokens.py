@@ -1,7 +1,9 @@
-"""Page tokens: opaque, scope-bound, query-bound, tamper-evident (SPEC section 6)."""
+"""Page tokens: opaque, scope-bound, query-bound, tamper-evident; hostile tokens refused."""
 
 from __future__ import annotations
 
+import base64
+import json
 import string
 from typing import Any
 
@@ -11,6 +13,8 @@ from hypothesis import strategies as st
 
 from pai_storage import (
     PageTokenCodec,
+    PageTokenError,
+    ThreadStoreConfigurationError,
     ThreadStorePageTokenError,
     open_store,
     query_digest,
@@ -107,10 +111,142 @@ def test_secret_option() -> None:
         PageTokenCodec("pai-test", secret=b"other").decode(minted, "messages", "scope", query)
 
 
-@pytest.mark.parametrize("prefix", ["", "a.b"])
-def test_bad_prefix(prefix: str) -> None:
-    with pytest.raises(ValueError, match="prefix"):
+@pytest.mark.parametrize("prefix", ["", "a.b", "pai é", 5])
+def test_bad_prefix(prefix: Any) -> None:
+    with pytest.raises(ThreadStoreConfigurationError, match="prefix"):
         PageTokenCodec(prefix)
+
+
+@pytest.mark.parametrize(
+    ("secret", "words"),
+    [
+        ("secret", "not str"),
+        (b"", "not empty bytes"),
+        (bytearray(b"k"), "not bytearray"),
+        (5, "int"),
+    ],
+)
+def test_secret_must_be_non_empty_bytes(secret: Any, words: str) -> None:
+    # A str secret used to be accepted, and every paged read then failed with a
+    # raw TypeError from hmac.
+    with pytest.raises(ThreadStoreConfigurationError, match="token_secret") as err:
+        PageTokenCodec("pai-test", secret=secret)
+    assert words in str(err.value)
+    assert "secret'" not in str(err.value)  # the value itself is never echoed
+
+
+@pytest.mark.parametrize("secret", ["secret", b""])
+def test_store_refuses_a_bad_token_secret_when_made(secret: Any) -> None:
+    with pytest.raises(ThreadStoreConfigurationError, match="token_secret"):
+        open_store("memory://", token_secret=secret)
+
+
+def test_default_key_warning_is_documented() -> None:
+    from pai_storage.selection import SelectionHelpers
+
+    for cls in (PageTokenCodec, SelectionHelpers):
+        assert "production" in (cls.__doc__ or "")
+        assert "forge" in (cls.__doc__ or "")
+
+
+# ---------------------------------------------------------------- malformed tokens
+
+
+QUERY = query_digest({"q": 1})
+
+
+def _decode(token: str) -> None:
+    PageTokenCodec("pai-test").decode(token, "messages", "scope", QUERY)
+
+
+@pytest.mark.parametrize(
+    "token",
+    [
+        "pai-test.é.abc",  # non-ASCII body: hmac.compare_digest raised TypeError
+        "pai-test.abc.é",  # non-ASCII MAC
+        "pai-test.\ud800.abc",  # lone surrogate: str.encode raised UnicodeEncodeError
+        "pai-test.abc.\udfff",
+        "pai-test.\x00.\x00",
+        "pai-test.a b.c d",
+        "pai-test.====.AAAA",
+        "pai-test..AAAA",
+        "pai-test.🧵.🧵",
+    ],
+)
+def test_malformed_token_text_is_a_page_token_error(token: str) -> None:
+    with pytest.raises(ThreadStorePageTokenError, match="malformed"):
+        _decode(token)
+
+
+def test_a_token_that_is_not_a_string_is_a_page_token_error() -> None:
+    tokens: list[Any] = [b"pai-test.a.b", None, 5]
+    for token in tokens:
+        with pytest.raises(ThreadStorePageTokenError, match="string"):
+            PageTokenCodec("pai-test").decode(token, "messages", "scope", QUERY)
+
+
+@settings(max_examples=300, deadline=None)
+@given(tail=st.text())
+def test_fuzz_any_text_after_the_prefix(tail: str) -> None:
+    with pytest.raises(ThreadStorePageTokenError):
+        _decode("pai-test." + tail)
+
+
+@settings(max_examples=300, deadline=None)
+@given(raw=st.binary(max_size=200))
+def test_fuzz_random_bytes(raw: bytes) -> None:
+    # surrogateescape turns invalid UTF-8 into lone surrogates, as a careless
+    # transport layer might.
+    for token in (raw.decode("latin-1"), raw.decode("utf-8", "surrogateescape")):
+        with pytest.raises(ThreadStorePageTokenError):
+            _decode(token)
+        with pytest.raises(ThreadStorePageTokenError):
+            _decode("pai-test." + token)
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_fuzz_truncated_and_spliced_tokens(data: st.DataObject) -> None:
+    _, token = _token()
+    start = data.draw(st.integers(0, len(token)))
+    end = data.draw(st.integers(start, len(token)))
+    junk = data.draw(st.text(max_size=4))
+    mangled = token[:start] + junk + token[end:]
+    if mangled == token:
+        return
+    with pytest.raises(ThreadStorePageTokenError):
+        _decode(mangled)
+
+
+def _mint_payload(payload: bytes) -> str:
+    """A token whose MAC is valid for ``payload`` (the default key is public)."""
+    codec = PageTokenCodec("pai-test")
+    body = base64.urlsafe_b64encode(payload).rstrip(b"=").decode()
+    return f"pai-test.{body}.{codec._mac(body)}"
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"\xff\xfe not utf-8",
+        b"not json",
+        b"[" * 100_000 + b"]" * 100_000,  # json.loads raised RecursionError
+        b"1" * 5_000,  # an integer too long for int(): ValueError
+        b"[1, 2]",
+        b'{"v": 2}',
+        b'{"v": 1, "k": "messages", "s": 5, "q": null, "p": {}}',
+    ],
+)
+def test_valid_mac_over_garbage_is_a_page_token_error(payload: bytes) -> None:
+    with pytest.raises(ThreadStorePageTokenError):
+        _decode(_mint_payload(payload))
+
+
+def test_a_forged_kind_is_not_echoed() -> None:
+    payload = {"v": 1, "k": "x" * 500, "s": "s", "q": QUERY, "p": {}}
+    with pytest.raises(ThreadStorePageTokenError, match="another kind of page") as err:
+        _decode(_mint_payload(json.dumps(payload).encode()))
+    assert "xxx" not in str(err.value)
 
 
 def test_query_digest_is_order_independent_and_distinct() -> None:
@@ -218,3 +354,173 @@ async def test_continuation_never_shows_records_committed_after_first_page() -> 
         assert seen == ["m0", "m1", "m2"]
         fresh = await store.read_thread(b.read("s", "t", messages=_messages_page(10)))
         assert [m.message_id for m in fresh.messages.items] == ["m0", "m1", "m2", "late"]
+
+
+# ---------------------------------------------------------------- valid MAC, hostile position
+
+
+def _payload(token: str) -> dict[str, Any]:
+    body = token.split(".")[1]
+    decoded: dict[str, Any] = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+    return decoded
+
+
+def _remint(codec: PageTokenCodec, token: str, scope: str, **position: Any) -> str:
+    """``token`` with its position fields replaced, under a valid MAC."""
+    payload = _payload(token)
+    minted: str = codec.encode(payload["k"], scope, payload["q"], {**payload["p"], **position})
+    return minted
+
+
+def _without(codec: PageTokenCodec, token: str, scope: str, key: str) -> str:
+    payload = _payload(token)
+    position = {k: v for k, v in payload["p"].items() if k != key}
+    minted: str = codec.encode(payload["k"], scope, payload["q"], position)
+    return minted
+
+
+BAD_POSITIONS = [
+    2**63,
+    2**63 - 1,  # the window's exclusive upper bound would be 2**63
+    2**64,
+    10**30,
+    -1,
+    -(2**63) - 1,
+    "1",
+    1.0,
+    True,
+    None,
+    [1],
+]
+BAD_IDS = [5, "", "\ud800", "x" * 1025, None, ["i"], True]
+
+CHILD_FAMILIES: list[tuple[str, dict[str, Any]]] = [
+    ("messages", {"type": "page", "view": "raw", "page": {"limit": 1}}),
+    ("messages", {"type": "page", "view": "context", "order": "newest", "page": {"limit": 1}}),
+    ("runs", {"type": "page", "page": {"limit": 1}}),
+    ("runs", {"type": "page", "statuses": ["queued"], "page": {"limit": 1}}),
+    ("queuedItems", {"type": "page", "page": {"limit": 1}}),
+    ("queuedItems", {"type": "page", "order": "newest", "page": {"limit": 1}}),
+]
+
+
+async def _seed_all(store: Any) -> None:
+    changes = {
+        "messages": [b.insert(b.message(f"m{i}")) for i in range(3)],
+        "runs": [b.insert(b.run(f"r{i}", "queued", queue_item_id=f"q{i}")) for i in range(3)],
+        "queuedItems": [b.insert(b.queued_item(f"q{i}", f"r{i}")) for i in range(3)],
+    }
+    assert (await store.commit_thread(b.create("s", "t", changes))).type == "committed"
+
+
+def _with_token(selection: dict[str, Any], token: str) -> dict[str, Any]:
+    return {**selection, "page": {**selection["page"], "pageToken": token}}
+
+
+@pytest.mark.parametrize(("family", "selection"), CHILD_FAMILIES)
+async def test_child_tokens_with_out_of_range_fields_are_page_token_errors(
+    family: str, selection: dict[str, Any]
+) -> None:
+    async with open_store("memory://", token_secret=b"k") as store:
+        codec = PageTokenCodec(store.token_prefix, secret=b"k")
+        await _seed_all(store)
+        first = await store.read_thread(b.read("s", "t", **{family: selection}))
+        token = getattr(first, "queued_items" if family == "queuedItems" else family)
+        token = token.next_page_token
+        assert token is not None
+
+        async def refused(bad: str) -> None:
+            with pytest.raises(ThreadStorePageTokenError, match="malformed"):
+                await store.read_thread(b.read("s", "t", **{family: _with_token(selection, bad)}))
+
+        # The re-minted token is accepted as is: only the bad field is refused.
+        same = _remint(codec, token, "s")
+        await store.read_thread(b.read("s", "t", **{family: _with_token(selection, same)}))
+        for key in ("a", "lo", "c"):
+            for value in BAD_POSITIONS:
+                await refused(_remint(codec, token, "s", **{key: value}))
+            await refused(_without(codec, token, "s", key))
+        for value in BAD_POSITIONS:
+            if value is not None:  # hi is null when the page has no upper bound
+                await refused(_remint(codec, token, "s", hi=value))
+        for value in BAD_IDS:
+            await refused(_remint(codec, token, "s", i=value))
+        await refused(_remint(codec, token, "s", extra=1))
+
+
+async def test_list_tokens_with_out_of_range_fields_are_page_token_errors() -> None:
+    async with open_store("memory://", token_secret=b"k") as store:
+        codec = PageTokenCodec(store.token_prefix, secret=b"k")
+        for i in range(3):
+            await _seed(store, thread=f"t{i}", n=0)
+        for request in (
+            {"scopeKey": "s", "limit": 1},
+            {"scopeKey": "s", "limit": 1, "agent": "assistant", "includeHidden": True},
+            {"scopeKey": "s", "limit": 1, "category": "c", "parentThreadId": "p"},
+        ):
+            page = await store.list_threads({**request, "limit": 1})
+            token = page.next_page_token
+            if token is None:  # a filter that matches nothing: mint the token by hand
+                first = await store.list_threads({"scopeKey": "s", "limit": 1})
+                assert first.next_page_token is not None
+                probe = _payload(first.next_page_token)
+                query = query_digest(
+                    {
+                        "agent": request.get("agent"),
+                        "parent": request.get("parentThreadId"),
+                        "category": request.get("category"),
+                        "hidden": bool(request.get("includeHidden")),
+                    }
+                )
+                token = codec.encode("threads", "s", query, probe["p"])
+            await store.list_threads({**request, "pageToken": _remint(codec, token, "s")})
+            for value in [2**63, -(2**63) - 1, 10**20, 253_402_300_800_000, "1", 1.5, None, True]:
+                with pytest.raises(ThreadStorePageTokenError, match="malformed"):
+                    await store.list_threads(
+                        {**request, "pageToken": _remint(codec, token, "s", u=value)}
+                    )
+            for value in BAD_IDS:
+                with pytest.raises(ThreadStorePageTokenError, match="malformed"):
+                    await store.list_threads(
+                        {**request, "pageToken": _remint(codec, token, "s", t=value)}
+                    )
+            for key in ("u", "t"):
+                with pytest.raises(ThreadStorePageTokenError, match="malformed"):
+                    await store.list_threads(
+                        {**request, "pageToken": _without(codec, token, "s", key)}
+                    )
+
+
+async def test_list_token_at_the_edges_of_the_time_range_is_accepted() -> None:
+    async with open_store("memory://", token_secret=b"k") as store:
+        codec = PageTokenCodec(store.token_prefix, secret=b"k")
+        for i in range(2):
+            await _seed(store, thread=f"t{i}", n=0)
+        token = (await store.list_threads({"scopeKey": "s", "limit": 1})).next_page_token
+        assert token is not None
+        for updated in (-62_135_596_800_000, 253_402_300_799_999):
+            page = await store.list_threads(
+                {"scopeKey": "s", "limit": 5, "pageToken": _remint(codec, token, "s", u=updated)}
+            )
+            assert len(page.items) == (2 if updated > 0 else 0)
+
+
+@pytest.mark.parametrize(
+    "token",
+    [
+        "pai-memory.é.x",
+        "pai-memory.AAAA.é",
+        "pai-memory.\ud800.x",
+        "garbage",
+        "pai-memory.AAAA.AAAA",
+        "é",
+    ],
+)
+async def test_store_refuses_malformed_tokens_on_every_form(token: str) -> None:
+    async with open_store("memory://") as store:
+        await _seed_all(store)
+        for family, selection in CHILD_FAMILIES:
+            with pytest.raises(PageTokenError, match=r"malformed|tampered|another store"):
+                await store.read_thread(b.read("s", "t", **{family: _with_token(selection, token)}))
+        with pytest.raises(PageTokenError, match=r"malformed|tampered|another store"):
+            await store.list_threads({"scopeKey": "s", "limit": 1, "pageToken": token})
