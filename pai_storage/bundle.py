@@ -166,7 +166,7 @@ def connect(
     url:
         The connection string; its scheme chooses the backend.
     threads, kv, state, snapshots, guard:
-        Another URL for that component (the seed's hybrid set-up: e.g. large
+        Another URL for that component (a hybrid set-up: e.g. large
         snapshots on PostgreSQL beside MongoDB for the rest).
     **options:
         Options of ``url``'s backend (``client=``, ``names=``, table or

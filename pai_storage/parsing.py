@@ -1,6 +1,6 @@
 """Strict parsers: the JSON form of any record, input, result or whole aggregate.
 
-Each parser accepts exactly the JSON form of SPEC section 5 (or the model
+Each parser accepts the JSON form (``docs/data-model.md#the-json-form``) (or the model
 itself) and raises :class:`ThreadStoreInvariantError` /
 :class:`ThreadStoreSerializationError` naming the path of the first problem.
 :func:`parse` also handles the union types (``CommitThreadResult``, ``Part``,

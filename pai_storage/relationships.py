@@ -1,4 +1,4 @@
-"""The relationship rules of SPEC 8.1, checked on the post-commit state.
+"""The relationship rules, checked on the post-commit state (``docs/commits.md``).
 
 The rules are per run, so one checker serves every backend:
 
@@ -193,7 +193,7 @@ def _assert_run(run_id: str, facts: RunFacts) -> None:
 
 
 def assert_relationships(facts: RelationshipFacts) -> None:
-    """Raise :class:`ThreadStoreInvariantError` if the facts break a rule of 8.1."""
+    """Raise :class:`ThreadStoreInvariantError` if the facts break a relationship rule."""
     for run_id, run_facts in facts.runs.items():
         _assert_run(run_id, run_facts)
     if facts.check_tail:
