@@ -32,8 +32,10 @@ from typing import Any, TextIO
 
 from . import __version__
 from . import builders as b
+from .bundle import connect
 from .clock import ManualClock, system_clock
-from .errors import ThreadStoreConfigurationError, ThreadStoreError
+from .demo_runtime import RuntimeDemo
+from .errors import StorageError, ThreadStoreConfigurationError, ThreadStoreError
 from .models import (
     CommittedResult,
     ConflictResult,
@@ -517,20 +519,35 @@ class _Demo:
         await self.show_state()
 
 
-async def _run_demo(url: str, out: TextIO, show_json: bool) -> None:
+_RUNTIME = frozenset({"kv", "state", "snapshots", "guard"})
+
+
+async def _run_demo(url: str, out: TextIO, show_json: bool, part: str = "all") -> None:
     backend, parsed = backend_for_url(url)
     clock = ManualClock(system_clock()) if backend.name == "memory" else None
     options: dict[str, Any] = {"clock": clock} if clock is not None else {}
-    async with backend.open(parsed, **options) as store:
-        await _Demo(store, url, out, clock=clock, show_json=show_json).run()
+    if part in ("all", "threads"):
+        async with backend.open(parsed, **options) as store:
+            await _Demo(store, url, out, clock=clock, show_json=show_json).run()
+    if part in ("all", "runtime"):
+        missing = sorted(_RUNTIME - backend.components)
+        if missing:
+            print(
+                f"\nPart 2 (the runtime stores) skipped: the {backend.name} backend does not "
+                f"provide {', '.join(missing)}",
+                file=out,
+            )
+            return
+        async with connect(parsed, **options) as stores:
+            await RuntimeDemo(stores, out, clock).run()
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     url: str = args.url
     mask = _password_masker(url)
     try:
-        asyncio.run(_run_demo(url, sys.stdout, args.json))
-    except ThreadStoreError as exc:
+        asyncio.run(_run_demo(url, sys.stdout, args.json, args.part))
+    except StorageError as exc:
         _error(f"{type(exc).__name__}: {exc}", mask)
         return EXIT_ERROR
     except _DemoFailure as exc:
@@ -625,13 +642,32 @@ def _parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser(
         "demo",
-        help="play the worked example of one turn on a fresh thread",
-        description="Play the worked example on a fresh thread in a fresh scope, then delete it.",
+        help="play one agent turn: a thread, then the runtime stores",
+        description=(
+            "Part 1 plays the worked example of one turn on a fresh thread in a fresh scope; "
+            "part 2 plays one agent turn with every runtime store (guard, agent state, "
+            "key-value workspace, snapshots) and a guard takeover. Everything is deleted after."
+        ),
     )
     demo.add_argument(
         "url", metavar="URL", nargs="?", default="memory://", help="store URL (default memory://)"
     )
     demo.add_argument("--json", action="store_true", help="also print each commit's JSON input")
+    demo.add_argument(
+        "--runtime",
+        dest="part",
+        action="store_const",
+        const="runtime",
+        default="all",
+        help="play only part 2: one agent turn with the runtime stores and a guard takeover",
+    )
+    demo.add_argument(
+        "--threads-only",
+        dest="part",
+        action="store_const",
+        const="threads",
+        help="play only part 1: the worked example on a thread",
+    )
 
     check = sub.add_parser(
         "check",

@@ -99,6 +99,39 @@ def test_demo_waits_for_expiry_on_a_real_clock(
     assert "for the lease to expire on the server clock" in out
 
 
+def test_demo_plays_the_runtime_part_on_memory(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--runtime"]) == 0
+    out = capsys.readouterr().out
+    assert "Part 2: one agent turn with every store" in out
+    assert "Create the thread" not in out  # part 1 not played
+    assert "fencing token 1" in out
+    assert "saved       plan v1" in out
+    assert "history     1 item(s)" in out
+    assert "worker-2    fencing token 3" in out
+    assert "renew refused; lock.lost is set" in out
+    assert out.rstrip().endswith("demo complete")
+
+
+def test_demo_plays_both_parts_by_default(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo"]) == 0
+    out = capsys.readouterr().out
+    assert out.index("Create the thread") < out.index("Part 2: one agent turn")
+
+
+def test_demo_threads_only(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--threads-only"]) == 0
+    assert "Part 2" not in capsys.readouterr().out
+
+
+def test_demo_skips_the_runtime_part_for_a_threads_only_backend(
+    realclock_backend: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["demo", realclock_backend, "--runtime"]) == 0
+    out = capsys.readouterr().out
+    assert "Part 2 (the runtime stores) skipped: the cli-test-realclock backend" in out
+    assert "guard" in out
+
+
 def test_demo_with_unknown_scheme_fails_cleanly(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["demo", "nosuch://x"]) == 1
     err = capsys.readouterr().err
