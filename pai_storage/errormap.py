@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from .errors import ThreadStoreError
+from .errors import StorageError
 
 __all__ = ["map_errors"]
 
@@ -29,7 +29,7 @@ def map_errors(translate: Callable[[Exception], Exception]) -> Iterator[None]:
     """Translate every non-contract exception raised in the block with ``translate``."""
     try:
         yield
-    except ThreadStoreError:
+    except StorageError:
         raise
     except Exception as exc:
         raise translate(exc) from exc

@@ -4,7 +4,7 @@ The thread store and the runtime stores (key-value, agent state, snapshots,
 execution guard) all derive from :class:`ManagedStore`:
 
 - the common options ``clock`` and ``on_warning`` are checked here, once, and
-  a bad value raises :class:`~pai_storage.ThreadStoreConfigurationError` when
+  a bad value raises :class:`~pai_storage.ConfigurationError` when
   the store is made;
 - ``initialize()`` is idempotent and also runs lazily on first use; concurrent
   first calls share one attempt, a cancelled caller does not cancel it, and a
@@ -23,15 +23,11 @@ from types import TracebackType
 from typing import Self
 
 from .clock import Clock
-from .errors import ThreadStoreConfigurationError
+from .errors import ConfigurationError
 from .events import StoreWarning, WarningCallback, emit_warning
 from .models import truncate_ms
 
 __all__ = ["ManagedStore"]
-
-
-def _closed_error() -> ThreadStoreConfigurationError:
-    return ThreadStoreConfigurationError("this store is closed; open a new one")
 
 
 class ManagedStore:
@@ -48,16 +44,19 @@ class ManagedStore:
     """
 
     backend_name: str = "custom"
+    configuration_error: type[ConfigurationError] = ConfigurationError
+    """The error class for bad options and use after close (the thread store
+    raises its own subclass, :class:`ThreadStoreConfigurationError`)."""
 
     def __init__(
         self, *, clock: Clock | None = None, on_warning: WarningCallback | None = None
     ) -> None:
         if clock is not None and not callable(clock):
-            raise ThreadStoreConfigurationError(
+            raise self.configuration_error(
                 "option clock must be a callable returning an aware UTC datetime"
             )
         if on_warning is not None and not callable(on_warning):
-            raise ThreadStoreConfigurationError(
+            raise self.configuration_error(
                 "option on_warning must be a function or a coroutine function"
             )
         self.clock = clock
@@ -75,7 +74,7 @@ class ManagedStore:
         so the next call retries from scratch.
         """
         if self._closed:
-            raise _closed_error()
+            raise self._closed_error()
         if self._initialized:
             return
         task = self._init_task
@@ -87,7 +86,7 @@ class ManagedStore:
         except asyncio.CancelledError:
             if self._closed and task.cancelled():
                 # close() stopped the attempt this caller was waiting for.
-                raise _closed_error() from None
+                raise self._closed_error() from None
             raise
         except BaseException:
             if self._init_task is task and task.done():
@@ -98,7 +97,7 @@ class ManagedStore:
         await self._initialize()
         if self._closed:  # closed while the last step ran: release what it made
             await self._close()
-            raise _closed_error()
+            raise self._closed_error()
         self._initialized = True
 
     async def close(self) -> None:
@@ -107,7 +106,7 @@ class ManagedStore:
         A lazy initialize still running is cancelled and awaited first (a
         backend's ``_initialize`` releases whatever it created when
         cancelled), so once ``close()`` returns nothing of the store is open
-        and every later call raises :class:`ThreadStoreConfigurationError`.
+        and every later call raises :class:`ConfigurationError`.
         """
         if self._closed:
             return
@@ -145,10 +144,13 @@ class ManagedStore:
             return None
         value = self.clock()
         if not isinstance(value, datetime) or value.utcoffset() is None:
-            raise ThreadStoreConfigurationError(
+            raise self.configuration_error(
                 "the clock option returned something other than an aware datetime"
             )
         return truncate_ms(value)
+
+    def _closed_error(self) -> ConfigurationError:
+        return self.configuration_error("this store is closed; open a new one")
 
     async def warn(self, warning: StoreWarning) -> None:
         """Report a recoverable problem through ``on_warning`` (best effort)."""

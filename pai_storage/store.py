@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from .clock import Clock
-from .errors import ThreadStoreInvariantError
+from .errors import ThreadStoreConfigurationError, ThreadStoreInvariantError
 from .events import WarningCallback
 from .lifecycle import ManagedStore
 from .models import (
@@ -99,6 +99,7 @@ class ThreadStore(ManagedStore, ABC):
     store is opened.
     """
 
+    configuration_error = ThreadStoreConfigurationError
     token_prefix: str = "pai"
     """The prefix of this backend's page tokens (``"pai-pg"``)."""
 
