@@ -1,0 +1,572 @@
+"""The agent-state store: per-session agent state, single values and lists.
+
+A *session* is ``(user_id, session_id)``; it holds named *states*, each either
+a single value (versioned, for optimistic concurrency) or a list (append-only
+in practice, written incrementally). The user guide is ``docs/agent-state.md``.
+
+:class:`AgentStateStore` is the contract. Its public methods validate every
+argument (a bad one raises :class:`~pai_storage.errors.InvalidInputError` and
+writes nothing), then call a few protected hooks that a backend implements;
+everything that does not need the database -- the anonymous-user sentinel,
+the list content hash and the decision to append rather than rewrite, the
+retry loop of a list write, page tokens -- lives here, once.
+
+Invariants every backend keeps (the conformance topic checks them):
+
+- a state key holds either a single value or a list; using it as the other
+  kind is an :class:`InvalidInputError` (delete it first to change its kind);
+- a single value's version is 1 when the key is created and grows by one on
+  every save; of racing conditional saves on one version exactly one wins;
+- a session expires ``session_ttl`` after its last write, all at once, and is
+  absent to every operation from that instant, swept or not;
+- values round-trip exactly (strict JSON: key order, ``1`` vs ``1.0``, 64-bit
+  integers) and are copies: callers never share objects with the store.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from abc import abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import Enum
+from typing import Any, ClassVar, NamedTuple, TypeVar
+
+from pydantic import Field, StrictInt
+
+from .clock import Clock
+from .errors import ConfigurationError, InvalidInputError, StorageError, UnavailableError
+from .events import WarningCallback
+from .models import Json, Page, StoreModel
+from .runtime import (
+    DEFAULT_PAGE_LIMIT,
+    RuntimeStore,
+    check_duration,
+    check_limit,
+    check_name,
+    check_value,
+    token_strings,
+)
+from .strict_json import INT64_MAX
+
+__all__ = [
+    "ANONYMOUS_USER",
+    "DEFAULT_MAX_VALUE_BYTES",
+    "DEFAULT_SESSION_TTL",
+    "EMPTY_LIST_HASH",
+    "AgentStateStore",
+    "ListHead",
+    "ListWrite",
+    "SessionKey",
+    "StoredKind",
+    "VersionedState",
+    "extend_list_hash",
+]
+
+DEFAULT_SESSION_TTL = timedelta(days=30)
+"""How long a session lives after its last write, unless configured otherwise."""
+
+DEFAULT_MAX_VALUE_BYTES = 4 * 1024 * 1024
+"""The default size limit of one value (or one list item): 4 MiB of canonical JSON."""
+
+ANONYMOUS_USER = "\x1fanonymous"
+"""The stored user key of ``user_id=None``.
+
+Real user ids can never contain U+001F (nor U+0000), so no real user id can
+produce this key. U+001F rather than U+0000 because PostgreSQL text cannot
+hold U+0000.
+"""
+
+EMPTY_LIST_HASH = hashlib.sha256(b"pai-storage state list v1").hexdigest()
+"""The content hash of an empty list (the start of the hash chain)."""
+
+_MAX_LIST_ATTEMPTS = 1000
+_T = TypeVar("_T")
+
+
+def extend_list_hash(current: str, texts: Sequence[str]) -> str:
+    """The content hash of a list after appending items with canonical JSON ``texts``.
+
+    The hash is a chain, ``h(n) = sha256(h(n-1) || utf8(text(n)))`` starting
+    at :data:`EMPTY_LIST_HASH`, so an append extends the stored hash without
+    reading the stored items.
+    """
+    digest = bytes.fromhex(current)
+    for text in texts:
+        digest = hashlib.sha256(digest + text.encode("utf-8")).digest()
+    return digest.hex()
+
+
+class VersionedState(StoreModel):
+    """A single state value with its version (1 on create, +1 on every save)."""
+
+    value: Json
+    version: StrictInt = Field(ge=1)
+
+    def __repr_args__(self) -> Any:
+        # A stored value may hold personal data: reprs (and so logs) never show it.
+        yield "version", self.version
+
+
+class SessionKey(NamedTuple):
+    """A session as backends see it: the stored user key and the session id.
+
+    ``user`` is :data:`ANONYMOUS_USER` for ``user_id=None``.
+    """
+
+    user: str
+    session: str
+
+
+class StoredKind(Enum):
+    """What a hook returns when the key holds the other kind of state."""
+
+    VALUE = "value"
+    """The key holds a single value (returned by the list hooks)."""
+    LIST = "list"
+    """The key holds a list (returned by the single-value hooks)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ListHead:
+    """What identifies a stored list's content: its length and its content hash."""
+
+    length: int
+    hash: str
+
+
+@dataclass(frozen=True, slots=True)
+class ListWrite:
+    """One conditional list write, planned by the core for a backend to apply.
+
+    Applied only while the stored list still has the head ``expect`` (``None``:
+    the key is absent, or its session expired); then, with ``replace`` the
+    list becomes ``items``, otherwise ``items`` are appended after the stored
+    ones. Either way the stored head becomes ``head``.
+    """
+
+    expect: ListHead | None
+    replace: bool
+    items: tuple[Any, ...]
+    """The backend's own copies of the items to write (strict JSON)."""
+    texts: tuple[str, ...]
+    """The canonical JSON text of each item of ``items``."""
+    head: ListHead
+
+
+class AgentStateStore(RuntimeStore):
+    """Per-session agent state: named single values and lists.
+
+    Parameters
+    ----------
+    clock:
+        Test-only clock override; production uses the provider's clock.
+    on_warning:
+        Receives recoverable integrity warnings.
+    token_secret:
+        Key (bytes) that makes page tokens unforgeable; set it in production.
+    session_ttl:
+        How long a session lives after its last write (a
+        :class:`~datetime.timedelta`, default 30 days); ``None`` keeps
+        sessions forever.
+    max_value_bytes:
+        The size limit of one value or one list item, in bytes of canonical
+        JSON (default 4 MiB; at most the backend's :attr:`value_bytes_limit`).
+
+    Raises
+    ------
+    ConfigurationError
+        An option has the wrong type or is out of range.
+    """
+
+    value_bytes_limit: ClassVar[int | None] = None
+    """The backend's hard limit for ``max_value_bytes`` (``None``: no limit)."""
+
+    def __init__(
+        self,
+        *,
+        clock: Clock | None = None,
+        on_warning: WarningCallback | None = None,
+        token_secret: bytes | None = None,
+        session_ttl: timedelta | None = DEFAULT_SESSION_TTL,
+        max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
+    ) -> None:
+        super().__init__(clock=clock, on_warning=on_warning, token_secret=token_secret)
+        try:
+            self.session_ttl: timedelta | None = check_duration("option session_ttl", session_ttl)
+        except InvalidInputError as exc:
+            raise ConfigurationError(str(exc)) from None
+        hard = self.value_bytes_limit
+        if (
+            type(max_value_bytes) is not int
+            or max_value_bytes < 1
+            or (hard is not None and max_value_bytes > hard)
+        ):
+            upper = f"{hard:,}" if hard is not None else "unbounded"
+            raise ConfigurationError(
+                f"option max_value_bytes must be an integer from 1 to {upper} "
+                f"for the {self.backend_name} backend"
+            )
+        self.max_value_bytes: int = max_value_bytes
+
+    # ------------------------------------------------------------ single values
+
+    async def save(self, user_id: str | None, session_id: str, key: str, value: Any) -> int:
+        """Store ``value`` under ``key``, creating or replacing it; return its new version.
+
+        Raises
+        ------
+        InvalidInputError
+            A bad name, a value over the size limit, or ``key`` holds a list.
+        SerializationError
+            ``value`` is not strict JSON.
+        """
+        session = self._session(user_id, session_id)
+        key = check_name("key", key)
+        copy, text = check_value(value, limit=self.max_value_bytes)
+        await self._ensure_ready()
+        version = _of_kind(await self._save_value(session, key, copy, text, None))
+        if version is None:
+            raise StorageError(f"the {self.backend_name} backend skipped an unconditional save")
+        return version
+
+    async def save_if_version(
+        self,
+        user_id: str | None,
+        session_id: str,
+        key: str,
+        value: Any,
+        expected_version: int,
+    ) -> int | None:
+        """Store ``value`` only if the stored version is ``expected_version``.
+
+        ``expected_version=0`` saves only when ``key`` is absent. Returns the
+        new version, or ``None`` when the condition failed and nothing was
+        written. Of racing calls with one expected version exactly one wins.
+
+        Raises
+        ------
+        InvalidInputError
+            A bad name or ``expected_version`` (an integer >= 0), a value over
+            the size limit, or ``key`` holds a list.
+        SerializationError
+            ``value`` is not strict JSON.
+        """
+        session = self._session(user_id, session_id)
+        key = check_name("key", key)
+        if type(expected_version) is not int or not 0 <= expected_version <= INT64_MAX:
+            raise InvalidInputError("expected_version must be an integer >= 0 (0: key absent)")
+        copy, text = check_value(value, limit=self.max_value_bytes)
+        await self._ensure_ready()
+        return _of_kind(await self._save_value(session, key, copy, text, expected_version))
+
+    async def get(self, user_id: str | None, session_id: str, key: str) -> Any:
+        """The value stored under ``key``, or ``None`` when absent.
+
+        A stored JSON ``null`` also reads as ``None``; use
+        :meth:`get_versioned` to tell them apart.
+
+        Raises
+        ------
+        InvalidInputError
+            A bad name, or ``key`` holds a list (read it with :meth:`get_list`).
+        """
+        found = await self.get_versioned(user_id, session_id, key)
+        return None if found is None else found.value
+
+    async def get_versioned(
+        self, user_id: str | None, session_id: str, key: str
+    ) -> VersionedState | None:
+        """The value stored under ``key`` and its version, or ``None`` when absent.
+
+        Raises
+        ------
+        InvalidInputError
+            A bad name, or ``key`` holds a list (read it with :meth:`get_list`).
+        """
+        session = self._session(user_id, session_id)
+        key = check_name("key", key)
+        await self._ensure_ready()
+        return _of_kind(await self._get_value(session, key))
+
+    # ------------------------------------------------------------ lists
+
+    async def save_list(
+        self, user_id: str | None, session_id: str, key: str, values: Sequence[Any]
+    ) -> None:
+        """Store the whole list ``values`` under ``key``.
+
+        When the stored list is an unchanged prefix of ``values`` (same length
+        n and same content hash as the first n items), only the items after it
+        are written; otherwise the list is rewritten.
+
+        Raises
+        ------
+        InvalidInputError
+            A bad name, ``values`` not a list or tuple, an item over the size
+            limit, or ``key`` holds a single value.
+        SerializationError
+            An item is not strict JSON.
+        """
+        session = self._session(user_id, session_id)
+        key = check_name("key", key)
+        items, texts = self._check_items(values)
+        # The hash of every prefix, so whatever is stored the decision is one lookup.
+        prefix_hashes = [EMPTY_LIST_HASH]
+        for text in texts:
+            prefix_hashes.append(extend_list_hash(prefix_hashes[-1], (text,)))
+        final = ListHead(len(items), prefix_hashes[-1])
+        await self._ensure_ready()
+
+        def plan(head: ListHead | None) -> ListWrite:
+            n = -1 if head is None else head.length
+            if head is not None and n <= len(items) and prefix_hashes[n] == head.hash:
+                return ListWrite(head, False, items[n:], texts[n:], final)
+            return ListWrite(head, True, items, texts, final)
+
+        await self._write_list_with_retry(session, key, plan)
+
+    async def append_list(
+        self,
+        user_id: str | None,
+        session_id: str,
+        key: str,
+        values: Sequence[Any],
+        *,
+        expected_length: int | None = None,
+    ) -> int:
+        """Append ``values`` to the list under ``key`` (created if absent); return its new length.
+
+        Only the new items are sent. With ``expected_length`` the append
+        happens only when the stored list has that length (0: absent);
+        otherwise nothing is written and the result is ``-1``.
+
+        Raises
+        ------
+        InvalidInputError
+            A bad name, ``values`` not a list or tuple, a bad
+            ``expected_length``, an item over the size limit, or ``key`` holds
+            a single value.
+        SerializationError
+            An item is not strict JSON.
+        """
+        session = self._session(user_id, session_id)
+        key = check_name("key", key)
+        if expected_length is not None and (
+            type(expected_length) is not int or not 0 <= expected_length <= INT64_MAX
+        ):
+            raise InvalidInputError("expected_length must be None or an integer >= 0")
+        items, texts = self._check_items(values)
+        await self._ensure_ready()
+
+        def plan(head: ListHead | None) -> ListWrite | None:
+            length = 0 if head is None else head.length
+            if expected_length is not None and length != expected_length:
+                return None
+            start = EMPTY_LIST_HASH if head is None else head.hash
+            new_head = ListHead(length + len(items), extend_list_hash(start, texts))
+            return ListWrite(head, False, items, texts, new_head)
+
+        written = await self._write_list_with_retry(session, key, plan)
+        return -1 if written is None else written.length
+
+    async def get_list(self, user_id: str | None, session_id: str, key: str) -> list[Any]:
+        """The list stored under ``key``; ``[]`` when absent.
+
+        Raises
+        ------
+        InvalidInputError
+            A bad name, or ``key`` holds a single value (read it with :meth:`get`).
+        """
+        session = self._session(user_id, session_id)
+        key = check_name("key", key)
+        await self._ensure_ready()
+        found = _of_kind(await self._get_list(session, key))
+        return [] if found is None else found
+
+    # ------------------------------------------------------------ sessions
+
+    async def exists(self, user_id: str | None, session_id: str) -> bool:
+        """Whether the session holds at least one (unexpired) state."""
+        session = self._session(user_id, session_id)
+        await self._ensure_ready()
+        return await self._exists(session)
+
+    async def delete(self, user_id: str | None, session_id: str) -> bool:
+        """Delete the whole session; ``False`` when it did not exist (or had expired)."""
+        session = self._session(user_id, session_id)
+        await self._ensure_ready()
+        return await self._delete(session)
+
+    async def delete_state(self, user_id: str | None, session_id: str, key: str) -> bool:
+        """Delete one state (a value or a list); ``False`` when it did not exist.
+
+        Deleting a session's last state deletes the session.
+        """
+        session = self._session(user_id, session_id)
+        key = check_name("key", key)
+        await self._ensure_ready()
+        return await self._delete_state(session, key)
+
+    async def list_session_ids(
+        self, user_id: str | None, *, limit: int = DEFAULT_PAGE_LIMIT, page_token: str | None = None
+    ) -> Page[str]:
+        """The ids of the user's sessions, in code-point order, one keyset page at a time.
+
+        Raises
+        ------
+        InvalidInputError
+            A bad user id or ``limit`` (1 to 1,000).
+        PageTokenError
+            ``page_token`` is malformed, tampered with, or from another query
+            (another user, another store kind).
+        """
+        user = self._user(user_id)
+        limit = check_limit(limit)
+        query = {"user": user}
+        after: str | None = None
+        if page_token is not None:
+            position = self.decode_token(page_token, "state-sessions", user, query)
+            (after,) = token_strings(position, "after")
+        await self._ensure_ready()
+        ids = await self._list_session_ids(user, after, limit + 1)
+        token = None
+        if len(ids) > limit:
+            ids = ids[:limit]
+            token = self.encode_token("state-sessions", user, query, {"after": ids[-1]})
+        return Page[str].model_construct(items=list(ids), next_page_token=token)
+
+    async def purge_expired(self) -> int:
+        """Delete every expired session now; return how many were deleted."""
+        await self._ensure_ready()
+        return await self._purge_expired()
+
+    # ------------------------------------------------------------ for backends
+
+    def session_expiry(self, written_at: datetime) -> datetime | None:
+        """When a session last written at ``written_at`` expires (``None``: never)."""
+        return None if self.session_ttl is None else written_at + self.session_ttl
+
+    # ------------------------------------------------------------ hooks
+
+    @abstractmethod
+    async def _save_value(
+        self,
+        session: SessionKey,
+        key: str,
+        value: Any,
+        text: str,
+        expected_version: int | None,
+    ) -> int | StoredKind | None:
+        """Atomically write a single value; return its new version.
+
+        ``expected_version`` ``None`` writes unconditionally; ``0`` writes only
+        when the key is absent; ``n`` only when the stored version is ``n``
+        (else return ``None``, writing nothing). Return :attr:`StoredKind.LIST`
+        (writing nothing) when the key holds a list. A write refreshes the
+        session's expiry; a write to an expired session starts a new, empty one.
+        """
+
+    @abstractmethod
+    async def _get_value(self, session: SessionKey, key: str) -> VersionedState | StoredKind | None:
+        """The single value under ``key``; :attr:`StoredKind.LIST` when it holds a list."""
+
+    @abstractmethod
+    async def _list_head(self, session: SessionKey, key: str) -> ListHead | StoredKind | None:
+        """The stored list's length and hash; :attr:`StoredKind.VALUE` for a single value."""
+
+    @abstractmethod
+    async def _write_list(
+        self, session: SessionKey, key: str, write: ListWrite
+    ) -> bool | StoredKind:
+        """Apply ``write`` atomically if the stored head still equals ``write.expect``.
+
+        Return ``False`` (writing nothing) when it does not, and
+        :attr:`StoredKind.VALUE` when the key holds a single value. An append
+        writes only ``write.items``, never the stored ones. A write refreshes
+        the session's expiry.
+        """
+
+    @abstractmethod
+    async def _get_list(self, session: SessionKey, key: str) -> list[Any] | StoredKind | None:
+        """The stored list (a fresh copy); :attr:`StoredKind.VALUE` for a single value."""
+
+    @abstractmethod
+    async def _exists(self, session: SessionKey) -> bool:
+        """Whether the session is unexpired and holds at least one state."""
+
+    @abstractmethod
+    async def _delete(self, session: SessionKey) -> bool:
+        """Delete the session; whether an unexpired one existed."""
+
+    @abstractmethod
+    async def _delete_state(self, session: SessionKey, key: str) -> bool:
+        """Delete one state; whether it existed. Removing the last state removes the session."""
+
+    @abstractmethod
+    async def _list_session_ids(self, user: str, after: str | None, limit: int) -> list[str]:
+        """Up to ``limit`` unexpired session ids of ``user`` greater than ``after``, ascending."""
+
+    @abstractmethod
+    async def _purge_expired(self) -> int:
+        """Delete every expired session; return the count."""
+
+    # ------------------------------------------------------------ internals
+
+    def _user(self, user_id: str | None) -> str:
+        return ANONYMOUS_USER if user_id is None else check_name("user_id", user_id)
+
+    def _session(self, user_id: str | None, session_id: str) -> SessionKey:
+        return SessionKey(self._user(user_id), check_name("session_id", session_id))
+
+    def _check_items(self, values: object) -> tuple[tuple[Any, ...], tuple[str, ...]]:
+        if type(values) not in (list, tuple):
+            raise InvalidInputError(
+                f"values must be a list or tuple, not {type(values).__qualname__}"
+            )
+        assert isinstance(values, list | tuple)
+        items: list[Any] = []
+        texts: list[str] = []
+        for i, item in enumerate(values):
+            copy, text = check_value(item, path=f"values[{i}]", limit=self.max_value_bytes)
+            items.append(copy)
+            texts.append(text)
+        return tuple(items), tuple(texts)
+
+    async def _write_list_with_retry(
+        self, session: SessionKey, key: str, plan: Callable[[ListHead | None], ListWrite | None]
+    ) -> ListHead | None:
+        """Read the head, plan, write conditionally; re-plan when a racing write got there first.
+
+        Returns the head written, or ``None`` when ``plan`` declined to write.
+        """
+        for _ in range(_MAX_LIST_ATTEMPTS):
+            write = plan(_of_kind(await self._list_head(session, key)))
+            if write is None:
+                return None
+            if _of_kind(await self._write_list(session, key, write)):
+                return write.head
+        raise UnavailableError(
+            f"the list changed under {_MAX_LIST_ATTEMPTS} racing writes in a row; "
+            "nothing was written; retry"
+        )
+
+
+def _of_kind(result: _T | StoredKind) -> _T:
+    """``result``, unless a hook said the key holds the other kind of state."""
+    if isinstance(result, StoredKind):
+        raise _kind_error(result)
+    return result
+
+
+def _kind_error(stored: StoredKind) -> InvalidInputError:
+    if stored is StoredKind.LIST:
+        return InvalidInputError(
+            "this state key holds a list: read it with get_list, write it with "
+            "save_list or append_list (or delete_state it first)"
+        )
+    return InvalidInputError(
+        "this state key holds a single value: read it with get or get_versioned, write "
+        "it with save or save_if_version (or delete_state it first)"
+    )
