@@ -187,14 +187,6 @@ def test_bad_options_are_configuration_errors(options: dict[str, Any], words: st
         MemorySnapshotStore(**options)
 
 
-async def test_closed_store_refuses_every_call() -> None:
-    store = MemorySnapshotStore(clock=ManualClock())
-    await store.put("scope", "s", b"x")
-    await store.close()
-    with pytest.raises(ConfigurationError, match="closed"):
-        await store.get("scope", "s")
-
-
 def test_snapshot_models_hide_data_and_metadata_in_reprs() -> None:
     info = SnapshotInfo(
         scope="scope",

@@ -207,16 +207,6 @@ def test_value_limit_cannot_exceed_the_backend_limit() -> None:
         Limited()  # the 4 MiB default is over this backend's limit
 
 
-async def test_closed_store_refuses_every_call() -> None:
-    store = MemoryAgentStateStore(clock=ManualClock())
-    await store.save("u", "s", "k", 1)
-    await store.close()
-    with pytest.raises(ConfigurationError, match="closed"):
-        await store.get("u", "s", "k")
-    with pytest.raises(ConfigurationError, match="closed"):
-        await store.save("u", "s", "k", 2)
-
-
 def test_versioned_state_repr_hides_the_value() -> None:
     from pai_storage.state import VersionedState
 

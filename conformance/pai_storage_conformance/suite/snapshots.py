@@ -32,6 +32,7 @@ from hypothesis.stateful import (
 
 from pai_storage import ManualClock
 from pai_storage.errors import (
+    ConfigurationError,
     InvalidInputError,
     PageTokenError,
     SerializationError,
@@ -476,6 +477,24 @@ class SnapshotStoreTests:
             await snapshot_store.get("", "s")
         with pytest.raises(StorageError):
             await snapshot_store.list(_scope("roots"), page_token="nope")
+
+    async def test_snapshot_closed_store_refuses_every_call(
+        self, snapshot_store: SnapshotStore
+    ) -> None:
+        scope = _scope("closed")
+        await snapshot_store.put(scope, "s", b"x")
+        await snapshot_store.close()
+        calls: list[Coroutine[Any, Any, Any]] = [
+            snapshot_store.put(scope, "s", b"y"),
+            snapshot_store.get(scope, "s"),
+            snapshot_store.latest(scope),
+            snapshot_store.list(scope),
+            snapshot_store.delete(scope, "s"),
+            snapshot_store.purge_expired(),
+        ]
+        for call in calls:
+            with pytest.raises(ConfigurationError, match="closed"):
+                await call
 
     # ------------------------------------------------------------ model-based
 

@@ -33,6 +33,7 @@ from hypothesis.stateful import (
 
 from pai_storage import ManualClock
 from pai_storage.errors import (
+    ConfigurationError,
     InvalidInputError,
     PageTokenError,
     SerializationError,
@@ -760,6 +761,30 @@ class AgentStateStoreTests:
             await state_store.save(user, session, "", 1)
         with pytest.raises(StorageError):
             await state_store.list_session_ids(user, page_token="nope")
+
+    async def test_state_closed_store_refuses_every_call(
+        self, state_store: AgentStateStore
+    ) -> None:
+        user, session = _ids("closed")
+        await state_store.save(user, session, "k", 1)
+        await state_store.close()
+        calls: list[Coroutine[Any, Any, Any]] = [
+            state_store.save(user, session, "k", 1),
+            state_store.save_if_version(user, session, "k", 1, 1),
+            state_store.get(user, session, "k"),
+            state_store.get_versioned(user, session, "k"),
+            state_store.save_list(user, session, "l", [1]),
+            state_store.append_list(user, session, "l", [1]),
+            state_store.get_list(user, session, "l"),
+            state_store.exists(user, session),
+            state_store.delete(user, session),
+            state_store.delete_state(user, session, "k"),
+            state_store.list_session_ids(user),
+            state_store.purge_expired(),
+        ]
+        for call in calls:
+            with pytest.raises(ConfigurationError, match="closed"):
+                await call
 
     # ------------------------------------------------------------ model-based
 
