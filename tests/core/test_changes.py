@@ -9,21 +9,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pai_storage import (
+from pai_storage import MessageDraft, ThreadChanges, ThreadStoreInvariantError, open_store
+from pai_storage import builders as b
+from pai_storage.backend import (
     Entry,
     Family,
     FamilyWrite,
-    MessageDraft,
     ThreadAggregate,
-    ThreadChanges,
-    ThreadStoreInvariantError,
     apply_family_changes,
     apply_thread_changes,
     change_ids,
-    open_store,
     stamp_message,
 )
-from pai_storage import builders as b
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 T1 = T0 + timedelta(seconds=1)

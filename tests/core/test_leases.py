@@ -7,16 +7,15 @@ from typing import Any
 
 import pytest
 
-from pai_storage import (
+from pai_storage import CommitThreadInput, ThreadStoreInvariantError
+from pai_storage import builders as b
+from pai_storage.backend import (
     LEASE_CONFLICT,
-    CommitThreadInput,
     ThreadAggregate,
-    ThreadStoreInvariantError,
     apply_lease_change,
     apply_thread_changes,
     is_expired,
 )
-from pai_storage import builders as b
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 MS = timedelta(milliseconds=1)

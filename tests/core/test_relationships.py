@@ -13,8 +13,9 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from pai_storage import (
-    CommitThreadInput,
+from pai_storage import CommitThreadInput, ThreadChanges, ThreadStoreInvariantError
+from pai_storage import builders as b
+from pai_storage.backend import (
     Entry,
     Family,
     LeaseConflict,
@@ -22,8 +23,6 @@ from pai_storage import (
     RunFacts,
     RunRef,
     ThreadAggregate,
-    ThreadChanges,
-    ThreadStoreInvariantError,
     apply_family_changes,
     apply_lease_change,
     apply_thread_changes,
@@ -34,7 +33,6 @@ from pai_storage import (
     stamp_queued_item,
     stamp_run,
 )
-from pai_storage import builders as b
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 

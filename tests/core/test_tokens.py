@@ -12,14 +12,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pai_storage import (
-    PageTokenCodec,
     PageTokenError,
     ThreadStoreConfigurationError,
     ThreadStorePageTokenError,
     open_store,
-    query_digest,
 )
 from pai_storage import builders as b
+from pai_storage.backend import PageTokenCodec, query_digest
 
 from . import strategies as s
 

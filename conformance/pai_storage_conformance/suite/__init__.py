@@ -111,4 +111,4 @@ class TestKeyValueStore(KeyValueStoreTests):
 class TestExecutionGuard(ExecutionGuardTests):
     """The execution guard topic, on the ``guard`` fixture."""
 
-    pytestmark = pytest.mark.asyncio
+    pytestmark = [pytest.mark.asyncio]

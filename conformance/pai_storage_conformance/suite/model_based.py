@@ -31,19 +31,17 @@ from hypothesis.stateful import (
 )
 
 from pai_storage import (
-    ApplyResult,
     CommittedResult,
     ConflictResult,
     ManualClock,
     Message,
     QueuedItem,
     RunRecord,
-    ThreadAggregate,
     ThreadStore,
     ThreadVersion,
-    apply_thread_changes,
 )
 from pai_storage import builders as b
+from pai_storage.backend import ApplyResult, ThreadAggregate, apply_thread_changes
 
 __all__ = ["TestModelBased"]
 
