@@ -29,10 +29,15 @@ from .model_based import TestModelBased
 from .pagination import TestPagination
 from .reads import TestIdSelections, TestMessageViews, TestReads
 from .relationships import TestRelationshipRules, TestWorkedExample
+from .snapshots import SnapshotStoreTests
+from .state import AgentStateStoreTests
 
 __all__ = [
+    "AgentStateStoreTests",
     "ExecutionGuardTests",
     "KeyValueStoreTests",
+    "SnapshotStoreTests",
+    "TestAgentStateStore",
     "TestConcurrency",
     "TestConflicts",
     "TestCreateUpdateDelete",
@@ -50,6 +55,7 @@ __all__ = [
     "TestPagination",
     "TestReads",
     "TestRelationshipRules",
+    "TestSnapshotStore",
     "TestStrictJson",
     "TestWorkedExample",
     "ThreadStoreConformance",
@@ -112,3 +118,15 @@ class TestExecutionGuard(ExecutionGuardTests):
     """The execution guard topic, on the ``guard`` fixture."""
 
     pytestmark = [pytest.mark.asyncio]
+
+
+class TestAgentStateStore(AgentStateStoreTests):
+    """The agent-state topic, on the ``state_store`` fixture."""
+
+    pytestmark = pytest.mark.asyncio
+
+
+class TestSnapshotStore(SnapshotStoreTests):
+    """The snapshot topic, on the ``snapshot_store`` fixture."""
+
+    pytestmark = pytest.mark.asyncio
