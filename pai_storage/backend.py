@@ -112,7 +112,12 @@ from .selection import (
     timestamp_ms,
 )
 from .snapshots import SnapshotDraft, SnapshotStore
-from .state import AgentStateStore, ListHead, ListWrite, SessionKey
+from .state import (
+    AgentStateStore,
+    ListHead,
+    ListWrite,
+    SessionKey,
+)
 from .store import StoreInfo, ThreadStore
 from .strict_json import check_json, check_json_object
 from .tokens import PageTokenCodec, default_scope_digest, query_digest

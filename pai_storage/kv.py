@@ -43,6 +43,7 @@ from .errors import ConfigurationError, InvalidInputError, PageTokenError
 from .events import StoreWarning, WarningCallback
 from .models import Id, Json, Page, StoreModel, Timestamp
 from .runtime import (
+    DEFAULT_MAX_VALUE_BYTES,
     DEFAULT_PAGE_LIMIT,
     MAX_NAMESPACE_DEPTH,
     MAX_PAGE_LIMIT,
@@ -71,8 +72,6 @@ __all__ = [
     "prefix_upper_bound",
 ]
 
-DEFAULT_MAX_VALUE_BYTES = 4 * 1024 * 1024
-"""The default size limit of one value: 4 MiB of canonical JSON (UTF-8)."""
 
 MAX_GET_MANY_KEYS = 1000
 """Most keys one :meth:`KeyValueStore.get_many` call may ask for."""

@@ -40,6 +40,7 @@ from .strict_json import check_json, is_valid_text
 from .tokens import PageTokenCodec, query_digest
 
 __all__ = [
+    "DEFAULT_MAX_VALUE_BYTES",
     "DEFAULT_PAGE_LIMIT",
     "MAX_NAMESPACE_DEPTH",
     "MAX_NAME_LENGTH",
@@ -63,6 +64,9 @@ MAX_PAGE_LIMIT = 1000
 """Largest page ``limit`` of a runtime store."""
 DEFAULT_PAGE_LIMIT = 100
 """The ``limit`` of a page when none is given."""
+DEFAULT_MAX_VALUE_BYTES = 4 * 1024 * 1024
+"""The default size limit of one stored JSON value (a key-value item, a state
+value or list item): 4 MiB of canonical JSON (UTF-8)."""
 
 _RESERVED = ("\x00", "\x1f")
 

@@ -40,6 +40,7 @@ from .errors import ConfigurationError, InvalidInputError, StorageError, Unavail
 from .events import WarningCallback
 from .models import Json, Page, StoreModel
 from .runtime import (
+    DEFAULT_MAX_VALUE_BYTES,
     DEFAULT_PAGE_LIMIT,
     RuntimeStore,
     check_duration,
@@ -67,8 +68,6 @@ __all__ = [
 DEFAULT_SESSION_TTL = timedelta(days=30)
 """How long a session lives after its last write, unless configured otherwise."""
 
-DEFAULT_MAX_VALUE_BYTES = 4 * 1024 * 1024
-"""The default size limit of one value (or one list item): 4 MiB of canonical JSON."""
 
 ANONYMOUS_USER = "\x1fanonymous"
 """The stored user key of ``user_id=None``.
