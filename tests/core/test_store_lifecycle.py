@@ -107,7 +107,9 @@ async def test_cancelled_caller_does_not_cancel_the_shared_attempt() -> None:
         ({"token_secret": "secret"}, "token_secret"),
     ],
 )
-def test_bad_common_options_fail_when_the_store_is_made(options: dict[str, Any], words: str) -> None:
+def test_bad_common_options_fail_when_the_store_is_made(
+    options: dict[str, Any], words: str
+) -> None:
     with pytest.raises(ThreadStoreConfigurationError, match=words):
         _SlowStore(**options)
 
