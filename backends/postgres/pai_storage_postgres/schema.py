@@ -17,19 +17,49 @@ byte order of UTF-8 is code-point order, which is the order the list's
 ``threadId`` tie-break needs. Records are stored as JSON *text* (not
 ``jsonb``), so key order, ``1`` versus ``1.0`` and ``\\u0000`` survive exactly.
 
+The runtime stores (key-value, agent state, snapshots, execution guard) have
+their own tables, named in :class:`Tables` too (``docs/postgres.md``, "Runtime
+stores"). With the default prefix they are ``pai_kv``, ``pai_agent_sessions``
+(+ ``_values`` and ``_items``), ``pai_snapshots`` and ``pai_locks``; with
+another ``table_prefix`` ``p`` they are ``p_kv``, ``p_agent_sessions``, ...;
+``names={"kv": "my_kv", ...}`` renames one component's tables.
+
 ``<prefix>_schema`` records the schema version. :data:`SCHEMA_VERSION` is
-what this code writes; a database with a newer one is refused.
+what this code writes: version 1 held the thread tables, version 2 adds the
+runtime tables. A version-1 database is migrated in one transaction under the
+advisory lock; a database with a newer version is refused.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
-__all__ = ["SCHEMA_VERSION", "Tables", "quote_ident", "validate_identifier"]
+__all__ = [
+    "COMPONENT_TABLES",
+    "DEFAULT_PREFIX",
+    "SCHEMA_VERSION",
+    "Tables",
+    "quote_ident",
+    "validate_identifier",
+    "validate_names",
+]
 
-SCHEMA_VERSION = 1
-"""The schema version this package creates and understands."""
+SCHEMA_VERSION = 2
+"""The schema version this package creates and understands (1: threads only)."""
+
+DEFAULT_PREFIX = "pai_threads"
+"""The default ``table_prefix`` (the thread tables' base name)."""
+
+COMPONENT_TABLES = {
+    "kv": "kv",
+    "state": "agent_sessions",
+    "snapshots": "snapshots",
+    "guard": "locks",
+}
+"""Each runtime component's default base table name, after the common prefix."""
 
 _PREFIX = re.compile(r"[a-z_][a-z0-9_]*\Z")
 _SCHEMA = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -53,6 +83,28 @@ def validate_identifier(kind: str, value: object) -> str:
     return value
 
 
+def validate_names(value: object) -> tuple[tuple[str, str], ...]:
+    """Check the ``names`` option: component name -> base table name."""
+    from pai_storage import ThreadStoreConfigurationError
+
+    if value is None:
+        return ()
+    if not isinstance(value, Mapping):
+        raise ThreadStoreConfigurationError(
+            "option names must be a dict from component name to table name"
+        )
+    out = []
+    for component, name in value.items():
+        if component not in COMPONENT_TABLES:
+            raise ThreadStoreConfigurationError(
+                f"option names: unknown component {component!r}; valid: "
+                f"{', '.join(sorted(COMPONENT_TABLES))} (the thread tables use table_prefix)"
+            )
+        validate_identifier("table_prefix", name)
+        out.append((str(component), name))
+    return tuple(sorted(out))
+
+
 def quote_ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
@@ -63,6 +115,8 @@ class Tables:
 
     prefix: str
     schema: str | None = None
+    names: tuple[tuple[str, str], ...] = field(default=())
+    """Per-component base names of the runtime tables (see :data:`COMPONENT_TABLES`)."""
 
     def _q(self, name: str) -> str:
         table = quote_ident(name)
@@ -84,6 +138,61 @@ class Tables:
     def queued(self) -> str:
         return self._q(f"{self.prefix}_queued_items")
 
+    # ---------------------------------------------------------- runtime stores
+
+    def base(self, component: str) -> str:
+        """The unquoted base name of a runtime component's tables (and indexes).
+
+        ``names`` wins; else ``pai_<table>`` under the default prefix and
+        ``<prefix>_<table>`` under any other.
+        """
+        chosen: Any = dict(self.names).get(component)
+        if chosen is not None:
+            return str(chosen)
+        stem = "pai" if self.prefix == DEFAULT_PREFIX else self.prefix
+        return f"{stem}_{COMPONENT_TABLES[component]}"
+
+    def table(self, component: str, suffix: str = "") -> str:
+        """The qualified, quoted name of ``base(component) + suffix``."""
+        return self._q(self.base(component) + suffix)
+
+    def index(self, component: str, suffix: str) -> str:
+        """The quoted name of an index ``base(component) + suffix`` (indexes live
+        in their table's schema, so the name is never qualified)."""
+        return quote_ident(self.base(component) + suffix)
+
+    @property
+    def kv(self) -> str:
+        return self.table("kv")
+
+    @property
+    def state_sessions(self) -> str:
+        """One row per session: its expiry (the session TTL runs from its last write)."""
+        return self.table("state")
+
+    @property
+    def state_values(self) -> str:
+        """One row per state key: its kind, version or list length and hash."""
+        return self.table("state", "_values")
+
+    @property
+    def state_items(self) -> str:
+        """One row per list item."""
+        return self.table("state", "_items")
+
+    @property
+    def snapshots(self) -> str:
+        return self.table("snapshots")
+
+    @property
+    def locks(self) -> str:
+        return self.table("guard")
+
+    @property
+    def lock_sequence(self) -> str:
+        """The sequence fencing tokens come from (never reset by a purge)."""
+        return self.table("guard", "_fencing")
+
     @property
     def version_table(self) -> str:
         return self._q(f"{self.prefix}_schema")
@@ -94,7 +203,7 @@ class Tables:
         return f"pai_storage:{self.schema or ''}.{self.prefix}"
 
     def ddl(self) -> list[str]:
-        """Idempotent DDL for every table and index (run under the advisory lock)."""
+        """Idempotent DDL for the thread tables (schema version 1), run under the advisory lock."""
         p = self.prefix
         t, m, r, q, v = self.threads, self.messages, self.runs, self.queued, self.version_table
         idx = quote_ident
@@ -182,3 +291,23 @@ class Tables:
             "(scope_key, thread_id, run_id, position)",
         ]
         return statements
+
+
+def all_ddl(tables: Tables) -> list[str]:
+    """Idempotent DDL of schema version 2: the thread tables, then every runtime store's.
+
+    Each runtime module (``kv``, ``state``, ``snapshots``, ``guard``) supplies
+    ``ddl(tables)`` for its own tables.
+    """
+    import importlib
+
+    statements = tables.ddl()
+    for module in ("kv", "state", "snapshots", "guard"):
+        try:
+            found = importlib.import_module(f"{__package__}.{module}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__package__}.{module}":
+                raise
+            continue  # a component this installation does not ship
+        statements += found.ddl(tables)
+    return statements

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, cast
@@ -66,38 +66,24 @@ from pai_storage.backend import (
     RunRef,
     ThreadConflict,
     Window,
-    make_url,
     map_errors,
     run_commit,
     run_read,
     timestamp_ms,
 )
 
+from .client import SESSION_SETTINGS, PgClient, keep_session, terminate
 from .codec import dec, dump, enc, enc_opt, parse, run_ref_fields
 from .errors import Phase, is_retryable, map_error
-from .schema import SCHEMA_VERSION, Tables, validate_identifier
+from .schema import SCHEMA_VERSION, Tables
 
 if TYPE_CHECKING:
     import asyncpg  # type: ignore[import-untyped]
 
-__all__ = ["PostgresThreadStore"]
+__all__ = ["SESSION_SETTINGS", "PostgresThreadStore", "keep_session"]
 
 COMMIT_ATTEMPTS = 3
 """Attempts for a commit that hits a serialization failure or deadlock."""
-
-SESSION_SETTINGS = {
-    "enable_sort": "off",
-    "enable_incremental_sort": "off",
-    "enable_hashjoin": "off",
-    "enable_mergejoin": "off",
-}
-"""Set on every pooled connection (the pool is the store's own).
-
-Each statement of this store has an index that delivers its rows in order, or
-probes one key at a time. With generic plans the planner assumes an average
-thread (a handful of rows) and would rather collect a whole thread and sort or
-hash it, which costs O(thread) instead of O(page) on a long transcript. These
-settings only price those plans out; nothing becomes impossible."""
 
 _NOW_SQL = "SELECT date_trunc('milliseconds', clock_timestamp())"
 
@@ -156,6 +142,11 @@ class PostgresThreadStore(ThreadStore):
     url:
         ``postgresql://user:password@host:port/database`` (also ``postgres://``
         and ``postgresql+asyncpg://``); query parameters go to asyncpg.
+    client:
+        An application's own ``asyncpg.Pool`` (never closed by pai-storage;
+        the pool options below do not apply), or the
+        :class:`~pai_storage_postgres.client.PgClient` shared by the stores
+        of one ``connect()`` call.
     table_prefix:
         Base name of the tables (default ``"pai_threads"``).
     schema:
@@ -180,52 +171,35 @@ class PostgresThreadStore(ThreadStore):
 
     def __init__(
         self,
-        url: str | StoreURL,
+        url: str | StoreURL | None = None,
         *,
-        table_prefix: str = "pai_threads",
+        client: object = None,
+        table_prefix: str | None = None,
         schema: str | None = None,
-        min_pool_size: int = 1,
-        max_pool_size: int = 10,
-        connect_timeout: float = 10.0,
+        min_pool_size: int | None = None,
+        max_pool_size: int | None = None,
+        connect_timeout: float | None = None,
         command_timeout: float | None = None,
-        statement_cache_size: int = 100,
+        statement_cache_size: int | None = None,
         clock: Clock | None = None,
         on_warning: WarningCallback | None = None,
         token_secret: bytes | None = None,
     ) -> None:
         super().__init__(clock=clock, on_warning=on_warning, token_secret=token_secret)
-        self.url = make_url(url)
-        if self.url.scheme not in ("postgresql", "postgres") or self.url.driver not in (
-            None,
-            "asyncpg",
-        ):
-            raise ThreadStoreConfigurationError(
-                f"the postgres backend serves postgresql://, postgres:// and "
-                f"postgresql+asyncpg:// URLs, not {self.url.full_scheme}://"
-            )
-        validate_identifier("table_prefix", table_prefix)
-        if schema is not None:
-            validate_identifier("schema", schema)
-        _check_int("min_pool_size", min_pool_size, 0)
-        _check_int("max_pool_size", max_pool_size, 1)
-        if min_pool_size > max_pool_size:
-            raise ThreadStoreConfigurationError("min_pool_size must not exceed max_pool_size")
-        _check_seconds("connect_timeout", connect_timeout)
-        if command_timeout is not None:
-            _check_seconds("command_timeout", command_timeout)
-        _check_int("statement_cache_size", statement_cache_size, 0)
-        self.tables = Tables(table_prefix, schema)
-        self._pool_options: dict[str, Any] = {
-            "min_size": min_pool_size,
-            "max_size": max_pool_size,
-            "timeout": connect_timeout,
-            "command_timeout": command_timeout,
-            "statement_cache_size": statement_cache_size,
-            "server_settings": dict(SESSION_SETTINGS),
-            "reset": keep_session,
-        }
+        self._client = PgClient.attached(
+            url,
+            client,
+            table_prefix=table_prefix,
+            schema=schema,
+            min_pool_size=min_pool_size,
+            max_pool_size=max_pool_size,
+            connect_timeout=connect_timeout,
+            command_timeout=command_timeout,
+            statement_cache_size=statement_cache_size,
+        )
+        self.url = self._client.url
+        self.tables = self._client.tables
         self._pool: asyncpg.Pool | None = None
-        self._server_version: str | None = None
         self._layout = _Layout.of(self.tables)
         self._list_sql: dict[tuple[bool, bool, bool, str, bool], str] = {}
 
@@ -237,44 +211,21 @@ class PostgresThreadStore(ThreadStore):
 
     def _errors(self, phase: Phase) -> contextlib.AbstractContextManager[None]:
         """Map every driver exception of the block to the contract's errors."""
-        return map_errors(lambda exc: map_error(exc, phase, self.url))
+        return self._client.errors(phase)
 
     # ------------------------------------------------------------ lifecycle
 
-    def _dsn(self) -> str:
-        return self.url.render(hide_password=False, scheme="postgresql")
+    @property
+    def _server_version(self) -> str | None:
+        return self._client.server_version
 
     async def _initialize(self) -> None:
-        """Open the pool and create or verify the schema.
-
-        Whatever this made is released when it fails or is cancelled at any
-        await (``close()`` cancels a pending initialize): the pool only becomes
-        the store's once the schema is verified.
-        """
-        import asyncpg
-
-        # Built first, connected by the await below: a cancellation while the
-        # pool connects still leaves the pool object here to terminate.
-        pool = asyncpg.create_pool(self._dsn(), **self._pool_options)
-        try:
-            with self._errors("connect"):
-                await pool
-            await self._ensure_schema(pool)
-        except BaseException:
-            _terminate_pool(pool)
-            raise
-        self._pool = pool
+        """Take the shared pool, connected and with the schema ready (see :class:`PgClient`)."""
+        self._pool = await self._client.pool()
 
     async def _close(self) -> None:
-        pool, self._pool = self._pool, None
-        if pool is None:  # never initialized, or an initialize that released its pool
-            return
-        try:
-            await asyncio.wait_for(pool.close(), timeout=10)
-        except BaseException as exc:  # a broken connection, a timeout or a cancelled close
-            _terminate_pool(pool)
-            if not isinstance(exc, Exception):
-                raise
+        self._pool = None
+        await self._client.release()
 
     async def _info(self) -> StoreInfo:
         return StoreInfo(
@@ -289,83 +240,13 @@ class PostgresThreadStore(ThreadStore):
             },
         )
 
-    async def _ensure_schema(self, pool: asyncpg.Pool) -> None:
-        async with self._connection(pool) as conn:
-            with self._errors("connect"):
-                await self._prepare_schema(conn)
-
-    async def _prepare_schema(self, conn: asyncpg.Connection) -> None:
-        version = conn.get_server_version()
-        shown = await conn.fetchval("SHOW server_version")
-        self._server_version = f"PostgreSQL {shown}"
-        if version.major < 13:
-            raise ThreadStoreConfigurationError(
-                f"the postgres backend needs PostgreSQL 13 or newer; the server runs "
-                f"{self._server_version}"
-            )
-        stored = await self._schema_version(conn)
-        if stored == SCHEMA_VERSION:
-            return
-        if stored is None or stored < SCHEMA_VERSION:
-            async with conn.transaction():
-                # Several processes may initialize at once: DDL under one lock.
-                await conn.execute(
-                    "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
-                    self.tables.lock_key,
-                )
-                stored = await self._schema_version(conn)
-                if stored is None:
-                    for statement in self.tables.ddl():
-                        await conn.execute(statement)
-                    await conn.execute(
-                        f"INSERT INTO {self.tables.version_table} (version) "
-                        "VALUES ($1) ON CONFLICT DO NOTHING",
-                        SCHEMA_VERSION,
-                    )
-                    stored = SCHEMA_VERSION
-        if stored is not None and stored > SCHEMA_VERSION:
-            raise ThreadStoreConfigurationError(
-                f"the tables {self.tables.threads} use schema version {stored}, newer "
-                f"than this pai-storage understands ({SCHEMA_VERSION}); upgrade pai-storage"
-            )
-
-    async def _schema_version(self, conn: asyncpg.Connection) -> int | None:
-        exists = await conn.fetchval("SELECT to_regclass($1)", self.tables.version_table)
-        if exists is None:
-            return None
-        value = await conn.fetchval(f"SELECT version FROM {self.tables.version_table}")
-        return int(value) if value is not None else None
-
-    @contextlib.asynccontextmanager
-    async def _connection(
+    def _connection(
         self, pool: asyncpg.Pool | None = None
-    ) -> AsyncIterator[asyncpg.Connection]:
-        """A pooled connection for one operation.
-
-        Released afterwards; terminated instead when the operation was
-        cancelled (e.g. a commit mid-transaction), because its state is then
-        unknown, and ``close()`` must not wait for it.
-        """
-        pool = pool or self._pool
-        if pool is None:  # close() released the pool under this operation
+    ) -> contextlib.AbstractAsyncContextManager[asyncpg.Connection]:
+        """A pooled connection for one operation (see :meth:`PgClient.connection`)."""
+        if pool is None and self._pool is None:  # close() released the pool under this operation
             raise _closed_error()
-        try:
-            conn = await pool.acquire()
-        except Exception as exc:
-            if self.closed:  # ... or is releasing it
-                raise _closed_error() from None
-            raise map_error(exc, "connect", self.url) from exc
-        try:
-            yield conn
-        except BaseException as exc:
-            if not isinstance(exc, Exception):
-                _terminate(conn)
-            raise
-        finally:
-            try:
-                await pool.release(conn)
-            except Exception:
-                _terminate(conn)
+        return self._client.connection(pool or self._pool)
 
     # ------------------------------------------------------------ reads
 
@@ -538,7 +419,7 @@ class PostgresThreadStore(ThreadStore):
                 raise
             except ThreadStoreError:
                 if attempt.driver_failed:
-                    _terminate(conn)  # the connection's state is unknown
+                    terminate(conn)  # the connection's state is unknown
                 else:
                     await _rollback(conn)  # a judgement error: the connection is fine
                 raise
@@ -866,45 +747,13 @@ def _closed_error() -> ThreadStoreConfigurationError:
     return ThreadStoreConfigurationError("this store is closed; open a new one")
 
 
-def _terminate(conn: asyncpg.Connection) -> None:
-    """Drop a connection whose state is unknown (it may already be gone)."""
-    with contextlib.suppress(Exception):
-        if not conn.is_closed():
-            conn.terminate()
-
-
-def _terminate_pool(pool: asyncpg.Pool) -> None:
-    """Drop every connection of a pool, however far its start or use got."""
-    with contextlib.suppress(Exception):
-        pool.terminate()
-
-
 async def _rollback(conn: asyncpg.Connection) -> None:
     try:
         if conn.is_closed():
             return
         await conn.execute("ROLLBACK")
     except Exception:
-        _terminate(conn)
-
-
-def _check_int(name: str, value: object, minimum: int) -> None:
-    if type(value) is not int or value < minimum:
-        raise ThreadStoreConfigurationError(f"option {name} must be an integer >= {minimum}")
-
-
-def _check_seconds(name: str, value: object) -> None:
-    if type(value) not in (int, float) or not 0 < cast(float, value) < 86_400:
-        raise ThreadStoreConfigurationError(f"option {name} must be a number of seconds > 0")
-
-
-async def keep_session(conn: asyncpg.Connection) -> None:
-    """Pool reset hook: nothing to undo.
-
-    asyncpg still rolls back an open transaction on release; its default reset
-    (``RESET ALL``, ``UNLISTEN *``, ...) would cost one more round trip per
-    operation for session state this store never creates.
-    """
+        terminate(conn)
 
 
 # ---------------------------------------------------------------- relationships
