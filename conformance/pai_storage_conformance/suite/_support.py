@@ -1,10 +1,136 @@
-"""Small helpers shared by the suite's topic modules."""
+"""Small helpers and input tables shared by the suite's topic modules."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Iterable
+from datetime import timedelta
 from uuid import uuid4
+
+from hypothesis import HealthCheck, settings
+from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 
 
 def new_scope(tag: str = "") -> str:
     """A fresh scope key, so tests never see each other's threads (even on a shared store)."""
     return f"scope-{tag}{'-' if tag else ''}{uuid4().hex}"
+
+
+async def run_model(
+    machine: type[RuleBasedStateMachine],
+    *,
+    examples: int,
+    steps: int,
+    also_suppress: Iterable[HealthCheck] = (),
+) -> None:
+    """Run a model-based (Hypothesis stateful) test in a worker thread.
+
+    The machine's rules drive the store on the test's event loop, so the
+    machine runs off that loop. No deadline, no example database, the first
+    failure only; the ``too_slow`` and ``data_too_large`` health checks (a
+    store over a network is slow) are off, plus ``also_suppress``.
+    """
+    checks_off = [HealthCheck.too_slow, HealthCheck.data_too_large, *also_suppress]
+    await asyncio.to_thread(
+        run_state_machine_as_test,
+        machine,
+        settings=settings(
+            max_examples=examples,
+            stateful_step_count=steps,
+            deadline=None,
+            database=None,
+            report_multiple_bugs=False,
+            suppress_health_check=checks_off,
+        ),
+    )
+
+
+# ---------------------------------------------------------------- input tables
+
+HOSTILE_NAMES = (
+    "a",
+    "ab",
+    "a ",
+    "A",
+    "\u0430",  # Cyrillic a, looks like "a"
+    "\u0410",  # Cyrillic capital A, looks like "A"
+    "\uff41",  # fullwidth a
+    "e\u0301",  # e + combining acute
+    "\u00e9",  # precomposed e acute
+    "a.b",
+    "a.",
+    ".",
+    "..",
+    "a$b",
+    "$where",
+    "$set",
+    "$",
+    "a%",
+    "%",
+    "%_",
+    "%2E",
+    "%25",
+    "%24",
+    "a_",
+    "_",
+    "a\\",
+    "\\",
+    "'",
+    "a'b",
+    '"',
+    'a"b',
+    "a*",
+    "*",
+    "a?",
+    "?",
+    "a[b]",
+    "[",
+    "]",
+    "^a.*$",
+    ".*",
+    "a|b",
+    "a\u0001",
+    "a\u001e",
+    "a\u0020b",
+    "a\uffff",
+    "a\U0001f600",
+    "a/b",
+    "null",
+    "states",
+    "versions",
+    "hashes",
+    "_id",
+    "_updated_at",
+    "anonymous",
+    "x" * 1024,
+)
+"""Valid names that must stay apart whatever a backend's matching rules are.
+
+Look-alikes, regex, ``LIKE`` and path metacharacters, operator-looking and
+percent-encoded-looking strings, document field names, and neighbours of
+U+001F (the namespace separator). All distinct; the longest allowed name
+(1,024 characters) comes last, so a test can prefix all the others with a tag.
+"""
+
+BAD_NAMES: tuple[tuple[object, str], ...] = (
+    ("", "1 to 1024 characters"),
+    ("x" * 1025, "1 to 1024 characters"),
+    ("a\x00b", "U+0000"),
+    ("a\x1fb", "U+001F"),
+    ("a\ud800b", "surrogate"),
+    ("a\ud800", "surrogate"),
+    (42, "must be a str"),
+    (None, "must be a str"),
+    (b"bytes", "must be a str"),
+)
+"""Names every runtime store refuses, with words its message must contain."""
+
+BAD_DURATIONS: tuple[object, ...] = (
+    timedelta(0),
+    timedelta(microseconds=500),
+    timedelta(seconds=-1),
+    5,
+    5.0,
+    "30s",
+)
+"""Durations (a ttl, a lease) every runtime store refuses."""

@@ -18,14 +18,12 @@ from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 import pytest
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
     invariant,
     precondition,
     rule,
-    run_state_machine_as_test,
 )
 
 from pai_storage import ManualClock
@@ -36,6 +34,8 @@ from pai_storage.errors import (
     StorageError,
 )
 from pai_storage.guard import ExecutionGuard, Lock, LockInfo
+
+from ._support import BAD_DURATIONS, BAD_NAMES, HOSTILE_NAMES, run_model
 
 __all__ = ["ExecutionGuardTests"]
 
@@ -50,51 +50,6 @@ SHORT_LEASE = timedelta(milliseconds=300)
 """A lease the watchdog must renew several times within a test (every 100 ms)."""
 WAIT = 2.0
 """Seconds to wait for something the watchdog does within a lease or two."""
-
-HOSTILE_NAMES = (
-    "a",
-    "ab",
-    "a ",
-    "A",
-    "\u0430",  # Cyrillic a, looks like "a"
-    "a.b",
-    "a$b",
-    "$where",
-    "a%",
-    "a_",
-    "a\\",
-    "a'b",
-    'a"b',
-    "a*",
-    "a?",
-    "a[b]",
-    "^a.*$",
-    "a\u001e",
-    "a\u0020b",
-    "a\uffff",
-    "a/b",
-    "x" * 1024,
-)
-"""Resource names that must lock independently, whatever a backend's matching rules."""
-
-BAD_NAMES: tuple[tuple[object, str], ...] = (
-    ("", "1 to 1024"),
-    ("x" * 1025, "1 to 1024"),
-    ("a\x00b", "U+0000"),
-    ("a\x1fb", "U+001F"),
-    ("a\ud800b", "surrogate"),
-    (42, "must be a str"),
-    (None, "must be a str"),
-    (b"bytes", "must be a str"),
-)
-BAD_DURATIONS: tuple[object, ...] = (
-    timedelta(0),
-    timedelta(microseconds=500),
-    timedelta(seconds=-1),
-    5,
-    5.0,
-    "30s",
-)
 
 
 def _resource(tag: str) -> str:
@@ -648,18 +603,7 @@ class ExecutionGuardTests:
         self, guard: ExecutionGuard, clock: ManualClock, pai_examples: int
     ) -> None:
         machine = _machine(guard, clock, asyncio.get_running_loop())
-        await asyncio.to_thread(
-            run_state_machine_as_test,
-            machine,
-            settings=settings(
-                max_examples=pai_examples,
-                stateful_step_count=STEPS,
-                deadline=None,
-                database=None,
-                report_multiple_bugs=False,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-            ),
-        )
+        await run_model(machine, examples=pai_examples, steps=STEPS)
 
 
 # ---------------------------------------------------------------- model-based test

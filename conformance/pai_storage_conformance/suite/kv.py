@@ -25,13 +25,11 @@ from decimal import Decimal
 from typing import Any, TypeVar
 
 import pytest
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
     initialize,
     rule,
-    run_state_machine_as_test,
 )
 
 from pai_storage import ManualClock
@@ -44,6 +42,8 @@ from pai_storage.errors import (
 )
 from pai_storage.kv import Item, KeyValueStore, KVConflict
 
+from ._support import BAD_DURATIONS, BAD_NAMES, HOSTILE_NAMES, run_model
+
 __all__ = ["KeyValueStoreTests"]
 
 pytestmark = pytest.mark.asyncio
@@ -54,67 +54,6 @@ Namespace = tuple[str, ...]
 MIB = 1024 * 1024
 RACERS = 16
 
-HOSTILE_NAMES = (
-    "a",
-    "ab",
-    "a ",
-    "A",
-    "\u0430",  # Cyrillic a, looks like "a"
-    "\uff41",  # fullwidth a
-    "e\u0301",  # e + combining acute
-    "\u00e9",  # precomposed e acute
-    "a.b",
-    "a.",
-    ".",
-    "..",
-    "a$b",
-    "$where",
-    "$",
-    "a%",
-    "%",
-    "a_",
-    "_",
-    "a\\",
-    "\\",
-    "a'b",
-    'a"b',
-    "a*",
-    "*",
-    "a?",
-    "a[b]",
-    "[",
-    "^a.*$",
-    ".*",
-    "a|b",
-    "a\u0001",
-    "a\u001e",
-    "a\u0020b",
-    "a\uffff",
-    "a\U0001f600",
-    "a/b",
-    "null",
-    "x" * 1024,
-)
-"""Names that must stay apart whatever a backend's matching rules (regex, LIKE, paths)."""
-
-BAD_NAMES: tuple[tuple[object, str], ...] = (
-    ("", "1 to 1024"),
-    ("x" * 1025, "1 to 1024"),
-    ("a\x00b", "U+0000"),
-    ("a\x1fb", "U+001F"),
-    ("a\ud800b", "surrogate"),
-    (42, "must be a str"),
-    (None, "must be a str"),
-    (b"bytes", "must be a str"),
-)
-BAD_TTLS: tuple[object, ...] = (
-    timedelta(0),
-    timedelta(microseconds=500),
-    timedelta(seconds=-1),
-    5,
-    5.0,
-    "30s",
-)
 BAD_VERSIONS: tuple[object, ...] = (0, -1, True, 1.0, "1", 2**63)
 BAD_LIMITS: tuple[object, ...] = (0, -1, 1001, True, 1.5, "10", None)
 
@@ -954,7 +893,7 @@ class KeyValueStoreTests:
 
     async def test_bad_ttls_are_refused_and_nothing_written(self, kv_store: KeyValueStore) -> None:
         ns = (_root("bad-ttl"),)
-        for bad in BAD_TTLS:
+        for bad in BAD_DURATIONS:
             ttl: Any = bad
             await _refused(kv_store.put(ns, "k", 1, ttl=ttl), InvalidInputError, "ttl")
             await _refused(
@@ -1017,18 +956,7 @@ class KeyValueStoreTests:
         self, kv_store: KeyValueStore, clock: ManualClock, pai_examples: int
     ) -> None:
         machine = _machine(kv_store, clock, asyncio.get_running_loop())
-        await asyncio.to_thread(
-            run_state_machine_as_test,
-            machine,
-            settings=settings(
-                max_examples=pai_examples,
-                stateful_step_count=STEPS,
-                deadline=None,
-                database=None,
-                report_multiple_bugs=False,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-            ),
-        )
+        await run_model(machine, examples=pai_examples, steps=STEPS)
 
 
 # ---------------------------------------------------------------- model-based test

@@ -20,14 +20,13 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
     initialize,
     invariant,
     rule,
-    run_state_machine_as_test,
 )
 
 from pai_storage import (
@@ -42,6 +41,8 @@ from pai_storage import (
 )
 from pai_storage import builders as b
 from pai_storage.backend import ApplyResult, ThreadAggregate, apply_thread_changes
+
+from ._support import run_model
 
 __all__ = ["TestModelBased"]
 
@@ -687,19 +688,9 @@ class TestModelBased:
         loop = asyncio.get_running_loop()
         scope = f"conformance-model-{uuid.uuid4()}"
         machine = _machine(store, clock, loop, scope)
-        await asyncio.to_thread(
-            run_state_machine_as_test,
+        await run_model(
             machine,
-            settings=settings(
-                max_examples=pai_examples,
-                stateful_step_count=STEPS,
-                deadline=None,
-                database=None,
-                report_multiple_bugs=False,
-                suppress_health_check=[
-                    HealthCheck.too_slow,
-                    HealthCheck.filter_too_much,
-                    HealthCheck.data_too_large,
-                ],
-            ),
+            examples=pai_examples,
+            steps=STEPS,
+            also_suppress=[HealthCheck.filter_too_much],
         )

@@ -20,14 +20,12 @@ from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 import pytest
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
     invariant,
     precondition,
     rule,
-    run_state_machine_as_test,
 )
 
 from pai_storage import ManualClock
@@ -41,6 +39,8 @@ from pai_storage.errors import (
 )
 from pai_storage.snapshots import Snapshot, SnapshotInfo, SnapshotStore
 
+from ._support import BAD_NAMES, HOSTILE_NAMES, run_model
+
 __all__ = ["SnapshotStoreTests"]
 
 pytestmark = pytest.mark.asyncio
@@ -50,43 +50,6 @@ RACERS = 12
 MS = timedelta(milliseconds=1)
 LARGEST_TESTED_LIMIT = 32 * 1024 * 1024
 """A backend limit up to this is also checked by writing a snapshot of exactly that size."""
-
-HOSTILE_NAMES = (
-    ".",
-    "$",
-    "%",
-    "%2E",
-    "\\",
-    "'",
-    '"',
-    "*",
-    "?",
-    "[",
-    "_",
-    ".*",
-    "%_",
-    "a\x1e",
-    "a ",
-    "a\uffff",
-    "a",
-    "ab",
-    "A",
-    "\u0410",  # CYRILLIC CAPITAL LETTER A, looks like "A"
-    "\u00e9",
-    "e\u0301",
-    "x" * 1024,
-)
-
-BAD_NAMES: tuple[tuple[object, str], ...] = (
-    (123, "must be a str"),
-    (None, "must be a str"),
-    (b"bytes", "must be a str"),
-    ("", "1 to 1024 characters"),
-    ("x" * 1025, "1 to 1024 characters"),
-    ("a\x00b", "U+0000"),
-    ("a\x1fb", "U+001F"),
-    ("a\ud800", "surrogate"),
-)
 
 
 def _scope(tag: str = "") -> str:
@@ -503,18 +466,7 @@ class SnapshotStoreTests:
     ) -> None:
         loop = asyncio.get_running_loop()
         machine = _machine(snapshot_store, clock, loop)
-        await asyncio.to_thread(
-            run_state_machine_as_test,
-            machine,
-            settings=settings(
-                max_examples=pai_examples,
-                stateful_step_count=STEPS,
-                deadline=None,
-                database=None,
-                report_multiple_bugs=False,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-            ),
-        )
+        await run_model(machine, examples=pai_examples, steps=STEPS)
 
 
 # ---------------------------------------------------------------- the model
