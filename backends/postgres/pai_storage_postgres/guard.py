@@ -1,41 +1,66 @@
 """The PostgreSQL execution guard: one row per held lock, fencing tokens from a sequence.
 
-The table (``Tables.locks``) is keyed by the resource (UTF-8 ``bytea``); an
-index on ``expires_at`` serves ``purge_expired``. Fencing tokens come from the
-sequence ``Tables.lock_sequence``, which purges never reset. See
-``docs/postgres.md``.
+The table (``Tables.locks``, ``pai_locks`` by default) is keyed by the resource
+(UTF-8 ``bytea``); an index on ``expires_at`` serves ``purge_expired``. Every
+primitive is one statement judged on the server's clock
+(``clock_timestamp()`` in whole milliseconds, or the test clock):
+
+- acquire: ``INSERT ... ON CONFLICT (resource) DO UPDATE ... WHERE`` the
+  stored lock has expired, so of concurrent acquisitions exactly one wins;
+- renew and release: ``UPDATE`` / ``DELETE`` where the stored token is the
+  caller's;
+- fencing tokens: ``nextval`` of the sequence ``<locks>_fencing``, which purges
+  never reset. A takeover of an existing row draws its token in the ``DO
+  UPDATE``, after the row lock is held, so it is greater than its predecessor's.
+
+See ``docs/postgres.md``.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Protocol
 
-__all__ = ["ddl"]
+from pai_storage.guard import ExecutionGuard, LockInfo
+
+if TYPE_CHECKING:
+    import asyncpg  # type: ignore[import-untyped]
+
+    from .client import PgClient
+
+__all__ = ["PostgresExecutionGuard", "ddl"]
+
+PURGE_BATCH = 1000
+"""Rows one ``purge_expired`` statement deletes at most (it loops until none are left)."""
+
+_NOW = "COALESCE($1::timestamptz, date_trunc('milliseconds', clock_timestamp()))"
+"""The guard's clock: the test clock when set, else the server's, in whole ms (always ``$1``)."""
+
+_LEASE_END = "date_trunc('milliseconds', n.t + $2::bigint * interval '1 microsecond')"
+"""``now + lease_ttl`` in whole ms; the lease (``$2``) in microseconds: no calendar arithmetic."""
 
 
 class Names(Protocol):
-    """The table names this module needs (:class:`~pai_storage_postgres.schema.Tables` has them)."""
+    """The table names this module needs (:class:`~pai_storage_postgres.schema.Tables`)."""
 
     @property
     def locks(self) -> str: ...
 
-    @property
-    def lock_sequence(self) -> str: ...
+    def table(self, component: str, suffix: str = "") -> str: ...
+
+    def index(self, component: str, suffix: str) -> str: ...
 
 
-def _bare(qualified: str) -> str:
-    """The unquoted last part of a quoted, possibly schema-qualified table name."""
-    last = qualified.rsplit('"."', 1)[-1]
-    return last.strip('"').replace('""', '"')
+def sequence(tables: Names) -> str:
+    """The qualified name of the fencing-token sequence."""
+    return tables.table("guard", "_fencing")
 
 
 def ddl(tables: Names) -> list[str]:
-    """Idempotent DDL for the lock table, its index and the fencing sequence."""
-    from .schema import quote_ident
-
+    """Idempotent DDL for the fencing sequence, the lock table and its index."""
     locks = tables.locks
     return [
-        f"CREATE SEQUENCE IF NOT EXISTS {tables.lock_sequence} AS bigint MINVALUE 1 NO CYCLE",
+        f"CREATE SEQUENCE IF NOT EXISTS {sequence(tables)} AS bigint MINVALUE 1 NO CYCLE",
         f"""CREATE TABLE IF NOT EXISTS {locks} (
             resource bytea PRIMARY KEY,
             token text NOT NULL,
@@ -43,6 +68,146 @@ def ddl(tables: Names) -> list[str]:
             fencing_token bigint NOT NULL,
             acquired_at timestamptz NOT NULL,
             expires_at timestamptz NOT NULL)""",
-        f"CREATE INDEX IF NOT EXISTS {quote_ident(_bare(locks) + '_expiry')} ON {locks} "
-        "(expires_at)",
+        f"CREATE INDEX IF NOT EXISTS {tables.index('guard', '_expiry')} ON {locks} (expires_at)",
     ]
+
+
+class Statements:
+    """Every statement of the guard (the EXPLAIN tests use these too)."""
+
+    def __init__(self, tables: Names) -> None:
+        locks = tables.locks
+        seq = "'" + sequence(tables).replace("'", "''") + "'"
+        self.acquire = f"""INSERT INTO {locks} AS l
+                (resource, token, owner, fencing_token, acquired_at, expires_at)
+            SELECT $3, $4, $5, nextval({seq}), n.t, {_LEASE_END}
+            FROM (SELECT {_NOW} AS t) AS n
+            ON CONFLICT (resource) DO UPDATE SET
+                token = EXCLUDED.token, owner = EXCLUDED.owner,
+                fencing_token = nextval({seq}),
+                acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at
+            WHERE l.expires_at <= EXCLUDED.acquired_at
+            RETURNING fencing_token, acquired_at, expires_at"""
+        self.renew = f"""UPDATE {locks} AS l SET expires_at = {_LEASE_END}
+            FROM (SELECT {_NOW} AS t) AS n
+            WHERE l.resource = $3 AND l.token = $4 AND l.expires_at > n.t
+            RETURNING l.expires_at"""
+        self.release = (
+            f"DELETE FROM {locks} WHERE resource = $2 AND token = $3 "
+            f"RETURNING expires_at > (SELECT {_NOW})"
+        )
+        self.inspect = (
+            f"SELECT owner, fencing_token, acquired_at, expires_at FROM {locks} "
+            f"WHERE resource = $2 AND expires_at > (SELECT {_NOW})"
+        )
+        self.purge = f"""DELETE FROM {locks} AS l USING (
+                SELECT resource FROM {locks} WHERE expires_at <= (SELECT {_NOW})
+                ORDER BY expires_at LIMIT {PURGE_BATCH} FOR UPDATE SKIP LOCKED) AS d
+            WHERE l.resource = d.resource"""
+
+
+class PostgresExecutionGuard(ExecutionGuard):
+    """Locks in a PostgreSQL table, sharing the pool of a ``connect()`` call.
+
+    Each primitive is one autocommit statement: a connection lost while it
+    ran raises :class:`~pai_storage.errors.OutcomeUnknownError` (for
+    ``acquire``, the lock may be held until its lease ends).
+
+    Parameters
+    ----------
+    url:
+        ``postgresql://...``; not needed with ``client=``.
+    client:
+        An application's own ``asyncpg.Pool`` (never closed by pai-storage) or
+        the :class:`~pai_storage_postgres.client.PgClient` of a ``connect()`` call.
+    table_prefix, schema, names, min_pool_size, max_pool_size, connect_timeout,
+    command_timeout, statement_cache_size:
+        Pool and table options (see :class:`~pai_storage_postgres.client.PgClient`).
+    lock_timeout, lease_ttl, retry_interval, clock, on_warning, token_secret:
+        The options of :class:`~pai_storage.guard.ExecutionGuard`.
+    """
+
+    backend_name = "postgres"
+    token_prefix = "pai-pg"
+
+    def __init__(self, url: Any = None, *, client: object = None, **options: Any) -> None:
+        from .client import POOL_OPTIONS, PgClient
+
+        pool_options = {k: options.pop(k) for k in list(options) if k in POOL_OPTIONS}
+        super().__init__(**options)
+        self._client: PgClient = PgClient.attached(url, client, **pool_options)
+        self.url = self._client.url
+        self.tables = self._client.tables
+        self._sql = Statements(self.tables)
+        self._pool: asyncpg.Pool | None = None
+
+    def __repr__(self) -> str:
+        return f"PostgresExecutionGuard({str(self.url)!r}, table={self.tables.locks})"
+
+    async def _initialize(self) -> None:
+        self._pool = await self._client.pool()
+
+    async def _close(self) -> None:
+        self._pool = None
+        await self._client.release()
+
+    async def _one(self, sql: str, *args: Any) -> Any:
+        """The first row of one autocommit statement (``None`` when there is none)."""
+        async with self._client.connection(self._pool) as conn:
+            with self._client.errors("commit"):
+                return await conn.fetchrow(sql, self.now(), *args)
+
+    # ------------------------------------------------------------ primitives
+
+    async def _acquire(
+        self, resource: str, owner: str, token: str, lease_ttl: timedelta
+    ) -> LockInfo | None:
+        row = await self._one(
+            self._sql.acquire, _micros(lease_ttl), resource.encode(), token, owner
+        )
+        if row is None:
+            return None
+        return LockInfo.model_construct(
+            resource=resource,
+            owner=owner,
+            fencing_token=int(row["fencing_token"]),
+            acquired_at=row["acquired_at"],
+            expires_at=row["expires_at"],
+        )
+
+    async def _renew(self, resource: str, token: str, lease_ttl: timedelta) -> datetime | None:
+        row = await self._one(self._sql.renew, _micros(lease_ttl), resource.encode(), token)
+        return None if row is None else row["expires_at"]
+
+    async def _release(self, resource: str, token: str) -> bool:
+        row = await self._one(self._sql.release, resource.encode(), token)
+        return row is not None and row[0] is True
+
+    async def _inspect(self, resource: str) -> LockInfo | None:
+        async with self._client.connection(self._pool) as conn:
+            with self._client.errors("read"):
+                row = await conn.fetchrow(self._sql.inspect, self.now(), resource.encode())
+        if row is None:
+            return None
+        return LockInfo.model_construct(
+            resource=resource,
+            owner=row["owner"],
+            fencing_token=int(row["fencing_token"]),
+            acquired_at=row["acquired_at"],
+            expires_at=row["expires_at"],
+        )
+
+    async def _purge_expired(self) -> int:
+        total = 0
+        async with self._client.connection(self._pool) as conn:
+            while True:
+                with self._client.errors("commit"):
+                    status = await conn.execute(self._sql.purge, self.now())
+                count = int(status.split()[-1])
+                total += count
+                if count < PURGE_BATCH:
+                    return total
+
+
+def _micros(duration: timedelta) -> int:
+    return duration // timedelta(microseconds=1)
