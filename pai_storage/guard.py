@@ -31,14 +31,13 @@ from uuid import uuid4
 
 from .clock import Clock
 from .errors import (
-    ConfigurationError,
     InvalidInputError,
     LockTimeoutError,
     StorageError,
 )
 from .events import WarningCallback
 from .models import StoreModel
-from .runtime import RuntimeStore, check_duration, check_name
+from .runtime import RuntimeStore, check_duration, check_name, option_duration
 
 __all__ = [
     "DEFAULT_LEASE_TTL",
@@ -262,9 +261,9 @@ class ExecutionGuard(RuntimeStore):
         token_secret: bytes | None = None,
     ) -> None:
         super().__init__(clock=clock, on_warning=on_warning, token_secret=token_secret)
-        self.lock_timeout = _option("lock_timeout", lock_timeout)
-        self.lease_ttl = _option("lease_ttl", lease_ttl)
-        self.retry_interval = _option("retry_interval", retry_interval)
+        self.lock_timeout = option_duration("lock_timeout", lock_timeout, optional=False)
+        self.lease_ttl = option_duration("lease_ttl", lease_ttl, optional=False)
+        self.retry_interval = option_duration("retry_interval", retry_interval, optional=False)
         self._held: dict[str, Lock] = {}  # by token: what close() must release
         self._tasks: set[asyncio.Future[None]] = set()  # watchdogs and orphan releases
 
@@ -594,15 +593,6 @@ def _names(resource: object, owner: object) -> tuple[str, str]:
 def _check_callback(on_lost: object) -> None:
     if on_lost is not None and not callable(on_lost):
         raise InvalidInputError("on_lost must be a function or a coroutine function")
-
-
-def _option(name: str, value: object) -> timedelta:
-    try:
-        checked = check_duration(name, value, optional=False)
-    except InvalidInputError as exc:
-        raise ConfigurationError(f"option {exc}") from None
-    assert checked is not None
-    return checked
 
 
 def _seconds(duration: timedelta) -> str:

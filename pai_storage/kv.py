@@ -39,7 +39,7 @@ from typing import Any, ClassVar
 from pydantic import Field, StrictInt
 
 from .clock import Clock
-from .errors import ConfigurationError, InvalidInputError, PageTokenError
+from .errors import InvalidInputError, PageTokenError
 from .events import StoreWarning, WarningCallback
 from .models import Id, Json, Page, StoreModel, Timestamp
 from .runtime import (
@@ -53,6 +53,7 @@ from .runtime import (
     check_name,
     check_namespace,
     check_value,
+    option_value_bytes,
     parse_json_text,
     token_strings,
 )
@@ -236,18 +237,9 @@ class KeyValueStore(RuntimeStore):
         max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
     ) -> None:
         super().__init__(clock=clock, on_warning=on_warning, token_secret=token_secret)
-        hard = self.value_bytes_limit
-        if (
-            type(max_value_bytes) is not int
-            or max_value_bytes < 1
-            or (hard is not None and max_value_bytes > hard)
-        ):
-            upper = f"{hard:,}" if hard is not None else "unbounded"
-            raise ConfigurationError(
-                f"option max_value_bytes must be an integer from 1 to {upper} "
-                f"for the {self.backend_name} backend"
-            )
-        self.max_value_bytes: int = max_value_bytes
+        self.max_value_bytes: int = option_value_bytes(
+            max_value_bytes, hard=self.value_bytes_limit, backend=self.backend_name
+        )
 
     # ------------------------------------------------------------ reads
 

@@ -30,10 +30,10 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from datetime import timedelta
-from typing import Any
+from typing import Any, Literal, overload
 
 from .clock import Clock
-from .errors import InvalidInputError, PageTokenError
+from .errors import ConfigurationError, InvalidInputError, PageTokenError
 from .events import WarningCallback
 from .lifecycle import ManagedStore
 from .strict_json import check_json, is_valid_text
@@ -52,6 +52,8 @@ __all__ = [
     "check_name",
     "check_namespace",
     "check_value",
+    "option_duration",
+    "option_value_bytes",
     "parse_json_text",
     "token_strings",
 ]
@@ -117,6 +119,36 @@ def check_duration(kind: str, value: object, *, optional: bool = True) -> timede
         raise InvalidInputError(f"{kind} must be a datetime.timedelta")
     if value < timedelta(milliseconds=1) or value > timedelta(days=365_000):
         raise InvalidInputError(f"{kind} must be at least 1 ms and at most 1,000 years")
+    return value
+
+
+@overload
+def option_duration(name: str, value: object, *, optional: Literal[False]) -> timedelta: ...
+@overload
+def option_duration(name: str, value: object, *, optional: bool = True) -> timedelta | None: ...
+def option_duration(name: str, value: object, *, optional: bool = True) -> timedelta | None:
+    """A duration constructor option, checked as :func:`check_duration` does.
+
+    Raises :class:`~pai_storage.ConfigurationError` (not ``InvalidInputError``)
+    naming ``option <name>``.
+    """
+    try:
+        return check_duration(f"option {name}", value, optional=optional)
+    except InvalidInputError as exc:
+        raise ConfigurationError(str(exc)) from None
+
+
+def option_value_bytes(value: object, *, hard: int | None, backend: str) -> int:
+    """The ``max_value_bytes`` constructor option: an ``int`` from 1 to ``hard``.
+
+    ``hard`` is the backend's own limit (``None``: unbounded); a bad value is a
+    :class:`~pai_storage.ConfigurationError` naming the bounds and ``backend``.
+    """
+    if type(value) is not int or value < 1 or (hard is not None and value > hard):
+        upper = f"{hard:,}" if hard is not None else "unbounded"
+        raise ConfigurationError(
+            f"option max_value_bytes must be an integer from 1 to {upper} for the {backend} backend"
+        )
     return value
 
 

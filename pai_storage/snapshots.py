@@ -35,7 +35,6 @@ from pydantic import ConfigDict, Field, StrictBytes, StrictInt, StrictStr
 
 from .clock import Clock
 from .errors import (
-    ConfigurationError,
     CorruptSnapshotError,
     InvalidInputError,
     PageTokenError,
@@ -46,10 +45,10 @@ from .models import JsonObject, Page, StoreModel, Timestamp
 from .runtime import (
     DEFAULT_PAGE_LIMIT,
     RuntimeStore,
-    check_duration,
     check_limit,
     check_name,
     check_value,
+    option_duration,
     token_strings,
 )
 
@@ -160,12 +159,7 @@ class SnapshotStore(RuntimeStore):
         snapshot_ttl: timedelta | None = DEFAULT_SNAPSHOT_TTL,
     ) -> None:
         super().__init__(clock=clock, on_warning=on_warning, token_secret=token_secret)
-        try:
-            self.snapshot_ttl: timedelta | None = check_duration(
-                "option snapshot_ttl", snapshot_ttl
-            )
-        except InvalidInputError as exc:
-            raise ConfigurationError(str(exc)) from None
+        self.snapshot_ttl: timedelta | None = option_duration("snapshot_ttl", snapshot_ttl)
 
     # ------------------------------------------------------------ public API
 

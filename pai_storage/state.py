@@ -36,17 +36,18 @@ from typing import Any, ClassVar, NamedTuple, TypeVar
 from pydantic import Field, StrictInt
 
 from .clock import Clock
-from .errors import ConfigurationError, InvalidInputError, StorageError, UnavailableError
+from .errors import InvalidInputError, StorageError, UnavailableError
 from .events import WarningCallback
 from .models import Json, Page, StoreModel
 from .runtime import (
     DEFAULT_MAX_VALUE_BYTES,
     DEFAULT_PAGE_LIMIT,
     RuntimeStore,
-    check_duration,
     check_limit,
     check_name,
     check_value,
+    option_duration,
+    option_value_bytes,
     token_strings,
 )
 from .strict_json import INT64_MAX
@@ -192,22 +193,10 @@ class AgentStateStore(RuntimeStore):
         max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
     ) -> None:
         super().__init__(clock=clock, on_warning=on_warning, token_secret=token_secret)
-        try:
-            self.session_ttl: timedelta | None = check_duration("option session_ttl", session_ttl)
-        except InvalidInputError as exc:
-            raise ConfigurationError(str(exc)) from None
-        hard = self.value_bytes_limit
-        if (
-            type(max_value_bytes) is not int
-            or max_value_bytes < 1
-            or (hard is not None and max_value_bytes > hard)
-        ):
-            upper = f"{hard:,}" if hard is not None else "unbounded"
-            raise ConfigurationError(
-                f"option max_value_bytes must be an integer from 1 to {upper} "
-                f"for the {self.backend_name} backend"
-            )
-        self.max_value_bytes: int = max_value_bytes
+        self.session_ttl: timedelta | None = option_duration("session_ttl", session_ttl)
+        self.max_value_bytes: int = option_value_bytes(
+            max_value_bytes, hard=self.value_bytes_limit, backend=self.backend_name
+        )
 
     # ------------------------------------------------------------ single values
 
