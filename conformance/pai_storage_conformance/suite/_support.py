@@ -16,6 +16,14 @@ def new_scope(tag: str = "") -> str:
     return f"scope-{tag}{'-' if tag else ''}{uuid4().hex}"
 
 
+def tampered_token(token: str) -> str:
+    """``token`` (``prefix.payload.mac``) with one character of its payload changed."""
+    prefix, payload, mac = token.split(".")
+    middle = len(payload) // 2
+    flipped = "A" if payload[middle] != "A" else "B"
+    return f"{prefix}.{payload[:middle]}{flipped}{payload[middle + 1 :]}.{mac}"
+
+
 async def run_model(
     machine: type[RuleBasedStateMachine],
     *,

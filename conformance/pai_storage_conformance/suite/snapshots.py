@@ -39,7 +39,7 @@ from pai_storage.errors import (
 )
 from pai_storage.snapshots import Snapshot, SnapshotInfo, SnapshotStore
 
-from ._support import BAD_NAMES, HOSTILE_NAMES, run_model
+from ._support import BAD_NAMES, HOSTILE_NAMES, run_model, tampered_token
 
 __all__ = ["SnapshotStoreTests"]
 
@@ -212,10 +212,7 @@ class SnapshotStoreTests:
         assert rest.next_page_token is None
         with pytest.raises(PageTokenError, match="another"):
             await snapshot_store.list(other, limit=1, page_token=token)
-        prefix, payload, mac = token.split(".")
-        middle = len(payload) // 2
-        flipped = "A" if payload[middle] != "A" else "B"
-        tampered = f"{prefix}.{payload[:middle]}{flipped}{payload[middle + 1 :]}.{mac}"
+        tampered = tampered_token(token)
         for bad in ("", "garbage", "a.b.c", tampered, token + "x"):
             with pytest.raises(PageTokenError, match="page token"):
                 await snapshot_store.list(scope, limit=1, page_token=bad)

@@ -39,7 +39,7 @@ from pai_storage.errors import (
 )
 from pai_storage.state import AgentStateStore, VersionedState
 
-from ._support import BAD_NAMES, HOSTILE_NAMES, run_model
+from ._support import BAD_NAMES, HOSTILE_NAMES, run_model, tampered_token
 
 __all__ = ["AgentStateStoreTests"]
 
@@ -420,10 +420,7 @@ class AgentStateStoreTests:
             await state_store.list_session_ids(other, limit=1, page_token=token)
         with pytest.raises(PageTokenError, match="another"):
             await state_store.list_session_ids(None, limit=1, page_token=token)
-        prefix, payload, mac = token.split(".")
-        middle = len(payload) // 2
-        flipped = "A" if payload[middle] != "A" else "B"
-        tampered = f"{prefix}.{payload[:middle]}{flipped}{payload[middle + 1 :]}.{mac}"
+        tampered = tampered_token(token)
         for bad in ("", "garbage", "a.b.c", tampered, token + "x"):
             with pytest.raises(PageTokenError, match="page token"):
                 await state_store.list_session_ids(user, limit=1, page_token=bad)
