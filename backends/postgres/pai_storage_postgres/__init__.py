@@ -7,12 +7,17 @@ conformance harness is :mod:`pai_storage_postgres.harness`.
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from pai_storage import ThreadStore
-from pai_storage.backend import Backend, StoreURL
+from pai_storage.backend import Backend, ManagedStore, StoreURL
 
+from .client import POOL_OPTIONS, PgClient
+from .kv import PostgresKeyValueStore
 from .schema import SCHEMA_VERSION, Tables
+from .state import PostgresAgentStateStore
 from .store import PostgresThreadStore
 
 if TYPE_CHECKING:
@@ -20,39 +25,79 @@ if TYPE_CHECKING:
 
 __all__ = [
     "SCHEMA_VERSION",
+    "PgClient",
+    "PostgresAgentStateStore",
     "PostgresBackend",
+    "PostgresKeyValueStore",
     "PostgresThreadStore",
     "Tables",
     "backend",
 ]
 
-OPTIONS = frozenset(
-    {
-        "table_prefix",
-        "schema",
-        "min_pool_size",
-        "max_pool_size",
-        "connect_timeout",
-        "command_timeout",
-        "statement_cache_size",
-        "clock",
-        "on_warning",
-        "token_secret",
-    }
-)
+_COMMON = ("clock", "on_warning", "token_secret")
+
+_COMPONENTS: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "threads": ("store", "PostgresThreadStore", _COMMON),
+    "kv": ("kv", "PostgresKeyValueStore", (*_COMMON, "max_value_bytes")),
+    "state": ("state", "PostgresAgentStateStore", (*_COMMON, "session_ttl", "max_value_bytes")),
+    "snapshots": ("snapshots", "PostgresSnapshotStore", (*_COMMON, "snapshot_ttl")),
+    "guard": (
+        "guard",
+        "PostgresExecutionGuard",
+        (*_COMMON, "lock_timeout", "lease_ttl", "retry_interval"),
+    ),
+}
+"""Each component's module, store class and its own options (beside the pool's)."""
+
+OPTIONS = frozenset({*POOL_OPTIONS, "client", *_COMMON})
+"""The options of the thread store opened alone."""
+
+
+def _available() -> frozenset[str]:
+    """The components whose modules this installation ships."""
+    found = set()
+    for component, (module, cls, _) in _COMPONENTS.items():
+        try:
+            loaded = importlib.import_module(f"{__name__}.{module}")
+        except ModuleNotFoundError:
+            continue
+        if hasattr(loaded, cls):
+            found.add(component)
+    return frozenset(found)
 
 
 class PostgresBackend(Backend):
-    """Opens :class:`PostgresThreadStore` instances by URL."""
+    """Opens the PostgreSQL stores by URL; the stores of one call share one pool."""
 
     name = "postgres"
     url_schemes = ("postgresql", "postgres")
     extra = "postgres"
     requires = ("asyncpg",)
+    components = _available()
 
     def _open(self, url: StoreURL, **options: Any) -> ThreadStore:
         self.check_options(url, options, OPTIONS)
         return PostgresThreadStore(url, **options)
+
+    def _open_components(
+        self, url: StoreURL, components: Sequence[str], **options: Any
+    ) -> dict[str, ManagedStore]:
+        """One :class:`PgClient` for every component (``client=`` an ``asyncpg.Pool``
+        is wrapped, never closed); each store gets its share of the options."""
+        shared = dict.fromkeys(components, ("client", *POOL_OPTIONS))
+        accepted = {c: _COMPONENTS[c][2] for c in components}
+        everything = {c: (*accepted[c], *shared[c]) for c in components}
+        self.check_options(url, options, {o for names in everything.values() for o in names})
+        pool_options = {k: v for k, v in options.items() if k in POOL_OPTIONS}
+        rest = {k: v for k, v in options.items() if k not in POOL_OPTIONS and k != "client"}
+        shares = self.split_options(url, rest, accepted)
+        client = PgClient(url, pool=options.get("client"), **pool_options)
+        opened: dict[str, ManagedStore] = {}
+        for component in components:
+            module, cls, _ = _COMPONENTS[component]
+            factory = getattr(importlib.import_module(f"{__name__}.{module}"), cls)
+            opened[component] = factory(client=client, **shares[component])
+        return opened
 
     def test_harness(self, url: str | None = None) -> TestHarness:
         from .harness import PostgresHarness  # test provisioning, imported only by the suite

@@ -5,12 +5,14 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from pai_storage_conformance.provision import TestHarness
 
 from pai_storage import Clock, ThreadStore, ThreadStoreUnavailableError
 from pai_storage.backend import StoreURL, make_url, redact
 
+from . import backend as postgres_backend
 from .schema import quote_ident
 from .store import PostgresThreadStore
 
@@ -22,6 +24,9 @@ DEFAULT_TEST_URL = "postgresql://postgres@127.0.0.1:5432/test"
 
 class PostgresHarness(TestHarness):
     """Conformance stores, each in its own throwaway PostgreSQL schema."""
+
+    components = postgres_backend.components
+    """Every component this installation ships."""
 
     def __init__(self, url: str | None = None) -> None:
         self.url: StoreURL = make_url(url or DEFAULT_TEST_URL)
@@ -51,16 +56,35 @@ class PostgresHarness(TestHarness):
 
     @asynccontextmanager
     async def store(self, clock: Clock | None = None) -> AsyncIterator[ThreadStore]:
-        import asyncpg
-
         schema = f"pai_test_{uuid.uuid4().hex[:16]}"
         store = PostgresThreadStore(self.url, schema=schema, clock=clock, max_pool_size=20)
         try:
             async with store:
                 yield store
         finally:
-            conn = await asyncpg.connect(self._dsn(), timeout=10)
-            try:
-                await conn.execute(f"DROP SCHEMA IF EXISTS {quote_ident(schema)} CASCADE")
-            finally:
-                await conn.close()
+            await self._drop(schema)
+
+    @asynccontextmanager
+    async def component(self, name: str, clock: Clock | None = None) -> AsyncIterator[Any]:
+        if name == "threads":
+            async with self.store(clock) as store:
+                yield store
+            return
+        schema = f"pai_test_{uuid.uuid4().hex[:16]}"
+        opened = postgres_backend.open_components(
+            self.url, [name], clock=clock, schema=schema, max_pool_size=20
+        )[name]
+        try:
+            async with opened:
+                yield opened
+        finally:
+            await self._drop(schema)
+
+    async def _drop(self, schema: str) -> None:
+        import asyncpg
+
+        conn = await asyncpg.connect(self._dsn(), timeout=10)
+        try:
+            await conn.execute(f"DROP SCHEMA IF EXISTS {quote_ident(schema)} CASCADE")
+        finally:
+            await conn.close()
