@@ -13,12 +13,12 @@ from pai_storage_mongo.store import LIST_SORT, MongoThreadStore
 
 from pai_storage import (
     CommittedResult,
-    IdsPlan,
     ListThreadsInput,
     ManualClock,
     ReadThreadInput,
 )
 from pai_storage import builders as b
+from pai_storage.backend import IdsPlan
 
 pytestmark = pytest.mark.asyncio
 
@@ -126,7 +126,7 @@ async def test_child_pages_use_an_index_without_sorting(
     assert isinstance(created, CommittedResult)
     assert created.thread is not None
     request = ReadThreadInput.model_validate(b.read("scope", "t", **{family: selection}))
-    read_plan = mongo_store._selections.plan_read(request)
+    read_plan = mongo_store.selections.plan_read(request)
     sub = {
         "messages": read_plan.messages,
         "runs": read_plan.runs,
@@ -153,7 +153,7 @@ async def _explain_page(
     request = ReadThreadInput.model_validate(b.read("scope", "t", **{family: selection}))
     read = await store.read_thread(request)
     assert read.thread is not None
-    read_plan = store._selections.plan_read(request)
+    read_plan = store.selections.plan_read(request)
     sub = {"runs": read_plan.runs, "queuedItems": read_plan.queued_items}[family]
     assert sub is not None
     assert not isinstance(sub, IdsPlan)

@@ -8,18 +8,30 @@ Timestamps are native BSON dates at every depth; opaque JSON is stored as-is
 escape: BSON keys cannot contain U+0000, so an opaque value holding such a key
 is stored as its JSON text in a binary value of a user-defined subtype, which
 no strict-JSON value can be confused with.
+
+Reading is exact too. PyMongo turns every embedded document with a string
+``$ref`` and an ``$id`` into a ``DBRef`` (reordering its keys and dropping a
+null ``$db``), which would make such an opaque value unreadable. Whole
+documents are therefore fetched as raw BSON and decoded by
+:func:`decode_document`: the fast C decoder first, and, only when it meets such
+an object, an exact decoder that never interprets ``$``-keys. No other object
+shape is special to the BSON decoder (``$regex``, ``$binary``, ``$date`` and
+the like only mean something in Extended JSON, which is never used here).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import Any
 
+import bson
 from bson.binary import Binary
 from bson.codec_options import CodecOptions, TypeDecoder, TypeRegistry
-from bson.errors import InvalidBSON
+from bson.dbref import DBRef
+from bson.errors import BSONError, InvalidBSON
 from bson.int64 import Int64
+from bson.raw_bson import RawBSONDocument
 from pydantic import BaseModel
 
 from pai_storage import (
@@ -29,13 +41,14 @@ from pai_storage import (
     ThreadRecord,
     ThreadStoreInvariantError,
 )
+from pai_storage.backend import FAMILIES, FamilyName, FamilySpec
 
 __all__ = [
-    "CHILD_ID_FIELD",
     "CODEC_OPTIONS",
-    "FAMILY_NAMES",
+    "RAW_CODEC_OPTIONS",
     "SCHEMA_VERSION",
     "child_document",
+    "decode_document",
     "parse_child",
     "parse_root",
     "root_document",
@@ -44,11 +57,6 @@ __all__ = [
 SCHEMA_VERSION = 1
 JSON_SUBTYPE = 0x80
 """User-defined binary subtype holding the JSON text of an opaque value with a NUL key."""
-
-FAMILY_NAMES = ("messages", "runs", "queuedItems")
-CHILD_ID_FIELD = {"messages": "messageId", "runs": "runId", "queuedItems": "queueItemId"}
-
-M = TypeVar("M", Message, RunRecord, QueuedItem)
 
 
 class _Int64Decoder(TypeDecoder):
@@ -74,11 +82,67 @@ class _JsonTextDecoder(TypeDecoder):
         return value
 
 
+class _DBRefShaped(InvalidBSON):
+    """Internal: the fast decoder met an object PyMongo would turn into a ``DBRef``."""
+
+
+class _DBRefDecoder(TypeDecoder):
+    """Stops the fast decoder at a ``DBRef``: the document is decoded exactly instead."""
+
+    bson_type = DBRef
+
+    def transform_bson(self, value: Any) -> Any:
+        raise _DBRefShaped("an object with $ref and $id keys")
+
+
+_DECODERS = (_Int64Decoder(), _JsonTextDecoder())
+
 CODEC_OPTIONS: CodecOptions[dict[str, Any]] = CodecOptions(
     document_class=dict,
     tz_aware=True,
-    type_registry=TypeRegistry([_Int64Decoder(), _JsonTextDecoder()]),
+    type_registry=TypeRegistry([*_DECODERS, _DBRefDecoder()]),
 )
+"""Decoding of query results: plain dicts; an object shaped like a ``DBRef`` is an error."""
+
+RAW_CODEC_OPTIONS: CodecOptions[RawBSONDocument] = CodecOptions(document_class=RawBSONDocument)
+"""Whole documents stay raw BSON until :func:`decode_document` decodes them."""
+
+_EXACT_OPTIONS: CodecOptions[RawBSONDocument] = CodecOptions(
+    document_class=RawBSONDocument, tz_aware=True, type_registry=TypeRegistry(list(_DECODERS))
+)
+
+
+def _exact(value: Any) -> Any:
+    if isinstance(value, RawBSONDocument):
+        return {key: _exact(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_exact(item) for item in value]
+    return value
+
+
+def decode_document(raw: RawBSONDocument | bytes) -> dict[str, Any]:
+    """Decode one stored document so that every JSON value comes back exactly.
+
+    Raises :class:`bson.errors.BSONError` or :class:`ValueError` for bytes that
+    cannot be decoded (invalid UTF-8, a corrupt escaped value).
+    """
+    data = raw.raw if isinstance(raw, RawBSONDocument) else raw
+    try:
+        return bson.decode(data, codec_options=CODEC_OPTIONS)
+    except _DBRefShaped:
+        # Raw sub-documents are never interpreted: ``$ref``/``$id`` stay plain keys.
+        doc: dict[str, Any] = _exact(bson.decode(data, codec_options=_EXACT_OPTIONS))
+        return doc
+
+
+def decode_or_invalid(raw: RawBSONDocument, what: str) -> dict[str, Any]:
+    """:func:`decode_document`, with undecodable bytes an invalid stored ``what``."""
+    try:
+        return decode_document(raw)
+    except (BSONError, ValueError) as exc:  # ValueError: UnicodeDecodeError and the like
+        raise _invalid(
+            what, f"the stored document cannot be decoded ({type(exc).__name__})"
+        ) from None
 
 
 # --------------------------------------------------------------- opaque JSON
@@ -108,19 +172,21 @@ def _escape_keys(doc: dict[str, Any], keys: tuple[str, ...]) -> None:
             doc[key] = _opaque(doc[key])
 
 
-def _escape_parts(parts: list[dict[str, Any]]) -> None:
-    for part in parts:
-        _escape_keys(
-            part,
-            (
-                "providerMetadata",
-                "input",
-                "output",
-                "callProviderMetadata",
-                "resultProviderMetadata",
-                "data",
-            ),
-        )
+_PART_OPAQUE = (
+    "providerMetadata",
+    "input",
+    "output",
+    "callProviderMetadata",
+    "resultProviderMetadata",
+    "data",
+)
+# The opaque JSON fields of each stored record (the part fields are per message part).
+_OPAQUE: dict[str, tuple[str, ...]] = {
+    "threads": ("metadata", "privateMetadata"),
+    "messages": ("metadata",),
+    "runs": ("metadata", "privateMetadata"),
+    "queuedItems": ("input", "metadata"),
+}
 
 
 # --------------------------------------------------------------- writing
@@ -132,17 +198,17 @@ def _dump(record: BaseModel) -> dict[str, Any]:
     return data
 
 
-def root_document(record: ThreadRecord, next_order: Mapping[str, int]) -> dict[str, Any]:
+def root_document(record: ThreadRecord, next_order: Mapping[FamilyName, int]) -> dict[str, Any]:
     """The stored root: the record's fields, ``_schemaVersion`` and ``_nextOrder``."""
     doc: dict[str, Any] = {"_schemaVersion": SCHEMA_VERSION}
     doc.update(_dump(record))
-    _escape_keys(doc, ("metadata", "privateMetadata"))
-    doc["_nextOrder"] = {name: int(next_order[name]) for name in FAMILY_NAMES}
+    _escape_keys(doc, _OPAQUE["threads"])
+    doc["_nextOrder"] = {spec.name: int(next_order[spec.name]) for spec in FAMILIES}
     return doc
 
 
 def child_document(
-    family: str, scope_key: str, thread_id: str, order: int, record: BaseModel
+    spec: FamilySpec, scope_key: str, thread_id: str, order: int, record: BaseModel
 ) -> dict[str, Any]:
     """A stored child: scope, thread, ``_schemaVersion``, ``_order`` and the record."""
     doc: dict[str, Any] = {
@@ -152,13 +218,10 @@ def child_document(
         "_order": order,
     }
     doc.update(_dump(record))
-    if family == "messages":
-        _escape_keys(doc, ("metadata",))
-        _escape_parts(doc["parts"])
-    elif family == "runs":
-        _escape_keys(doc, ("metadata", "privateMetadata"))
-    else:
-        _escape_keys(doc, ("input", "metadata"))
+    _escape_keys(doc, _OPAQUE[spec.name])
+    if spec.name == "messages":
+        for part in doc["parts"]:
+            _escape_keys(part, _PART_OPAQUE)
     return doc
 
 
@@ -169,7 +232,7 @@ def _invalid(what: str, reason: str) -> ThreadStoreInvariantError:
     return ThreadStoreInvariantError(f"invalid stored {what}: {reason}")
 
 
-def parse_root(doc: Mapping[str, Any]) -> tuple[ThreadRecord, dict[str, int]]:
+def parse_root(doc: Mapping[str, Any]) -> tuple[ThreadRecord, dict[FamilyName, int]]:
     """Validate a stored root strictly; returns the record and the order counters.
 
     Raises :class:`ThreadStoreInvariantError` (never echoing stored contents).
@@ -179,14 +242,14 @@ def parse_root(doc: Mapping[str, Any]) -> tuple[ThreadRecord, dict[str, int]]:
     if data.pop("_schemaVersion", None) != SCHEMA_VERSION:
         raise _invalid("thread", "missing or unknown _schemaVersion")
     counters = data.pop("_nextOrder", None)
-    if not isinstance(counters, dict) or set(counters) != set(FAMILY_NAMES):
+    if not isinstance(counters, dict) or set(counters) != {spec.name for spec in FAMILIES}:
         raise _invalid("thread", "missing or malformed _nextOrder")
-    next_order: dict[str, int] = {}
-    for name in FAMILY_NAMES:
-        value = counters[name]
+    next_order: dict[FamilyName, int] = {}
+    for spec in FAMILIES:
+        value = counters[spec.name]
         if type(value) is not int or value < 1:
             raise _invalid("thread", "malformed _nextOrder")
-        next_order[name] = value
+        next_order[spec.name] = value
     try:
         record = ThreadRecord.model_validate(data)
     except ThreadStoreInvariantError as exc:
@@ -194,7 +257,9 @@ def parse_root(doc: Mapping[str, Any]) -> tuple[ThreadRecord, dict[str, int]]:
     return record, next_order
 
 
-def parse_child(model: type[M], doc: Mapping[str, Any]) -> tuple[int, M]:
+def parse_child(
+    model: type[Message] | type[RunRecord] | type[QueuedItem], doc: Mapping[str, Any]
+) -> tuple[int, Any]:
     """Validate a stored child strictly; returns its ``_order`` and the record."""
     data = dict(doc)
     data.pop("_id", None)

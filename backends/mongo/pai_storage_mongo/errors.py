@@ -1,30 +1,34 @@
-"""The one place PyMongo exceptions become the contract's typed errors."""
+"""The one place PyMongo and BSON exceptions become the contract's typed errors."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Literal
+from urllib.parse import quote
 
+from bson.errors import BSONError, InvalidBSON
 from pymongo import errors as pm
+from pymongo.uri_parser import split_options
 
 from pai_storage import (
-    StoreURL,
     ThreadStoreCommitUnknownError,
     ThreadStoreConfigurationError,
     ThreadStoreError,
     ThreadStoreInvariantError,
     ThreadStoreUnavailableError,
-    redact,
 )
+from pai_storage.backend import StoreURL, redact
 
 __all__ = [
     "Phase",
-    "duplicate_key_value",
+    "check_url_options",
+    "duplicate_key",
     "is_duplicate_key",
     "is_transient",
     "is_unknown_commit",
     "is_write_conflict",
     "map_error",
+    "map_option_error",
 ]
 
 Phase = Literal["connect", "read", "write", "commit"]
@@ -32,6 +36,14 @@ Phase = Literal["connect", "read", "write", "commit"]
 _AUTH_CODES = frozenset({13, 18, 8000})  # Unauthorized, AuthenticationFailed, Atlas auth
 _WRITE_CONFLICT = 112
 _DUPLICATE_KEY = frozenset({11000, 11001})
+# BSONObjectTooLarge; "Resulting document after update is larger than ..." (replace/update).
+_TOO_LARGE = frozenset({10334, 17419, 17420})
+_BAD_VALUE = 2  # also "object to insert too large" (an insert over 16 MiB)
+# Options the server judges, not the driver: an unknown write concern mode, one the
+# replica set cannot satisfy, an unparsable read or write concern.
+_OPTION_CODES = frozenset({_BAD_VALUE, 9, 14, 79, 100})  # BadValue, FailedToParse, TypeMismatch
+
+TOO_LARGE_MESSAGE = "a record is larger than MongoDB's 16 MiB document limit; nothing was applied"
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -45,50 +57,85 @@ def is_unknown_commit(exc: BaseException) -> bool:
     )
 
 
+def _write_errors(exc: pm.BulkWriteError) -> list[Mapping[str, Any]]:
+    return list(exc.details.get("writeErrors") or ())
+
+
+def _codes(exc: BaseException) -> set[int]:
+    if isinstance(exc, pm.BulkWriteError):
+        return {code for e in _write_errors(exc) if isinstance(code := e.get("code"), int)}
+    if isinstance(exc, pm.OperationFailure) and exc.code is not None:
+        return {exc.code}
+    return set()
+
+
 def is_duplicate_key(exc: BaseException) -> bool:
     """A unique index refused a write (an id that already exists)."""
-    if isinstance(exc, pm.BulkWriteError):
-        codes = {e.get("code") for e in exc.details.get("writeErrors", ())}
-        return bool(codes & _DUPLICATE_KEY)
-    return isinstance(exc, pm.OperationFailure) and exc.code in _DUPLICATE_KEY
+    return bool(_codes(exc) & _DUPLICATE_KEY)
 
 
-def duplicate_key_value(exc: BaseException, field: str) -> str | None:
-    """The value of ``field`` in the key a unique index refused, when the server says."""
+def duplicate_key(exc: BaseException) -> Mapping[str, Any]:
+    """The key a unique index refused (field to value), when the server says; else empty."""
     details: Mapping[str, Any] = {}
     if isinstance(exc, pm.BulkWriteError):
-        errors = exc.details.get("writeErrors") or [{}]
-        details = errors[0]
+        details = next((e for e in _write_errors(exc) if e.get("code") in _DUPLICATE_KEY), {})
     elif isinstance(exc, pm.OperationFailure):
         details = exc.details or {}
     key = details.get("keyValue")
-    value = key.get(field) if isinstance(key, dict) else None
-    return value if isinstance(value, str) else None
+    return key if isinstance(key, Mapping) else {}
 
 
 def is_write_conflict(exc: BaseException) -> bool:
     """A write conflict, or a duplicate key on a unique index (a racing create)."""
+    return bool(_codes(exc) & (_DUPLICATE_KEY | {_WRITE_CONFLICT}))
+
+
+def is_too_large(exc: BaseException) -> bool:
+    """A document over the server's BSON size limit, refused by the driver or the server.
+
+    The driver refuses a document only beyond the limit plus its 16 KiB command
+    allowance; the server refuses the rest (code 2 for an insert, 17419 for a
+    replacement, inside a bulk write too).
+    """
+    if isinstance(exc, pm.DocumentTooLarge):
+        return True
     if isinstance(exc, pm.BulkWriteError):
-        codes = {e.get("code") for e in exc.details.get("writeErrors", ())}
-        return bool(codes & (_DUPLICATE_KEY | {_WRITE_CONFLICT}))
-    return isinstance(exc, pm.OperationFailure) and (
-        exc.code == _WRITE_CONFLICT or exc.code in _DUPLICATE_KEY
+        errors = _write_errors(exc)
+    elif isinstance(exc, pm.OperationFailure):
+        errors = [{"code": exc.code, "errmsg": (exc.details or {}).get("errmsg", "")}]
+    else:
+        return False
+    return any(
+        e.get("code") in _TOO_LARGE
+        or (e.get("code") == _BAD_VALUE and "too large" in str(e.get("errmsg", "")))
+        for e in errors
     )
 
 
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, pm.OperationFailure):
-        name = (exc.details or {}).get("codeName") or "OperationFailure"
+        name = (exc.details or {}).get("codeName") or type(exc).__name__
         return f"{name} (code {exc.code})"
     return type(exc).__name__
 
 
 def map_error(exc: BaseException, phase: Phase, url: StoreURL | None) -> ThreadStoreError:
-    """The typed error for a PyMongo exception (chain it: ``raise ... from exc``).
+    """The typed error for a PyMongo or BSON exception (chain it: ``raise ... from exc``).
 
     Messages name the failure class and code only: server messages can quote
     key values, and nothing may echo stored contents or a password.
     """
+    if is_too_large(exc):
+        return ThreadStoreInvariantError(TOO_LARGE_MESSAGE)
+    if isinstance(exc, InvalidBSON):
+        return ThreadStoreInvariantError(
+            "invalid stored data: a stored document cannot be decoded "
+            "(e.g. invalid UTF-8 or a corrupt escaped value)"
+        )
+    if isinstance(exc, BSONError) and not isinstance(exc, pm.PyMongoError):
+        return ThreadStoreInvariantError(
+            f"a value cannot be stored in MongoDB: {type(exc).__name__}"
+        )
     what = _describe(exc)
     if isinstance(exc, pm.ServerSelectionTimeoutError):
         if phase == "commit":
@@ -108,10 +155,6 @@ def map_error(exc: BaseException, phase: Phase, url: StoreURL | None) -> ThreadS
             f"the outcome of the MongoDB transaction commit is unknown ({what}); it was "
             "applied whole or not at all: re-read the thread and re-plan"
         )
-    if isinstance(exc, pm.DocumentTooLarge):
-        return ThreadStoreInvariantError(
-            "a record is larger than MongoDB's 16 MB document limit; nothing was applied"
-        )
     if isinstance(exc, pm.ConnectionFailure | pm.WaitQueueTimeoutError):
         return ThreadStoreUnavailableError(f"lost the connection to MongoDB ({what})")
     if isinstance(exc, pm.OperationFailure) and exc.code in (91, 189, 10107, 11600, 11602, 13435):
@@ -122,3 +165,52 @@ def map_error(exc: BaseException, phase: Phase, url: StoreURL | None) -> ThreadS
             f"MongoDB kept aborting the transaction ({what}); nothing was applied"
         )
     return ThreadStoreError(f"MongoDB operation failed: {what}")
+
+
+# --------------------------------------------------------------- URL options
+
+
+def _named(url: StoreURL, keys: Iterable[str]) -> list[str]:
+    """The URL's spelling of the options among ``keys`` (lower case), in URL order."""
+    wanted = set(keys)
+    return [k for k, _ in url.query if k.lower() in wanted]
+
+
+def map_option_error(
+    exc: BaseException, url: StoreURL, options: Iterable[str], what: str
+) -> ThreadStoreConfigurationError | None:
+    """A configuration error when the server refused ``what`` the URL options set.
+
+    For the first statements that use the URL's own read or write concern
+    (``initialize()`` runs them): an unknown write concern mode such as
+    ``w=banana``, one the deployment cannot satisfy, or an unparsable read
+    concern level. ``options`` are the option names (lower case) that shape it.
+    """
+    if not isinstance(exc, pm.OperationFailure) or exc.code not in _OPTION_CODES:
+        return None
+    named = _named(url, options)
+    subject = f"URL option {', '.join(named)}" if named else f"default {what}"
+    return ThreadStoreConfigurationError(
+        f"MongoDB refused the {what} set by the {subject} ({_describe(exc)}); "
+        "fix the connection string"
+    )
+
+
+def check_url_options(url: StoreURL) -> None:
+    """Refuse the URL options the driver would reject, naming the option, never its value.
+
+    The driver itself only warns about an unknown option or a malformed value
+    and then ignores it; here either is a :class:`ThreadStoreConfigurationError`
+    when the store is opened. Options only the server can judge (a write
+    concern mode such as ``w=banana``) are judged by ``initialize()``.
+    """
+    for key, value in url.query:
+        try:
+            split_options(f"{quote(key, safe='')}={quote(value, safe='')}", warn=False)
+        except (pm.PyMongoError, ValueError, TypeError) as exc:
+            reason = str(exc).split(" Did you mean", 1)[0].rstrip(".")
+            if value and redact(value, url) != value:  # a credential: say nothing of it
+                reason = "malformed value"
+            raise ThreadStoreConfigurationError(
+                redact(f"the MongoDB URL option {key!r} is invalid: {reason}", url)
+            ) from None

@@ -1,4 +1,11 @@
-"""The MongoDB thread store: split collections, flat documents, one transaction per commit."""
+"""The MongoDB thread store: split collections, flat documents, one transaction per commit.
+
+The judgement of every commit and read is the core's (:func:`run_commit`,
+:func:`run_read`, ``docs/commits.md``); this module supplies its primitives
+over MongoDB — a :class:`_MongoCommit` inside one multi-document transaction
+and a :class:`_MongoSnapshot` inside one read-only snapshot transaction — plus
+the collections, indexes, sessions, retries and error mapping.
+"""
 
 from __future__ import annotations
 
@@ -10,11 +17,11 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import suppress
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
 
 import bson
 from bson.codec_options import CodecOptions, DatetimeConversion
-from bson.errors import BSONError, InvalidBSON
+from bson.errors import BSONError
 from bson.raw_bson import RawBSONDocument
 from pymongo import ASCENDING, DESCENDING, IndexModel, ReturnDocument
 from pymongo import timeout as pymongo_timeout
@@ -25,37 +32,19 @@ from pymongo.read_preferences import ReadPreference
 from pymongo.write_concern import WriteConcern
 
 from pai_storage import (
-    OPEN_STATUSES,
-    ChildPagePlan,
     Clock,
     CommittedResult,
     CommitThreadInput,
     ConflictResult,
     DeleteChange,
-    DeleteMutation,
-    Entry,
-    FamilyWrite,
-    IdsPlan,
     InsertChange,
-    LeaseConflict,
-    ListPlan,
     ListThreadsInput,
-    Message,
-    MessageRef,
     Page,
-    QueuedItem,
-    QueueRef,
     ReadThreadInput,
     ReplaceChange,
-    RunFacts,
-    RunRecord,
-    RunRef,
-    SelectionHelpers,
     StoreInfo,
-    StoreURL,
     StoreWarning,
     ThreadChanges,
-    ThreadPage,
     ThreadReadResult,
     ThreadRecord,
     ThreadStore,
@@ -63,41 +52,59 @@ from pai_storage import (
     ThreadStoreError,
     ThreadStoreInvariantError,
     ThreadStoreUnavailableError,
-    ThreadVersion,
     TruncateChange,
     WarningCallback,
+)
+from pai_storage.backend import (
+    FAMILIES,
+    OPEN_STATUSES,
+    ChildPagePlan,
+    CommitTransaction,
+    Entry,
+    FamilyName,
+    FamilySpec,
+    FamilyWrite,
+    HeldThread,
+    ListPlan,
+    MessageRef,
+    QueueRef,
+    ReadHead,
+    ReadSnapshot,
+    RelationshipContext,
+    RelationshipReader,
+    RunFacts,
+    RunRef,
+    StoreURL,
     Window,
-    apply_family_changes,
-    apply_lease_change,
-    apply_thread_root_update,
-    check_condition,
+    duplicate_insert_error,
     make_url,
-    plan_relationship_validation,
-    record_id,
+    map_errors,
     redact,
-    stamp_message,
-    stamp_queued_item,
-    stamp_run,
+    run_commit,
+    run_read,
     truncate_ms,
 )
 
 from .documents import (
-    CHILD_ID_FIELD,
     CODEC_OPTIONS,
+    RAW_CODEC_OPTIONS,
     SCHEMA_VERSION,
     child_document,
+    decode_or_invalid,
     parse_child,
     parse_root,
     root_document,
 )
 from .errors import (
     Phase,
-    duplicate_key_value,
+    check_url_options,
+    duplicate_key,
     is_duplicate_key,
     is_transient,
     is_unknown_commit,
     is_write_conflict,
     map_error,
+    map_option_error,
 )
 
 if TYPE_CHECKING:
@@ -109,6 +116,7 @@ if TYPE_CHECKING:
 __all__ = ["INDEXES", "LIST_SORT", "MongoThreadStore"]
 
 Doc = dict[str, Any]
+Keys = list[tuple[str, int]]
 T = TypeVar("T")
 
 DEFAULT_SERVER_SELECTION_TIMEOUT_MS = 5000
@@ -119,168 +127,107 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 _A, _D = ASCENDING, DESCENDING
 
+# The physical name of each collection: the thread collection's name plus a suffix.
+_SUFFIX: dict[str, str] = {
+    "threads": "",
+    "messages": "_messages",
+    "runs": "_runs",
+    "queuedItems": "_pending_messages",
+}
+
+
+class Index(NamedTuple):
+    """One index: its key pattern and whether it is unique."""
+
+    keys: Keys
+    unique: bool = False
+
+
+_SCOPE_THREAD: Keys = [("scopeKey", _A), ("threadId", _A)]
+_UPDATED: Keys = [("updatedAt", _D), ("threadId", _A)]
+
+
+def _thread_child(*fields: str) -> Keys:
+    return [*_SCOPE_THREAD, *((f, _A) for f in fields)]
+
+
 # The seed's index set plus two child-page indexes (docs/mongodb.md), by collection
-# suffix ("" is the thread collection).
-INDEXES: dict[str, list[tuple[str, list[tuple[str, int]], bool]]] = {
-    "": [
-        ("scope_thread_unique", [("scopeKey", _A), ("threadId", _A)], True),
-        ("scope_updated", [("scopeKey", _A), ("updatedAt", _D), ("threadId", _A)], False),
-        (
-            "scope_visibility_updated",
-            [("scopeKey", _A), ("listVisibility", _A), ("updatedAt", _D), ("threadId", _A)],
-            False,
+# and index name. The query hints below are looked up here by name.
+INDEXES: dict[str, dict[str, Index]] = {
+    "threads": {
+        "scope_thread_unique": Index(_SCOPE_THREAD, unique=True),
+        "scope_updated": Index([("scopeKey", _A), *_UPDATED]),
+        "scope_visibility_updated": Index([("scopeKey", _A), ("listVisibility", _A), *_UPDATED]),
+        "scope_agent_visibility_updated": Index(
+            [("scopeKey", _A), ("agent", _A), ("listVisibility", _A), *_UPDATED]
         ),
-        (
-            "scope_agent_visibility_updated",
-            [
-                ("scopeKey", _A),
-                ("agent", _A),
-                ("listVisibility", _A),
-                ("updatedAt", _D),
-                ("threadId", _A),
-            ],
-            False,
-        ),
-        (
-            "scope_agent_visibility_parent_updated",
+        "scope_agent_visibility_parent_updated": Index(
             [
                 ("scopeKey", _A),
                 ("agent", _A),
                 ("listVisibility", _A),
                 ("parentThreadId", _A),
-                ("updatedAt", _D),
-                ("threadId", _A),
-            ],
-            False,
+                *_UPDATED,
+            ]
         ),
-        (
-            "scope_agent_visibility_category_updated",
-            [
-                ("scopeKey", _A),
-                ("agent", _A),
-                ("listVisibility", _A),
-                ("category", _A),
-                ("updatedAt", _D),
-                ("threadId", _A),
-            ],
-            False,
+        "scope_agent_visibility_category_updated": Index(
+            [("scopeKey", _A), ("agent", _A), ("listVisibility", _A), ("category", _A), *_UPDATED]
         ),
-    ],
-    "_messages": [
-        (
-            "scope_thread_message_unique",
-            [("scopeKey", _A), ("threadId", _A), ("messageId", _A)],
-            True,
+    },
+    "messages": {
+        "scope_thread_message_unique": Index(_thread_child("messageId"), unique=True),
+        "scope_thread_order_unique": Index(_thread_child("_order"), unique=True),
+        "scope_thread_transcript_order": Index(_thread_child("visibility.transcript", "_order")),
+        "scope_thread_context_order": Index(_thread_child("visibility.context", "_order")),
+        "scope_thread_association_order": Index(
+            _thread_child("association.kind", "association.runId", "_order")
         ),
-        ("scope_thread_order_unique", [("scopeKey", _A), ("threadId", _A), ("_order", _A)], True),
-        (
-            "scope_thread_transcript_order",
-            [("scopeKey", _A), ("threadId", _A), ("visibility.transcript", _A), ("_order", _A)],
-            False,
-        ),
-        (
-            "scope_thread_context_order",
-            [("scopeKey", _A), ("threadId", _A), ("visibility.context", _A), ("_order", _A)],
-            False,
-        ),
-        (
-            "scope_thread_association_order",
-            [
-                ("scopeKey", _A),
-                ("threadId", _A),
-                ("association.kind", _A),
-                ("association.runId", _A),
-                ("_order", _A),
-            ],
-            False,
-        ),
-        (
-            "scope_thread_status_order",
-            [("scopeKey", _A), ("threadId", _A), ("status", _A), ("_order", _A)],
-            False,
-        ),
-    ],
-    "_pending_messages": [
-        (
-            "scope_thread_queue_item_unique",
-            [("scopeKey", _A), ("threadId", _A), ("queueItemId", _A)],
-            True,
-        ),
-        ("scope_thread_order_unique", [("scopeKey", _A), ("threadId", _A), ("_order", _A)], True),
-        (
-            "scope_thread_run_queue_item",
-            [("scopeKey", _A), ("threadId", _A), ("runId", _A), ("queueItemId", _A)],
-            False,
-        ),
+        "scope_thread_status_order": Index(_thread_child("status", "_order")),
+    },
+    "queuedItems": {
+        "scope_thread_queue_item_unique": Index(_thread_child("queueItemId"), unique=True),
+        "scope_thread_order_unique": Index(_thread_child("_order"), unique=True),
+        "scope_thread_run_queue_item": Index(_thread_child("runId", "queueItemId")),
         # Not in the seed: queued-item pages filtered by run, in ``_order`` order.
-        (
-            "scope_thread_run_order",
-            [("scopeKey", _A), ("threadId", _A), ("runId", _A), ("_order", _A)],
-            False,
-        ),
-    ],
-    "_runs": [
-        ("scope_thread_run_unique", [("scopeKey", _A), ("threadId", _A), ("runId", _A)], True),
-        ("scope_thread_order_unique", [("scopeKey", _A), ("threadId", _A), ("_order", _A)], True),
-        (
-            "scope_thread_status_run",
-            [("scopeKey", _A), ("threadId", _A), ("status", _A), ("runId", _A)],
-            False,
-        ),
-        (
-            "scope_thread_status_admission_run",
-            [
-                ("scopeKey", _A),
-                ("threadId", _A),
-                ("status", _A),
-                ("admission.queueItemId", _A),
-                ("runId", _A),
-            ],
-            False,
+        "scope_thread_run_order": Index(_thread_child("runId", "_order")),
+    },
+    "runs": {
+        "scope_thread_run_unique": Index(_thread_child("runId"), unique=True),
+        "scope_thread_order_unique": Index(_thread_child("_order"), unique=True),
+        "scope_thread_status_run": Index(_thread_child("status", "runId")),
+        "scope_thread_status_admission_run": Index(
+            _thread_child("status", "admission.queueItemId", "runId")
         ),
         # Not in the seed: run pages filtered by status, in ``_order`` order (one
         # bounded scan per status; the seed's ``{status, runId}`` cannot give it).
-        (
-            "scope_thread_status_order",
-            [("scopeKey", _A), ("threadId", _A), ("status", _A), ("_order", _A)],
-            False,
-        ),
-    ],
+        "scope_thread_status_order": Index(_thread_child("status", "_order")),
+    },
 }
 
-_FAMILY_SUFFIX = {"messages": "_messages", "runs": "_runs", "queuedItems": "_pending_messages"}
-_NOUN = {"messages": "message", "runs": "run", "queuedItems": "queued item"}
-_FAMILY_MODEL: dict[str, Any] = {
-    "messages": Message,
-    "runs": RunRecord,
-    "queuedItems": QueuedItem,
-}
 
-LIST_SORT = [("updatedAt", _D), ("threadId", _A)]
-_HINT_VISIBLE = [("scopeKey", _A), ("listVisibility", _A), ("updatedAt", _D), ("threadId", _A)]
-_HINT_ALL = [("scopeKey", _A), ("updatedAt", _D), ("threadId", _A)]
-_HINT_AGENT = [
-    ("scopeKey", _A),
-    ("agent", _A),
-    ("listVisibility", _A),
-    ("updatedAt", _D),
-    ("threadId", _A),
-]
-_HINT_PARENT = [*_HINT_AGENT[:3], ("parentThreadId", _A), *_HINT_AGENT[3:]]
-_HINT_CATEGORY = [*_HINT_AGENT[:3], ("category", _A), *_HINT_AGENT[3:]]
+def _hint(collection: str, name: str) -> Keys:
+    """The key pattern of one of :data:`INDEXES` (a query hint)."""
+    return INDEXES[collection][name].keys
 
-# List rows stay raw BSON until each is decoded inside the skip-and-warn block.
-_RAW_CODEC_OPTIONS: CodecOptions[RawBSONDocument] = CodecOptions(document_class=RawBSONDocument)
+
+LIST_SORT: Keys = [("updatedAt", _D), ("threadId", _A)]
 
 _TXN_OPTIONS: dict[str, Any] = {
     "read_concern": ReadConcern("snapshot"),
     "write_concern": WriteConcern("majority"),
     "read_preference": ReadPreference.PRIMARY,
 }
+# The URL options that shape the statements using the URL's own concerns.
+_WRITE_CONCERN_OPTIONS = ("w", "wtimeoutms", "journal")
+_READ_CONCERN_OPTIONS = ("readconcernlevel",)
 
 
 class _Retry(Exception):
     """Internal: the transaction was aborted by the server and may be retried whole."""
+
+
+class _InsertExists(Exception):
+    """Internal: a unique index refused an insert the commit assumed new (see ``load_rows``)."""
 
 
 def _ms_to_datetime(ms: int) -> datetime:
@@ -304,7 +251,9 @@ class MongoThreadStore(ThreadStore):
     ----------
     url:
         A ``mongodb://`` or ``mongodb+srv://`` connection string (a replica set
-        or sharded cluster: commits use multi-document transactions).
+        or sharded cluster: commits use multi-document transactions). An option
+        the driver would reject is a :class:`ThreadStoreConfigurationError`
+        here; one only the server can judge (``w=banana``), at ``initialize()``.
     db_name:
         Database name; defaults to the URL's database, then ``"pai"``.
     collection_name:
@@ -315,9 +264,12 @@ class MongoThreadStore(ThreadStore):
     on_warning:
         Receives recoverable integrity warnings (e.g. a root skipped by
         ``list_threads``); failures in it are ignored.
+    token_secret:
+        Key (bytes) that makes page tokens unforgeable (``docs/reads.md``).
     """
 
     backend_name = "mongo"
+    token_prefix = "pai-mongo"
 
     def __init__(
         self,
@@ -327,23 +279,20 @@ class MongoThreadStore(ThreadStore):
         collection_name: str = "pai_threads",
         clock: Clock | None = None,
         on_warning: WarningCallback | None = None,
+        token_secret: bytes | None = None,
     ) -> None:
-        if clock is not None and not callable(clock):
-            raise ThreadStoreConfigurationError("clock must be a callable returning a datetime")
-        if on_warning is not None and not callable(on_warning):
-            raise ThreadStoreConfigurationError("on_warning must be a callable")
-        super().__init__(clock=clock, on_warning=on_warning)
+        super().__init__(clock=clock, on_warning=on_warning, token_secret=token_secret)
         self.url = make_url(url)
         if self.url.scheme != "mongodb" or self.url.driver not in (None, "srv"):
             raise ThreadStoreConfigurationError(
                 f"the mongo backend serves mongodb:// and mongodb+srv:// URLs, "
                 f"not {self.url.full_scheme}://"
             )
+        check_url_options(self.url)
         self.db_name = _check_name("db_name", db_name or self.url.database or "pai")
         self.collection_name = _check_name("collection_name", collection_name)
         self._client: AsyncMongoClient[Doc] | None = None
         self._db: AsyncDatabase[Doc] | None = None
-        self._selections = SelectionHelpers("pai-mongo")
         self._server_version: str | None = None
         self._topology = ""
 
@@ -357,42 +306,40 @@ class MongoThreadStore(ThreadStore):
 
     def collection_names(self) -> dict[str, str]:
         """The four collection names, keyed ``threads``/``messages``/``runs``/``queuedItems``."""
-        base = self.collection_name
-        names = {"threads": base}
-        names.update({family: base + suffix for family, suffix in _FAMILY_SUFFIX.items()})
-        return names
+        return {key: self.collection_name + suffix for key, suffix in _SUFFIX.items()}
 
-    def _col(self, family: str) -> AsyncCollection[Doc]:
-        if self._db is None:
-            raise ThreadStoreConfigurationError("the store is not initialized")
-        return self._db.get_collection(self.collection_names()[family])
+    def _unready(self) -> ThreadStoreConfigurationError:
+        if self.closed:
+            return ThreadStoreConfigurationError("this store is closed; open a new one")
+        return ThreadStoreConfigurationError("the store is not initialized")
 
     @property
     def database(self) -> AsyncDatabase[Doc]:
         """The PyMongo database (for operators and tests; initialize first)."""
         if self._db is None:
-            raise ThreadStoreConfigurationError("the store is not initialized")
+            raise self._unready()
         return self._db
+
+    def _col(self, collection: str) -> AsyncCollection[Doc]:
+        """A collection whose results are plain dicts (projections of known fields)."""
+        return self.database.get_collection(self.collection_names()[collection])
+
+    def _raw(self, collection: str) -> AsyncCollection[RawBSONDocument]:
+        """A collection whose results stay raw BSON (whole documents; see ``documents``)."""
+        return cast(
+            "AsyncCollection[RawBSONDocument]",
+            self.database.get_collection(
+                self.collection_names()[collection], codec_options=RAW_CODEC_OPTIONS
+            ),
+        )
 
     def _session(self) -> AsyncClientSession:
         if self._client is None:
-            raise ThreadStoreConfigurationError("the store is not initialized")
+            raise self._unready()
         return self._client.start_session(causal_consistency=False)
 
-    def _error(self, exc: BaseException, phase: Phase) -> ThreadStoreError:
-        if isinstance(exc, InvalidBSON):
-            return ThreadStoreInvariantError(
-                "invalid stored data: a stored document cannot be decoded "
-                "(e.g. invalid UTF-8 or a corrupt escaped value)"
-            )
-        if isinstance(exc, BSONError) and not isinstance(exc, PyMongoError):
-            return ThreadStoreInvariantError(
-                redact(f"a value cannot be stored in MongoDB: {type(exc).__name__}", self.url)
-            )
-        return map_error(exc, phase, self.url)
-
     async def _guard(self, phase: Phase, op: Callable[[], Awaitable[T]]) -> T:
-        """Run ``op``; retry transient aborts (bounded); map driver errors."""
+        """Run ``op``; retry transient aborts (bounded); map every driver error."""
         deadline = time.monotonic() + MAX_TRANSACTION_SECONDS
         delay = 0.002
         attempt = 0
@@ -405,14 +352,18 @@ class MongoThreadStore(ThreadStore):
             except _Retry as retry:
                 cause = retry.__cause__ or retry
             except (PyMongoError, BSONError) as exc:
+                if self.closed:
+                    raise ThreadStoreConfigurationError(
+                        "this store was closed while the operation ran; nothing more was done"
+                    ) from exc
                 retryable = is_transient(exc) or (phase == "write" and is_write_conflict(exc))
                 if isinstance(exc, ServerSelectionTimeoutError) or not retryable:
                     # No server to retry against: report it now (fast), not after the bound.
-                    raise self._error(exc, phase) from exc
+                    raise map_error(exc, phase, self.url) from exc
                 cause = exc
             if attempt >= MAX_TRANSACTION_ATTEMPTS or time.monotonic() + delay > deadline:
                 if isinstance(cause, PyMongoError) and not is_transient(cause):
-                    raise self._error(cause, phase) from cause
+                    raise map_error(cause, phase, self.url) from cause
                 raise ThreadStoreUnavailableError(
                     "MongoDB kept aborting the transaction (contention or failover); "
                     "nothing was applied"
@@ -422,7 +373,28 @@ class MongoThreadStore(ThreadStore):
 
     # ------------------------------------------------------------ lifecycle
 
+    def _connect_error(self, exc: Exception) -> ThreadStoreError:
+        if isinstance(exc, ValueError | TypeError):  # the driver's own option checks
+            return ThreadStoreConfigurationError(
+                redact(f"invalid MongoDB connection string: {exc}", self.url)
+            )
+        return map_error(exc, "connect", self.url)
+
+    def _option_error(
+        self, options: Sequence[str], what: str
+    ) -> Callable[[Exception], ThreadStoreError]:
+        def translate(exc: Exception) -> ThreadStoreError:
+            return map_option_error(exc, self.url, options, what) or self._connect_error(exc)
+
+        return translate
+
     async def _initialize(self) -> None:
+        """Connect, check the deployment, create the indexes.
+
+        The client exists only inside this method until everything succeeded;
+        if any step fails or the attempt is cancelled (``close()`` during a lazy
+        initialize) at any await, the client is closed before this returns.
+        """
         from pymongo import AsyncMongoClient
 
         options: dict[str, Any] = {
@@ -433,23 +405,16 @@ class MongoThreadStore(ThreadStore):
         query_keys = {key.lower() for key, _ in self.url.query}
         if "serverselectiontimeoutms" not in query_keys:
             options["serverSelectionTimeoutMS"] = DEFAULT_SERVER_SELECTION_TIMEOUT_MS
-        try:
+        with map_errors(self._connect_error):
             client: AsyncMongoClient[Doc] = AsyncMongoClient(
                 self.url.render(hide_password=False), **options
             )
-        except (PyMongoError, ValueError, TypeError) as exc:
-            if isinstance(exc, PyMongoError):
-                raise self._error(exc, "connect") from exc
-            raise ThreadStoreConfigurationError(
-                redact(f"invalid MongoDB connection string: {exc}", self.url)
-            ) from exc
         try:
-            await self._prepare(client)
-        except BaseException as exc:
-            with suppress(Exception):  # closing a client that failed to prepare
+            with map_errors(self._connect_error):
+                await self._prepare(client)
+        except BaseException:  # cancellation included: never keep a half-made client
+            with suppress(Exception):
                 await client.close()
-            if isinstance(exc, PyMongoError | BSONError):
-                raise self._error(exc, "connect") from exc
             raise
         self._client = client
         self._db = client.get_database(self.db_name, codec_options=CODEC_OPTIONS)
@@ -480,10 +445,10 @@ class MongoThreadStore(ThreadStore):
                 f"MongoDB {self._server_version} is too old: 4.2 or later is required"
             )
         db = client.get_database(self.db_name)
+        names = self.collection_names()
         # Strings must compare in code-point order: refuse collections created with a
         # default collation (the indexes would inherit it).
-        names = [self.collection_name + suffix for suffix in INDEXES]
-        cursor = await db.list_collections(filter={"name": {"$in": names}})
+        cursor = await db.list_collections(filter={"name": {"$in": list(names.values())}})
         async for info in cursor:
             collation = (info.get("options") or {}).get("collation")
             if collation and collation.get("locale") != "simple":
@@ -491,37 +456,46 @@ class MongoThreadStore(ThreadStore):
                     f"collection {info['name']!r} has a default collation; pai-storage needs "
                     "the simple (binary, code-point) collation for thread ids"
                 )
-        # Prove it: open a snapshot transaction, read, and abort (no write).
-        async with client.start_session(causal_consistency=False) as session:
-            await session.start_transaction(**_TXN_OPTIONS)
-            try:
-                await db.get_collection(self.collection_name).find_one(
-                    {"scopeKey": None}, session=session
-                )
-            except PyMongoError as exc:
-                if isinstance(exc, OperationFailure) and not is_transient(exc):
+        threads = db.get_collection(names["threads"])
+
+        # Prove it: open a snapshot transaction, read, and abort (no write). Right after
+        # the collections were created a snapshot may be briefly unavailable: retried.
+        async def probe() -> None:
+            async with client.start_session(causal_consistency=False) as session:
+                await session.start_transaction(**_TXN_OPTIONS)
+                try:
+                    await threads.find_one({"scopeKey": None}, session=session)
+                except OperationFailure as exc:
+                    if is_transient(exc):
+                        raise
                     raise ThreadStoreConfigurationError(
                         "this MongoDB deployment refused a multi-document transaction "
                         f"({type(exc).__name__}, code {exc.code}); a replica set or sharded "
                         "cluster with transactions enabled is required"
                     ) from exc
-                raise
-            finally:
-                await self._abort(session)
-        # Idempotent: creating an index that exists with the same spec is a no-op.
-        await asyncio.gather(
-            *(
-                db.get_collection(self.collection_name + suffix).create_indexes(
-                    [
-                        IndexModel(keys, name=name, unique=True)
-                        if unique
-                        else IndexModel(keys, name=name)
-                        for name, keys, unique in specs
-                    ]
+                finally:
+                    await self._abort(session)
+
+        await self._guard("connect", probe)
+        # Lists read outside transactions with the URL's read concern: judge it now.
+        with map_errors(self._option_error(_READ_CONCERN_OPTIONS, "read concern")):
+            await threads.find_one({"scopeKey": None}, projection={"_id": 1})
+        # Idempotent: creating an index that exists with the same spec is a no-op. The
+        # only statements that use the URL's write concern: judge it here too.
+        with map_errors(self._option_error(_WRITE_CONCERN_OPTIONS, "write concern")):
+            await asyncio.gather(
+                *(
+                    db.get_collection(names[collection]).create_indexes(
+                        [
+                            IndexModel(index.keys, name=name, unique=True)
+                            if index.unique
+                            else IndexModel(index.keys, name=name)
+                            for name, index in specs.items()
+                        ]
+                    )
+                    for collection, specs in INDEXES.items()
                 )
-                for suffix, specs in INDEXES.items()
             )
-        )
 
     async def _close(self) -> None:
         client, self._client, self._db = self._client, None, None
@@ -545,16 +519,60 @@ class MongoThreadStore(ThreadStore):
         hello = await self._guard("read", lambda: self.database.command("hello"))
         return truncate_ms(hello["localTime"])
 
+    # ------------------------------------------------------------ rows
+
+    async def _load(
+        self, session: AsyncClientSession, spec: FamilySpec, key: Doc, ids: Sequence[str]
+    ) -> dict[str, Entry[Any]]:
+        """The stored rows of one family with these ids (missing ids omitted)."""
+        found: dict[str, Entry[Any]] = {}
+        if not ids:
+            return found
+        what = spec.model.__name__
+        cursor = self._raw(spec.name).find(
+            {**key, spec.id_field: {"$in": list(ids)}}, session=session
+        )
+        async for raw in cursor:
+            order, record = parse_child(spec.model, decode_or_invalid(raw, what))
+            found[spec.record_id(record)] = Entry(order, record)
+        return found
+
+    @staticmethod
+    def page_queries(
+        family: str, key: Doc, plan: ChildPagePlan, window: Window
+    ) -> list[tuple[Doc, Keys, Keys]]:
+        """The filter, sort and index hint of each scan of one child page.
+
+        Each is a bounded ``_order`` range read in index order (``limit`` page+1).
+        A run page filtered by several statuses is one scan per status, merged
+        by position; every other page is one scan.
+        """
+        query: Doc = {**key, "_order": {"$gt": window.lower, "$lt": window.upper}}
+        hint = _hint(family, "scope_thread_order_unique")
+        sort = [("_order", _A if window.order == "oldest" else _D)]
+        if family == "messages" and plan.view in ("transcript", "context"):
+            query[f"visibility.{plan.view}"] = True
+            hint = _hint(family, f"scope_thread_{plan.view}_order")
+        elif family == "runs" and plan.statuses is not None:
+            hint = _hint(family, "scope_thread_status_order")
+            return [({**query, "status": status}, sort, hint) for status in sorted(plan.statuses)]
+        elif family == "queuedItems" and plan.run_id is not None:
+            query["runId"] = plan.run_id
+            hint = _hint(family, "scope_thread_run_order")
+        return [(query, sort, hint)]
+
     # ------------------------------------------------------------ reads
 
     async def _read_thread(self, request: ReadThreadInput) -> ThreadReadResult:
-        plan = self._selections.plan_read(request)
+        plan = self.selections.plan_read(request)
+        key = {"scopeKey": request.scope_key, "threadId": request.thread_id}
 
         async def attempt() -> ThreadReadResult:
             async with self._session() as session:
                 await session.start_transaction(**_TXN_OPTIONS)
                 try:
-                    result = await self._read_in(session, request, plan)
+                    snapshot = _MongoSnapshot(self, session, key, self.now())
+                    result = await run_read(snapshot, plan, clock_now=snapshot.test_now)
                 except BaseException as exc:
                     if not isinstance(exc, ServerSelectionTimeoutError):
                         await self._abort(session)
@@ -565,142 +583,9 @@ class MongoThreadStore(ThreadStore):
 
         return await self._guard("read", attempt)
 
-    async def _read_in(
-        self, session: AsyncClientSession, request: ReadThreadInput, plan: Any
-    ) -> ThreadReadResult:
-        key = {"scopeKey": request.scope_key, "threadId": request.thread_id}
-        test_now = self.now()
-        pipeline: list[Doc] = [{"$match": key}, {"$limit": 1}]
-        if test_now is None:
-            pipeline.append({"$addFields": {"_observedAt": "$$NOW"}})
-        cursor = await self._col("threads").aggregate(pipeline, session=session)
-        docs = await cursor.to_list()
-        if not docs:
-            if test_now is None:
-                hello = await self.database.command("hello")
-                test_now = truncate_ms(hello["localTime"])
-            return ThreadReadResult(observed_at=test_now, thread=None)
-        raw = docs[0]
-        observed = raw.pop("_observedAt", None)
-        observed_at = test_now if test_now is not None else truncate_ms(observed)
-        root, next_order = parse_root(raw)
-        version = root.version
-        pages: dict[str, ThreadPage[Any]] = {}
-        for attr, family, sub in (
-            ("messages", "messages", plan.messages),
-            ("runs", "runs", plan.runs),
-            ("queued_items", "queuedItems", plan.queued_items),
-        ):
-            if sub is None:
-                continue
-            if isinstance(sub, IdsPlan):
-                found = await self._load_by_ids(session, family, key, sub.ids)
-                pages[attr] = sub.finish({i: e.record for i, e in found.items()}, version)
-            else:
-                pages[attr] = await self._read_page(
-                    session, family, key, sub, version, next_order[family] - 1
-                )
-        return ThreadReadResult.model_construct(
-            observed_at=observed_at,
-            thread=root,
-            messages=pages.get("messages"),
-            runs=pages.get("runs"),
-            queued_items=pages.get("queued_items"),
-        )
-
-    async def _load_by_ids(
-        self,
-        session: AsyncClientSession,
-        family: str,
-        key: Doc,
-        ids: Iterable[str],
-    ) -> dict[str, Entry[Any]]:
-        id_field = CHILD_ID_FIELD[family]
-        model = _FAMILY_MODEL[family]
-        found: dict[str, Entry[Any]] = {}
-        wanted = list(ids)
-        if not wanted:
-            return found
-        cursor = self._col(family).find({**key, id_field: {"$in": wanted}}, session=session)
-        async for doc in cursor:
-            order, record = parse_child(model, doc)
-            found[doc[id_field]] = Entry(order, record)
-        return found
-
-    async def _read_page(
-        self,
-        session: AsyncClientSession,
-        family: str,
-        key: Doc,
-        plan: ChildPagePlan,
-        version: ThreadVersion,
-        high_water: int,
-    ) -> ThreadPage[Any]:
-        after_id, before_id = plan.bound_ids()
-        positions: dict[str, int] = {}
-        anchors = [i for i in (after_id, before_id) if i is not None]
-        if anchors:
-            cursor = self._col("messages").find(
-                {**key, "messageId": {"$in": anchors}},
-                projection={"_id": 0, "messageId": 1, "_order": 1},
-                session=session,
-            )
-            async for doc in cursor:
-                positions[doc["messageId"]] = int(doc["_order"])
-            for anchor in anchors:
-                if anchor not in positions:
-                    raise plan.missing_anchor(anchor)
-        window = plan.window(
-            version,
-            high_water,
-            positions.get(after_id) if after_id is not None else None,
-            positions.get(before_id) if before_id is not None else None,
-        )
-        rows: list[tuple[int, Any]] = []
-        if window.upper - window.lower > 1:
-            model = _FAMILY_MODEL[family]
-            scans: list[list[tuple[int, Any]]] = []
-            for query, sort, hint in self.page_queries(family, key, plan, window):
-                cursor = self._col(family).find(
-                    query, sort=sort, limit=window.fetch, hint=hint, session=session
-                )
-                scans.append([parse_child(model, doc) async for doc in cursor])
-            if len(scans) == 1:
-                rows = scans[0]
-            else:  # one sorted scan per status: merge them in window order
-                newest = window.order == "newest"
-                merged = heapq.merge(*scans, key=lambda row: row[0], reverse=newest)
-                rows = list(itertools.islice(merged, window.fetch))
-        return plan.finish(window, rows, version)
-
-    @staticmethod
-    def page_queries(
-        family: str, key: Doc, plan: ChildPagePlan, window: Window
-    ) -> list[tuple[Doc, list[tuple[str, int]], list[tuple[str, int]]]]:
-        """The filter, sort and index hint of each scan of one child page.
-
-        Each is a bounded ``_order`` range read in index order (``limit`` page+1).
-        A run page filtered by several statuses is one scan per status, merged
-        by position; every other page is one scan.
-        """
-        query: Doc = {**key, "_order": {"$gt": window.lower, "$lt": window.upper}}
-        hint = [("scopeKey", _A), ("threadId", _A), ("_order", _A)]
-        sort = [("_order", _A if window.order == "oldest" else _D)]
-        if family == "messages" and plan.view in ("transcript", "context"):
-            field = f"visibility.{plan.view}"
-            query[field] = True
-            hint = [("scopeKey", _A), ("threadId", _A), (field, _A), ("_order", _A)]
-        elif family == "runs" and plan.statuses is not None:
-            hint = [("scopeKey", _A), ("threadId", _A), ("status", _A), ("_order", _A)]
-            return [({**query, "status": status}, sort, hint) for status in sorted(plan.statuses)]
-        elif family == "queuedItems" and plan.run_id is not None:
-            query["runId"] = plan.run_id
-            hint = [("scopeKey", _A), ("threadId", _A), ("runId", _A), ("_order", _A)]
-        return [(query, sort, hint)]
-
     # ------------------------------------------------------------ lists
 
-    def list_query(self, plan: ListPlan) -> tuple[Doc, list[tuple[str, int]]]:
+    def list_query(self, plan: ListPlan) -> tuple[Doc, Keys]:
         """The filter and index hint serving a planned list (sorted by :data:`LIST_SORT`).
 
         ``listVisibility`` is always bound (``"visible"`` or ``$in`` both values)
@@ -714,13 +599,13 @@ class MongoThreadStore(ThreadStore):
         if plan.agent is not None:
             query["agent"] = plan.agent
             if plan.parent_thread_id is not None:
-                hint = _HINT_PARENT
+                index = "scope_agent_visibility_parent_updated"
             elif plan.category is not None:
-                hint = _HINT_CATEGORY
+                index = "scope_agent_visibility_category_updated"
             else:
-                hint = _HINT_AGENT
+                index = "scope_agent_visibility_updated"
         else:
-            hint = _HINT_ALL if plan.include_hidden else _HINT_VISIBLE
+            index = "scope_updated" if plan.include_hidden else "scope_visibility_updated"
         if plan.parent_thread_id is not None:
             query["parentThreadId"] = plan.parent_thread_id
         if plan.category is not None:
@@ -730,17 +615,16 @@ class MongoThreadStore(ThreadStore):
             updated = _ms_to_datetime(updated_ms)
             query["updatedAt"] = {"$lte": updated}
             query["$or"] = [{"updatedAt": {"$lt": updated}}, {"threadId": {"$gt": thread_id}}]
-        return query, hint
+        return query, _hint("threads", index)
 
     def plan_list(self, request: ListThreadsInput) -> ListPlan:
         """Validate a list request and decode its page token (see :meth:`list_query`)."""
-        return self._selections.plan_list(request)
+        return self.selections.plan_list(request)
 
     async def _list_threads(self, request: ListThreadsInput) -> Page[ThreadRecord]:
-        plan = self._selections.plan_list(request)
+        plan = self.selections.plan_list(request)
         query, hint = self.list_query(plan)
-
-        raw_threads = self._col("threads").with_options(codec_options=_RAW_CODEC_OPTIONS)
+        threads = self._raw("threads")
 
         async def attempt() -> Page[ThreadRecord]:
             rows: list[ThreadRecord] = []
@@ -754,14 +638,14 @@ class MongoThreadStore(ThreadStore):
                 skipped.clear()
                 # Raw rows, decoded one by one: a row whose bytes cannot be decoded
                 # is skipped like any other invalid root, not fatal to the batch.
-                cursor = raw_threads.find(
+                cursor = threads.find(
                     query, sort=LIST_SORT, hint=hint, limit=limit or 0, batch_size=plan.fetch
                 )
                 try:
                     async for raw in cursor:
                         seen += 1
                         try:
-                            record, _ = parse_root(_decode_root(raw))
+                            record, _ = parse_root(decode_or_invalid(raw, "thread"))
                         except ThreadStoreInvariantError as exc:
                             skipped.append(_skipped(request.scope_key, raw, exc))
                             continue
@@ -788,21 +672,48 @@ class MongoThreadStore(ThreadStore):
 
         return await self._guard("write", attempt)
 
+    async def _apply(
+        self,
+        session: AsyncClientSession,
+        request: CommitThreadInput,
+        tx: _MongoCommit | None = None,
+    ) -> CommittedResult | ConflictResult:
+        """Judge and write one commit in the session's open transaction (not ended here)."""
+        tx = tx or _MongoCommit(self, session, request, exact=False)
+        return await run_commit(tx, request, clock_now=self.now())
+
     async def _commit_once(
         self, session: AsyncClientSession, request: CommitThreadInput
     ) -> CommittedResult | ConflictResult:
-        await session.start_transaction(**_TXN_OPTIONS)
-        try:
-            outcome = await self._apply(session, request)
-        except BaseException as exc:
-            if not isinstance(exc, ServerSelectionTimeoutError):
-                await self._abort(session)
-            raise
-        if isinstance(outcome, ConflictResult):
+        """One transaction; a second, exact one when an assumption about inserts may matter.
+
+        The first attempt does not look up ids that the commit only inserts (the
+        unique indexes refuse them if they exist). When it ends in anything but
+        a commit before those inserts were written — a mechanical error, a lease
+        conflict, or the unique index refusing one — it is rolled back and the
+        commit is judged again with every named row loaded, so the outcome is
+        exactly the reference's.
+        """
+        exact = False
+        while True:
+            tx = _MongoCommit(self, session, request, exact=exact)
+            await session.start_transaction(**_TXN_OPTIONS)
+            try:
+                outcome = await self._apply(session, request, tx)
+            except BaseException as exc:
+                if not isinstance(exc, ServerSelectionTimeoutError):
+                    await self._abort(session)
+                if tx.unverified and isinstance(exc, ThreadStoreInvariantError | _InsertExists):
+                    exact = True
+                    continue
+                raise
+            if isinstance(outcome, CommittedResult):
+                await self._commit_transaction(session)
+                return outcome
             await self._abort(session)
-            return outcome
-        await self._commit_transaction(session)
-        return outcome
+            if not tx.unverified:
+                return outcome
+            exact = True
 
     async def _abort(self, session: AsyncClientSession) -> None:
         if session.in_transaction:
@@ -822,29 +733,78 @@ class MongoThreadStore(ThreadStore):
                 if is_transient(exc) and not is_unknown_commit(exc):
                     raise _Retry() from exc  # provably not committed: retry it whole
                 if not is_unknown_commit(exc) or attempts >= 2:
-                    raise self._error(exc, "commit") from exc
+                    raise map_error(exc, "commit", self.url) from exc
                 await asyncio.sleep(0.05 * attempts)
 
-    async def _hold(
-        self, session: AsyncClientSession, request: CommitThreadInput
-    ) -> tuple[Doc | None, datetime | None]:
-        """Write the root first (so the transaction holds the thread), then read its time.
 
-        An update or delete marks the stored root in one round trip and gets it
-        back, but only when it is at the expected version: a stale commit writes
-        nothing (so it never causes a write conflict for the real writer) and
-        reads the root once to report the conflict. A create reads first and
-        upserts a placeholder only when the key is free; the final root replaces
-        it. Returns the stored root (or ``None``) and the server's time at the
-        hold (``None`` when nothing was held).
+# ------------------------------------------------------------------ commit primitives
+
+
+def _assumed_new(spec: FamilySpec, changes: Sequence[Any] | None) -> set[str]:
+    """Ids a family's changes only insert, which a commit need not look up first.
+
+    If such an id exists, the insert is the only change that can notice, and
+    the unique index refuses it when it is written. With a truncation an insert
+    can be cut again in the same commit and never written, so nothing is
+    assumed then.
+    """
+    inserted: set[str] = set()
+    named: set[str] = set()
+    for change in changes or ():
+        if isinstance(change, TruncateChange):
+            return set()
+        if isinstance(change, InsertChange):
+            inserted.add(spec.record_id(change.record))
+        elif isinstance(change, ReplaceChange):
+            named.add(spec.record_id(change.record))
+        elif isinstance(change, DeleteChange):
+            named.add(change.id)
+    return inserted - named
+
+
+class _MongoCommit(CommitTransaction):
+    """The commit primitives inside one multi-document transaction.
+
+    Every statement is filtered on the thread's ``{scopeKey, threadId}``.
+    """
+
+    def __init__(
+        self,
+        store: MongoThreadStore,
+        session: AsyncClientSession,
+        request: CommitThreadInput,
+        *,
+        exact: bool,
+    ) -> None:
+        self._store = store
+        self._session = session
+        self._request = request
+        self._key: Doc = {"scopeKey": request.scope_key, "threadId": request.thread_id}
+        mutation = request.mutation
+        self._changes: ThreadChanges | None = getattr(mutation, "changes", None)
+        self._exact = exact
+        self._held_at: datetime | None = None
+        self.unverified: set[FamilyName] = set()
+        """Families with inserts assumed new and not yet written."""
+
+    async def hold(self) -> HeldThread:
+        """Write the root first, so the transaction holds the thread against others.
+
+        An update or delete marks the stored root (``_heldAt: $$NOW``) and gets
+        it back in one round trip, but only when it is at the expected version:
+        a stale commit writes nothing (so it never causes a write conflict for
+        the real writer) and reads the root once to report the conflict. A
+        create reads first and upserts a placeholder only when the key is free;
+        the final root replaces it.
         """
-        key = {"scopeKey": request.scope_key, "threadId": request.thread_id}
-        threads = self._col("threads")
-        if request.condition.type == "version":
-            expected = request.condition.version
+        threads = self._store._raw("threads")
+        session = self._session
+        condition = self._request.condition
+        if condition.type == "version":
+            expected = condition.version
             held = await threads.find_one_and_update(
                 {
-                    **key,
+                    **self._key,
                     "version.threadInstanceId": expected.thread_instance_id,
                     "version.revision": expected.revision,
                 },
@@ -852,14 +812,21 @@ class MongoThreadStore(ThreadStore):
                 return_document=ReturnDocument.AFTER,
                 session=session,
             )
-            if held is None:  # missing or at another version: a conflict, nothing written
-                return await threads.find_one(key, session=session), None
-            return held, held.pop("_heldAt")
-        raw = await threads.find_one(key, session=session)
-        if raw is not None:
-            return raw, None
+            if held is not None:
+                doc = decode_or_invalid(held, "thread")
+                self._held_at = doc.pop("_heldAt")
+                return HeldThread(*parse_root(doc))
+            # Missing or at another version: a conflict, nothing written.
+            stored = await self._root(threads)
+            if stored.root is not None and stored.root.version == expected:
+                # The filter missed a root whose version matches: not a valid root.
+                raise ThreadStoreInvariantError("invalid stored thread: malformed version")
+            return stored
+        stored = await self._root(threads)
+        if stored.root is not None:
+            return stored
         placeholder = await threads.find_one_and_update(
-            key,
+            self._key,
             [{"$set": {"_schemaVersion": SCHEMA_VERSION, "_heldAt": "$$NOW"}}],
             projection={"_heldAt": 1},
             upsert=True,
@@ -868,159 +835,58 @@ class MongoThreadStore(ThreadStore):
         )
         if placeholder is None:  # pragma: no cover - an upsert always returns the document
             raise _Retry()
-        return None, placeholder["_heldAt"]
+        self._held_at = decode_or_invalid(placeholder, "thread")["_heldAt"]
+        return stored
 
-    async def _apply(
-        self, session: AsyncClientSession, request: CommitThreadInput
-    ) -> CommittedResult | ConflictResult:
-        key: Doc = {"scopeKey": request.scope_key, "threadId": request.thread_id}
-        threads = self._col("threads")
-        raw, held_at = await self._hold(session, request)
-        current: ThreadRecord | None = None
-        next_order = {"messages": 1, "runs": 1, "queuedItems": 1}
-        if raw is not None:
-            current, next_order = parse_root(raw)
-        conflict = check_condition(request, current.version if current else None)
-        if conflict is not None:
-            return conflict
-        if held_at is None:  # the filter missed a root whose version matches: not a valid root
-            raise ThreadStoreInvariantError("invalid stored thread: malformed version")
-        now = self.now() or truncate_ms(held_at)
-        if current is not None and now < current.updated_at:
-            now = current.updated_at  # committed_at never goes backwards within a thread
+    async def _root(self, threads: AsyncCollection[RawBSONDocument]) -> HeldThread:
+        raw = await threads.find_one(self._key, session=self._session)
+        if raw is None:
+            return HeldThread(None)
+        return HeldThread(*parse_root(decode_or_invalid(raw, "thread")))
 
-        mutation = request.mutation
-        if isinstance(mutation, DeleteMutation):
-            assert raw is not None
-            for family in ("messages", "runs", "queuedItems"):
-                await self._col(family).delete_many(key, session=session)  # scoped
-            await threads.delete_one({"_id": raw["_id"]}, session=session)
-            return CommittedResult(type="committed", thread=None, committed_at=now)
+    async def server_time(self) -> datetime:
+        """The primary's ``$$NOW`` when the hold wrote the root."""
+        if not isinstance(self._held_at, datetime):  # pragma: no cover - hold() sets it
+            raise ThreadStoreInvariantError("invalid stored thread: malformed hold time")
+        return self._held_at
 
-        changes = mutation.changes or ThreadChanges()
-        # Load only the previous rows the changes name as existing (replace, delete,
-        # truncation boundary); an insert of an existing id is caught by the unique
-        # index when it is written, before the lease is judged.
-        prev_messages = await self._load_by_ids(
-            session, "messages", key, _existing_ids(changes.messages)
-        )
-        prev_runs = await self._load_by_ids(session, "runs", key, _existing_ids(changes.runs))
-        prev_items = await self._load_by_ids(
-            session, "queuedItems", key, _existing_ids(changes.queued_items)
-        )
-        messages = apply_family_changes(
-            "messages",
-            changes.messages,
-            prev_messages,
-            next_order["messages"],
-            now,
-            stamp_message,
-        )
-        runs = apply_family_changes(
-            "runs", changes.runs, prev_runs, next_order["runs"], now, stamp_run
-        )
-        queued = apply_family_changes(
-            "queuedItems",
-            changes.queued_items,
-            prev_items,
-            next_order["queuedItems"],
-            now,
-            stamp_queued_item,
-        )
+    async def load_rows(self, spec: FamilySpec, ids: Sequence[str]) -> Mapping[str, Entry[Any]]:
+        """The named rows, except (on the first attempt) ids the changes only insert."""
+        wanted = ids
+        if not self._exact:
+            skip = _assumed_new(spec, spec.changes(self._changes))
+            wanted = [i for i in ids if i not in skip]
+            if len(wanted) < len(ids):
+                self.unverified.add(spec.name)
+        return await self._store._load(self._session, spec, self._key, wanted)
 
-        truncated_message_runs: list[str] = []
-        if messages.truncate_after is not None:
-            cursor = await self._col("messages").aggregate(
-                [
-                    {
-                        "$match": {
-                            **key,
-                            "_order": {"$gt": messages.truncate_after},
-                            "association.kind": "run",
-                        }
-                    },
-                    {"$group": {"_id": "$association.runId"}},
-                ],
-                session=session,
-            )
-            truncated_message_runs = [d["_id"] async for d in cursor if isinstance(d["_id"], str)]
-        truncated_run_ids: list[str] = []
-        if runs.truncate_after is not None:
-            run_cursor = self._col("runs").find(
-                {**key, "_order": {"$gt": runs.truncate_after}},
-                projection={"_id": 0, "runId": 1},
-                session=session,
-            )
-            truncated_run_ids = [d["runId"] async for d in run_cursor]
-
-        for family, write, named in (
-            ("messages", messages, changes.messages),
-            ("runs", runs, changes.runs),
-            ("queuedItems", queued, changes.queued_items),
-        ):
-            await self._write_family(session, family, key, write, named)
-
-        lease = apply_lease_change(current.lease if current else None, changes.lease, now)
-        if isinstance(lease, LeaseConflict):
-            return ConflictResult(
-                type="conflict", current_version=current.version if current else None
-            )
-        root = apply_thread_root_update(current, request, now, lease)
-        await threads.replace_one(
-            key,
-            root_document(
-                root,
-                {
-                    "messages": messages.next_position,
-                    "runs": runs.next_position,
-                    "queuedItems": queued.next_position,
-                },
-            ),
-            session=session,
-        )
-
-        plan = plan_relationship_validation(
-            changes,
-            previous_message_runs={i: e.record.run_id for i, e in prev_messages.items()},
-            previous_item_runs={i: e.record.run_id for i, e in prev_items.items()},
-            truncated_message_runs=truncated_message_runs,
-            truncated_run_ids=truncated_run_ids,
-            lease=lease,
-        )
-        reader = _Reader(
-            self,
-            session,
-            key,
-            prefetch=plan.run_ids | ({lease.run_id} if lease is not None else set()),
-            tail=messages.inserts[-1] if messages.inserts else None,
-            queue_unchanged=not changes.queued_items and not changes.runs,
-        )
-        await plan.check(reader)
-        return CommittedResult(type="committed", thread=root, committed_at=now)
-
-    async def _write_family(
-        self,
-        session: AsyncClientSession,
-        family: str,
-        key: Doc,
-        write: FamilyWrite[Any],
-        changes: Sequence[Any] | None,
+    async def write_root(
+        self, root: ThreadRecord, next_positions: Mapping[FamilyName, int], *, created: bool
     ) -> None:
-        id_field = CHILD_ID_FIELD[family]
+        # A create replaces the placeholder its hold upserted.
+        await self._store._col("threads").replace_one(
+            self._key, root_document(root, next_positions), session=self._session
+        )
+
+    async def write_family(self, spec: FamilySpec, write: FamilyWrite[Any]) -> Iterable[str]:
+        """One ordered bulk write: truncation, deletes, replacements, inserts."""
+        key, session = self._key, self._session
+        collection = self._store._col(spec.name)
+        truncated: list[str] = []
         ops: list[Any] = []
         if write.truncate_after is not None:
+            truncated = await self._truncated_runs(spec, write.truncate_after)
             ops.append(DeleteMany({**key, "_order": {"$gt": write.truncate_after}}))
         if write.deletes:
-            ops.append(DeleteMany({**key, id_field: {"$in": list(write.deletes)}}))
+            ops.append(DeleteMany({**key, spec.id_field: {"$in": list(write.deletes)}}))
         scope, thread = key["scopeKey"], key["threadId"]
         for rid, entry in write.updates.items():
-            doc = child_document(family, scope, thread, entry.position, entry.record)
-            ops.append(ReplaceOne({**key, id_field: rid}, doc))
+            doc = child_document(spec, scope, thread, entry.position, entry.record)
+            ops.append(ReplaceOne({**key, spec.id_field: rid}, doc))
         inserts = [
-            child_document(family, scope, thread, entry.position, entry.record)
+            child_document(spec, scope, thread, entry.position, entry.record)
             for entry in write.inserts
         ]
-        collection = self._col(family)
         try:
             if not ops and len(inserts) == 1:
                 await collection.insert_one(inserts[0], session=session)
@@ -1030,36 +896,137 @@ class MongoThreadStore(ThreadStore):
                 ops.extend(InsertOne(doc) for doc in inserts)
                 await collection.bulk_write(ops, ordered=True, session=session)
         except PyMongoError as exc:
-            if is_duplicate_key(exc):
-                raise _duplicate_insert(
-                    family, changes, duplicate_key_value(exc, id_field)
+            if not is_duplicate_key(exc):
+                raise
+            refused = duplicate_key(exc)
+            if "_order" in refused:  # the root's counter is behind its stored rows
+                raise ThreadStoreInvariantError(
+                    "invalid stored thread: _nextOrder is behind the stored positions"
                 ) from exc
-            raise
+            if spec.name in self.unverified:
+                raise _InsertExists() from exc
+            # The hold keeps other commits out, so this is an id the rows loaded missed.
+            named = refused.get(spec.id_field)
+            raise duplicate_insert_error(
+                spec.name, spec.changes(self._changes), named if isinstance(named, str) else None
+            ) from exc
+        self.unverified.discard(spec.name)
+        return truncated
 
-
-def _duplicate_insert(
-    family: str, changes: Sequence[Any] | None, rid: str | None
-) -> ThreadStoreInvariantError:
-    """The same error the reference model gives for an insert of an existing id."""
-    noun = _NOUN[family]
-    for index, change in enumerate(changes or ()):
-        if isinstance(change, InsertChange) and (rid is None or record_id(change.record) == rid):
-            return ThreadStoreInvariantError(
-                f"changes.{family}[{index}]: insert of {noun} "
-                f"{record_id(change.record)!r}, which already exists"
+    async def _truncated_runs(self, spec: FamilySpec, after: int) -> list[str]:
+        """The run ids of the stored rows a truncation removes (read before it runs)."""
+        above = {**self._key, "_order": {"$gt": after}}
+        if spec.name == "messages":
+            cursor = await self._store._col("messages").aggregate(
+                [
+                    {"$match": {**above, "association.kind": "run"}},
+                    {"$group": {"_id": "$association.runId"}},
+                ],
+                session=self._session,
             )
-    return ThreadStoreInvariantError(f"changes.{family}: insert of a {noun} that already exists")
+            return [d["_id"] async for d in cursor if isinstance(d["_id"], str)]
+        runs = self._store._col(spec.name).find(
+            above, projection={"_id": 0, "runId": 1}, session=self._session
+        )
+        return [d["runId"] async for d in runs]
+
+    async def delete_thread(self) -> None:
+        """Scoped deletes only: the thread's own children, then its root."""
+        for spec in FAMILIES:
+            await self._store._col(spec.name).delete_many(self._key, session=self._session)
+        await self._store._col("threads").delete_one(self._key, session=self._session)
+
+    def relationship_reader(self, context: RelationshipContext) -> RelationshipReader:
+        inserted = context.writes["messages"].inserts
+        changes = context.changes
+        return _Reader(
+            self._store,
+            self._session,
+            self._key,
+            prefetch=context.plan.run_ids | ({context.lease.run_id} if context.lease else set()),
+            tail=inserted[-1] if inserted else None,
+            queue_unchanged=not changes.queued_items and not changes.runs,
+        )
 
 
-_UNDECODABLE = "invalid stored thread: the stored document cannot be decoded"
+# ------------------------------------------------------------------ read primitives
 
 
-def _decode_root(raw: RawBSONDocument) -> Doc:
-    """Decode one raw list row with the store's codec; undecodable bytes are invalid."""
-    try:
-        return bson.decode(raw.raw, codec_options=CODEC_OPTIONS)
-    except (BSONError, ValueError) as exc:  # ValueError: UnicodeDecodeError and the like
-        raise ThreadStoreInvariantError(f"{_UNDECODABLE} ({type(exc).__name__})") from None
+class _MongoSnapshot(ReadSnapshot):
+    """The read primitives inside one read-only snapshot transaction."""
+
+    def __init__(
+        self,
+        store: MongoThreadStore,
+        session: AsyncClientSession,
+        key: Doc,
+        test_now: datetime | None,
+    ) -> None:
+        self._store = store
+        self._session = session
+        self._key = key
+        self.test_now = test_now
+
+    async def head(self) -> ReadHead:
+        """The root and ``$$NOW`` in one aggregation (a ``hello`` for a missing thread)."""
+        pipeline: list[Doc] = [{"$match": self._key}, {"$limit": 1}]
+        if self.test_now is None:
+            pipeline.append({"$addFields": {"_observedAt": "$$NOW"}})
+        cursor = await self._store._raw("threads").aggregate(pipeline, session=self._session)
+        docs = await cursor.to_list()
+        if not docs:
+            observed = self.test_now
+            if observed is None:
+                hello = await self._store.database.command("hello")
+                observed = hello["localTime"]
+            return ReadHead(observed, None)
+        doc = decode_or_invalid(docs[0], "thread")
+        observed = doc.pop("_observedAt", None) or self.test_now
+        if not isinstance(observed, datetime):  # pragma: no cover - $$NOW is a date
+            raise ThreadStoreInvariantError("invalid stored thread: no observation time")
+        root, next_positions = parse_root(doc)
+        return ReadHead(observed, root, next_positions)
+
+    async def load_rows(self, spec: FamilySpec, ids: Sequence[str]) -> Mapping[str, Entry[Any]]:
+        return await self._store._load(self._session, spec, self._key, ids)
+
+    async def anchor_positions(self, message_ids: Sequence[str]) -> Mapping[str, int]:
+        cursor = self._store._col("messages").find(
+            {**self._key, "messageId": {"$in": list(message_ids)}},
+            projection={"_id": 0, "messageId": 1, "_order": 1},
+            session=self._session,
+        )
+        positions: dict[str, int] = {}
+        async for doc in cursor:
+            try:
+                positions[str(doc["messageId"])] = int(doc["_order"])
+            except (KeyError, TypeError, ValueError):
+                raise ThreadStoreInvariantError(
+                    "invalid stored message: malformed fields"
+                ) from None
+        return positions
+
+    async def scan(
+        self, spec: FamilySpec, plan: ChildPagePlan, window: Window
+    ) -> Sequence[tuple[int, Any]]:
+        """One index-ordered range scan (one per status, merged, for a status filter)."""
+        collection = self._store._raw(spec.name)
+        what = spec.model.__name__
+        scans: list[list[tuple[int, Any]]] = []
+        for query, sort, hint in self._store.page_queries(spec.name, self._key, plan, window):
+            cursor = collection.find(
+                query, sort=sort, limit=window.fetch, hint=hint, session=self._session
+            )
+            scans.append(
+                [parse_child(spec.model, decode_or_invalid(raw, what)) async for raw in cursor]
+            )
+        if len(scans) == 1:
+            return scans[0]
+        merged = heapq.merge(*scans, key=lambda row: row[0], reverse=window.order == "newest")
+        return list(itertools.islice(merged, window.fetch))
+
+
+# ------------------------------------------------------------------ lists
 
 
 def _raw_thread_id(raw: RawBSONDocument) -> str | None:
@@ -1088,17 +1055,7 @@ def _skipped(scope_key: str, raw: RawBSONDocument, exc: Exception) -> StoreWarni
     )
 
 
-def _existing_ids(changes: Sequence[Any] | None) -> set[str]:
-    """Ids the changes require to exist: replaced, deleted, or a truncation boundary."""
-    ids: set[str] = set()
-    for change in changes or ():
-        if isinstance(change, ReplaceChange):
-            ids.add(record_id(change.record))
-        elif isinstance(change, DeleteChange):
-            ids.add(change.id)
-        elif isinstance(change, TruncateChange) and change.after_id is not None:
-            ids.add(change.after_id)
-    return ids
+# ------------------------------------------------------------------ relationship reader
 
 
 def _run_ref(doc: Mapping[str, Any]) -> RunRef:
