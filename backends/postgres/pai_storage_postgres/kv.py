@@ -211,7 +211,7 @@ class Statements:
             f"SELECT nx.ns, w1.step + 1 FROM (SELECT w.ns, w.step, {trunc} AS path FROM w0 AS w) "
             f"AS w1 CROSS JOIN LATERAL ({first(_skip_for('w1', skip))}) AS nx "
             f"WHERE w1.step < {limit}) SELECT ns, step FROM w0) "
-            f"SELECT {trunc.replace('w.ns', 'walk.ns')} AS path FROM walk ORDER BY step"
+            f"SELECT {trunc.replace('w.ns', 'walk.ns')} AS path FROM walk"
         )
         return sql, q.args
 
@@ -375,7 +375,10 @@ class PostgresKeyValueStore(KeyValueStore):
                 skip = done + "\x01"  # the least text above it (text has no U+0000)
             low = max(low, skip)
         sql, args = self.sql.namespaces(low, high, max_depth, limit)
-        return [namespace_from_path(str(r["path"])) for r in await self._fetch(sql, *args)]
+        # The walk finds them in path order; sorted here again rather than by a
+        # Sort node (code-point order of str is the byte order of "C").
+        paths = sorted(str(r["path"]) for r in await self._fetch(sql, *args))
+        return [namespace_from_path(path) for path in paths]
 
     async def _purge_expired(self) -> int:
         total = 0
