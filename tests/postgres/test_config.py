@@ -181,6 +181,13 @@ async def test_initialize_creates_schema_and_records_version(
         "app_threads_runs",
         "app_threads_queued_items",
         "app_threads_schema",
+        # The runtime stores' tables, created with the same schema version.
+        "app_threads_kv",
+        "app_threads_agent_sessions",
+        "app_threads_agent_sessions_values",
+        "app_threads_agent_sessions_items",
+        "app_threads_snapshots",
+        "app_threads_locks",
     }
     version = await pg_conn.fetchval(f'SELECT version FROM "{pg_schema}".app_threads_schema')
     assert version == SCHEMA_VERSION
