@@ -154,6 +154,12 @@ async def main(url: str, quick: bool) -> None:
         got = await interleaved({"store": store_get, "floor": floor_get}, n)
         rows.append(("snapshot get 1 MiB", got["store"], got["floor"], "ms"))
 
+        free_key = guard._lock_key(b"free-floor")
+        lock_keys = {
+            f"contended-{i}-floor".encode(): guard._lock_key(f"contended-{i}-floor".encode())
+            for i in range(4)
+        }
+
         async def store_lock() -> None:
             lock = await guard.try_acquire("free", owner="bench")
             assert lock is not None
@@ -163,7 +169,7 @@ async def main(url: str, quick: bool) -> None:
             token = uuid.uuid4().hex
             async with pool.acquire() as conn:
                 row = await conn.fetchrow(
-                    guard_sql.acquire, None, 1_800_000_000, b"free-floor", token, "bench"
+                    guard_sql.acquire, None, 1_800_000_000, b"free-floor", token, "bench", free_key
                 )
                 assert row is not None
             async with pool.acquire() as conn:
@@ -180,7 +186,9 @@ async def main(url: str, quick: bool) -> None:
             token = uuid.uuid4().hex
             key = (resource + "-floor").encode()
             async with pool.acquire() as conn:
-                row = await conn.fetchrow(guard_sql.acquire, None, 1_800_000_000, key, token, "w")
+                row = await conn.fetchrow(
+                    guard_sql.acquire, None, 1_800_000_000, key, token, "w", lock_keys[key]
+                )
             if row is None:
                 return None
 

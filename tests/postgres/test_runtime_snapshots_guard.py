@@ -217,7 +217,7 @@ async def test_every_guard_statement_uses_an_index(
     table = client.tables.locks.rsplit(".", 1)[-1].strip('"')
     sql = GuardStatements(client.tables)
     now = datetime.now(UTC)
-    await _check_plan(conn, sql.acquire, [now, 1000, b"r7", "tok", "owner"], table)
+    await _check_plan(conn, sql.acquire, [now, 1000, b"r7", "tok", "owner", 7], table)
     await _check_plan(conn, sql.renew, [None, 1000, b"r7", "tok"], table)
     await _check_plan(conn, sql.release, [None, b"r7", "tok"], table)
     await _check_plan(conn, sql.inspect, [now, b"r7"], table)

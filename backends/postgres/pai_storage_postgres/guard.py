@@ -10,14 +10,17 @@ primitive is one statement judged on the server's clock
 - renew and release: ``UPDATE`` / ``DELETE`` where the stored token is the
   caller's;
 - fencing tokens: ``nextval`` of the sequence ``<locks>_fencing``, which purges
-  never reset. A takeover of an existing row draws its token in the ``DO
-  UPDATE``, after the row lock is held, so it is greater than its predecessor's.
+  never reset. An acquisition first takes a transaction advisory lock keyed by
+  the resource and only then draws its token, so no acquisition of the same
+  resource can start, win and be released between the draw and the insert: a
+  holder's token is always greater than every earlier holder's.
 
 See ``docs/postgres.md``.
 """
 
 from __future__ import annotations
 
+import hashlib
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -81,7 +84,8 @@ class Statements:
         self.acquire = f"""INSERT INTO {locks} AS l
                 (resource, token, owner, fencing_token, acquired_at, expires_at)
             SELECT $3, $4, $5, nextval({seq}), n.t, {_LEASE_END}
-            FROM (SELECT {_NOW} AS t) AS n
+            FROM (SELECT {_NOW} AS t, pg_advisory_xact_lock($6::bigint) AS held
+                  OFFSET 0) AS n
             ON CONFLICT (resource) DO UPDATE SET
                 token = EXCLUDED.token, owner = EXCLUDED.owner,
                 fencing_token = nextval({seq}),
@@ -151,6 +155,11 @@ class PostgresExecutionGuard(ExecutionGuard):
         self._pool = None
         await self._client.release()
 
+    def _lock_key(self, resource: bytes) -> int:
+        """The transaction advisory-lock key that serializes acquisitions of ``resource``."""
+        digest = hashlib.sha256(self.tables.locks.encode() + b"\x00" + resource).digest()
+        return int.from_bytes(digest[:8], "big", signed=True)
+
     async def _one(self, sql: str, *args: Any) -> Any:
         """The first row of one autocommit statement (``None`` when there is none)."""
         async with self._client.connection(self._pool) as conn:
@@ -162,8 +171,9 @@ class PostgresExecutionGuard(ExecutionGuard):
     async def _acquire(
         self, resource: str, owner: str, token: str, lease_ttl: timedelta
     ) -> LockInfo | None:
+        key = resource.encode()
         row = await self._one(
-            self._sql.acquire, _micros(lease_ttl), resource.encode(), token, owner
+            self._sql.acquire, _micros(lease_ttl), key, token, owner, self._lock_key(key)
         )
         if row is None:
             return None
