@@ -139,3 +139,10 @@ async def test_a_collection_with_a_collation_is_refused(mongo_harness: Any) -> N
         await client[store.db_name].drop_collection(store.collection_name)
         await client.close()
         await store.close()
+
+
+async def test_token_secret_is_a_common_option_of_open_store() -> None:
+    store = open_store("mongodb://127.0.0.1:9/app", token_secret=b"k" * 32)
+    assert store.selections.codec is not None
+    with pytest.raises(ThreadStoreConfigurationError, match="token_secret"):
+        open_store("mongodb://127.0.0.1:9/app", token_secret="not-bytes")

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 __all__ = ["MongoBackend", "MongoThreadStore", "backend"]
 
-OPTIONS = frozenset({"db_name", "collection_name", "clock", "on_warning"})
+OPTIONS = frozenset({"db_name", "collection_name", "clock", "on_warning", "token_secret"})
 
 
 class MongoBackend(Backend):

@@ -110,6 +110,10 @@ class MongodProcess:
                 self.dbpath,
                 "--wiredTigerCacheSizeGB",
                 "0.25",
+                # Every test makes fresh collections and drops them: close the files of
+                # idle (dropped) tables soon, or a long run reaches the open-file limit.
+                "--wiredTigerEngineConfigString",
+                "file_manager=(close_idle_time=10,close_scan_interval=10)",
                 "--logpath",
                 os.path.join(self.dbpath, "mongod.log"),
                 "--setParameter",
