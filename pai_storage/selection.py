@@ -19,12 +19,12 @@ deleted and re-created is rejected.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
-from .aggregate import Entry, Family, FamilyName, ThreadAggregate
+from .aggregate import FamilyName, FamilyView, ThreadAggregate
 from .errors import ThreadStoreInvariantError, ThreadStorePageTokenError
 from .models import (
     MAX_ID_LENGTH,
@@ -288,7 +288,7 @@ class ChildPagePlan:
             items=[record for _, record in items], next_page_token=token, version=version
         )
 
-    def select(self, family: Family[R], version: ThreadVersion) -> ThreadPage[R]:
+    def select(self, family: FamilyView[R], version: ThreadVersion) -> ThreadPage[R]:
         """Run this plan over a family held in memory (aggregate backends)."""
         after, before = self.bound_ids()
         positions: list[int | None] = []
@@ -301,16 +301,19 @@ class ChildPagePlan:
                 raise self.missing_anchor(anchor_id)
             positions.append(entry.position)
         window = self.window(version, family.high_water(), positions[0], positions[1])
-        chosen: Iterable[Entry[R]] = family
-        if window.order == "newest":
-            chosen = reversed(list(family))
+        return self.finish(window, self.scan(family, window), version)
+
+    def scan(self, family: FamilyView[R], window: Window) -> list[tuple[int, R]]:
+        """Up to ``window.fetch`` matching rows of a family held in memory, in window order."""
         rows: list[tuple[int, R]] = []
-        for entry in chosen:
-            if window.contains(entry.position) and self.matches(entry.record):
+        if window.lower + 1 >= window.upper:
+            return rows
+        for entry in family.between(window.lower, window.upper, newest=window.order == "newest"):
+            if self.matches(entry.record):
                 rows.append((entry.position, entry.record))
                 if len(rows) == window.fetch:
                     break
-        return self.finish(window, rows, version)
+        return rows
 
 
 @dataclass(frozen=True, slots=True)
@@ -415,11 +418,34 @@ class ListPlan:
         return Page[ThreadRecord](items=items, next_page_token=token)
 
     def select(self, roots: Iterable[ThreadRecord]) -> Page[ThreadRecord]:
-        """Run the plan over roots held in memory (already limited to this scope)."""
+        """Run the plan over roots held in memory (already limited to this scope).
+
+        Sorts the matching roots: O(n log n) in the scope's size. A backend
+        that keeps its roots in list order uses :meth:`select_sorted`.
+        """
         rows = sorted(
             (r for r in roots if self.matches(r) and self.after_cursor(r)), key=self.sort_key
         )
         return self.finish(rows[: self.fetch])
+
+    def select_sorted(
+        self, roots_after: Callable[[tuple[int, str] | None], Iterable[ThreadRecord]]
+    ) -> Page[ThreadRecord]:
+        """Run the plan over roots a backend keeps sorted by :meth:`sort_key`.
+
+        ``roots_after(key)`` yields the scope's roots whose sort key is greater
+        than ``key`` (all of them for ``None``), in list order; they are
+        consumed only until the page is full, so a page costs its rows plus the
+        rows the filters skip.
+        """
+        start = None if self.cursor is None else (-self.cursor[0], self.cursor[1])
+        rows: list[ThreadRecord] = []
+        for root in roots_after(start):
+            if self.matches(root):
+                rows.append(root)
+                if len(rows) == self.fetch:
+                    break
+        return self.finish(rows)
 
 
 class SelectionHelpers:
