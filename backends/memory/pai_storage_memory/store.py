@@ -1,10 +1,15 @@
-"""The in-memory store: one aggregate per thread, one lock, copies in and out."""
+"""The in-memory store: one indexed thread per id, an ordered index per scope, one lock."""
 
 from __future__ import annotations
 
 import copy
 import threading
+from collections.abc import Iterator
 from datetime import datetime
+from typing import Any, TypeVar, cast
+
+from pydantic import BaseModel
+from sortedcontainers import SortedList  # type: ignore[import-untyped]
 
 from pai_storage import (
     CommittedResult,
@@ -19,20 +24,95 @@ from pai_storage import (
     ThreadStore,
     truncate_ms,
 )
-from pai_storage.backend import ThreadAggregate, apply_thread_changes, read_aggregate, system_clock
+from pai_storage.aggregate import IndexedThread
+from pai_storage.apply import IndexedTransaction
+from pai_storage.backend import ListPlan, read_aggregate, run_commit, run_sync, system_clock
 
 __all__ = ["MemoryThreadStore"]
+
+T = TypeVar("T")
+
+# Values a record may hold that nobody can change in place.
+_IMMUTABLE: frozenset[type] = frozenset({str, int, float, bool, type(None), datetime})
+
+
+def _detached(value: T) -> T:
+    """A copy of an input or result that shares nothing mutable with ``value``.
+
+    Records are frozen models, so only their ``dict`` and ``list`` values
+    (opaque JSON, parts, id lists) can be changed by whoever holds them: those
+    are copied, and a model is re-created only around a copied value. Strings,
+    numbers and timestamps are shared. The effect of ``copy.deepcopy`` at the
+    cost of the mutable values alone.
+    """
+    kind = type(value)
+    if kind in _IMMUTABLE:
+        return value
+    if kind is dict:
+        return cast(T, {key: _detached(sub) for key, sub in cast(dict[str, Any], value).items()})
+    if kind is list:
+        return cast(T, [_detached(sub) for sub in cast(list[Any], value)])
+    if isinstance(value, BaseModel):
+        copied = {}
+        for name, sub in value.__dict__.items():
+            fresh = _detached(sub)
+            if fresh is not sub:
+                copied[name] = fresh
+        if not copied:
+            return value  # immutable all the way down: safe to share
+        clone = copy.copy(value)
+        clone.__dict__.update(copied)
+        return clone
+    return copy.deepcopy(value)  # anything else: no shortcut
+
+
+class _Scope:
+    """The threads of one scope, plus their roots in list order.
+
+    ``order`` holds ``(-updated_at ms, thread_id)`` for every thread (the list
+    order of :meth:`ListPlan.sort_key`), so a list page starts at its cursor in
+    O(log n) instead of sorting the scope.
+    """
+
+    __slots__ = ("order", "threads")
+
+    def __init__(self) -> None:
+        self.threads: dict[str, IndexedThread] = {}
+        self.order: Any = SortedList()
+
+    def __len__(self) -> int:
+        return len(self.threads)
+
+    def store(
+        self, thread_id: str, before: ThreadRecord | None, after: IndexedThread | None
+    ) -> None:
+        """Record a committed thread (``None``: deleted) whose root was ``before``."""
+        if before is not None:
+            self.order.remove(ListPlan.sort_key(before))
+        if after is None:
+            self.threads.pop(thread_id, None)
+        else:
+            self.threads[thread_id] = after
+            self.order.add(ListPlan.sort_key(after.root))
+
+    def roots_after(self, key: tuple[int, str] | None) -> Iterator[ThreadRecord]:
+        """The roots in list order whose sort key is greater than ``key``."""
+        keys = self.order if key is None else self.order.irange(key, None, inclusive=(False, True))
+        for _, thread_id in keys:
+            yield self.threads[thread_id].root
 
 
 class MemoryThreadStore(ThreadStore):
     """Threads kept in process memory; the reference backend.
 
-    Reads and commits run the core's pipelines over the stored aggregate
-    (:func:`~pai_storage.backend.read_aggregate`,
-    :func:`~pai_storage.backend.apply_thread_changes`) under one per-store
-    lock, so they are atomic and serialized. Inputs are copied before they are
-    stored and results are copied before they are returned: callers can never
-    mutate stored state. Nothing survives the process.
+    Reads and commits run the core's pipelines (:func:`~pai_storage.backend.run_commit`,
+    :func:`~pai_storage.backend.read_aggregate`) over indexed threads under one
+    per-store lock, so they are atomic and serialized. A commit stages its
+    writes and applies them only once it is judged, and costs the size of the
+    change; a page costs the size of the page (see ``docs/performance.md``).
+    Inputs are copied before they are stored and results are copied before
+    they are returned: callers can never mutate stored state. Nothing survives
+    the process.
 
     Accepts the common options of :class:`~pai_storage.ThreadStore`
     (``clock``, ``on_warning``, ``token_secret``).
@@ -43,7 +123,7 @@ class MemoryThreadStore(ThreadStore):
 
     def __init__(self, **options: object) -> None:
         super().__init__(**options)  # type: ignore[arg-type]
-        self._scopes: dict[str, dict[str, ThreadAggregate]] = {}
+        self._scopes: dict[str, _Scope] = {}
         # A threading lock: every critical section is synchronous, so the store
         # is also safe when shared by several event loops or threads.
         self._lock = threading.Lock()
@@ -51,37 +131,38 @@ class MemoryThreadStore(ThreadStore):
     def _clock(self) -> datetime:
         return self.now() or truncate_ms(system_clock())
 
+    def _thread(self, scope_key: str, thread_id: str) -> IndexedThread | None:
+        scope = self._scopes.get(scope_key)
+        return scope.threads.get(thread_id) if scope is not None else None
+
     async def _read_thread(self, request: ReadThreadInput) -> ThreadReadResult:
         plan = self.selections.plan_read(request)
         with self._lock:
-            aggregate = self._scopes.get(request.scope_key, {}).get(request.thread_id)
-            return copy.deepcopy(read_aggregate(aggregate, plan, self._clock()))
+            thread = self._thread(request.scope_key, request.thread_id)
+            return _detached(read_aggregate(thread, plan, self._clock()))
 
     async def _list_threads(self, request: ListThreadsInput) -> Page[ThreadRecord]:
         plan = self.selections.plan_list(request)
         with self._lock:
-            threads = self._scopes.get(request.scope_key, {})
-            page = plan.select(agg.root for agg in threads.values())
-            return copy.deepcopy(page)
+            scope = self._scopes.get(request.scope_key)
+            if scope is None:
+                return plan.finish([])
+            return _detached(plan.select_sorted(scope.roots_after))
 
     async def _commit_thread(self, request: CommitThreadInput) -> CommittedResult | ConflictResult:
-        request = request.deep_copy()
+        request = _detached(request)
         with self._lock:
-            threads = self._scopes.get(request.scope_key, {})
-            # Every stored aggregate obeys the rules, so only the runs this commit
-            # can affect are checked (the conformance suite compares this with the
-            # full check of the reference model).
-            outcome = apply_thread_changes(
-                threads.get(request.thread_id), request, self._clock(), bounded=True
-            )
-            if isinstance(outcome.result, CommittedResult):
-                if outcome.aggregate is None:
-                    threads.pop(request.thread_id, None)
-                else:
-                    self._scopes.setdefault(request.scope_key, threads)[request.thread_id] = (
-                        outcome.aggregate
-                    )
-            return copy.deepcopy(outcome.result)
+            thread = self._thread(request.scope_key, request.thread_id)
+            before = thread.root if thread is not None else None
+            tx = IndexedTransaction(thread, self._clock())
+            # Every stored thread obeys the rules, so only the runs this commit
+            # can affect are checked (the conformance suite compares this with
+            # the full check of the reference model).
+            result = run_sync(run_commit(tx, request))
+            if isinstance(result, CommittedResult):
+                scope = self._scopes.setdefault(request.scope_key, _Scope())
+                scope.store(request.thread_id, before, tx.apply())
+            return _detached(result)
 
     async def _info(self) -> StoreInfo:
         return StoreInfo(
