@@ -12,7 +12,9 @@ core runs the algorithms:
   :func:`run_read`, which run the whole judgement in one fixed order.
 - An aggregate-style backend (one value per thread) keeps
   :class:`ThreadAggregate` values and calls :func:`apply_thread_changes` and
-  :func:`read_aggregate`.
+  :func:`read_aggregate`; an in-process one that must not grow with the
+  thread keeps :class:`IndexedThread` values and commits through
+  :class:`IndexedTransaction` (the memory backend).
 - :data:`FAMILIES` describes the three child families once (id field, noun,
   model, stamping).
 - Reads and lists are planned by the store's ``selections``
@@ -26,8 +28,22 @@ core runs the algorithms:
   (``docs/bundle.md``).
 """
 
-from .aggregate import Entry, Family, FamilyName, ThreadAggregate
-from .apply import AggregateSnapshot, ApplyResult, apply_thread_changes, read_aggregate
+from .aggregate import (
+    Entry,
+    Family,
+    FamilyName,
+    FamilyView,
+    IndexedFamily,
+    IndexedThread,
+    ThreadAggregate,
+)
+from .apply import (
+    AggregateSnapshot,
+    ApplyResult,
+    IndexedTransaction,
+    apply_thread_changes,
+    read_aggregate,
+)
 from .changes import (
     FamilyWrite,
     apply_family_changes,
@@ -142,9 +158,13 @@ __all__ = [
     "Family",
     "FamilyName",
     "FamilySpec",
+    "FamilyView",
     "FamilyWrite",
     "HeldThread",
     "IdsPlan",
+    "IndexedFamily",
+    "IndexedThread",
+    "IndexedTransaction",
     "KVRecord",
     "KeyValueStore",
     "LeaseConflict",

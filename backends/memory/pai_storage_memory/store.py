@@ -24,9 +24,15 @@ from pai_storage import (
     ThreadStore,
     truncate_ms,
 )
-from pai_storage.aggregate import IndexedThread
-from pai_storage.apply import IndexedTransaction
-from pai_storage.backend import ListPlan, read_aggregate, run_commit, run_sync, system_clock
+from pai_storage.backend import (
+    IndexedThread,
+    IndexedTransaction,
+    ListPlan,
+    read_aggregate,
+    run_commit,
+    run_sync,
+    system_clock,
+)
 
 __all__ = ["MemoryThreadStore"]
 
