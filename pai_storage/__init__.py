@@ -25,6 +25,7 @@ test provisioning lives beside the conformance suite.
 from typing import Any
 
 from . import builders
+from .aggregate import ThreadAggregate
 from .bundle import (
     Stores,
     connect,
@@ -55,12 +56,13 @@ from .registry import available_backends, open_store, register_backend, unregist
 from .snapshots import Snapshot, SnapshotInfo, SnapshotStore
 from .state import AgentStateStore, VersionedState
 from .store import StoreInfo, ThreadStore, public_projection
-from .url import StoreURL, make_url, redact
+from .url import StoreURL, make_url
 
 __version__ = "0.1.0"
 
 __all__ = [
     *_error_names,
+    "ThreadAggregate",
     *_model_names,
     "AgentStateStore",
     "ExecutionGuard",
@@ -100,7 +102,6 @@ __all__ = [
     "parse_run",
     "parse_thread",
     "public_projection",
-    "redact",
     "register_backend",
     "system_clock",
     "truncate_ms",

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Self
 
-from .errors import ThreadStoreConfigurationError
+from .errors import ConfigurationError
 from .lifecycle import ManagedStore
 from .registry import backend_for_url
 from .url import StoreURL
@@ -59,7 +59,7 @@ class Stores:
     """The stores :func:`connect` opened, one attribute per component.
 
     Asking for a component no URL provided raises
-    :class:`~pai_storage.ThreadStoreConfigurationError` naming the backend and
+    :class:`~pai_storage.ConfigurationError` naming the backend and
     the component. An async context manager: entering initializes every
     component (so a bad URL fails at once), leaving closes them.
     """
@@ -72,7 +72,7 @@ class Stores:
         store = self._stores.get(component)
         if store is None:
             backend = self._backends.get(component, "chosen")
-            raise ThreadStoreConfigurationError(
+            raise ConfigurationError(
                 f"the {backend} backend does not provide the {component} component; open it "
                 f"from another URL: connect(url, {component}='...')"
             )
@@ -127,7 +127,7 @@ class Stores:
                 continue
             try:
                 await store.close()
-            except Exception as exc:  # close the rest, report the first failure
+            except BaseException as exc:  # even a cancellation: close the rest, then raise
                 first = first or exc
         if first is not None:
             raise first
@@ -175,9 +175,10 @@ def connect(
 
     Raises
     ------
-    ThreadStoreConfigurationError
-        Unknown scheme, missing driver, bad options, or a component URL whose
-        backend does not provide that component. The password of a URL never
+    ConfigurationError
+        Unknown scheme, missing driver, bad options (also options of ``url``'s
+        backend when every component comes from another URL), or a component
+        URL whose backend does not provide that component. The password of a URL never
         appears in a message.
     """
     overrides = {
@@ -189,6 +190,7 @@ def connect(
     }
     common = {k: v for k, v in options.items() if k in COMMON_OPTIONS}
     main_backend, main_url = backend_for_url(url)
+    own = sorted(set(options) - COMMON_OPTIONS)
     groups: dict[StoreURL, list[str]] = {}
     for component in COMPONENTS:
         other = overrides[component]
@@ -196,6 +198,12 @@ def connect(
             groups.setdefault(backend_for_url(other)[1], []).append(component)
         elif component in main_backend.components:
             groups.setdefault(main_url, []).append(component)
+    if own and main_url not in groups:
+        # Never drop an option silently: these belong to a backend that opens nothing.
+        raise ConfigurationError(
+            f"option(s) {', '.join(own)} apply to {main_url.full_scheme}://, from which no "
+            "component is opened (every component was given another URL)"
+        )
     # Opening is lazy (nothing connects before first use), so a failure here
     # leaves nothing to release.
     stores: dict[str, ManagedStore] = {}

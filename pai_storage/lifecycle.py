@@ -62,6 +62,7 @@ class ManagedStore:
         self.clock = clock
         self.on_warning = on_warning
         self._init_task: asyncio.Future[None] | None = None
+        self._closing: asyncio.Future[None] | None = None
         self._initialized = False
         self._closed = False
 
@@ -80,6 +81,7 @@ class ManagedStore:
         task = self._init_task
         if task is None:
             task = self._init_task = asyncio.ensure_future(self._initialize_once())
+            task.add_done_callback(self._forget_failed_attempt)
         try:
             # Shielded: a cancelled caller does not cancel the attempt others share.
             await asyncio.shield(task)
@@ -88,10 +90,13 @@ class ManagedStore:
                 # close() stopped the attempt this caller was waiting for.
                 raise self._closed_error() from None
             raise
-        except BaseException:
-            if self._init_task is task and task.done():
-                self._init_task = None  # forget a failed attempt; the next call retries
-            raise
+
+    def _forget_failed_attempt(self, task: asyncio.Future[None]) -> None:
+        # Whether or not anyone still waits for it (its callers may all have been
+        # cancelled), a failed attempt is forgotten: the next call retries afresh.
+        failed = task.cancelled() or task.exception() is not None
+        if failed and self._init_task is task:
+            self._init_task = None
 
     async def _initialize_once(self) -> None:
         await self._initialize()
@@ -108,15 +113,18 @@ class ManagedStore:
         cancelled), so once ``close()`` returns nothing of the store is open
         and every later call raises :class:`ConfigurationError`.
         """
-        if self._closed:
-            return
-        self._closed = True
+        if self._closing is None:
+            self._closed = True
+            self._closing = asyncio.ensure_future(self._close_once())
+        # Every caller (a second close() too) returns only once everything is
+        # released; a cancelled caller does not stop the release.
+        await asyncio.shield(self._closing)
+
+    async def _close_once(self) -> None:
         task = self._init_task
         if task is not None and not task.done():
             task.cancel()
             await asyncio.wait({task})  # never raises: the outcome stays with the task
-            if not task.cancelled():
-                task.exception()  # retrieved: a failed attempt is not logged as unhandled
         await self._close()
 
     @property

@@ -212,7 +212,7 @@ async def run_commit(
     tx: CommitTransaction,
     commit: CommitThreadInput,
     *,
-    clock_now: datetime | None = None,
+    clock: Callable[[], datetime | None] | None = None,
     instance_id: Callable[[], str] = new_instance_id,
 ) -> CommittedResult | ConflictResult:
     """Judge and apply one validated commit through a backend's primitives.
@@ -223,9 +223,12 @@ async def run_commit(
         The backend's primitives for this commit, inside its transaction.
     commit:
         The validated commit input.
-    clock_now:
-        The test clock's time (:meth:`ThreadStore.now`); ``None`` reads the
-        provider's clock through :meth:`CommitTransaction.server_time`.
+    clock:
+        The store's test clock reader (pass :meth:`ThreadStore.now`), called
+        once the thread is held: a commit that waited for the thread judges
+        leases at the moment it applies. When it gives ``None`` (no test
+        clock), the provider's clock is read through
+        :meth:`CommitTransaction.server_time`.
     instance_id:
         Source of fresh thread instance ids (for a create).
 
@@ -241,7 +244,7 @@ async def run_commit(
         A mechanical change error or a broken relationship rule.
     """
     try:
-        return await _judge(tx, commit, clock_now, instance_id)
+        return await _judge(tx, commit, clock, instance_id)
     except ThreadConflict as conflict:
         return ConflictResult(type="conflict", current_version=conflict.current)
 
@@ -249,7 +252,7 @@ async def run_commit(
 async def _judge(
     tx: CommitTransaction,
     commit: CommitThreadInput,
-    clock_now: datetime | None,
+    clock: Callable[[], datetime | None] | None,
     instance_id: Callable[[], str],
 ) -> CommittedResult | ConflictResult:
     held = await tx.hold()
@@ -257,7 +260,8 @@ async def _judge(
     conflict = check_condition(commit, previous.version if previous else None)
     if conflict is not None:
         return conflict
-    now = commit_time(clock_now if clock_now is not None else await tx.server_time(), previous)
+    test_now = clock() if clock is not None else None
+    now = commit_time(test_now if test_now is not None else await tx.server_time(), previous)
     mutation = commit.mutation
     if isinstance(mutation, DeleteMutation):
         await tx.delete_thread()

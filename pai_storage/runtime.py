@@ -221,7 +221,10 @@ class RuntimeStore(ManagedStore):
         """The position a token carries; :class:`PageTokenError` unless it is this query's."""
         if type(token) is not str or not token:
             raise PageTokenError("page token must be a non-empty string")
-        return self._tokens.decode(token, kind, scope, query_digest(query))
+        try:
+            return self._tokens.decode(token, kind, scope, query_digest(query))
+        except PageTokenError as exc:  # the codec's thread-store class: say it generally
+            raise PageTokenError(str(exc)) from None
 
 
 def token_strings(position: dict[str, Any], *keys: str) -> Sequence[str]:

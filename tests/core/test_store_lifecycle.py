@@ -118,3 +118,48 @@ async def test_a_clock_returning_a_naive_datetime_is_a_configuration_error() -> 
     store = _SlowStore(clock=lambda: datetime(2026, 1, 1))
     with pytest.raises(ThreadStoreConfigurationError, match="clock"):
         store.now()
+
+
+class _FailingStore(_SlowStore):
+    attempts = 0
+
+    async def _initialize(self) -> None:
+        type(self).attempts += 1
+        await self.gate.wait()
+        raise RuntimeError("boom")
+
+
+async def test_a_failed_attempt_is_forgotten_even_when_its_caller_was_cancelled() -> None:
+    store = _FailingStore()
+    first = asyncio.create_task(store.initialize())
+    await asyncio.sleep(0)
+    first.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    store.gate.set()
+    for _ in range(5):  # let the shared attempt fail with nobody waiting
+        await asyncio.sleep(0)
+    with pytest.raises(RuntimeError, match="boom"):
+        await store.initialize()
+    assert _FailingStore.attempts == 2  # the second call retried from scratch
+    await store.close()
+
+
+async def test_a_second_close_returns_only_once_everything_is_released() -> None:
+    store = _SlowStore()
+    release = asyncio.Event()
+    closed: list[str] = []
+
+    async def slow_close() -> None:
+        await release.wait()
+        closed.append("released")
+
+    store._close = slow_close  # type: ignore[method-assign]
+    first = asyncio.create_task(store.close())
+    await asyncio.sleep(0)
+    second = asyncio.create_task(store.close())
+    await asyncio.sleep(0)
+    assert not second.done()  # it waits for the release the first close started
+    release.set()
+    await asyncio.gather(first, second)
+    assert closed == ["released"]

@@ -680,7 +680,7 @@ class MongoThreadStore(ThreadStore):
     ) -> CommittedResult | ConflictResult:
         """Judge and write one commit in the session's open transaction (not ended here)."""
         tx = tx or _MongoCommit(self, session, request, exact=False)
-        return await run_commit(tx, request, clock_now=self.now())
+        return await run_commit(tx, request, clock=self.now)
 
     async def _commit_once(
         self, session: AsyncClientSession, request: CommitThreadInput

@@ -407,7 +407,7 @@ class PostgresThreadStore(ThreadStore):
                 with map_errors(attempt.translate):
                     await conn.execute("BEGIN")
                     tx = _PgTransaction(conn, self._layout, request)
-                    result = await run_commit(tx, request, clock_now=self.now())
+                    result = await run_commit(tx, request, clock=self.now)
                     if isinstance(result, ConflictResult):
                         await conn.execute("ROLLBACK")
                         return result

@@ -251,7 +251,7 @@ class KeyValueThreadStore(ThreadStore):
     async def _commit_thread(self, request: CommitThreadInput) -> CommittedResult | ConflictResult:
         async with self.server.lock:
             tx = _Transaction(_View(self.server, request.scope_key, request.thread_id))
-            result = await run_commit(tx, request, clock_now=self.now())
+            result = await run_commit(tx, request, clock=self.now)
             if isinstance(result, CommittedResult):
                 tx.view.commit()  # nothing staged reaches the map unless the commit holds
             return result
