@@ -1,4 +1,4 @@
-"""Benchmark of the PostgreSQL snapshot store and execution guard against an asyncpg floor.
+"""Benchmark of the PostgreSQL runtime stores against an asyncpg floor.
 
 One command, prints a table::
 
@@ -7,14 +7,24 @@ One command, prints a table::
 Each operation is timed next to its *floor*: the same SQL statements (the
 stores' own ``Statements``) issued directly through asyncpg on a pool with the
 same settings, so the ratio is what the store costs beyond the database
-(argument checks, SHA-256 of the data on put and on every read, model
-building, the guard's watchdog task). Samples of the store and the floor are
-interleaved, medians reported:
+(argument checks, canonical JSON, SHA-256 of the data on put and on every
+read, model building, page tokens, the guard's watchdog task). Samples of the
+store and the floor are interleaved, medians reported:
 
+- key-value get, put and put_if_version of one small item;
+- key-value search, first page of 20, under a namespace prefix holding 100
+  and one holding 100,000 items (loaded with one ``COPY`` straight into the
+  table, not through the store; the loading time is printed);
+- agent-state save of one value, and append of one item to a list of 10 and
+  to a list of 10,000 items (each list grows by one item per sample);
 - snapshot put and get of 1 MiB;
 - guard acquire + release of a free resource;
 - 32 workers contending for 4 locks (retry every 5 ms): acquisitions per
   second, each holder checked against a log of fencing tokens.
+
+Targets: every ratio within 1.5x of the floor, and the size-growth ratios
+(search at 100,000 / at 100 items, append at 10,000 / at 10 items) within
+1.5x too; the command exits with status 1 when one is missed.
 
 Everything lives in a throwaway schema that is dropped at the end.
 """
@@ -28,19 +38,31 @@ import statistics
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg  # type: ignore[import-untyped]
 from pai_storage_postgres.client import SESSION_SETTINGS, PgClient, keep_session
 from pai_storage_postgres.guard import PostgresExecutionGuard
 from pai_storage_postgres.guard import Statements as GuardStatements
+from pai_storage_postgres.kv import COLUMNS as KV_COLUMN_LIST
+from pai_storage_postgres.kv import PostgresKeyValueStore
+from pai_storage_postgres.kv import Statements as KVStatements
 from pai_storage_postgres.snapshots import PostgresSnapshotStore
 from pai_storage_postgres.snapshots import Statements as SnapshotStatements
+from pai_storage_postgres.state import PostgresAgentStateStore
+from pai_storage_postgres.state import Statements as StateStatements
+
+from pai_storage import Item
+from pai_storage.backend import namespace_path, prefix_upper_bound
+from pai_storage.runtime import canonical_json
+from pai_storage.state import extend_list_hash
 
 DEFAULT_URL = os.environ.get("PAI_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
 TARGET = 1.5
 RETRY = timedelta(milliseconds=5)
+SMALL, LARGE, PAGE = 100, 100_000, 20
+KV_COLUMNS = KV_COLUMN_LIST.split(", ")
 
 
 def median_ms(samples: list[float]) -> float:
@@ -108,6 +130,162 @@ async def contention(
     return count / elapsed
 
 
+async def kv_state_rows(
+    client: PgClient, pool: Any, n: int
+) -> tuple[list[tuple[str, float, float, str]], list[tuple[str, float, float]], float]:
+    """Key-value and agent-state operations: store/floor rows, growth rows, load seconds."""
+    kv = PostgresKeyValueStore(client=client)
+    state = PostgresAgentStateStore(client=client)
+    rows: list[tuple[str, float, float, str]] = []
+    growth: list[tuple[str, float, float]] = []
+    try:
+        await kv.initialize()
+        await state.initialize()
+        t = client.tables
+        kv_sql = KVStatements(t.kv)
+        st_sql = StateStatements(t)
+        value = {"title": "a benchmark item", "tags": ["x", "y"], "score": 1.5}
+        text = canonical_json(value)
+
+        # --- load: the searched prefixes, straight into the table (not through the store)
+        now = datetime.now(UTC)
+        started = time.perf_counter()
+        async with pool.acquire() as conn:
+            for prefix, count in (("small", SMALL), ("big", LARGE)):
+                path = namespace_path((prefix, "docs"))
+                await conn.copy_records_to_table(
+                    t.base("kv"),
+                    schema_name=t.schema,
+                    columns=KV_COLUMNS,
+                    records=(
+                        (path, f"k{i:06d}", text, 1, now, now, None, None) for i in range(count)
+                    ),
+                )
+            await conn.execute(f"ANALYZE {t.kv}")
+        load_seconds = time.perf_counter() - started
+
+        # --- KV get, put, put_if_version
+        ns = ("bench", "kv")
+        path = namespace_path(ns)
+        await kv.put(ns, "store", value)
+        await kv.put(ns, "floor", value)
+
+        async def floor_get() -> None:
+            async with pool.acquire() as conn:
+                await conn.fetch(kv_sql.get_many, None, path, ["floor"])
+
+        got = await interleaved({"store": lambda: kv.get(ns, "store"), "floor": floor_get}, n)
+        rows.append(("kv get", got["store"], got["floor"], "ms"))
+
+        async def floor_put() -> None:
+            async with pool.acquire() as conn:
+                await conn.fetch(kv_sql.put, None, path, "floor", text, None)
+
+        put = await interleaved(
+            {"store": lambda: kv.put(ns, "store", value), "floor": floor_put}, n
+        )
+        rows.append(("kv put", put["store"], put["floor"], "ms"))
+
+        versions = {"store": (await kv.put(ns, "store", value)).version, "floor": 0}
+        async with pool.acquire() as conn:
+            versions["floor"] = (await conn.fetch(kv_sql.put, None, path, "floor", text, None))[0][
+                "version"
+            ]
+
+        async def store_cas() -> None:
+            item = await kv.put_if_version(ns, "store", value, versions["store"])
+            assert isinstance(item, Item)
+            versions["store"] = item.version
+
+        async def floor_cas() -> None:
+            async with pool.acquire() as conn:
+                found = await conn.fetch(
+                    kv_sql.update, None, path, "floor", text, None, versions["floor"]
+                )
+            assert found
+            versions["floor"] = found[0]["version"]
+
+        cas = await interleaved({"store": store_cas, "floor": floor_cas}, n)
+        rows.append(("kv put_if_version", cas["store"], cas["floor"], "ms"))
+
+        # --- KV search: the first page (limit 20) under a prefix of 100 and of 100,000 items
+        pages: dict[int, float] = {}
+        for prefix, count in (("small", SMALL), ("big", LARGE)):
+            low = namespace_path((prefix,))
+            sql, args = kv_sql.search(low, prefix_upper_bound(low), None, None, PAGE + 1)
+
+            async def store_search(prefix: str = prefix) -> None:
+                page = await kv.search((prefix,), limit=PAGE)
+                assert len(page.items) == PAGE
+                assert page.next_page_token
+
+            async def floor_search(sql: str = sql, args: list[Any] = args) -> None:
+                async with pool.acquire() as conn:
+                    assert len(await conn.fetch(sql, None, *args)) == PAGE + 1
+
+            found = await interleaved({"store": store_search, "floor": floor_search}, n)
+            rows.append((f"kv search page at {count:,}", found["store"], found["floor"], "ms"))
+            pages[count] = found["store"]
+        growth.append(("kv search page: 100,000 / 100 items", pages[LARGE], pages[SMALL]))
+
+        # --- agent state: save, and append one item to a 10- and a 10,000-item list
+        user, sid = "bench-user", "bench-session"
+        ttl_ms = state._ttl_ms
+
+        async def floor_save() -> None:
+            async with pool.acquire() as conn, conn.transaction():
+                stale = await conn.fetchval(st_sql.touch, None, user, sid, ttl_ms)
+                assert not stale
+                await conn.fetchval(st_sql.save_any, user, sid, "floor-value", text)
+
+        saved = await interleaved(
+            {"store": lambda: state.save(user, sid, "store-value", value), "floor": floor_save}, n
+        )
+        rows.append(("state save", saved["store"], saved["floor"], "ms"))
+
+        appends: dict[int, float] = {}
+        for size in (10, 10_000):
+            items = [{"i": i, "text": "an item of the list"} for i in range(size)]
+            await state.save_list(user, sid, f"store-{size}", items)
+            await state.save_list(user, sid, f"floor-{size}", items)
+            item = {"i": -1, "text": "an appended item"}
+            item_text = canonical_json(item)
+
+            async def store_append(size: int = size, item: Any = item) -> None:
+                await state.append_list(user, sid, f"store-{size}", [item])
+
+            async def floor_append(size: int = size, item_text: str = item_text) -> None:
+                key = f"floor-{size}"
+                async with pool.acquire() as conn:
+                    head = await conn.fetchrow(st_sql.get, None, user, sid, key)
+                async with pool.acquire() as conn, conn.transaction():
+                    await conn.fetchval(st_sql.touch, None, user, sid, ttl_ms)
+                    length, digest = int(head["length"]), str(head["hash"])
+                    done = await conn.fetchval(
+                        st_sql.list_at,
+                        user,
+                        sid,
+                        key,
+                        length + 1,
+                        extend_list_hash(digest, (item_text,)),
+                        length,
+                        digest,
+                    )
+                    assert done is not None
+                    await conn.execute(st_sql.items_add, user, sid, key, length, [item_text])
+
+            appended = await interleaved({"store": store_append, "floor": floor_append}, n)
+            rows.append(
+                (f"state append to {size:,} items", appended["store"], appended["floor"], "ms")
+            )
+            appends[size] = appended["store"]
+        growth.append(("state append: 10,000 / 10 items", appends[10_000], appends[10]))
+    finally:
+        await kv.close()
+        await state.close()
+    return rows, growth, load_seconds
+
+
 async def main(url: str, quick: bool) -> None:
     schema = f"pai_rtbench_{uuid.uuid4().hex[:8]}"
     n = 40 if quick else 200
@@ -120,7 +298,10 @@ async def main(url: str, quick: bool) -> None:
         dsn, min_size=1, max_size=10, server_settings=dict(SESSION_SETTINGS), reset=keep_session
     )
     rows: list[tuple[str, float, float, str]] = []
+    growth: list[tuple[str, float, float]] = []
+    load_seconds = 0.0
     try:
+        rows, growth, load_seconds = await kv_state_rows(client, pool, n)
         await snapshots.initialize()
         await guard.initialize()
         t = client.tables
@@ -211,8 +392,8 @@ async def main(url: str, quick: bool) -> None:
     print(
         f"\nPostgreSQL runtime stores vs asyncpg floor (median of {n}; throughput {seconds:g} s)\n"
     )
-    print(f"| {'operation':<26} | {'store':>10} | {'floor':>10} | {'ratio':>6} | target |")
-    print(f"|{'-' * 28}|{'-' * 12}|{'-' * 12}|{'-' * 8}|--------|")
+    print(f"| {'operation':<30} | {'store':>10} | {'floor':>10} | {'ratio':>6} | target |")
+    print(f"|{'-' * 32}|{'-' * 12}|{'-' * 12}|{'-' * 8}|--------|")
     failed = False
     for name, store, floor, unit in rows:
         ratio = floor / store if unit == "acq/s" else store / floor
@@ -221,10 +402,26 @@ async def main(url: str, quick: bool) -> None:
         shown = f"{store:.0f} {unit}" if unit == "acq/s" else f"{store:.3f} ms"
         base = f"{floor:.0f} {unit}" if unit == "acq/s" else f"{floor:.3f} ms"
         print(
-            f"| {name:<26} | {shown:>10} | {base:>10} | {ratio:>5.2f}x | "
+            f"| {name:<30} | {shown:>10} | {base:>10} | {ratio:>5.2f}x | "
             f"{'ok' if ok else 'MISSED':>6} |"
         )
     print("\nratio: store / floor latency (floor / store for throughput); target <= 1.5x")
+    print(
+        f"\n| {'size growth (store)':<36} | {'large':>9} | {'small':>9} | {'ratio':>6} | target |"
+    )
+    print(f"|{'-' * 38}|{'-' * 11}|{'-' * 11}|{'-' * 8}|--------|")
+    for name, large, small in growth:
+        ratio = large / small
+        ok = ratio <= TARGET
+        failed |= not ok
+        print(
+            f"| {name:<36} | {large:>6.3f} ms | {small:>6.3f} ms | {ratio:>5.2f}x | "
+            f"{'ok' if ok else 'MISSED':>6} |"
+        )
+    print(
+        f"\nloaded {SMALL + LARGE:,} key-value rows with COPY in {load_seconds:.2f} s "
+        "(straight into the table, not through the store)"
+    )
     if failed:
         raise SystemExit(1)
 
