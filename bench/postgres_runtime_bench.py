@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import statistics
 import time
@@ -172,7 +173,9 @@ async def kv_state_rows(
 
         async def floor_get() -> None:
             async with pool.acquire() as conn:
-                await conn.fetch(kv_sql.get_many, None, path, ["floor"])
+                rows = await conn.fetch(kv_sql.get_many, None, path, ["floor"])
+            # A hand-written store returns the value, so it decodes the JSON too.
+            assert [json.loads(r["value"]) for r in rows]
 
         got = await interleaved({"store": lambda: kv.get(ns, "store"), "floor": floor_get}, n)
         rows.append(("kv get", got["store"], got["floor"], "ms"))
@@ -221,7 +224,9 @@ async def kv_state_rows(
 
             async def floor_search(sql: str = sql, args: list[Any] = args) -> None:
                 async with pool.acquire() as conn:
-                    assert len(await conn.fetch(sql, None, *args)) == PAGE + 1
+                    found = await conn.fetch(sql, None, *args)
+                assert len(found) == PAGE + 1
+                assert len([json.loads(r["value"]) for r in found[:PAGE]]) == PAGE
 
             found = await interleaved({"store": store_search, "floor": floor_search}, n)
             rows.append((f"kv search page at {count:,}", found["store"], found["floor"], "ms"))

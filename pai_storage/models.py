@@ -398,6 +398,22 @@ class StoreModel(BaseModel):
     __init__.__pydantic_base_init__ = True  # type: ignore[attr-defined]
 
     @classmethod
+    def trusted(cls, fields: dict[str, Any]) -> Self:
+        """A model of ``fields`` that were already checked, built without validation.
+
+        For a store's hot read path: every field has been validated (or was
+        built by the store itself) and ``fields`` holds every field of the
+        model. Several times cheaper than ``model_construct``; the result is
+        the same frozen model (equal, serializable, unchangeable).
+        """
+        model = cls.__new__(cls)
+        object.__setattr__(model, "__dict__", fields)
+        object.__setattr__(model, "__pydantic_fields_set__", set(fields))
+        object.__setattr__(model, "__pydantic_extra__", None)
+        object.__setattr__(model, "__pydantic_private__", None)
+        return model
+
+    @classmethod
     def model_validate(cls, obj: Any, **kwargs: Any) -> Self:
         try:
             return super().model_validate(obj, **kwargs)

@@ -175,15 +175,16 @@ def check_value(value: Any, *, path: str = "value", limit: int | None = None) ->
     return json.loads(text), text
 
 
-def parse_json_text(text: str) -> Any:
-    """Decode stored canonical JSON text; raises ``ValueError`` when it is not strict JSON."""
-    value = json.loads(text, parse_constant=_reject_constant)
-    check_json(value)
-    return value
-
-
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
+
+
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant)  # one decoder, not one per value
+
+
+def parse_json_text(text: str) -> Any:
+    """Decode stored canonical JSON text; raises ``ValueError`` when it is not strict JSON."""
+    return check_json(_DECODER.decode(text))
 
 
 class RuntimeStore(ManagedStore):
