@@ -1,0 +1,452 @@
+"""The one ``AsyncMongoClient`` every MongoDB store of a ``connect()`` call shares.
+
+:class:`MongoClientHolder` owns (or borrows) the client, names every
+collection of the runtime stores, creates their indexes once, and counts the
+stores using it:
+
+- a store takes its holder in its constructor with
+  :meth:`MongoClientHolder.attached` (a new holder from the URL and options,
+  an application's own ``AsyncMongoClient`` wrapped, or the shared holder the
+  backend's opener gives every component), which counts it as a user;
+- ``await holder.collection(component, indexes)`` connects on first call (one
+  ``hello`` proves a server is selectable) and creates the component's indexes
+  once; concurrent callers share one attempt, a cancelled caller does not
+  cancel it, and a failed attempt is forgotten (the client it made is closed)
+  so the next call retries with a fresh client;
+- a store calls ``await holder.release()`` from its ``_close``; when the last
+  user has released it the holder closes the client it created (an
+  application's client is never closed) and cancels a connection attempt still
+  running;
+- ``with holder.errors(phase):`` maps every PyMongo exception of a block to the
+  contract's errors (:func:`runtime_error`).
+
+Collection names live here and nowhere else: ``<prefix><default>`` with the
+prefix ``pai_`` (``pai_kv``, ``pai_agent_sessions``, ``pai_snapshots``,
+``pai_locks``), or a full name per component through ``names={"kv": ...}``.
+See ``docs/mongodb.md``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import weakref
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import suppress
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Final, cast
+
+from bson.errors import BSONError
+from pymongo import IndexModel
+from pymongo import errors as pm
+
+from pai_storage import (
+    ConfigurationError,
+    OutcomeUnknownError,
+    StorageError,
+    ThreadStoreConfigurationError,
+    UnavailableError,
+)
+from pai_storage.backend import StoreURL, make_url, map_errors, redact, truncate_ms
+
+from .documents import CODEC_OPTIONS
+from .errors import Phase, check_url_options, is_too_large, map_error
+
+if TYPE_CHECKING:
+    from pymongo import AsyncMongoClient
+    from pymongo.asynchronous.collection import AsyncCollection
+    from pymongo.asynchronous.database import AsyncDatabase
+
+__all__ = [
+    "CLIENT_OPTIONS",
+    "DEFAULT_COLLECTIONS",
+    "DEFAULT_PREFIX",
+    "Doc",
+    "MongoClientHolder",
+    "runtime_error",
+]
+
+Doc = dict[str, Any]
+
+DEFAULT_PREFIX: Final = "pai_"
+"""The common prefix of every runtime collection name."""
+
+DEFAULT_COLLECTIONS: Final[Mapping[str, str]] = {
+    "kv": "kv",
+    "state": "agent_sessions",
+    "snapshots": "snapshots",
+    "guard": "locks",
+}
+"""Each runtime component's collection name, after the prefix."""
+
+CLIENT_OPTIONS: Final = frozenset({"db_name", "collection_prefix", "names"})
+"""The options that shape a :class:`MongoClientHolder` (every runtime store takes them)."""
+
+DEFAULT_SERVER_SELECTION_TIMEOUT_MS: Final = 5000
+
+# Indexes made per client and collection: a collection's indexes are created
+# once per process for each client using it (one AsyncMongoClient per process
+# is the usual case). Keyed by the client object, not its URL, so a new client
+# after a dropped database creates them again.
+_INDEXED: weakref.WeakKeyDictionary[Any, dict[tuple[str, str], asyncio.Future[None]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def closed_error() -> ThreadStoreConfigurationError:
+    """What an operation that outlived its store's ``close()`` raises."""
+    return ThreadStoreConfigurationError("this store is closed; open a new one")
+
+
+def runtime_error(exc: BaseException, phase: Phase, url: StoreURL | None) -> StorageError:
+    """The contract error of a runtime store for a PyMongo or BSON exception.
+
+    ``phase`` ``"write"`` marks a single-document write: a connection lost
+    after it was sent leaves its outcome unknown (PyMongo already retried it
+    once where it could), whereas a server that could not be selected means it
+    was never sent. Everything else is the thread store's mapping
+    (:func:`~pai_storage_mongo.errors.map_error`); its messages name the
+    failure class and code only, never a stored value or a password.
+    """
+    if isinstance(exc, StorageError):
+        return exc
+    if phase == "write" and not is_too_large(exc):
+        if isinstance(exc, pm.ServerSelectionTimeoutError):
+            return UnavailableError(
+                "MongoDB is unreachable: no suitable server was found in time "
+                "(ServerSelectionTimeoutError); nothing was written"
+            )
+        if isinstance(exc, pm.ConnectionFailure) or (
+            isinstance(exc, pm.PyMongoError)
+            and exc.has_error_label("RetryableWriteError")
+            and not isinstance(exc, pm.OperationFailure)
+        ):
+            return OutcomeUnknownError(
+                f"the connection to MongoDB was lost during a write ({type(exc).__name__}); "
+                "it may or may not have been applied: read it back before retrying"
+            )
+    return map_error(exc, "read" if phase == "write" else phase, url)
+
+
+class MongoClientHolder:
+    """One ``AsyncMongoClient``, the runtime collections it serves, and their users.
+
+    Parameters
+    ----------
+    url:
+        ``mongodb://`` or ``mongodb+srv://`` connection string; its options go
+        to PyMongo (an option PyMongo would reject is a configuration error
+        here). Not needed with ``client=`` (then ``mongodb://`` is assumed for
+        messages only).
+    client:
+        An application's own ``AsyncMongoClient``; pai-storage never closes
+        it. Its codec options are not used: every collection is read with
+        timezone-aware UTC dates.
+    db_name:
+        The database; defaults to the URL's, then ``"pai"``.
+    collection_prefix:
+        Put before every default collection name (default ``"pai_"``).
+    names:
+        A full collection name per component (``{"kv": "my_kv"}``); the
+        prefix does not apply to these. Components: ``kv``, ``state``,
+        ``snapshots``, ``guard``.
+    """
+
+    def __init__(
+        self,
+        url: str | StoreURL | None = None,
+        *,
+        client: object = None,
+        db_name: str | None = None,
+        collection_prefix: str = DEFAULT_PREFIX,
+        names: Mapping[str, str] | None = None,
+    ) -> None:
+        if client is not None:
+            _check_client(client)
+        if url is None:
+            if client is None:
+                raise ThreadStoreConfigurationError(
+                    "a MongoDB store needs a mongodb:// URL or client= an AsyncMongoClient"
+                )
+            url = "mongodb://"
+        self.url: StoreURL = make_url(url)
+        if self.url.scheme != "mongodb" or self.url.driver not in (None, "srv"):
+            raise ThreadStoreConfigurationError(
+                f"the mongo backend serves mongodb:// and mongodb+srv:// URLs, "
+                f"not {self.url.full_scheme}://"
+            )
+        check_url_options(self.url)
+        self.db_name: str = _check_collection_part("db_name", db_name or self.url.database or "pai")
+        if collection_prefix != "":
+            _check_collection_part("collection_prefix", collection_prefix)
+        self.collection_prefix = collection_prefix
+        self.names: dict[str, str] = {
+            component: collection_prefix + name for component, name in DEFAULT_COLLECTIONS.items()
+        }
+        for component, name in (names or {}).items():
+            if component not in DEFAULT_COLLECTIONS:
+                raise ThreadStoreConfigurationError(
+                    f"option names: unknown component {component!r} "
+                    f"(valid: {', '.join(DEFAULT_COLLECTIONS)})"
+                )
+            self.names[component] = _check_collection_part(f"names[{component!r}]", name)
+        if len(set(self.names.values())) != len(self.names):
+            raise ThreadStoreConfigurationError("option names: two components share a collection")
+        self.owns_client: bool = client is None
+        """Whether the holder created its client (and so closes it)."""
+        self._given = cast("AsyncMongoClient[Doc] | None", client)
+        self._client: AsyncMongoClient[Doc] | None = None
+        self._db: AsyncDatabase[Doc] | None = None
+        self._opening: asyncio.Future[AsyncMongoClient[Doc]] | None = None
+        self._users = 0
+        self._closed = False
+
+    @classmethod
+    def attached(
+        cls, url: str | StoreURL | None, client: object = None, **options: Any
+    ) -> MongoClientHolder:
+        """The holder a store uses, counted as one more user of it.
+
+        ``client`` is a shared :class:`MongoClientHolder` (then no client
+        option may be given: the holder already has them), an application's
+        ``AsyncMongoClient``, or ``None`` for a new client from ``url``.
+        """
+        given = {k: v for k, v in options.items() if v is not None}
+        if isinstance(client, MongoClientHolder):
+            if given:
+                raise ThreadStoreConfigurationError(
+                    f"option(s) {', '.join(sorted(given))} cannot be combined with a shared "
+                    "client; give them where the client is made"
+                )
+            client.attach()
+            return client
+        made = cls(url, client=client, **given)
+        made.attach()
+        return made
+
+    def __repr__(self) -> str:
+        return (
+            f"MongoClientHolder({self.url.render()!r}, db_name={self.db_name!r}, "
+            f"names={self.names!r}, own_client={self.owns_client})"
+        )
+
+    # ------------------------------------------------------------ users
+
+    def attach(self) -> None:
+        """Count one more store using this holder (each calls :meth:`release` once)."""
+        if self._closed:
+            raise closed_error()
+        self._users += 1
+
+    async def release(self) -> None:
+        """One store is done; the last one closes the client the holder created.
+
+        A connection attempt still running is cancelled (the client it made is
+        closed by the attempt itself). An application's client is never closed.
+        """
+        self._users -= 1
+        if self._users > 0 or self._closed:
+            return
+        self._closed = True
+        task, self._opening = self._opening, None
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.wait({task})
+        client, self._client, self._db = self._client, None, None
+        if client is not None and self.owns_client:
+            with suppress(Exception):
+                await client.close()
+
+    @property
+    def closed(self) -> bool:
+        """Whether every user has released the holder."""
+        return self._closed
+
+    # ------------------------------------------------------------ the client
+
+    async def client(self) -> AsyncMongoClient[Doc]:
+        """The client, with a server proven selectable (on first call: connect).
+
+        Concurrent callers share one attempt; a cancelled caller does not
+        cancel it; a failed attempt is forgotten, and the client it made
+        closed, so the next call retries with a fresh one.
+
+        Raises
+        ------
+        UnavailableError
+            No server could be selected in time.
+        ConfigurationError
+            Bad credentials or connection settings, or the holder is closed.
+        """
+        if self._closed:
+            raise closed_error()
+        if self._client is not None:
+            return self._client
+        task = self._opening
+        if task is None:
+            task = self._opening = asyncio.ensure_future(self._open())
+            task.add_done_callback(_retrieve)
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if self._closed and task.cancelled():
+                raise closed_error() from None
+            raise
+        except BaseException:
+            if self._opening is task and task.done():
+                self._opening = None
+            raise
+
+    async def _open(self) -> AsyncMongoClient[Doc]:
+        """Make (or take) the client and prove a server answers; a client this
+        made is closed again when any step fails or is cancelled."""
+        from pymongo import AsyncMongoClient
+
+        client = self._given
+        if client is None:
+            options: dict[str, Any] = {
+                "tz_aware": True,
+                "document_class": dict,
+                "appname": "pai-storage",
+            }
+            if "serverselectiontimeoutms" not in {k.lower() for k, _ in self.url.query}:
+                options["serverSelectionTimeoutMS"] = DEFAULT_SERVER_SELECTION_TIMEOUT_MS
+            with map_errors(self._connect_error):
+                client = AsyncMongoClient(self.url.render(hide_password=False), **options)
+        try:
+            with map_errors(self._connect_error):
+                await client.admin.command("hello")
+        except BaseException:
+            if self.owns_client:
+                with suppress(Exception):
+                    await client.close()
+            raise
+        self._client = client
+        self._db = client.get_database(self.db_name, codec_options=CODEC_OPTIONS)
+        return client
+
+    def _connect_error(self, exc: Exception) -> StorageError:
+        if isinstance(exc, ValueError | TypeError):  # the driver's own option checks
+            return ThreadStoreConfigurationError(
+                redact(f"invalid MongoDB connection string: {exc}", self.url)
+            )
+        return runtime_error(exc, "connect", self.url)
+
+    async def database(self) -> AsyncDatabase[Doc]:
+        """The database (timezone-aware UTC dates, plain dicts), connected."""
+        await self.client()
+        if self._db is None:  # the last user released the holder meanwhile
+            raise closed_error()
+        return self._db
+
+    def name(self, component: str) -> str:
+        """The collection name of ``component`` (``kv``, ``state``, ``snapshots``, ``guard``)."""
+        return self.names[component]
+
+    async def collection(
+        self, component: str, indexes: Sequence[IndexModel] = ()
+    ) -> AsyncCollection[Doc]:
+        """The component's collection, connected, its ``indexes`` created.
+
+        Each store declares its index list; ``create_indexes`` (idempotent on
+        the server) runs once per collection per client, shared by concurrent
+        callers and forgotten when it fails.
+        """
+        db = await self.database()
+        name = self.name(component)
+        collection = db.get_collection(name)
+        if not indexes:
+            return collection
+        made = _INDEXED.setdefault(cast(Any, self._client), {})
+        key = (self.db_name, name)
+        task = made.get(key)
+        if task is None:
+            task = made[key] = asyncio.ensure_future(self._create(collection, indexes))
+            task.add_done_callback(_retrieve)
+
+            def forget(done: asyncio.Future[None]) -> None:
+                if (done.cancelled() or done.exception() is not None) and made.get(key) is done:
+                    del made[key]
+
+            task.add_done_callback(forget)
+        await asyncio.shield(task)
+        return collection
+
+    async def _create(
+        self, collection: AsyncCollection[Doc], indexes: Sequence[IndexModel]
+    ) -> None:
+        try:
+            with self.errors("connect"):
+                await collection.create_indexes(list(indexes))
+        except StorageError as exc:
+            cause = exc.__cause__
+            if isinstance(cause, pm.OperationFailure) and cause.code in (85, 86):
+                raise ConfigurationError(
+                    f"collection {collection.name!r} already has an index of the same keys "
+                    f"but other options ({_describe(cause)}); drop that index or choose "
+                    "another collection name (option names or collection_prefix)"
+                ) from cause
+            raise
+
+    def errors(self, phase: Phase) -> contextlib.AbstractContextManager[None]:
+        """Map every PyMongo/BSON exception of the block to the contract's errors."""
+        return _mapping(self, phase)
+
+    async def server_time(self) -> datetime:
+        """The server's current time, to the millisecond (for bounds on an index)."""
+        db = await self.database()
+        with self.errors("read"):
+            hello = await db.command("hello")
+        return truncate_ms(hello["localTime"])
+
+
+@contextlib.contextmanager
+def _mapping(holder: MongoClientHolder, phase: Phase) -> Iterator[None]:
+    try:
+        yield
+    except StorageError:
+        raise
+    except (pm.PyMongoError, BSONError) as exc:
+        if holder.closed:
+            raise ThreadStoreConfigurationError(
+                "this store was closed while the operation ran"
+            ) from exc
+        raise runtime_error(exc, phase, holder.url) from exc
+    except (AttributeError, TypeError) as exc:
+        if holder.closed:  # the client went away under the operation
+            raise closed_error() from exc
+        raise
+
+
+def _describe(exc: pm.OperationFailure) -> str:
+    name = (exc.details or {}).get("codeName") or type(exc).__name__
+    return f"{name}, code {exc.code}"
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    """Mark a finished attempt's exception as seen (its callers may all be gone)."""
+    if not task.cancelled():
+        task.exception()
+
+
+def _check_client(client: object) -> None:
+    from pymongo import AsyncMongoClient
+
+    if not isinstance(client, AsyncMongoClient):
+        raise ThreadStoreConfigurationError(
+            f"option client must be a pymongo.AsyncMongoClient, not {type(client).__qualname__}"
+        )
+
+
+def _check_collection_part(kind: str, value: object) -> str:
+    if type(value) is not str or not value or len(value) > 120:
+        raise ThreadStoreConfigurationError(f"option {kind} must be a non-empty string")
+    if any(c in value for c in "\x00$") or value.startswith("system."):
+        raise ThreadStoreConfigurationError(
+            f"option {kind} must not contain '$' or U+0000, nor start with 'system.'"
+        )
+    if kind == "db_name" and any(c in value for c in '/\\. "'):
+        raise ThreadStoreConfigurationError(
+            "option db_name must not contain '/', '\\', '.', a space or '\"'"
+        )
+    return value
