@@ -1,0 +1,293 @@
+"""The MongoDB execution guard: one document per held lock, fencing tokens from a counter.
+
+Collection ``pai_locks`` by default (see :mod:`pai_storage_mongo.client`). A
+held lock is the document::
+
+    {_id: "<resource>", token: "<uuid4 hex>", owner, fencingToken: Int64,
+     acquiredAt: Date, expiresAt: Date}
+
+and the fencing counter is one more document in the same collection,
+``{_id: {counter: "fencing"}, value: Int64}`` (a non-string ``_id``, so no
+resource name can address it). A TTL index ``{expiresAt: 1}`` with
+``expireAfterSeconds: 0``, partial on ``expiresAt`` existing, lets MongoDB
+remove expired locks in the background and never touches the counter.
+
+Every primitive is judged on the server's clock (``$$NOW``) or the test clock:
+
+- acquire: one upsert of ``{_id: resource, expiresAt <= now}``. A live lock
+  does not match, so the upsert tries to insert a second document with the
+  same ``_id`` and the unique ``_id`` index refuses it (duplicate key: the
+  resource is busy); of concurrent acquisitions of a free resource exactly one
+  inserts or takes over. The winner then draws the next value of the counter
+  (``$inc``, atomic) and stamps it on its own lock, matched by token. Drawn
+  while the lock is held, a fencing token is always greater than that of
+  every earlier holder of the resource, whatever expired or was deleted.
+- renew and release: an update or delete matched by ``_id`` and token.
+
+See ``docs/mongodb.md``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from bson import Int64
+from pymongo import ASCENDING, IndexModel, ReturnDocument
+from pymongo.errors import PyMongoError
+
+from pai_storage.errors import StorageError
+from pai_storage.guard import ExecutionGuard, LockInfo
+
+from .client import closed_error
+from .errors import is_duplicate_key
+
+if TYPE_CHECKING:
+    from pymongo.asynchronous.collection import AsyncCollection
+
+    from .client import MongoClientHolder
+
+__all__ = ["COUNTER_ID", "MongoExecutionGuard", "indexes"]
+
+COUNTER_ID: Mapping[str, str] = {"counter": "fencing"}
+"""The ``_id`` of the fencing counter document (never a resource: resources are strings)."""
+
+TTL_INDEX = "expiresAt_ttl"
+
+_PENDING = 0
+"""The fencing token of a lock between its acquisition and its stamp (never handed out)."""
+
+_STAMP_READS = 5
+"""How often ``inspect`` re-reads a lock still being stamped before reporting it as is."""
+
+Doc = dict[str, Any]
+
+
+def indexes() -> list[IndexModel]:
+    """The indexes of the lock collection (``_id`` is the resource: no other key is needed)."""
+    return [
+        IndexModel(
+            [("expiresAt", ASCENDING)],
+            name=TTL_INDEX,
+            expireAfterSeconds=0,
+            partialFilterExpression={"expiresAt": {"$exists": True}},
+        )
+    ]
+
+
+class MongoExecutionGuard(ExecutionGuard):
+    """Locks in a MongoDB collection, sharing the client of a ``connect()`` call.
+
+    A lost connection while a write is in flight raises
+    :class:`~pai_storage.errors.OutcomeUnknownError`; for an acquisition the
+    lock may then be held until its lease ends.
+
+    Parameters
+    ----------
+    url:
+        ``mongodb://...`` or ``mongodb+srv://...``; not needed with ``client=``.
+    client:
+        An application's own ``AsyncMongoClient`` (never closed by pai-storage)
+        or the shared client holder of a ``connect()`` call.
+    **options:
+        The client holder's options (see :mod:`pai_storage_mongo.client`) and
+        those of :class:`~pai_storage.guard.ExecutionGuard`: ``lock_timeout``,
+        ``lease_ttl``, ``retry_interval``, ``clock``, ``on_warning``,
+        ``token_secret``.
+    """
+
+    backend_name = "mongo"
+    token_prefix = "pai-mongo"
+    component = "guard"
+
+    def __init__(self, url: Any = None, *, client: object = None, **options: Any) -> None:
+        from .client import CLIENT_OPTIONS, MongoClientHolder
+
+        holder_options = {k: options.pop(k) for k in list(options) if k in CLIENT_OPTIONS}
+        super().__init__(**options)
+        self._holder: MongoClientHolder = MongoClientHolder.attached(url, client, **holder_options)
+        self.url = self._holder.url
+        self._collection: AsyncCollection[Doc] | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"MongoExecutionGuard({str(self.url)!r}, "
+            f"collection={self._holder.name(self.component)!r})"
+        )
+
+    async def _initialize(self) -> None:
+        self._collection = await self._holder.collection(self.component, indexes())
+
+    async def _close(self) -> None:
+        self._collection = None
+        await self._holder.release()
+
+    @property
+    def collection(self) -> AsyncCollection[Doc]:
+        """The lock collection (once initialized)."""
+        if self._collection is None:
+            raise closed_error()
+        return self._collection
+
+    # ------------------------------------------------------------ queries
+
+    def _now(self) -> datetime | str:
+        """The guard's clock as an aggregation expression: the test clock, else ``$$NOW``."""
+        now = self.now()
+        return "$$NOW" if now is None else now
+
+    def live_filter(self, resource: str) -> Doc:
+        """The filter matching the unexpired lock on ``resource`` (EXPLAIN tests use it)."""
+        now = self.now()
+        if now is not None:
+            return {"_id": resource, "expiresAt": {"$gt": now}}
+        return {"_id": resource, "$expr": {"$gt": ["$expiresAt", "$$NOW"]}}
+
+    def free_filter(self, resource: str) -> Doc:
+        """The filter matching an expired lock on ``resource`` (the acquire upsert's)."""
+        now = self.now()
+        if now is not None:
+            return {"_id": resource, "expiresAt": {"$lte": now}}
+        return {"_id": resource, "$expr": {"$lte": ["$expiresAt", "$$NOW"]}}
+
+    # ------------------------------------------------------------ primitives
+
+    async def _acquire(
+        self, resource: str, owner: str, token: str, lease_ttl: timedelta
+    ) -> LockInfo | None:
+        now = self._now()
+        lease = {"$add": [now, _millis(lease_ttl)]}
+        take = [
+            {
+                "$replaceWith": {
+                    "_id": resource,
+                    "token": token,
+                    "owner": owner,
+                    "fencingToken": Int64(_PENDING),
+                    "acquiredAt": now,
+                    "expiresAt": lease,
+                }
+            }
+        ]
+        with self._holder.errors("write"):
+            try:
+                doc = await self.collection.find_one_and_update(
+                    self.free_filter(resource),
+                    take,
+                    projection={"acquiredAt": 1, "expiresAt": 1},
+                    upsert=True,
+                    return_document=ReturnDocument.AFTER,
+                )
+            except PyMongoError as exc:
+                if is_duplicate_key(exc):
+                    return None  # a live lock holds the resource: the insert was refused
+                raise
+        if doc is None:  # pragma: no cover - an upsert returning AFTER always returns one
+            return None
+        try:
+            fencing = await self._stamp(resource, token)
+        except BaseException:
+            # Best effort: do not keep a lock nobody will know it holds (the lease ends anyway).
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._release(resource, token))
+            raise
+        if fencing is None:  # lost between the two commands (lease shorter than a round trip)
+            return None
+        return LockInfo.model_construct(
+            resource=resource,
+            owner=owner,
+            fencing_token=fencing,
+            acquired_at=_date(doc.get("acquiredAt")),
+            expires_at=_date(doc.get("expiresAt")),
+        )
+
+    async def _stamp(self, resource: str, token: str) -> int | None:
+        """Draw the next fencing token and put it on our lock; ``None`` if the lock is gone."""
+        with self._holder.errors("write"):
+            counter = await self.collection.find_one_and_update(
+                {"_id": dict(COUNTER_ID)},
+                {"$inc": {"value": Int64(1)}},
+                projection={"_id": 0, "value": 1},
+                upsert=True,
+                return_document=ReturnDocument.AFTER,
+            )
+        value = (counter or {}).get("value")
+        if not isinstance(value, int):
+            raise StorageError("the fencing counter document of the lock collection is damaged")
+        fencing = int(value)
+        with self._holder.errors("write"):
+            result = await self.collection.update_one(
+                {"_id": resource, "token": token}, {"$set": {"fencingToken": Int64(fencing)}}
+            )
+        return fencing if result.matched_count == 1 else None
+
+    async def _renew(self, resource: str, token: str, lease_ttl: timedelta) -> datetime | None:
+        query = {**self.live_filter(resource), "token": token}
+        renew = [{"$set": {"expiresAt": {"$add": [self._now(), _millis(lease_ttl)]}}}]
+        with self._holder.errors("write"):
+            doc = await self.collection.find_one_and_update(
+                query,
+                renew,
+                projection={"_id": 0, "expiresAt": 1},
+                return_document=ReturnDocument.AFTER,
+            )
+        return None if doc is None else _date(doc.get("expiresAt"))
+
+    async def _release(self, resource: str, token: str) -> bool:
+        live = {"$gt": ["$expiresAt", self._now()]}
+        with self._holder.errors("write"):
+            doc = await self.collection.find_one_and_delete(
+                {"_id": resource, "token": token}, projection={"_id": 0, "live": live}
+            )
+        return doc is not None and doc.get("live") is True
+
+    async def _inspect(self, resource: str) -> LockInfo | None:
+        doc = await self._read_lock(resource)
+        for attempt in range(1, _STAMP_READS):
+            if doc is None or doc.get("fencingToken") != _PENDING:
+                break
+            await asyncio.sleep(0.002 * attempt)  # an acquisition is stamping it right now
+            doc = await self._read_lock(resource)
+        if doc is None:
+            return None
+        owner, fencing = doc.get("owner"), doc.get("fencingToken")
+        if type(owner) is not str or not isinstance(fencing, int):
+            raise StorageError(f"the stored lock on resource {resource!r} is damaged")
+        return LockInfo.model_construct(
+            resource=resource,
+            owner=owner,
+            fencing_token=int(fencing),
+            acquired_at=_date(doc.get("acquiredAt")),
+            expires_at=_date(doc.get("expiresAt")),
+        )
+
+    async def _read_lock(self, resource: str) -> Doc | None:
+        with self._holder.errors("read"):
+            return await self.collection.find_one(
+                self.live_filter(resource),
+                projection={"owner": 1, "fencingToken": 1, "acquiredAt": 1, "expiresAt": 1},
+            )
+
+    async def _purge_expired(self) -> int:
+        now = self.now()
+        expired: Doc = (
+            {"expiresAt": {"$lte": now}}
+            if now is not None
+            else {"expiresAt": {"$exists": True}, "$expr": {"$lte": ["$expiresAt", "$$NOW"]}}
+        )
+        with self._holder.errors("write"):
+            result = await self.collection.delete_many(expired)
+        return int(result.deleted_count)
+
+
+def _millis(duration: timedelta) -> int:
+    return duration // timedelta(milliseconds=1)
+
+
+def _date(value: object) -> datetime:
+    if not isinstance(value, datetime):
+        raise StorageError("MongoDB returned a lock without its acquisition or expiry time")
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)

@@ -1,0 +1,316 @@
+"""The MongoDB snapshot store: one document per snapshot, the data as BSON Binary.
+
+Collection ``pai_snapshots`` by default (see :mod:`pai_storage_mongo.client` for
+names and prefixes). One document per snapshot::
+
+    {_id: {scope, snapshotId}, createdAt: Date, size: Int64, sha256: "<hex>",
+     metadata: "<canonical JSON text>", data: BinData(0), _schemaVersion: 1}
+
+- ``_id`` is the compound key, so ``get``/``delete`` are one ``_id`` lookup and
+  ``put`` of an existing id replaces the document in place;
+- index ``{_id.scope: 1, createdAt: -1, _id.snapshotId: -1}`` serves ``list``
+  and ``latest`` newest first as one bounded index scan (strings compare in
+  code-point order under MongoDB's simple collation);
+- TTL index ``{createdAt: 1}`` with ``expireAfterSeconds`` = ``snapshot_ttl``
+  (none when ``snapshot_ttl`` is ``None``): MongoDB's monitor removes expired
+  snapshots in the background, while every read filters on the server clock
+  (``$$NOW``) so an expired snapshot is absent at once;
+- a document must fit MongoDB's 16 MiB limit, so data is limited to
+  :data:`MAX_SNAPSHOT_BYTES` (15 MiB); a larger snapshot raises
+  :class:`~pai_storage.errors.SnapshotTooLargeError` before anything is sent.
+
+See ``docs/mongodb.md``.
+"""
+
+from __future__ import annotations
+
+import builtins
+import math
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from bson import Binary, Int64
+from pymongo import ASCENDING, DESCENDING, IndexModel, ReturnDocument
+
+from pai_storage.errors import CorruptSnapshotError
+from pai_storage.events import StoreWarning
+from pai_storage.runtime import parse_json_text
+from pai_storage.snapshots import Snapshot, SnapshotDraft, SnapshotInfo, SnapshotStore
+
+from .client import closed_error
+
+if TYPE_CHECKING:
+    from pymongo.asynchronous.collection import AsyncCollection
+
+    from .client import MongoClientHolder
+
+__all__ = ["MAX_SNAPSHOT_BYTES", "SCHEMA_VERSION", "MongoSnapshotStore", "indexes"]
+
+MAX_SNAPSHOT_BYTES = 15 * 1024 * 1024
+"""The largest snapshot this backend stores: 15 MiB.
+
+The data lives in one document beside its metadata (at most 64 KiB), under
+MongoDB's 16 MiB document limit. Larger snapshots belong in another backend:
+``connect(url, snapshots="postgresql://...")``."""
+
+SCHEMA_VERSION = 1
+
+NEWEST_INDEX = "scope_newest"
+TTL_INDEX = "createdAt_ttl"
+_MAX_TTL_SECONDS = 2**31 - 1  # the largest expireAfterSeconds MongoDB accepts
+
+_NEWEST_KEYS = [("_id.scope", ASCENDING), ("createdAt", DESCENDING), ("_id.snapshotId", DESCENDING)]
+_NEWEST_SORT = [("createdAt", DESCENDING), ("_id.snapshotId", DESCENDING)]
+_INFO_FIELDS = {"createdAt": 1, "size": 1, "sha256": 1, "metadata": 1}
+
+Doc = dict[str, Any]
+
+
+def indexes(snapshot_ttl: timedelta | None) -> list[IndexModel]:
+    """The indexes of the snapshot collection for a store with this ``snapshot_ttl``."""
+    models = [IndexModel(_NEWEST_KEYS, name=NEWEST_INDEX)]
+    if snapshot_ttl is not None:
+        seconds = math.ceil(snapshot_ttl.total_seconds())
+        if seconds <= _MAX_TTL_SECONDS:
+            models.append(
+                IndexModel([("createdAt", ASCENDING)], name=TTL_INDEX, expireAfterSeconds=seconds)
+            )
+    return models
+
+
+class MongoSnapshotStore(SnapshotStore):
+    """Snapshots in a MongoDB collection, sharing the client of a ``connect()`` call.
+
+    Every operation is one command judged on the server's clock (``$$NOW``,
+    or the test ``clock``): ``put`` is one upserting ``findAndModify`` whose
+    pipeline stamps ``createdAt``; reads filter out expired snapshots
+    themselves. Snapshots over :data:`MAX_SNAPSHOT_BYTES` (15 MiB) are refused
+    before anything is sent.
+
+    Parameters
+    ----------
+    url:
+        ``mongodb://...`` or ``mongodb+srv://...``; not needed with ``client=``.
+    client:
+        An application's own ``AsyncMongoClient`` (never closed by pai-storage)
+        or the shared client holder of a ``connect()`` call.
+    **options:
+        The client holder's options (database, collection names and prefix;
+        see :mod:`pai_storage_mongo.client`) and those of
+        :class:`~pai_storage.snapshots.SnapshotStore`: ``clock``,
+        ``on_warning``, ``token_secret``, ``snapshot_ttl``.
+    """
+
+    backend_name = "mongo"
+    token_prefix = "pai-mongo"
+    component = "snapshots"
+    max_snapshot_bytes: ClassVar[int | None] = MAX_SNAPSHOT_BYTES
+
+    def __init__(self, url: Any = None, *, client: object = None, **options: Any) -> None:
+        from .client import CLIENT_OPTIONS, MongoClientHolder
+
+        holder_options = {k: options.pop(k) for k in list(options) if k in CLIENT_OPTIONS}
+        super().__init__(**options)
+        self._holder: MongoClientHolder = MongoClientHolder.attached(url, client, **holder_options)
+        self.url = self._holder.url
+        self._collection: AsyncCollection[Doc] | None = None
+        ttl = self.snapshot_ttl
+        self._ttl_ms: int | None = None if ttl is None else ttl // timedelta(milliseconds=1)
+
+    def __repr__(self) -> str:
+        return (
+            f"MongoSnapshotStore({str(self.url)!r}, "
+            f"collection={self._holder.name(self.component)!r})"
+        )
+
+    async def _initialize(self) -> None:
+        self._collection = await self._holder.collection(self.component, indexes(self.snapshot_ttl))
+
+    async def _close(self) -> None:
+        self._collection = None
+        await self._holder.release()
+
+    @property
+    def collection(self) -> AsyncCollection[Doc]:
+        """The snapshot collection (once initialized)."""
+        if self._collection is None:
+            raise closed_error()
+        return self._collection
+
+    # ------------------------------------------------------------ queries
+
+    def _now(self) -> datetime | str:
+        """The store's clock as an aggregation expression: the test clock, else ``$$NOW``."""
+        now = self.now()
+        return "$$NOW" if now is None else now
+
+    def live_filter(self) -> Doc:
+        """The filter clause that keeps unexpired snapshots only (empty: none expire)."""
+        if self._ttl_ms is None:
+            return {}
+        now = self.now()
+        if now is not None:
+            return {"createdAt": {"$gt": now - timedelta(milliseconds=self._ttl_ms)}}
+        return {"$expr": {"$gt": ["$createdAt", {"$subtract": ["$$NOW", self._ttl_ms]}]}}
+
+    def list_query(self, scope: str, after: tuple[datetime, str] | None) -> Doc:
+        """The filter of ``list`` (and ``latest`` with no ``after``); EXPLAIN tests use it."""
+        query: Doc = {"_id.scope": scope, **self.live_filter()}
+        if after is not None:
+            created_at, snapshot_id = after
+            # createdAt <= t bounds the index scan; the $nor drops the rest of the
+            # same millisecond at or above the last id already returned.
+            query["createdAt"] = {"$lte": created_at, **query.get("createdAt", {})}
+            query["$nor"] = [{"createdAt": created_at, "_id.snapshotId": {"$gte": snapshot_id}}]
+        return query
+
+    @staticmethod
+    def key(scope: str, snapshot_id: str) -> Doc:
+        """The ``_id`` of a snapshot document (field order matters: always build it here)."""
+        return {"scope": scope, "snapshotId": snapshot_id}
+
+    # ------------------------------------------------------------ hooks
+
+    async def _put(self, draft: SnapshotDraft) -> SnapshotInfo:
+        key = self.key(draft.scope, draft.snapshot_id)
+        document = {
+            "_id": key,
+            "size": Int64(draft.size),
+            "sha256": draft.sha256,
+            "metadata": draft.metadata_json,
+            "data": Binary(draft.data),
+            "_schemaVersion": SCHEMA_VERSION,
+        }
+        pipeline: list[Doc] = [
+            {"$replaceWith": {"$literal": document}},
+            {"$set": {"createdAt": self._now()}},
+        ]
+        with self._holder.errors("write"):
+            stored = await self.collection.find_one_and_update(
+                {"_id": key},
+                pipeline,
+                projection={"_id": 0, "createdAt": 1},
+                upsert=True,
+                return_document=ReturnDocument.AFTER,
+            )
+        created_at = _date(stored.get("createdAt") if stored else None)
+        return draft.info(created_at, self.snapshot_expiry(created_at))
+
+    async def _get(self, scope: str, snapshot_id: str) -> Snapshot | None:
+        with self._holder.errors("read"):
+            doc = await self.collection.find_one(
+                {"_id": self.key(scope, snapshot_id), **self.live_filter()}
+            )
+        return None if doc is None else await self._snapshot(scope, doc)
+
+    async def _latest(self, scope: str) -> Snapshot | None:
+        with self._holder.errors("read"):
+            cursor = (
+                self.collection.find(self.list_query(scope, None))
+                .sort(_NEWEST_SORT)
+                .hint(NEWEST_INDEX)
+                .limit(1)
+            )
+            docs = await cursor.to_list(1)
+        return await self._snapshot(scope, docs[0]) if docs else None
+
+    async def _list(
+        self, scope: str, after: tuple[datetime, str] | None, limit: int
+    ) -> builtins.list[SnapshotInfo]:
+        with self._holder.errors("read"):
+            cursor = (
+                self.collection.find(self.list_query(scope, after), projection=_INFO_FIELDS)
+                .sort(_NEWEST_SORT)
+                .hint(NEWEST_INDEX)
+                .limit(limit)
+                .batch_size(limit)
+            )
+            docs = await cursor.to_list(limit)
+        infos = []
+        for doc in docs:
+            info = await self._info(scope, doc)
+            if info is not None:
+                infos.append(info)
+        return infos
+
+    async def _delete(self, scope: str, snapshot_id: str) -> bool:
+        key = self.key(scope, snapshot_id)
+        if self._ttl_ms is None:
+            with self._holder.errors("write"):
+                result = await self.collection.delete_one({"_id": key})
+            return result.deleted_count == 1
+        # One command deletes it and says whether it was still live (on $$NOW).
+        live = {"$gt": ["$createdAt", {"$subtract": [self._now(), self._ttl_ms]}]}
+        with self._holder.errors("write"):
+            deleted = await self.collection.find_one_and_delete(
+                {"_id": key}, projection={"_id": 0, "live": live}
+            )
+        return deleted is not None and deleted.get("live") is True
+
+    async def _purge_expired(self) -> int:
+        if self._ttl_ms is None:
+            return 0
+        now = self.now()
+        if now is not None:
+            query: Doc = {"createdAt": {"$lte": now - timedelta(milliseconds=self._ttl_ms)}}
+        else:
+            query = {"$expr": {"$lte": ["$createdAt", {"$subtract": ["$$NOW", self._ttl_ms]}]}}
+        with self._holder.errors("write"):
+            result = await self.collection.delete_many(query)
+        return int(result.deleted_count)
+
+    # ------------------------------------------------------------ documents
+
+    async def _info(self, scope: str, doc: Mapping[str, Any]) -> SnapshotInfo | None:
+        """The document's info, or ``None`` (reported) when it does not decode."""
+        try:
+            key = doc["_id"]
+            snapshot_id = key["snapshotId"]
+            metadata = parse_json_text(doc["metadata"])
+            size, sha256, created_at = doc["size"], doc["sha256"], doc["createdAt"]
+            if (
+                type(snapshot_id) is not str
+                or type(metadata) is not dict
+                or not isinstance(size, int)
+                or type(sha256) is not str
+                or not isinstance(created_at, datetime)
+            ):
+                raise ValueError("a field has the wrong type")
+        except (KeyError, TypeError, ValueError):
+            await self.warn(
+                StoreWarning(
+                    kind="invalid_record",
+                    reason="a stored snapshot document does not decode (fields or metadata)",
+                    scope_key=scope,
+                )
+            )
+            return None
+        created_at = _date(created_at)
+        return SnapshotInfo.model_construct(
+            scope=scope,
+            snapshot_id=snapshot_id,
+            size=int(size),
+            sha256=sha256,
+            metadata=metadata,
+            created_at=created_at,
+            expires_at=self.snapshot_expiry(created_at),
+        )
+
+    async def _snapshot(self, scope: str, doc: Mapping[str, Any]) -> Snapshot:
+        info = await self._info(scope, doc)
+        if info is None:
+            raise CorruptSnapshotError(
+                f"a stored snapshot of scope {scope!r} is damaged (its document does not "
+                "decode) and was not returned"
+            )
+        data = doc.get("data")
+        # The core checks size and digest; anything but bytes is damage it cannot see.
+        return Snapshot.model_construct(info=info, data=bytes(data) if type(data) is bytes else b"")
+
+
+def _date(value: object) -> datetime:
+    """A stored date as an aware UTC datetime (the client may or may not be tz-aware)."""
+    if not isinstance(value, datetime):
+        raise CorruptSnapshotError("MongoDB returned no creation time for the stored snapshot")
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
