@@ -1,0 +1,382 @@
+"""The MongoDB key-value store: one document per item in ``pai_kv``.
+
+A document is ``{ns, key, value, version, createdAt, updatedAt, expiresAt?,
+ttlMs?, _schemaVersion: 1}``: ``ns`` is the namespace path
+(:func:`~pai_storage.backend.namespace_path`: each segment followed by
+U+001F), ``value`` the canonical JSON text (a string, so it round-trips exactly
+and can never look like an operator or a DBRef), ``version`` and ``ttlMs``
+Int64, the times BSON dates. The unique index ``{ns: 1, key: 1}`` orders items
+by code point (the simple collation compares UTF-8 bytes), so a namespace or
+key prefix is a range on it (``prefix <= x < prefix_upper_bound(prefix)``),
+never a regex. Expiry is exact at read time: every read filters on
+``expiresAt`` against ``$$NOW`` (or the test clock); the TTL index
+``{expiresAt: 1}`` (``expireAfterSeconds: 0``, partial on ``expiresAt``
+existing) removes expired items in the background. Every write is one
+single-document operation. See ``docs/mongodb.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from bson.int64 import Int64
+from pymongo import ASCENDING, IndexModel, ReturnDocument
+from pymongo.errors import DuplicateKeyError
+
+from pai_storage import Clock, StoreURL, WarningCallback
+from pai_storage.backend import (
+    KeyValueStore,
+    KVRecord,
+    VersionMismatch,
+    namespace_from_path,
+    namespace_path,
+    prefix_upper_bound,
+)
+from pai_storage.runtime import DEFAULT_MAX_VALUE_BYTES
+
+from .client import Doc, MongoClientHolder
+
+if TYPE_CHECKING:
+    from pymongo.asynchronous.collection import AsyncCollection
+
+__all__ = ["INDEXES", "MongoKeyValueStore"]
+
+SCHEMA_VERSION = 1
+
+INDEXES = [
+    IndexModel([("ns", ASCENDING), ("key", ASCENDING)], name="ns_key", unique=True),
+    IndexModel(
+        [("expiresAt", ASCENDING)],
+        name="expiresAt_ttl",
+        expireAfterSeconds=0,
+        partialFilterExpression={"expiresAt": {"$exists": True}},
+    ),
+]
+"""The key-value collection's indexes: created once per collection per client."""
+
+SORT = [("ns", ASCENDING), ("key", ASCENDING)]
+HINT = "ns_key"
+FIELDS = {
+    "_id": 0,
+    "ns": 1,
+    "key": 1,
+    "value": 1,
+    "version": 1,
+    "createdAt": 1,
+    "updatedAt": 1,
+    "expiresAt": 1,
+    "ttlMs": 1,
+}
+_FAR = datetime(9999, 12, 31, tzinfo=UTC)
+
+
+class MongoKeyValueStore(KeyValueStore):
+    """Key-value items in MongoDB 4.2+, on the shared client of :class:`MongoClientHolder`.
+
+    Parameters
+    ----------
+    url:
+        The ``mongodb://`` URL (not needed with ``client=``).
+    client:
+        An application's own ``AsyncMongoClient`` (never closed by
+        pai-storage), or the :class:`MongoClientHolder` shared by the stores of
+        one ``connect()`` call.
+    db_name, collection_prefix, names:
+        Where the collection lives (:class:`MongoClientHolder`); not with a
+        shared holder.
+    clock, on_warning, token_secret, max_value_bytes:
+        The options of :class:`~pai_storage.KeyValueStore`; ``max_value_bytes``
+        is at most 15 MiB here (a document holds one value).
+    """
+
+    backend_name = "mongo"
+    token_prefix = "pai-mongo"
+    value_bytes_limit: ClassVar[int | None] = 15 * 1024 * 1024
+
+    def __init__(
+        self,
+        url: str | StoreURL | None = None,
+        *,
+        client: object = None,
+        clock: Clock | None = None,
+        on_warning: WarningCallback | None = None,
+        token_secret: bytes | None = None,
+        max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
+        **client_options: Any,
+    ) -> None:
+        super().__init__(
+            clock=clock,
+            on_warning=on_warning,
+            token_secret=token_secret,
+            max_value_bytes=max_value_bytes,
+        )
+        self._holder = MongoClientHolder.attached(url, client, **client_options)
+        self.url = self._holder.url
+        self.collection_name = self._holder.name("kv")
+        self._col: AsyncCollection[Doc] | None = None
+
+    def __repr__(self) -> str:
+        return f"MongoKeyValueStore({self.url.render()!r}, collection={self.collection_name!r})"
+
+    @property
+    def collection(self) -> AsyncCollection[Doc]:
+        """The PyMongo collection (for operators and tests; initialize first)."""
+        if self._col is None:
+            raise self._closed_error()
+        return self._col
+
+    async def _initialize(self) -> None:
+        self._col = await self._holder.collection("kv", INDEXES)
+
+    async def _close(self) -> None:
+        self._col = None
+        await self._holder.release()
+
+    # ------------------------------------------------------------ time
+
+    def _now(self) -> Any:
+        """The store's time inside an expression: the test clock, else ``$$NOW``."""
+        now = self.now()
+        return "$$NOW" if now is None else now
+
+    def _live(self) -> Doc:
+        """A query filter: the item has no expiry, or it is after now."""
+        return {"$expr": {"$gt": [{"$ifNull": ["$expiresAt", _FAR]}, self._now()]}}
+
+    # ------------------------------------------------------------ hooks
+
+    async def _get_many(self, namespace: tuple[str, ...], keys: list[str]) -> list[KVRecord]:
+        query = {"ns": namespace_path(namespace), "key": {"$in": keys}, **self._live()}
+        with self._holder.errors("read"):
+            docs = await self.collection.find(query, FIELDS, hint=HINT).to_list(None)
+        return [_record(d) for d in docs]
+
+    async def _refresh_ttl(self, namespace: tuple[str, ...], key: str) -> KVRecord | None:
+        now = self._now()
+        update = [
+            {
+                "$set": {
+                    "expiresAt": {
+                        "$cond": [
+                            {"$eq": [{"$type": "$ttlMs"}, "missing"]},
+                            "$$REMOVE",
+                            {"$add": [now, "$ttlMs"]},
+                        ]
+                    }
+                }
+            }
+        ]
+        query = {"ns": namespace_path(namespace), "key": key, **self._live()}
+        with self._holder.errors("write"):
+            doc = await self.collection.find_one_and_update(
+                query, update, FIELDS, hint=HINT, return_document=ReturnDocument.AFTER
+            )
+        return None if doc is None else _record(doc)
+
+    def _write(
+        self, text: str, ttl: timedelta | None, *, fresh: bool, now: datetime | None = None
+    ) -> list[Doc]:
+        """The update pipeline of a write: a new version over a live item, else version 1."""
+        now_expr = self._now() if now is None else now
+        live: Doc = {"$gt": [{"$ifNull": ["$expiresAt", _FAR]}, now_expr]}
+        if fresh:
+            live = {"$literal": False}
+        exists = {"$and": [{"$ne": [{"$type": "$version"}, "missing"]}, live]}
+        fields: Doc = {
+            "value": {"$literal": text},
+            "version": {"$cond": ["$_live", {"$add": ["$version", Int64(1)]}, Int64(1)]},
+            "createdAt": {"$cond": ["$_live", "$createdAt", now_expr]},
+            "updatedAt": now_expr,
+            "_schemaVersion": SCHEMA_VERSION,
+        }
+        if ttl is None:
+            fields["expiresAt"] = "$$REMOVE"
+            fields["ttlMs"] = "$$REMOVE"
+        else:
+            ms = Int64(ttl // timedelta(milliseconds=1))
+            fields["expiresAt"] = {"$add": [now_expr, ms]}
+            fields["ttlMs"] = ms
+        return [{"$set": {"_live": exists}}, {"$set": fields}, {"$unset": "_live"}]
+
+    async def _put(
+        self, namespace: tuple[str, ...], key: str, text: str, ttl: timedelta | None
+    ) -> KVRecord:
+        query = {"ns": namespace_path(namespace), "key": key}
+        # An upsert on exactly the unique index's fields: the server retries a
+        # racing insert's duplicate key itself.
+        with self._holder.errors("write"):
+            doc = await self.collection.find_one_and_update(
+                query,
+                self._write(text, ttl, fresh=False),
+                FIELDS,
+                upsert=True,
+                return_document=ReturnDocument.AFTER,
+            )
+        assert doc is not None  # an upsert returning the document after it always has one
+        return _record(doc)
+
+    async def _put_if_version(
+        self,
+        namespace: tuple[str, ...],
+        key: str,
+        text: str,
+        ttl: timedelta | None,
+        expected_version: int | None,
+    ) -> KVRecord | VersionMismatch:
+        path = namespace_path(namespace)
+        doc: Doc | None
+        try:
+            with self._holder.errors("write"):
+                if expected_version is None:
+                    # Matches only an expired item; an absent one is inserted, and a
+                    # live one makes the insert a duplicate key: nothing written. An
+                    # upsert's filter cannot use $expr ($$NOW): the server's time is
+                    # read first and used for the filter and the write alike.
+                    now = self.now() or await self._holder.server_time()
+                    query: Doc = {"ns": path, "key": key, "expiresAt": {"$lte": now}}
+                    doc = await self.collection.find_one_and_update(
+                        query,
+                        self._write(text, ttl, fresh=True, now=now),
+                        FIELDS,
+                        upsert=True,
+                        hint=HINT,
+                        return_document=ReturnDocument.AFTER,
+                    )
+                else:
+                    query = {"ns": path, "key": key, "version": expected_version}
+                    query.update(self._live())
+                    doc = await self.collection.find_one_and_update(
+                        query,
+                        self._write(text, ttl, fresh=False),
+                        FIELDS,
+                        hint=HINT,
+                        return_document=ReturnDocument.AFTER,
+                    )
+        except Exception as exc:
+            if not isinstance(exc.__cause__, DuplicateKeyError):
+                raise
+            doc = None
+        if doc is not None:
+            return _record(doc)
+        current = await self._get_many(namespace, [key])
+        return VersionMismatch(current[0] if current else None)
+
+    async def _delete(
+        self, namespace: tuple[str, ...], key: str, expected_version: int | None
+    ) -> bool:
+        query: Doc = {"ns": namespace_path(namespace), "key": key, **self._live()}
+        if expected_version is not None:
+            query["version"] = expected_version
+        with self._holder.errors("write"):
+            result = await self.collection.delete_one(query, hint=HINT)
+        return result.deleted_count > 0
+
+    async def _search(
+        self,
+        prefix: tuple[str, ...],
+        key_prefix: str,
+        after: tuple[tuple[str, ...], str] | None,
+        limit: int,
+    ) -> list[KVRecord]:
+        low = namespace_path(prefix)
+        high = prefix_upper_bound(low) if low else None
+        keys = _range(key_prefix, prefix_upper_bound(key_prefix) if key_prefix else None)
+        ns_range = _range(low, high)
+        clauses: list[Doc] = []
+        if after is None:
+            clauses.append({"ns": ns_range, **({"key": keys} if keys else {})})
+        else:
+            # Keyset: the rest of the last namespace, then the namespaces after it
+            # (two index ranges the server merges in order, no sort).
+            done = namespace_path(after[0])
+            clauses.append({"ns": done, "key": {**keys, "$gt": after[1]}})
+            rest = {**ns_range, "$gt": done}
+            clauses.append({"ns": rest, **({"key": keys} if keys else {})})
+        query: Doc = clauses[0] if len(clauses) == 1 else {"$or": clauses}
+        query = {"$and": [query, self._live()]}
+        with self._holder.errors("read"):
+            docs = await self.collection.find(query, FIELDS, sort=SORT, limit=limit).to_list(None)
+        return [_record(d) for d in docs]
+
+    async def _list_keys(
+        self, namespace: tuple[str, ...], prefix: str, after: str | None, limit: int
+    ) -> list[str]:
+        keys = _range(prefix, prefix_upper_bound(prefix) if prefix else None)
+        if after is not None:
+            keys["$gt"] = after
+        query: Doc = {"ns": namespace_path(namespace), **({"key": keys} if keys else {})}
+        query.update(self._live())
+        with self._holder.errors("read"):
+            docs = await self.collection.find(
+                query, {"_id": 0, "key": 1}, sort=SORT, limit=limit, hint=HINT
+            ).to_list(None)
+        return [str(d["key"]) for d in docs]
+
+    async def _list_namespaces(
+        self,
+        prefix: tuple[str, ...],
+        max_depth: int | None,
+        after: tuple[str, ...] | None,
+        limit: int,
+    ) -> list[tuple[str, ...]]:
+        low = namespace_path(prefix)
+        high = prefix_upper_bound(low) if low else None
+        if after is not None:
+            low = max(low, _skip(namespace_path(after), len(after), max_depth))
+        found: list[tuple[str, ...]] = []
+        # One index probe per distinct namespace: each finds the first live item
+        # at or after the position the previous one skipped to.
+        while len(found) < limit:
+            query: Doc = {"ns": _range(low, high), **self._live()}
+            with self._holder.errors("read"):
+                docs = await self.collection.find(
+                    query, {"_id": 0, "ns": 1}, sort=SORT, limit=1, hint=HINT
+                ).to_list(None)
+            if not docs:
+                break
+            namespace = namespace_from_path(str(docs[0]["ns"]))
+            if max_depth is not None:
+                namespace = namespace[:max_depth]
+            found.append(namespace)
+            low = _skip(namespace_path(namespace), len(namespace), max_depth)
+        return found
+
+    async def _purge_expired(self) -> int:
+        now = self.now() or await self._holder.server_time()
+        with self._holder.errors("write"):
+            result = await self.collection.delete_many({"expiresAt": {"$lte": now}})
+        return result.deleted_count
+
+
+def _range(low: str, high: str | None) -> Doc:
+    """A string range ``low <= x < high`` as a query condition (empty: everything)."""
+    out: Doc = {}
+    if low:
+        out["$gte"] = low
+    if high is not None:
+        out["$lt"] = high
+    return out
+
+
+def _skip(path: str, depth: int, max_depth: int | None) -> str:
+    """The least path after ``path`` and, when it was truncated, after everything under it."""
+    if max_depth is not None and depth >= max_depth:
+        return prefix_upper_bound(path) or path  # ends in U+001F: the bound ends in U+0020
+    return path + "\x01"  # the least string above it (names have no U+0000)
+
+
+def _record(doc: Mapping[str, Any]) -> KVRecord:
+    ttl_ms = doc.get("ttlMs")
+    value = doc.get("value")
+    return KVRecord(
+        namespace=namespace_from_path(str(doc["ns"])),
+        key=str(doc["key"]),
+        text=value if isinstance(value, str) else "\x00",  # not a string: reported as invalid
+        version=int(doc["version"]),
+        created_at=doc["createdAt"],
+        updated_at=doc["updatedAt"],
+        expires_at=doc.get("expiresAt"),
+        ttl=None if ttl_ms is None else timedelta(milliseconds=int(ttl_ms)),
+    )
