@@ -1,40 +1,121 @@
 """The MongoDB backend (``mongodb://``, ``mongodb+srv://``) on PyMongo's asyncio API.
 
-Split collections keyed by ``{scopeKey, threadId}``, flat documents, one
-multi-document transaction per commit. Needs a replica set or a sharded
-cluster. Install with ``pip install 'pai-storage[mongo]'``.
+Threads: split collections keyed by ``{scopeKey, threadId}``, flat documents,
+one multi-document transaction per commit (needs a replica set or a sharded
+cluster). The runtime stores (key-value, agent state, snapshots, guard) share
+one :class:`~pai_storage_mongo.client.MongoClientHolder` per ``connect()`` call.
+Install with ``pip install 'pai-storage[mongo]'``. See ``docs/mongodb.md``.
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from pai_storage import ThreadStore
-from pai_storage.backend import Backend, StoreURL
+from pai_storage.backend import Backend, ManagedStore, StoreURL
 
 if TYPE_CHECKING:
     from pai_storage_conformance.provision import TestHarness
 
+    from .client import MongoClientHolder
+    from .kv import MongoKeyValueStore
+    from .state import MongoAgentStateStore
     from .store import MongoThreadStore
 
-__all__ = ["MongoBackend", "MongoThreadStore", "backend"]
+__all__ = [
+    "MongoAgentStateStore",
+    "MongoBackend",
+    "MongoClientHolder",
+    "MongoKeyValueStore",
+    "MongoThreadStore",
+    "backend",
+]
 
 OPTIONS = frozenset({"db_name", "collection_name", "clock", "on_warning", "token_secret"})
+"""The options of the thread store opened alone."""
+
+CLIENT_OPTIONS = frozenset({"db_name", "collection_prefix", "names"})
+"""The options of the shared client (:class:`MongoClientHolder`), beside ``client``."""
+
+_COMMON = ("clock", "on_warning", "token_secret")
+
+_COMPONENTS: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "threads": ("store", "MongoThreadStore", (*_COMMON, "collection_name")),
+    "kv": ("kv", "MongoKeyValueStore", (*_COMMON, "max_value_bytes")),
+    "state": ("state", "MongoAgentStateStore", (*_COMMON, "session_ttl", "max_value_bytes")),
+    "snapshots": ("snapshots", "MongoSnapshotStore", (*_COMMON, "snapshot_ttl")),
+    "guard": (
+        "guard",
+        "MongoExecutionGuard",
+        (*_COMMON, "lock_timeout", "lease_ttl", "retry_interval"),
+    ),
+}
+"""Each component's module, store class and its own options (beside the client's)."""
+
+
+def _available() -> frozenset[str]:
+    """The components whose modules this installation ships (pymongo imported lazily)."""
+    found = set()
+    for component, (module, cls, _) in _COMPONENTS.items():
+        spec = importlib.util.find_spec(f"{__name__}.{module}")
+        if spec is None or spec.origin is None:
+            continue
+        with open(spec.origin, encoding="utf-8") as source:
+            if f"class {cls}(" in source.read():
+                found.add(component)
+    return frozenset(found)
 
 
 class MongoBackend(Backend):
-    """Opens :class:`MongoThreadStore` for ``mongodb://`` and ``mongodb+srv://`` URLs."""
+    """Opens the MongoDB stores by URL; the runtime stores of one call share one client."""
 
     name = "mongo"
     url_schemes = ("mongodb",)  # "mongodb+srv" is the mongodb scheme with driver "srv"
     extra = "mongo"
     requires = ("pymongo",)
+    components = _available()
 
     def _open(self, url: StoreURL, **options: Any) -> ThreadStore:
         self.check_options(url, options, OPTIONS)
         from .store import MongoThreadStore
 
         return MongoThreadStore(url, **options)
+
+    def _open_components(
+        self, url: StoreURL, components: Sequence[str], **options: Any
+    ) -> dict[str, ManagedStore]:
+        """One :class:`MongoClientHolder` for every runtime component (``client=`` an
+        ``AsyncMongoClient`` is wrapped, never closed); each store gets its share
+        of the options. The thread store keeps its own client (``db_name`` is
+        shared with it)."""
+        from .client import MongoClientHolder
+
+        accepted = {c: _COMPONENTS[c][2] for c in components}
+        runtime = [c for c in components if c != "threads"]
+        everything = {o for names in accepted.values() for o in names}
+        everything |= {"db_name"}
+        if runtime:
+            everything |= {"client", *CLIENT_OPTIONS}
+        self.check_options(url, options, everything)
+        client_options = {k: v for k, v in options.items() if k in CLIENT_OPTIONS}
+        rest = {k: v for k, v in options.items() if k not in CLIENT_OPTIONS and k != "client"}
+        shares = self.split_options(url, rest, accepted)
+        opened: dict[str, ManagedStore] = {}
+        if "threads" in components:
+            thread_options = dict(shares["threads"])
+            if "db_name" in options:
+                thread_options["db_name"] = options["db_name"]
+            opened["threads"] = self._open(url, **thread_options)
+        if runtime:
+            holder = MongoClientHolder(url, client=options.get("client"), **client_options)
+            for component in runtime:
+                module, cls, _ = _COMPONENTS[component]
+                factory = getattr(importlib.import_module(f"{__name__}.{module}"), cls)
+                opened[component] = factory(client=holder, **shares[component])
+        return opened
 
     def test_harness(self, url: str | None = None) -> TestHarness:
         from .harness import MongoHarness  # test provisioning, imported only by the suite
@@ -43,10 +124,14 @@ class MongoBackend(Backend):
 
 
 def __getattr__(name: str) -> Any:
-    if name == "MongoThreadStore":
-        from .store import MongoThreadStore
-
-        return MongoThreadStore
+    lazy = {
+        "MongoThreadStore": ".store",
+        "MongoKeyValueStore": ".kv",
+        "MongoAgentStateStore": ".state",
+        "MongoClientHolder": ".client",
+    }
+    if name in lazy:
+        return getattr(importlib.import_module(lazy[name], __name__), name)
     raise AttributeError(name)
 
 

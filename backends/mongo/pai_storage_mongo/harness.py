@@ -36,6 +36,7 @@ from pai_storage import (
 )
 from pai_storage.backend import StoreURL, make_url
 
+from . import backend as mongo_backend
 from .store import MongoThreadStore
 
 __all__ = ["MongoHarness", "MongodProcess", "find_mongod"]
@@ -187,6 +188,9 @@ class MongodProcess:
 class MongoHarness(TestHarness):
     """Isolated Mongo stores for the conformance suite (see the module docstring)."""
 
+    components = mongo_backend.components
+    """Every component this installation ships."""
+
     def __init__(self, url: str | None = None) -> None:
         self._given: StoreURL | None = make_url(url) if url else None
         self._mongod: MongodProcess | None = None
@@ -242,6 +246,39 @@ class MongoHarness(TestHarness):
         finally:
             await drop_store_collections(store)
             await store.close()
+
+    @asynccontextmanager
+    async def component(self, name: str, clock: Clock | None = None) -> AsyncIterator[Any]:
+        """An initialized runtime store with its own collection prefix, dropped after."""
+        if name == "threads":
+            async with self.store(clock) as store:
+                yield store
+            return
+        if self.url is None:
+            raise ThreadStoreConfigurationError("the harness is not started")
+        prefix = f"pai_test_{uuid.uuid4().hex}_"
+        opened = mongo_backend.open_components(
+            make_url(self.url), [name], clock=clock, db_name=TEST_DB, collection_prefix=prefix
+        )[name]
+        try:
+            async with opened:
+                yield opened
+        finally:
+            await _drop_prefixed(self.url, prefix)
+
+
+async def _drop_prefixed(url: str, prefix: str) -> None:
+    """Drop every collection of the test database whose name starts with ``prefix``."""
+    from pymongo import AsyncMongoClient
+
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(url, serverSelectionTimeoutMS=5000)
+    try:
+        db = client[TEST_DB]
+        for name in await db.list_collection_names(filter={"name": {"$regex": f"^{prefix}"}}):
+            with suppress(Exception):
+                await db.drop_collection(name)
+    finally:
+        await client.close()
 
 
 async def drop_store_collections(store: MongoThreadStore) -> None:

@@ -1,0 +1,488 @@
+"""The MongoDB agent-state store: one document per session in ``pai_agent_sessions``.
+
+A session document is ``{_id: {user, session}, states, versions, hashes,
+lengths, _updated_at}``. ``states.<field>`` holds a single value's canonical
+JSON text (a string) or a list as a BSON array of item texts; a single value's
+version is ``versions.<field>`` (Int64), a list's content hash
+``hashes.<field>`` and its length ``lengths.<field>`` (Int64). ``<field>`` is
+the state key with ``%``, ``.`` and ``$`` percent-encoded, so dot notation
+addresses exactly one key. ``_updated_at`` (a BSON date) is set by every
+write; a session is live while ``_updated_at`` is after now - ``session_ttl``
+(checked by every read) and the TTL index on ``_updated_at`` removes it in the
+background. Appends are ``$push`` updates guarded by the stored hash and
+length, so an append sends only the new items; a document that would exceed
+16 MiB is refused whole by the server. Session listing is a range on the
+``_id`` index. See ``docs/mongodb.md``.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from bson.int64 import Int64
+from bson.max_key import MaxKey
+from bson.min_key import MinKey
+from pymongo import ASCENDING, IndexModel, ReturnDocument
+from pymongo.errors import DuplicateKeyError
+
+from pai_storage import Clock, InvalidInputError, StoreURL, WarningCallback
+from pai_storage.backend import (
+    AgentStateStore,
+    ListHead,
+    ListWrite,
+    SessionKey,
+    StoreWarning,
+)
+from pai_storage.runtime import DEFAULT_MAX_VALUE_BYTES, parse_json_text
+from pai_storage.state import DEFAULT_SESSION_TTL, StoredKind, VersionedState
+
+from .client import Doc, MongoClientHolder
+from .errors import is_too_large
+
+if TYPE_CHECKING:
+    from pymongo.asynchronous.collection import AsyncCollection
+
+__all__ = ["MongoAgentStateStore", "encode_field", "indexes"]
+
+_ALL = ("states", "versions", "hashes", "lengths")
+
+
+def encode_field(key: str) -> str:
+    """The document field of a state key: ``%``, ``.`` and ``$`` percent-encoded."""
+    return key.replace("%", "%25").replace(".", "%2E").replace("$", "%24")
+
+
+def indexes(session_ttl: timedelta | None) -> list[IndexModel]:
+    """The session collection's indexes: the TTL index on ``_updated_at`` (sparse).
+
+    ``expireAfterSeconds`` is ``session_ttl`` rounded up to whole seconds (the
+    background sweep may run later; reads are exact). Without a TTL there is no
+    index: sessions are kept forever.
+    """
+    if session_ttl is None:
+        return []
+    seconds = max(1, math.ceil(session_ttl.total_seconds()))
+    return [
+        IndexModel(
+            [("_updated_at", ASCENDING)],
+            name="_updated_at_ttl",
+            expireAfterSeconds=seconds,
+            sparse=True,
+        )
+    ]
+
+
+class MongoAgentStateStore(AgentStateStore):
+    """Agent sessions in MongoDB 4.2+, on the shared client of :class:`MongoClientHolder`.
+
+    Parameters
+    ----------
+    url:
+        The ``mongodb://`` URL (not needed with ``client=``).
+    client:
+        An application's own ``AsyncMongoClient`` (never closed by
+        pai-storage), or the :class:`MongoClientHolder` shared by the stores of
+        one ``connect()`` call.
+    db_name, collection_prefix, names:
+        Where the collection lives (:class:`MongoClientHolder`); not with a
+        shared holder.
+    clock, on_warning, token_secret, session_ttl, max_value_bytes:
+        The options of :class:`~pai_storage.AgentStateStore`;
+        ``max_value_bytes`` is at most 15 MiB here (a session is one document
+        of at most 16 MiB).
+    """
+
+    backend_name = "mongo"
+    token_prefix = "pai-mongo"
+    value_bytes_limit: ClassVar[int | None] = 15 * 1024 * 1024
+
+    def __init__(
+        self,
+        url: str | StoreURL | None = None,
+        *,
+        client: object = None,
+        clock: Clock | None = None,
+        on_warning: WarningCallback | None = None,
+        token_secret: bytes | None = None,
+        session_ttl: timedelta | None = DEFAULT_SESSION_TTL,
+        max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
+        **client_options: Any,
+    ) -> None:
+        super().__init__(
+            clock=clock,
+            on_warning=on_warning,
+            token_secret=token_secret,
+            session_ttl=session_ttl,
+            max_value_bytes=max_value_bytes,
+        )
+        self._holder = MongoClientHolder.attached(url, client, **client_options)
+        self.url = self._holder.url
+        self.collection_name = self._holder.name("state")
+        self._col: AsyncCollection[Doc] | None = None
+
+    def __repr__(self) -> str:
+        return f"MongoAgentStateStore({self.url.render()!r}, collection={self.collection_name!r})"
+
+    @property
+    def collection(self) -> AsyncCollection[Doc]:
+        """The PyMongo collection (for operators and tests; initialize first)."""
+        if self._col is None:
+            raise self._closed_error()
+        return self._col
+
+    async def _initialize(self) -> None:
+        self._col = await self._holder.collection("state", indexes(self.session_ttl))
+
+    async def _close(self) -> None:
+        self._col = None
+        await self._holder.release()
+
+    # ------------------------------------------------------------ time and liveness
+
+    def _now(self) -> Any:
+        now = self.now()
+        return "$$NOW" if now is None else now
+
+    def _live_expr(self, now: datetime | None = None) -> Doc:
+        """An expression: the session document exists and has not expired."""
+        if self.session_ttl is None:
+            return {"$ne": [{"$type": "$_updated_at"}, "missing"]}
+        ms = Int64(self.session_ttl // timedelta(milliseconds=1))
+        at = self._now() if now is None else now
+        return {"$gt": ["$_updated_at", {"$subtract": [at, ms]}]}
+
+    def _live(self) -> Doc:
+        return {"$expr": self._live_expr()}
+
+    async def _upsert_time(self) -> datetime:
+        """The time of a conditional upsert: an upsert's filter cannot use ``$expr``
+        (so not ``$$NOW``), so the server's time is read first and used for the
+        filter and the write alike."""
+        return self.now() or await self._holder.server_time()
+
+    def _absent_or_expired(self, f: str, now: datetime) -> Doc:
+        """A plain filter (no ``$expr``): field ``f`` is absent, or the session expired."""
+        clauses: list[Doc] = [{f"states.{f}": {"$exists": False}}]
+        if self.session_ttl is not None:
+            clauses.append({"_updated_at": {"$lte": now - self.session_ttl}})
+        return {"$or": clauses}
+
+    @staticmethod
+    def _id(session: SessionKey) -> Doc:
+        return {"user": session.user, "session": session.session}
+
+    def _fresh_stages(self, now: datetime | None = None) -> list[Doc]:
+        """Pipeline stages that empty an expired (or new) session before a write."""
+        return [
+            {"$set": {"_live": self._live_expr(now)}},
+            {"$set": {f: {"$cond": ["$_live", {"$ifNull": [f"${f}", {}]}, {}]} for f in _ALL}},
+        ]
+
+    def _too_large(self, exc: BaseException) -> None:
+        cause = exc.__cause__ if exc.__cause__ is not None else exc
+        if is_too_large(cause):
+            raise InvalidInputError(
+                "this write would make the session document larger than MongoDB's 16 MiB "
+                "document limit; nothing was written (delete states or use another session)"
+            ) from cause
+
+    # ------------------------------------------------------------ single values
+
+    async def _save_value(
+        self,
+        session: SessionKey,
+        key: str,
+        value: Any,
+        text: str,
+        expected_version: int | None,
+    ) -> int | StoredKind | None:
+        f = encode_field(key)
+        if expected_version is None:
+            return await self._save_always(session, f, text)
+        upsert = expected_version == 0
+        now: datetime | None = None
+        if upsert:
+            now = await self._upsert_time()
+            query: Doc = {"_id": self._id(session), **self._absent_or_expired(f, now)}
+        else:
+            query = {"_id": self._id(session), f"versions.{f}": expected_version}
+            query.update(self._live())
+        at = self._now() if now is None else now
+        update = [
+            *self._fresh_stages(now),
+            {
+                "$set": {
+                    f"states.{f}": {"$literal": text},
+                    f"versions.{f}": {
+                        "$add": [{"$ifNull": [f"$versions.{f}", Int64(0)]}, Int64(1)]
+                    },
+                    "_updated_at": at,
+                }
+            },
+            {"$unset": "_live"},
+        ]
+        try:
+            with self._holder.errors("write"):
+                doc = await self.collection.find_one_and_update(
+                    query,
+                    update,
+                    {f"versions.{f}": 1},
+                    upsert=upsert,
+                    return_document=ReturnDocument.AFTER,
+                )
+        except Exception as exc:
+            self._too_large(exc)
+            if not isinstance(exc.__cause__, DuplicateKeyError):
+                raise
+            doc = None  # a live session holds the key (or a racing insert won)
+        if doc is not None:
+            return int(doc["versions"][f])
+        return StoredKind.LIST if await self._kind(session, f) is StoredKind.LIST else None
+
+    async def _save_always(self, session: SessionKey, f: str, text: str) -> int | StoredKind:
+        """An unconditional save: one upsert on ``_id`` alone (the server retries a
+        racing insert itself), a no-op when the key holds a live list."""
+        now = self._now()
+        is_list = "$_list"
+        update = [
+            *self._fresh_stages(),
+            {"$set": {"_list": {"$eq": [{"$type": f"$states.{f}"}, "array"]}}},
+            {
+                "$set": {
+                    f"states.{f}": {"$cond": [is_list, f"$states.{f}", {"$literal": text}]},
+                    f"versions.{f}": {
+                        "$cond": [
+                            is_list,
+                            "$$REMOVE",
+                            {"$add": [{"$ifNull": [f"$versions.{f}", Int64(0)]}, Int64(1)]},
+                        ]
+                    },
+                    "_updated_at": {"$cond": [is_list, "$_updated_at", now]},
+                }
+            },
+            {"$unset": ["_live", "_list"]},
+        ]
+        try:
+            with self._holder.errors("write"):
+                doc = await self.collection.find_one_and_update(
+                    {"_id": self._id(session)},
+                    update,
+                    {f"versions.{f}": 1, f"hashes.{f}": 1},
+                    upsert=True,
+                    return_document=ReturnDocument.AFTER,
+                )
+        except Exception as exc:
+            self._too_large(exc)
+            raise
+        assert doc is not None  # an upsert returning the document after it always has one
+        if f in (doc.get("hashes") or {}):
+            return StoredKind.LIST
+        return int(doc["versions"][f])
+
+    async def _kind(self, session: SessionKey, f: str) -> StoredKind | None:
+        """What the live session holds under field ``f`` (``None``: nothing)."""
+        query = {"_id": self._id(session), **self._live()}
+        with self._holder.errors("read"):
+            doc = await self.collection.find_one(query, {f"versions.{f}": 1, f"hashes.{f}": 1})
+        if doc is None:
+            return None
+        if f in (doc.get("hashes") or {}):
+            return StoredKind.LIST
+        if f in (doc.get("versions") or {}):
+            return StoredKind.VALUE
+        return None
+
+    async def _get_value(self, session: SessionKey, key: str) -> VersionedState | StoredKind | None:
+        f = encode_field(key)
+        query = {"_id": self._id(session), **self._live()}
+        with self._holder.errors("read"):
+            doc = await self.collection.find_one(
+                query, {f"versions.{f}": 1, f"hashes.{f}": 1, f"states.{f}": 1}
+            )
+        if doc is None:
+            return None
+        if f in (doc.get("hashes") or {}):
+            return StoredKind.LIST
+        versions = doc.get("versions") or {}
+        if f not in versions:
+            return None
+        text = (doc.get("states") or {}).get(f)
+        value = await self._decode(session, key, text)
+        if value is _INVALID:
+            return None
+        return VersionedState.model_construct(value=value, version=int(versions[f]))
+
+    async def _decode(self, session: SessionKey, key: str, text: object) -> Any:
+        try:
+            if not isinstance(text, str):
+                raise ValueError("not a string")
+            return parse_json_text(text)
+        except (ValueError, TypeError, RecursionError):
+            await self.warn(
+                StoreWarning(
+                    kind="invalid_record",
+                    reason="a stored agent state no longer decodes as strict JSON; "
+                    "it is treated as absent",
+                    scope_key=session.user,
+                    thread_id=session.session,
+                    key=key,
+                )
+            )
+            return _INVALID
+
+    # ------------------------------------------------------------ lists
+
+    async def _list_head(self, session: SessionKey, key: str) -> ListHead | StoredKind | None:
+        f = encode_field(key)
+        query = {"_id": self._id(session), **self._live()}
+        with self._holder.errors("read"):
+            doc = await self.collection.find_one(
+                query, {f"versions.{f}": 1, f"hashes.{f}": 1, f"lengths.{f}": 1}
+            )
+        if doc is None:
+            return None
+        if f in (doc.get("versions") or {}):
+            return StoredKind.VALUE
+        hashes = doc.get("hashes") or {}
+        if f not in hashes:
+            return None
+        return ListHead(int((doc.get("lengths") or {}).get(f, 0)), str(hashes[f]))
+
+    async def _write_list(
+        self, session: SessionKey, key: str, write: ListWrite
+    ) -> bool | StoredKind:
+        f = encode_field(key)
+        head = {
+            f"hashes.{f}": write.head.hash,
+            f"lengths.{f}": Int64(write.head.length),
+        }
+        items = list(write.texts)
+        upsert = False
+        update: Doc | list[Doc]
+        if write.expect is None:
+            # Absent (or its session expired): the whole list, in a session
+            # emptied first when it had expired.
+            now = await self._upsert_time()
+            query: Doc = {"_id": self._id(session), **self._absent_or_expired(f, now)}
+            update = [
+                *self._fresh_stages(now),
+                {"$set": {f"states.{f}": {"$literal": items}, **head}},
+                {"$set": {"_updated_at": now}},
+                {"$unset": "_live"},
+            ]
+            upsert = True
+        else:
+            query = {
+                "_id": self._id(session),
+                f"hashes.{f}": write.expect.hash,
+                f"lengths.{f}": write.expect.length,
+                **self._live(),
+            }
+            touch = _touch(self.now())
+            if write.replace:
+                update = {"$set": {f"states.{f}": items, **head, **touch.get("$set", {})}}
+            else:
+                update = {
+                    "$push": {f"states.{f}": {"$each": items}},
+                    "$set": {**head, **touch.get("$set", {})},
+                }
+            if "$currentDate" in touch:
+                update["$currentDate"] = touch["$currentDate"]
+        try:
+            with self._holder.errors("write"):
+                result = await self.collection.update_one(query, update, upsert=upsert)
+        except Exception as exc:
+            self._too_large(exc)
+            if not isinstance(exc.__cause__, DuplicateKeyError):
+                raise
+            return StoredKind.VALUE if await self._kind(session, f) is StoredKind.VALUE else False
+        if result.matched_count or result.upserted_id is not None:
+            return True
+        return StoredKind.VALUE if await self._kind(session, f) is StoredKind.VALUE else False
+
+    async def _get_list(self, session: SessionKey, key: str) -> list[Any] | StoredKind | None:
+        f = encode_field(key)
+        query = {"_id": self._id(session), **self._live()}
+        with self._holder.errors("read"):
+            doc = await self.collection.find_one(query, {f"versions.{f}": 1, f"states.{f}": 1})
+        if doc is None:
+            return None
+        if f in (doc.get("versions") or {}):
+            return StoredKind.VALUE
+        stored = (doc.get("states") or {}).get(f)
+        if not isinstance(stored, list):
+            return None
+        out = []
+        for text in stored:
+            value = await self._decode(session, key, text)
+            if value is not _INVALID:
+                out.append(value)
+        return out
+
+    # ------------------------------------------------------------ sessions
+
+    async def _exists(self, session: SessionKey) -> bool:
+        query = {"_id": self._id(session), **self._live()}
+        with self._holder.errors("read"):
+            doc = await self.collection.find_one(query, {"_id": 1})
+        return doc is not None
+
+    async def _delete(self, session: SessionKey) -> bool:
+        with self._holder.errors("write"):
+            live = await self.collection.delete_one({"_id": self._id(session), **self._live()})
+            if live.deleted_count:
+                return True
+            # An expired one goes too: it is garbage either way.
+            await self.collection.delete_one({"_id": self._id(session)})
+        return False
+
+    async def _delete_state(self, session: SessionKey, key: str) -> bool:
+        f = encode_field(key)
+        query = {"_id": self._id(session), f"states.{f}": {"$exists": True}, **self._live()}
+        update: Doc = {"$unset": {f"{part}.{f}": "" for part in _ALL}}
+        touch = _touch(self.now())
+        update.update(touch)
+        with self._holder.errors("write"):
+            result = await self.collection.update_one(query, update)
+            if not result.matched_count:
+                return False
+            # The session's last state: the session goes (only while still empty).
+            await self.collection.delete_one({"_id": self._id(session), "states": {}})
+        return True
+
+    async def _list_session_ids(self, user: str, after: str | None, limit: int) -> list[str]:
+        low: Any = MinKey() if after is None else after
+        query = {
+            "_id": {
+                "$gt": {"user": user, "session": low},
+                "$lt": {"user": user, "session": MaxKey()},
+            },
+            **self._live(),
+        }
+        with self._holder.errors("read"):
+            docs = await self.collection.find(
+                query, {"_id": 1}, sort=[("_id", ASCENDING)], limit=limit, hint="_id_"
+            ).to_list(None)
+        return [str(d["_id"]["session"]) for d in docs]
+
+    async def _purge_expired(self) -> int:
+        if self.session_ttl is None:
+            return 0
+        now = self.now() or await self._holder.server_time()
+        with self._holder.errors("write"):
+            result = await self.collection.delete_many(
+                {"_updated_at": {"$lte": now - self.session_ttl}}
+            )
+        return result.deleted_count
+
+
+_INVALID = object()
+
+
+def _touch(now: datetime | None) -> Doc:
+    """The operator update that sets ``_updated_at`` to now (the server's, or the test clock's)."""
+    if now is None:
+        return {"$currentDate": {"_updated_at": True}}
+    return {"$set": {"_updated_at": now.astimezone(UTC)}}
