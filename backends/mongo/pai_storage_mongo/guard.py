@@ -14,12 +14,15 @@ remove expired locks in the background and never touches the counter.
 
 Every primitive is judged on the server's clock (``$$NOW``) or the test clock:
 
-- acquire: one upsert of ``{_id: resource, expiresAt <= now}``. A live lock
-  does not match, so the upsert tries to insert a second document with the
-  same ``_id`` and the unique ``_id`` index refuses it (duplicate key: the
-  resource is busy); of concurrent acquisitions of a free resource exactly one
-  inserts or takes over. The winner then draws the next value of the counter
-  (``$inc``, atomic) and stamps it on its own lock, matched by token. Drawn
+- acquire: one upserting ``findAndModify`` on ``{_id: resource}`` whose
+  pipeline keeps a live lock unchanged and replaces an absent or expired one
+  with the caller's; the caller holds the lock when the document it gets back
+  carries its token. Updates of one document are atomic, and of two inserts
+  racing for an absent lock the unique ``_id`` index lets one through (the
+  other is retried as an update by the server, or refused as a duplicate key),
+  so of concurrent acquisitions of a free resource exactly one wins. The
+  winner then draws the next value of the counter (``$inc``, atomic) and
+  stamps it on its own lock, matched by token. Drawn
   while the lock is held, a fencing token is always greater than that of
   every earlier holder of the resource, whatever expired or was deleted.
 - renew and release: an update or delete matched by ``_id`` and token.
@@ -146,13 +149,6 @@ class MongoExecutionGuard(ExecutionGuard):
             return {"_id": resource, "expiresAt": {"$gt": now}}
         return {"_id": resource, "$expr": {"$gt": ["$expiresAt", "$$NOW"]}}
 
-    def free_filter(self, resource: str) -> Doc:
-        """The filter matching an expired lock on ``resource`` (the acquire upsert's)."""
-        now = self.now()
-        if now is not None:
-            return {"_id": resource, "expiresAt": {"$lte": now}}
-        return {"_id": resource, "$expr": {"$lte": ["$expiresAt", "$$NOW"]}}
-
     # ------------------------------------------------------------ primitives
 
     async def _acquire(
@@ -160,33 +156,41 @@ class MongoExecutionGuard(ExecutionGuard):
     ) -> LockInfo | None:
         now = self._now()
         lease = {"$add": [now, _millis(lease_ttl)]}
+        # Keep a live lock as it is (a no-op write); otherwise, absent or expired,
+        # replace it with ours. One document, one command: atomic on the server.
         take = [
             {
                 "$replaceWith": {
-                    "_id": resource,
-                    "token": token,
-                    "owner": owner,
-                    "fencingToken": Int64(_PENDING),
-                    "acquiredAt": now,
-                    "expiresAt": lease,
+                    "$cond": [
+                        {"$gt": ["$expiresAt", now]},
+                        "$$ROOT",
+                        {
+                            "_id": resource,
+                            "token": token,
+                            "owner": owner,
+                            "fencingToken": Int64(_PENDING),
+                            "acquiredAt": now,
+                            "expiresAt": lease,
+                        },
+                    ]
                 }
             }
         ]
         with self._holder.errors("write"):
             try:
                 doc = await self.collection.find_one_and_update(
-                    self.free_filter(resource),
+                    {"_id": resource},
                     take,
-                    projection={"acquiredAt": 1, "expiresAt": 1},
+                    projection={"token": 1, "acquiredAt": 1, "expiresAt": 1},
                     upsert=True,
                     return_document=ReturnDocument.AFTER,
                 )
             except PyMongoError as exc:
                 if is_duplicate_key(exc):
-                    return None  # a live lock holds the resource: the insert was refused
+                    return None  # a racing acquisition inserted the lock first
                 raise
-        if doc is None:  # pragma: no cover - an upsert returning AFTER always returns one
-            return None
+        if doc is None or doc.get("token") != token:
+            return None  # a live lock holds the resource
         try:
             fencing = await self._stamp(resource, token)
         except BaseException:
