@@ -1,0 +1,49 @@
+"""runtime.parse_json_text: stored JSON text decodes only to strict JSON, fast path or not."""
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pai_storage.runtime import canonical_json, parse_json_text
+
+scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**63), max_value=2**63 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False).filter(lambda f: str(f) != "-0.0")
+    | st.text()
+)
+values = st.recursive(
+    scalars,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=30,
+)
+
+
+@given(values)
+def test_strict_values_round_trip(value: object) -> None:
+    for text in (canonical_json(value), json.dumps(value)):  # raw and escaped unicode
+        assert parse_json_text(text) == value
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("-0.0", "-0.0"),
+        ("[1.5, -0.0]", "-0.0"),
+        ("9223372036854775808", "64-bit"),
+        ("[-9223372036854775809]", "64-bit"),
+        ("1e999", "float range"),
+        ("NaN", "NaN"),
+        ('{"a": [Infinity]}', "Infinity"),
+        ('"\\ud800"', "surrogate"),
+        ('{"k": "x\\uDFFF"}', "surrogate"),
+        ("[" * 65 + "]" * 65, "nesting"),
+        ('{"a": 1} trailing', "Extra data"),
+    ],
+)
+def test_anything_else_is_refused(text: str, words: str) -> None:
+    with pytest.raises(ValueError, match=words):
+        parse_json_text(text)
