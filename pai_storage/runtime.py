@@ -28,7 +28,6 @@ page-token codec bound to the backend's ``token_prefix``.
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Sequence
 from datetime import timedelta
@@ -39,8 +38,6 @@ from .errors import ConfigurationError, InvalidInputError, PageTokenError
 from .events import WarningCallback
 from .lifecycle import ManagedStore
 from .strict_json import (
-    INT64_MAX,
-    INT64_MIN,
     MAX_JSON_DEPTH,
     MAX_JSON_NODES,
     check_json,
@@ -188,46 +185,31 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-def _checked_int(text: str) -> int:
-    value = int(text)
-    if not INT64_MIN <= value <= INT64_MAX:
-        raise ValueError("integer outside the signed 64-bit range is not JSON")
-    return value
-
-
-def _checked_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError("a number out of the float range is not JSON")
-    if value == 0.0 and text.startswith("-"):
-        raise ValueError("-0.0 is not JSON")
-    return value
-
-
 _DECODER = json.JSONDecoder(parse_constant=_reject_constant)
-# Numbers checked while decoding: with them, text that has no escaped surrogate,
-# fewer than MAX_JSON_DEPTH brackets and fewer than MAX_JSON_NODES characters
-# decodes only to strict JSON, and needs no second walk.
-_CHECKING_DECODER = json.JSONDecoder(
-    parse_constant=_reject_constant, parse_int=_checked_int, parse_float=_checked_float
-)
-_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+# What could decode to something that is not strict JSON: a lone surrogate
+# (raw or escaped), a run of 19+ digits (an integer beyond 64 bits, or a float
+# written out in full), a 3-digit exponent (infinity, or an underflow to -0.0)
+# and a negative zero ("-0." / "-0e"). Text with none of these, fewer brackets
+# than MAX_JSON_DEPTH and fewer characters than MAX_JSON_NODES decodes only to
+# strict JSON.
+_SUSPECT = re.compile(r"[\ud800-\udfff]|\\u[dD][89a-fA-F]|\d{19}|[eE][+-]?\d{3}|-0[.eE]")
 
 
 def parse_json_text(text: str) -> Any:
     """Decode stored canonical JSON text; raises ``ValueError`` when it is not strict JSON.
 
-    The result is a fresh value, owned by the caller. Small values without
-    escaped surrogates are checked while they are decoded; anything else is
-    decoded and then walked by the full strict-JSON check.
+    The result is a fresh value, owned by the caller. Text that cannot hold
+    anything but strict JSON (see ``_SUSPECT``) needs no second look; anything
+    else is walked by the full strict-JSON check.
     """
+    value = _DECODER.decode(text)
     if (
         len(text) < MAX_JSON_NODES
         and text.count("[") + text.count("{") < MAX_JSON_DEPTH
-        and _SURROGATE_ESCAPE.search(text) is None
+        and _SUSPECT.search(text) is None
     ):
-        return _CHECKING_DECODER.decode(text)
-    return check_json(_DECODER.decode(text))
+        return value
+    return check_json(value)
 
 
 class RuntimeStore(ManagedStore):

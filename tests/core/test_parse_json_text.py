@@ -28,6 +28,11 @@ def test_strict_values_round_trip(value: object) -> None:
         assert parse_json_text(text) == value
 
 
+@pytest.mark.parametrize("text", ["-0.5", "[1e-5, -2.5e+10]", '"\\ud83d\\ude00"', "1e300"])
+def test_numbers_and_escapes_that_look_suspect_but_are_strict(text: str) -> None:
+    assert parse_json_text(text) == json.loads(text)
+
+
 @pytest.mark.parametrize(
     ("text", "words"),
     [
@@ -35,7 +40,9 @@ def test_strict_values_round_trip(value: object) -> None:
         ("[1.5, -0.0]", "-0.0"),
         ("9223372036854775808", "64-bit"),
         ("[-9223372036854775809]", "64-bit"),
-        ("1e999", "float range"),
+        ("1e999", "Infinity"),
+        ("[-1e-400]", "-0.0"),
+        ("12345678901234567890", "64-bit"),
         ("NaN", "NaN"),
         ('{"a": [Infinity]}', "Infinity"),
         ('"\\ud800"', "surrogate"),
