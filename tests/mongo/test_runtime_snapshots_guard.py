@@ -29,6 +29,7 @@ from support.proxy import FaultProxy
 
 from pai_storage import ManualClock
 from pai_storage.errors import (
+    ConfigurationError,
     CorruptSnapshotError,
     InvalidInputError,
     OutcomeUnknownError,
@@ -559,3 +560,19 @@ async def test_lock_lost_before_its_lease_runs_out(
     finally:
         await _drop(mongo_url, guard)
         await guard.close()
+
+
+async def test_another_snapshot_ttl_than_the_index_is_refused(mongo_url: str) -> None:
+    prefix = _prefix()
+    first = _open_snapshots(mongo_url, prefix, snapshot_ttl=timedelta(days=1))
+    second = _open_snapshots(mongo_url, prefix, snapshot_ttl=timedelta(days=2))
+    try:
+        await first.initialize()
+        with pytest.raises(ConfigurationError) as caught:
+            await second.initialize()
+        assert "index" in str(caught.value)
+        assert prefix + "snapshots" in str(caught.value)
+    finally:
+        await _drop(mongo_url, first)
+        await first.close()
+        await second.close()

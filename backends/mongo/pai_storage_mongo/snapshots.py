@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from bson import Binary, Int64
 from pymongo import ASCENDING, DESCENDING, IndexModel, ReturnDocument
 
-from pai_storage.errors import CorruptSnapshotError
+from pai_storage.errors import ConfigurationError, CorruptSnapshotError
 from pai_storage.events import StoreWarning
 from pai_storage.runtime import parse_json_text
 from pai_storage.snapshots import Snapshot, SnapshotDraft, SnapshotInfo, SnapshotStore
@@ -125,7 +125,25 @@ class MongoSnapshotStore(SnapshotStore):
         )
 
     async def _initialize(self) -> None:
-        self._collection = await self._holder.collection(self.component, indexes(self.snapshot_ttl))
+        wanted = indexes(self.snapshot_ttl)
+        collection = await self._holder.collection(self.component, wanted)
+        # MongoDB keeps an existing TTL index's expireAfterSeconds when asked for
+        # the same index with another one: compare, or snapshots would expire early.
+        ttl = [
+            m.document.get("expireAfterSeconds") for m in wanted if m.document["name"] == TTL_INDEX
+        ]
+        expected = ttl[0] if ttl else None
+        with self._holder.errors("connect"):
+            found = await collection.index_information()
+        actual = found.get(TTL_INDEX, {}).get("expireAfterSeconds")
+        if actual != expected:
+            raise ConfigurationError(
+                f"collection {collection.name!r} expires snapshots after {actual} s "
+                f"(its {TTL_INDEX} index) but this store's snapshot_ttl is {expected} s; "
+                "drop that index, use the same snapshot_ttl, or choose another collection "
+                "name (option names or collection_prefix)"
+            )
+        self._collection = collection
 
     async def _close(self) -> None:
         self._collection = None
