@@ -10,7 +10,6 @@ Install with ``pip install 'pai-storage[mongo]'``. See ``docs/mongodb.md``.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +20,9 @@ if TYPE_CHECKING:
     from pai_storage_conformance.provision import TestHarness
 
     from .client import MongoClientHolder
+    from .guard import MongoExecutionGuard
     from .kv import MongoKeyValueStore
+    from .snapshots import MongoSnapshotStore
     from .state import MongoAgentStateStore
     from .store import MongoThreadStore
 
@@ -29,7 +30,9 @@ __all__ = [
     "MongoAgentStateStore",
     "MongoBackend",
     "MongoClientHolder",
+    "MongoExecutionGuard",
     "MongoKeyValueStore",
+    "MongoSnapshotStore",
     "MongoThreadStore",
     "backend",
 ]
@@ -56,19 +59,6 @@ _COMPONENTS: dict[str, tuple[str, str, tuple[str, ...]]] = {
 """Each component's module, store class and its own options (beside the client's)."""
 
 
-def _available() -> frozenset[str]:
-    """The components whose modules this installation ships (pymongo imported lazily)."""
-    found = set()
-    for component, (module, cls, _) in _COMPONENTS.items():
-        spec = importlib.util.find_spec(f"{__name__}.{module}")
-        if spec is None or spec.origin is None:
-            continue
-        with open(spec.origin, encoding="utf-8") as source:
-            if f"class {cls}(" in source.read():
-                found.add(component)
-    return frozenset(found)
-
-
 class MongoBackend(Backend):
     """Opens the MongoDB stores by URL; the runtime stores of one call share one client."""
 
@@ -76,7 +66,7 @@ class MongoBackend(Backend):
     url_schemes = ("mongodb",)  # "mongodb+srv" is the mongodb scheme with driver "srv"
     extra = "mongo"
     requires = ("pymongo",)
-    components = _available()
+    components = frozenset(_COMPONENTS)
 
     def _open(self, url: StoreURL, **options: Any) -> ThreadStore:
         self.check_options(url, options, OPTIONS)
@@ -129,6 +119,8 @@ def __getattr__(name: str) -> Any:
         "MongoKeyValueStore": ".kv",
         "MongoAgentStateStore": ".state",
         "MongoClientHolder": ".client",
+        "MongoSnapshotStore": ".snapshots",
+        "MongoExecutionGuard": ".guard",
     }
     if name in lazy:
         return getattr(importlib.import_module(lazy[name], __name__), name)
