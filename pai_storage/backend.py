@@ -26,6 +26,9 @@ core runs the algorithms:
   their base classes (:mod:`pai_storage.runtime`) and call a few protected
   hooks a backend implements; :meth:`Backend.open_components` opens them
   (``docs/bundle.md``).
+- :class:`SharedClient` holds the one pool or driver client the stores of a
+  ``connect()`` call share: counted users, a shared lazy connect, and a close
+  by the last user; a backend supplies create, connect and disconnect.
 """
 
 from .aggregate import (
@@ -127,6 +130,7 @@ from .selection import (
     Window,
     timestamp_ms,
 )
+from .shared import SharedClient
 from .snapshots import SnapshotDraft, SnapshotStore
 from .state import (
     AgentStateStore,
@@ -189,6 +193,7 @@ __all__ = [
     "RuntimeStore",
     "SelectionHelpers",
     "SessionKey",
+    "SharedClient",
     "SnapshotDraft",
     "SnapshotStore",
     "StoreInfo",

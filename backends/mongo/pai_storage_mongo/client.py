@@ -20,6 +20,10 @@ stores using it:
 - ``with holder.errors(phase):`` maps every PyMongo exception of a block to the
   contract's errors (:func:`runtime_error`).
 
+The counting, the shared connect and the close are
+:class:`pai_storage.backend.SharedClient`'s; this module supplies only what
+touches MongoDB: making the client, proving a server answers, closing it.
+
 Collection names live here and nowhere else: ``<prefix><default>`` with the
 prefix ``pai_`` (``pai_kv``, ``pai_agent_sessions``, ``pai_snapshots``,
 ``pai_locks``), or a full name per component through ``names={"kv": ...}``.
@@ -47,7 +51,15 @@ from pai_storage import (
     ThreadStoreConfigurationError,
     UnavailableError,
 )
-from pai_storage.backend import StoreURL, make_url, map_errors, redact, truncate_ms
+from pai_storage.backend import (
+    SharedClient,
+    StoreURL,
+    make_url,
+    map_errors,
+    redact,
+    truncate_ms,
+)
+from pai_storage.shared import closed_error as closed_error
 
 from .documents import CODEC_OPTIONS
 from .errors import Phase, check_url_options, is_too_large, map_error
@@ -93,11 +105,6 @@ _INDEXED: weakref.WeakKeyDictionary[Any, dict[tuple[str, str], asyncio.Future[No
 )
 
 
-def closed_error() -> ThreadStoreConfigurationError:
-    """What an operation that outlived its store's ``close()`` raises."""
-    return ThreadStoreConfigurationError("this store is closed; open a new one")
-
-
 def runtime_error(exc: BaseException, phase: Phase, url: StoreURL | None) -> StorageError:
     """The contract error of a runtime store for a PyMongo or BSON exception.
 
@@ -128,8 +135,12 @@ def runtime_error(exc: BaseException, phase: Phase, url: StoreURL | None) -> Sto
     return map_error(exc, "read" if phase == "write" else phase, url)
 
 
-class MongoClientHolder:
+class MongoClientHolder(SharedClient["AsyncMongoClient[Doc]"]):
     """One ``AsyncMongoClient``, the runtime collections it serves, and their users.
+
+    The users, the shared lazy connect and the close are
+    :class:`~pai_storage.backend.SharedClient`'s; this class makes the client,
+    proves a server answers, and closes it.
 
     Parameters
     ----------
@@ -192,14 +203,9 @@ class MongoClientHolder:
             self.names[component] = _check_collection_part(f"names[{component!r}]", name)
         if len(set(self.names.values())) != len(self.names):
             raise ThreadStoreConfigurationError("option names: two components share a collection")
-        self.owns_client: bool = client is None
-        """Whether the holder created its client (and so closes it)."""
+        super().__init__(owned=client is None)
         self._given = cast("AsyncMongoClient[Doc] | None", client)
-        self._client: AsyncMongoClient[Doc] | None = None
         self._db: AsyncDatabase[Doc] | None = None
-        self._opening: asyncio.Future[AsyncMongoClient[Doc]] | None = None
-        self._users = 0
-        self._closed = False
 
     @classmethod
     def attached(
@@ -230,37 +236,10 @@ class MongoClientHolder:
             f"names={self.names!r}, own_client={self.owns_client})"
         )
 
-    # ------------------------------------------------------------ users
-
-    def attach(self) -> None:
-        """Count one more store using this holder (each calls :meth:`release` once)."""
-        if self._closed:
-            raise closed_error()
-        self._users += 1
-
-    async def release(self) -> None:
-        """One store is done; the last one closes the client the holder created.
-
-        A connection attempt still running is cancelled (the client it made is
-        closed by the attempt itself). An application's client is never closed.
-        """
-        self._users -= 1
-        if self._users > 0 or self._closed:
-            return
-        self._closed = True
-        task, self._opening = self._opening, None
-        if task is not None and not task.done():
-            task.cancel()
-            await asyncio.wait({task})
-        client, self._client, self._db = self._client, None, None
-        if client is not None and self.owns_client:
-            with suppress(Exception):
-                await client.close()
-
     @property
-    def closed(self) -> bool:
-        """Whether every user has released the holder."""
-        return self._closed
+    def owns_client(self) -> bool:
+        """Whether the holder created its client (and so closes it)."""
+        return self._owned
 
     # ------------------------------------------------------------ the client
 
@@ -278,52 +257,31 @@ class MongoClientHolder:
         ConfigurationError
             Bad credentials or connection settings, or the holder is closed.
         """
-        if self._closed:
-            raise closed_error()
-        if self._client is not None:
-            return self._client
-        task = self._opening
-        if task is None:
-            task = self._opening = asyncio.ensure_future(self._open())
-            task.add_done_callback(_retrieve)
-        try:
-            return await asyncio.shield(task)
-        except asyncio.CancelledError:
-            if self._closed and task.cancelled():
-                raise closed_error() from None
-            raise
-        except BaseException:
-            if self._opening is task and task.done():
-                self._opening = None
-            raise
+        return await self._ready()
 
-    async def _open(self) -> AsyncMongoClient[Doc]:
-        """Make (or take) the client and prove a server answers; a client this
-        made is closed again when any step fails or is cancelled."""
+    def _make(self) -> AsyncMongoClient[Doc]:
         from pymongo import AsyncMongoClient
 
-        client = self._given
-        if client is None:
-            options: dict[str, Any] = {
-                "tz_aware": True,
-                "document_class": dict,
-                "appname": "pai-storage",
-            }
-            if "serverselectiontimeoutms" not in {k.lower() for k, _ in self.url.query}:
-                options["serverSelectionTimeoutMS"] = DEFAULT_SERVER_SELECTION_TIMEOUT_MS
-            with map_errors(self._connect_error):
-                client = AsyncMongoClient(self.url.render(hide_password=False), **options)
-        try:
-            with map_errors(self._connect_error):
-                await client.admin.command("hello")
-        except BaseException:
-            if self.owns_client:
-                with suppress(Exception):
-                    await client.close()
-            raise
-        self._client = client
-        self._db = client.get_database(self.db_name, codec_options=CODEC_OPTIONS)
-        return client
+        if self._given is not None:
+            return self._given
+        options: dict[str, Any] = {
+            "tz_aware": True,
+            "document_class": dict,
+            "appname": "pai-storage",
+        }
+        if "serverselectiontimeoutms" not in {k.lower() for k, _ in self.url.query}:
+            options["serverSelectionTimeoutMS"] = DEFAULT_SERVER_SELECTION_TIMEOUT_MS
+        with map_errors(self._connect_error):
+            return AsyncMongoClient(self.url.render(hide_password=False), **options)
+
+    async def _connect(self, made: AsyncMongoClient[Doc]) -> None:
+        with map_errors(self._connect_error):
+            await made.admin.command("hello")
+        self._db = made.get_database(self.db_name, codec_options=CODEC_OPTIONS)
+
+    async def _disconnect(self, made: AsyncMongoClient[Doc], *, failed: bool) -> None:
+        with suppress(Exception):
+            await made.close()
 
     def _connect_error(self, exc: Exception) -> StorageError:
         if isinstance(exc, ValueError | TypeError):  # the driver's own option checks
@@ -335,7 +293,7 @@ class MongoClientHolder:
     async def database(self) -> AsyncDatabase[Doc]:
         """The database (timezone-aware UTC dates, plain dicts), connected."""
         await self.client()
-        if self._db is None:  # the last user released the holder meanwhile
+        if self._db is None or self.closed:  # the last user released the holder meanwhile
             raise closed_error()
         return self._db
 
@@ -357,7 +315,7 @@ class MongoClientHolder:
         collection = db.get_collection(name)
         if not indexes:
             return collection
-        made = _INDEXED.setdefault(cast(Any, self._client), {})
+        made = _INDEXED.setdefault(cast(Any, db.client), {})
         key = (self.db_name, name)
         task = made.get(key)
         if task is None:

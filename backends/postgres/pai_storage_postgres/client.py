@@ -18,6 +18,10 @@ once, and counts the stores using it:
   contract's errors; ``async with client.connection() as conn:`` is one pooled
   connection for one operation (terminated rather than reused when the
   operation was cancelled mid-way).
+
+The counting, the shared connect and the close are
+:class:`pai_storage.backend.SharedClient`'s; this module supplies only what
+touches PostgreSQL: creating, preparing and closing the pool.
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 from pai_storage import ThreadStoreConfigurationError
-from pai_storage.backend import StoreURL, make_url, map_errors
+from pai_storage.backend import SharedClient, StoreURL, make_url, map_errors
+from pai_storage.shared import closed_error
 
 from .errors import Phase, map_error
 from .schema import (
@@ -83,13 +88,12 @@ async def keep_session(conn: asyncpg.Connection) -> None:
     """
 
 
-def closed_error() -> ThreadStoreConfigurationError:
-    """What an operation that outlived its store's ``close()`` raises."""
-    return ThreadStoreConfigurationError("this store is closed; open a new one")
-
-
-class PgClient:
+class PgClient(SharedClient["asyncpg.Pool"]):
     """One asyncpg pool, the schema it serves, and the stores that share it.
+
+    The users, the shared lazy connect and the close are
+    :class:`~pai_storage.backend.SharedClient`'s; this class creates, prepares
+    and closes the pool.
 
     Parameters
     ----------
@@ -148,8 +152,7 @@ class PgClient:
             _check_seconds("command_timeout", command_timeout)
         _check_int("statement_cache_size", statement_cache_size, 0)
         self.tables: Tables = Tables(table_prefix, schema, validate_names(names))
-        self.owns_pool: bool = pool is None
-        """Whether the client created its pool (and so closes it)."""
+        super().__init__(owned=pool is None)
         self.server_version: str | None = None
         """``"PostgreSQL <version>"`` once connected."""
         self._pool_options: dict[str, Any] = {
@@ -162,10 +165,6 @@ class PgClient:
             "reset": keep_session,
         }
         self._given = pool
-        self._pool: asyncpg.Pool | None = None
-        self._opening: asyncio.Future[asyncpg.Pool] | None = None
-        self._users = 0
-        self._closed = False
 
     @classmethod
     def attached(
@@ -196,44 +195,10 @@ class PgClient:
             f"schema={self.tables.schema!r}, own_pool={self.owns_pool})"
         )
 
-    # ------------------------------------------------------------ users
-
-    def attach(self) -> None:
-        """Count one more store using this client (each calls :meth:`release` once)."""
-        if self._closed:
-            raise closed_error()
-        self._users += 1
-
-    async def release(self) -> None:
-        """One store is done; the last one closes the pool the client created.
-
-        A connection attempt still running is cancelled and whatever it opened
-        terminated. An application's own pool is never closed.
-        """
-        self._users -= 1
-        if self._users > 0 or self._closed:
-            return
-        self._closed = True
-        task, self._opening = self._opening, None
-        if task is not None and not task.done():
-            task.cancel()
-            await asyncio.wait({task})
-            if not task.cancelled():
-                task.exception()  # retrieved: never logged as unhandled
-        pool, self._pool = self._pool, None
-        if pool is None or not self.owns_pool:
-            return
-        try:
-            await asyncio.wait_for(pool.close(), timeout=10)
-        except BaseException as exc:  # a broken connection, a timeout or a cancelled close
-            terminate_pool(pool)
-            if not isinstance(exc, Exception):
-                raise
-
     @property
-    def closed(self) -> bool:
-        """Whether every user has released the client."""
-        return self._closed
+    def owns_pool(self) -> bool:
+        """Whether the client created its pool (and so closes it)."""
+        return self._owned
 
     # ------------------------------------------------------------ the pool
 
@@ -243,46 +208,33 @@ class PgClient:
         Concurrent callers share one attempt; a cancelled caller does not
         cancel it; a failed attempt is forgotten so the next call retries.
         """
-        if self._closed:
-            raise closed_error()
-        if self._pool is not None:
-            return self._pool
-        task = self._opening
-        if task is None:
-            task = self._opening = asyncio.ensure_future(self._open())
-            task.add_done_callback(_retrieve)
-        try:
-            return await asyncio.shield(task)
-        except asyncio.CancelledError:
-            if self._closed and task.cancelled():
-                raise closed_error() from None
-            raise
-        except BaseException:
-            if self._opening is task and task.done():
-                self._opening = None
-            raise
+        return await self._ready()
 
-    async def _open(self) -> asyncpg.Pool:
-        """Connect and prepare the schema; whatever this made is released when it
-        fails or is cancelled at any await."""
+    def _make(self) -> asyncpg.Pool:
         import asyncpg
 
         if self._given is not None:
-            await self._prepare(self._given)
-            self._pool = self._given
             return self._given
-        # Built first, connected by the await below: a cancellation while the
-        # pool connects still leaves the pool object here to terminate.
-        pool = asyncpg.create_pool(self._dsn(), **self._pool_options)
-        try:
+        # Built here, connected by _connect: a cancellation while the pool
+        # connects still leaves the pool object to terminate.
+        return asyncpg.create_pool(self._dsn(), **self._pool_options)
+
+    async def _connect(self, made: asyncpg.Pool) -> None:
+        if made is not self._given:
             with self.errors("connect"):
-                await pool
-            await self._prepare(pool)
-        except BaseException:
-            terminate_pool(pool)
-            raise
-        self._pool = pool
-        return pool
+                await made
+        await self._prepare(made)
+
+    async def _disconnect(self, made: asyncpg.Pool, *, failed: bool) -> None:
+        if failed:
+            terminate_pool(made)
+            return
+        try:
+            await asyncio.wait_for(made.close(), timeout=10)
+        except BaseException as exc:  # a broken connection, a timeout or a cancelled close
+            terminate_pool(made)
+            if not isinstance(exc, Exception):
+                raise
 
     def _dsn(self) -> str:
         return self.url.render(hide_password=False, scheme="postgresql")
@@ -300,13 +252,13 @@ class PgClient:
         Released afterwards; terminated instead when the operation was
         cancelled (its state is then unknown, and closing must not wait for it).
         """
-        pool = pool or self._pool
+        pool = pool or self._made
         if pool is None:  # the last user released the pool under this operation
             raise closed_error()
         try:
             conn = await pool.acquire()
         except Exception as exc:
-            if self._closed:
+            if self.closed:
                 raise closed_error() from None
             raise map_error(exc, "connect", self.url) from exc
         try:
@@ -370,12 +322,6 @@ class PgClient:
             return None
         value = await conn.fetchval(f"SELECT version FROM {self.tables.version_table}")
         return int(value) if value is not None else None
-
-
-def _retrieve(task: asyncio.Future[Any]) -> None:
-    """Mark a finished attempt's exception as seen (its callers may all be gone)."""
-    if not task.cancelled():
-        task.exception()
 
 
 def _check_pool(pool: object) -> None:
