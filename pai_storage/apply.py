@@ -181,7 +181,8 @@ class _AggregateTransaction(CommitTransaction):
         )
 
     def relationship_reader(self, context: RelationshipContext) -> RelationshipReader:
-        raise NotImplementedError  # pragma: no cover - check_relationships is overridden
+        # Never asked: check_relationships below reads the aggregate itself.
+        raise TypeError("the aggregate transaction checks relationships on the aggregate")
 
     async def check_relationships(self, context: RelationshipContext) -> None:
         after = self.result()

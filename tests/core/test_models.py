@@ -1,4 +1,4 @@
-"""Property and unit tests of the record and input models (SPEC section 5)."""
+"""Property and unit tests of the record and input models (docs/data-model.md#the-json-form)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Strict JSON (SPEC section 10): what is rejected, where, and what round-trips."""
+"""Strict JSON (docs/json.md): what is rejected, where, and what round-trips."""
 
 from __future__ import annotations
 

@@ -151,7 +151,7 @@ def _thread_child(*fields: str) -> Keys:
     return [*_SCOPE_THREAD, *((f, _A) for f in fields)]
 
 
-# The seed's index set plus two child-page indexes (docs/mongodb.md), by collection
+# The documented index set plus two child-page indexes (docs/mongodb.md), by collection
 # and index name. The query hints below are looked up here by name.
 INDEXES: dict[str, dict[str, Index]] = {
     "threads": {
@@ -188,7 +188,7 @@ INDEXES: dict[str, dict[str, Index]] = {
         "scope_thread_queue_item_unique": Index(_thread_child("queueItemId"), unique=True),
         "scope_thread_order_unique": Index(_thread_child("_order"), unique=True),
         "scope_thread_run_queue_item": Index(_thread_child("runId", "queueItemId")),
-        # Not in the seed: queued-item pages filtered by run, in ``_order`` order.
+        # Beyond the reference layout: queued-item pages filtered by run, in ``_order`` order.
         "scope_thread_run_order": Index(_thread_child("runId", "_order")),
     },
     "runs": {
@@ -198,8 +198,8 @@ INDEXES: dict[str, dict[str, Index]] = {
         "scope_thread_status_admission_run": Index(
             _thread_child("status", "admission.queueItemId", "runId")
         ),
-        # Not in the seed: run pages filtered by status, in ``_order`` order (one
-        # bounded scan per status; the seed's ``{status, runId}`` cannot give it).
+        # Beyond the reference layout: run pages filtered by status, in ``_order`` order (one
+        # bounded scan per status; the reference ``{status, runId}`` index cannot give it).
         "scope_thread_status_order": Index(_thread_child("status", "_order")),
     },
 }
