@@ -1,0 +1,121 @@
+"""The SQL backend: SQLite (``sqlite://``) and MariaDB/MySQL (``mysql://``, ``mariadb://``).
+
+Built on SQLAlchemy 2 Core with its asyncio extension. Install with
+``pip install 'pai-storage[sql]'`` (SQLAlchemy, aiosqlite) or
+``pip install 'pai-storage[mysql]'`` (adds asyncmy). See ``docs/sql.md`` for
+set-up, URLs, options, schema and concurrency. The conformance harness is
+:mod:`pai_storage_sql.harness`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from pai_storage.backend import Backend, ManagedStore, StoreURL
+
+if TYPE_CHECKING:
+    from pai_storage_conformance.provision import TestHarness
+
+    from pai_storage import ThreadStore
+
+__all__ = ["SqlBackend", "backend"]
+
+_COMMON = ("clock", "on_warning", "token_secret")
+
+CLIENT_OPTIONS = ("table_prefix", "busy_timeout", "pool_size", "connect_timeout", "retry_attempts")
+"""The options of the shared client (every SQL store takes them)."""
+
+_COMPONENTS: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "threads": ("store", "SqlThreadStore", _COMMON),
+    "kv": ("kv", "SqlKeyValueStore", (*_COMMON, "max_value_bytes")),
+    "state": ("state", "SqlAgentStateStore", (*_COMMON, "session_ttl", "max_value_bytes")),
+    "snapshots": ("snapshots", "SqlSnapshotStore", (*_COMMON, "snapshot_ttl")),
+    "guard": (
+        "guard",
+        "SqlExecutionGuard",
+        (*_COMMON, "lock_timeout", "lease_ttl", "retry_interval"),
+    ),
+}
+"""Each component's module, store class and its own options (beside the client's)."""
+
+
+def _available() -> frozenset[str]:
+    """The components whose modules this installation ships (found, not imported:
+    importing them would import SQLAlchemy)."""
+    return frozenset(
+        component
+        for component, (module, _, _) in _COMPONENTS.items()
+        if importlib.util.find_spec(f"{__name__}.{module}") is not None
+    )
+
+
+class SqlBackend(Backend):
+    """Opens the SQL stores by URL; the stores of one call share one client."""
+
+    name = "sql"
+    url_schemes = ("sqlite", "mysql", "mariadb")
+    extra = "sql"
+    requires = ("sqlalchemy", "aiosqlite")
+
+    @property
+    def components(self) -> frozenset[str]:  # type: ignore[override]
+        return _available()
+
+    def _open(self, url: StoreURL, **options: Any) -> ThreadStore:
+        from .store import SqlThreadStore
+
+        self.check_options(url, options, {*CLIENT_OPTIONS, "client", *_COMMON})
+        return SqlThreadStore(url, **options)
+
+    def _open_components(
+        self, url: StoreURL, components: Sequence[str], **options: Any
+    ) -> dict[str, ManagedStore]:
+        """One :class:`~pai_storage_sql.client.SqlClient` for every component;
+        each store gets its share of the options."""
+        shared = dict.fromkeys(components, ("client", *CLIENT_OPTIONS))
+        accepted = {c: _COMPONENTS[c][2] for c in components}
+        everything = {c: (*accepted[c], *shared[c]) for c in components}
+        self.check_options(url, options, {o for names in everything.values() for o in names})
+        client_options = {k: v for k, v in options.items() if k in CLIENT_OPTIONS}
+        rest = {k: v for k, v in options.items() if k not in CLIENT_OPTIONS and k != "client"}
+        shares = self.split_options(url, rest, accepted)
+        client = _shared_client(url, options.get("client"), client_options)
+        opened: dict[str, ManagedStore] = {}
+        for component in components:
+            module, cls, _ = _COMPONENTS[component]
+            factory = getattr(importlib.import_module(f"{__name__}.{module}"), cls)
+            opened[component] = factory(client=client, **shares[component])
+        return opened
+
+    def test_harness(self, url: str | None = None) -> TestHarness:
+        from .harness import SqlHarness  # test provisioning, imported only by the suite
+
+        return SqlHarness(url)
+
+
+def _shared_client(url: StoreURL, given: object, options: dict[str, Any]) -> Any:
+    """The client the components share: the application's ``client=`` (a
+    :class:`~pai_storage_sql.client.SqlClient`) or a new one; each store attaches itself."""
+    from pai_storage import ThreadStoreConfigurationError
+
+    from .client import SqlClient
+
+    chosen = {k: v for k, v in options.items() if v is not None}
+    if given is None:
+        return SqlClient(url, **chosen)
+    if not isinstance(given, SqlClient):
+        raise ThreadStoreConfigurationError(
+            f"option client must be a pai_storage_sql SqlClient, not {type(given).__qualname__}"
+        )
+    if chosen:
+        raise ThreadStoreConfigurationError(
+            f"option(s) {', '.join(sorted(chosen))} cannot be combined with a shared client; "
+            "give them where the client is made"
+        )
+    return given
+
+
+backend = SqlBackend()

@@ -1,0 +1,404 @@
+"""The SQL schema: the thread tables, the runtime tables, and the schema version.
+
+Every table is a SQLAlchemy :class:`~sqlalchemy.Table` on one
+:class:`~sqlalchemy.MetaData` (:class:`Tables`), created idempotently with
+``checkfirst`` and recorded in ``<prefix>_schema``.
+
+Identifiers (scope keys, thread ids, record ids, agent, category) may be 1,024
+characters, up to 4,096 bytes of UTF-8 each, more than an InnoDB index entry
+holds (3,072 bytes). So every index keys an identifier by a 16-byte BLAKE2b
+digest of its UTF-8 bytes (``*_h`` columns); the full identifier is stored
+beside it, and every row read back is checked against the identifiers asked
+for, so a digest collision can never return another thread's data. The list
+order's tie-break (thread id by code point) uses ``thread_ord``: the thread
+id's UTF-8 bytes, whole on SQLite and the first :data:`ORDER_BYTES` bytes on
+MySQL; ties beyond it are ordered exactly by the store.
+
+Four tables hold a thread store's data (``<prefix>`` defaults to ``pai_threads``):
+
+``<prefix>``
+    Thread roots: key ``tkey`` (the digest of scope key and thread id), the
+    columns the list queries filter and order by, the version, the three
+    child-family position counters and the record's JSON text (``doc``).
+``<prefix>_messages`` / ``<prefix>_runs`` / ``<prefix>_queued_items``
+    Child records keyed by ``(tkey, position)``, unique by ``(tkey, id_h)``,
+    with the columns their pages and the relationship checks filter on, and
+    the record's JSON text.
+
+Records are stored as JSON *text* (``TEXT`` / ``LONGTEXT``), never a JSON
+column type, so key order, ``1`` versus ``1.0`` and escapes survive exactly.
+On MySQL/MariaDB every table is InnoDB, ``utf8mb4`` with the binary collation;
+identifiers are ``VARBINARY``/``BINARY`` (compared byte by byte, no padding),
+so ``"a"``, ``"A"`` and ``"a "`` are three different ids.
+
+The runtime stores' tables come from :mod:`pai_storage_sql.runtime_tables`
+(``define_runtime_tables(metadata, prefix)``) on the same metadata.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import (
+    BINARY,
+    VARBINARY,
+    BigInteger,
+    Boolean,
+    Column,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    PrimaryKeyConstraint,
+    SmallInteger,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.dialects import mysql
+from sqlalchemy.types import TypeEngine
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
+
+__all__ = [
+    "DEFAULT_PREFIX",
+    "DIGEST_BYTES",
+    "MAX_PREFIX_LENGTH",
+    "ORDER_BYTES",
+    "SCHEMA_VERSION",
+    "Tables",
+    "binary",
+    "digest",
+    "json_text",
+    "prepare_schema",
+    "runtime_prefix",
+    "validate_prefix",
+]
+
+SCHEMA_VERSION = 1
+"""The schema version this package creates and understands."""
+
+DEFAULT_PREFIX = "pai_threads"
+"""The default ``table_prefix`` (the thread tables' base name)."""
+
+DIGEST_BYTES = 16
+"""Size of the BLAKE2b digests that key identifiers in every index."""
+
+ORDER_BYTES = 2048
+"""On MySQL, how many leading bytes of a thread id ``thread_ord`` keeps."""
+
+MAX_ID_BYTES = 4096
+"""The largest identifier in UTF-8 bytes (1,024 characters of up to 4 bytes)."""
+
+MAX_PREFIX_LENGTH = 40
+"""MySQL names are at most 64 characters; the longest suffix adds 24."""
+
+_PREFIX = re.compile(r"[a-z_][a-z0-9_]*\Z")
+
+MYSQL_TABLE_ARGS: dict[str, Any] = {
+    "mysql_engine": "InnoDB",
+    "mysql_charset": "utf8mb4",
+    "mysql_collate": "utf8mb4_bin",
+}
+"""Table options every MySQL/MariaDB table of this backend uses."""
+
+
+def validate_prefix(value: object) -> str:
+    """Check a ``table_prefix``; the error names the rule broken."""
+    from pai_storage import ThreadStoreConfigurationError
+
+    if not isinstance(value, str) or not _PREFIX.match(value) or len(value) > MAX_PREFIX_LENGTH:
+        raise ThreadStoreConfigurationError(
+            f"option table_prefix must be 1 to {MAX_PREFIX_LENGTH} characters of lower-case "
+            "letters, digits and '_', not starting with a digit"
+        )
+    return value
+
+
+def runtime_prefix(table_prefix: str) -> str:
+    """The prefix the runtime tables get: ``pai`` under the default ``table_prefix``
+    (``pai_kv``, ...), the ``table_prefix`` itself otherwise (``p_kv``, ...)."""
+    return "pai" if table_prefix == DEFAULT_PREFIX else table_prefix
+
+
+def digest(text: str) -> bytes:
+    """The 16-byte key of an identifier in every index."""
+    return hashlib.blake2b(text.encode("utf-8"), digest_size=DIGEST_BYTES).digest()
+
+
+def binary(length: int) -> TypeEngine[bytes]:
+    """A variable-length byte string: ``VARBINARY(length)`` on MySQL, ``BLOB`` on SQLite."""
+    return VARBINARY(length).with_variant(LargeBinary(), "sqlite")
+
+
+def fixed_binary(length: int) -> TypeEngine[bytes]:
+    """A fixed-length byte string: ``BINARY(length)`` on MySQL, ``BLOB`` on SQLite."""
+    return BINARY(length).with_variant(LargeBinary(), "sqlite")
+
+
+def json_text() -> TypeEngine[str]:
+    """JSON text stored verbatim: ``LONGTEXT`` (utf8mb4, binary collation) on MySQL."""
+    return Text().with_variant(
+        mysql.LONGTEXT(charset="utf8mb4", collation="utf8mb4_bin"), "mysql", "mariadb"
+    )
+
+
+def _key() -> Column[bytes]:
+    return Column("tkey", fixed_binary(DIGEST_BYTES), nullable=False)
+
+
+def _id(name: str, nullable: bool = False) -> Column[bytes]:
+    return Column(name, binary(MAX_ID_BYTES), nullable=nullable)
+
+
+def _h(name: str, nullable: bool = False) -> Column[bytes]:
+    return Column(name, fixed_binary(DIGEST_BYTES), nullable=nullable)
+
+
+@dataclass(frozen=True, slots=True)
+class Tables:
+    """Every table of one ``table_prefix``, on one :class:`~sqlalchemy.MetaData`.
+
+    ``runtime`` is the runtime stores' ``RuntimeTables`` (``None`` when this
+    installation ships no runtime stores).
+    """
+
+    prefix: str
+    metadata: MetaData
+    version: Table
+    threads: Table
+    messages: Table
+    runs: Table
+    queued: Table
+    runtime: Any
+
+    @classmethod
+    def define(cls, prefix: str = DEFAULT_PREFIX) -> Tables:
+        """Define the tables of ``prefix`` on a new metadata."""
+        validate_prefix(prefix)
+        md = MetaData()
+        p = prefix
+        version = Table(
+            f"{p}_schema",
+            md,
+            Column("singleton", Integer, primary_key=True, autoincrement=False),
+            Column("version", Integer, nullable=False),
+            **MYSQL_TABLE_ARGS,
+        )
+        threads = Table(
+            p,
+            md,
+            _key(),
+            _h("scope_h"),
+            _id("scope_key"),
+            _id("thread_id"),
+            Column("thread_ord", binary(ORDER_BYTES), nullable=False),
+            Column("instance_id", String(64), nullable=False),
+            Column("revision", BigInteger, nullable=False),
+            _h("agent_h"),
+            Column("hidden", SmallInteger, nullable=False),
+            _h("parent_h", nullable=True),
+            _h("category_h", nullable=True),
+            Column("sort_key", BigInteger, nullable=False),
+            Column("messages_next", BigInteger, nullable=False),
+            Column("runs_next", BigInteger, nullable=False),
+            Column("queued_next", BigInteger, nullable=False),
+            Column("doc", json_text(), nullable=False),
+            PrimaryKeyConstraint("tkey"),
+            **MYSQL_TABLE_ARGS,
+        )
+        # Every list form binds `hidden` (include_hidden reads both values as
+        # two bounded index scans); sort_key = -epoch_ms(updated_at) gives the
+        # newest first in ascending index order, thread_ord breaks ties.
+        Index(
+            f"{p}_list_vis",
+            threads.c.scope_h,
+            threads.c.hidden,
+            threads.c.sort_key,
+            threads.c.thread_ord,
+        )
+        Index(
+            f"{p}_list_agent",
+            threads.c.scope_h,
+            threads.c.agent_h,
+            threads.c.hidden,
+            threads.c.sort_key,
+            threads.c.thread_ord,
+        )
+        Index(
+            f"{p}_list_agent_parent",
+            threads.c.scope_h,
+            threads.c.agent_h,
+            threads.c.hidden,
+            threads.c.parent_h,
+            threads.c.sort_key,
+            threads.c.thread_ord,
+        )
+        Index(
+            f"{p}_list_agent_category",
+            threads.c.scope_h,
+            threads.c.agent_h,
+            threads.c.hidden,
+            threads.c.category_h,
+            threads.c.sort_key,
+            threads.c.thread_ord,
+        )
+        Index(
+            f"{p}_list_parent",
+            threads.c.scope_h,
+            threads.c.hidden,
+            threads.c.parent_h,
+            threads.c.sort_key,
+            threads.c.thread_ord,
+        )
+        Index(
+            f"{p}_list_category",
+            threads.c.scope_h,
+            threads.c.hidden,
+            threads.c.category_h,
+            threads.c.sort_key,
+            threads.c.thread_ord,
+        )
+        messages = Table(
+            f"{p}_messages",
+            md,
+            _key(),
+            Column("position", BigInteger, nullable=False, autoincrement=False),
+            _h("id_h"),
+            _id("message_id"),
+            _h("run_h", nullable=True),
+            _id("run_id", nullable=True),
+            Column("relation", String(16), nullable=True),
+            Column("transcript", Boolean, nullable=False),
+            Column("context", Boolean, nullable=False),
+            Column("doc", json_text(), nullable=False),
+            PrimaryKeyConstraint("tkey", "position"),
+            UniqueConstraint("tkey", "id_h", name=f"{p}_messages_id"),
+            **MYSQL_TABLE_ARGS,
+        )
+        Index(
+            f"{p}_messages_transcript", messages.c.tkey, messages.c.transcript, messages.c.position
+        )
+        Index(f"{p}_messages_context", messages.c.tkey, messages.c.context, messages.c.position)
+        Index(f"{p}_messages_run", messages.c.tkey, messages.c.run_h, messages.c.position)
+        runs = Table(
+            f"{p}_runs",
+            md,
+            _key(),
+            Column("position", BigInteger, nullable=False, autoincrement=False),
+            _h("id_h"),
+            _id("run_id"),
+            Column("status", String(16), nullable=False),
+            Column("doc", json_text(), nullable=False),
+            PrimaryKeyConstraint("tkey", "position"),
+            UniqueConstraint("tkey", "id_h", name=f"{p}_runs_id"),
+            **MYSQL_TABLE_ARGS,
+        )
+        Index(f"{p}_runs_status", runs.c.tkey, runs.c.status, runs.c.position)
+        queued = Table(
+            f"{p}_queued_items",
+            md,
+            _key(),
+            Column("position", BigInteger, nullable=False, autoincrement=False),
+            _h("id_h"),
+            _id("queue_item_id"),
+            _h("run_h"),
+            _id("run_id"),
+            Column("doc", json_text(), nullable=False),
+            PrimaryKeyConstraint("tkey", "position"),
+            UniqueConstraint("tkey", "id_h", name=f"{p}_queued_id"),
+            **MYSQL_TABLE_ARGS,
+        )
+        Index(f"{p}_queued_run", queued.c.tkey, queued.c.run_h, queued.c.position)
+        runtime = _runtime_tables(md, runtime_prefix(p))
+        return cls(p, md, version, threads, messages, runs, queued, runtime)
+
+    @property
+    def thread_tables(self) -> tuple[Table, ...]:
+        return (self.threads, self.messages, self.runs, self.queued)
+
+
+def _runtime_tables(metadata: MetaData, prefix: str) -> Any:
+    """The runtime stores' tables, when this installation ships them."""
+    try:
+        module = importlib.import_module(f"{__package__}.runtime_tables")
+    except ModuleNotFoundError as exc:
+        if exc.name != f"{__package__}.runtime_tables":
+            raise
+        return None
+    return module.define_runtime_tables(metadata, prefix)
+
+
+async def prepare_schema(conn: AsyncConnection, dialect: str, tables: Tables) -> tuple[str, bool]:
+    """Create every table that is missing and record :data:`SCHEMA_VERSION`.
+
+    Several processes may prepare one database at once: SQLite creates the
+    tables inside one ``BEGIN IMMEDIATE`` transaction, MySQL under a named
+    lock (``GET_LOCK``). A database whose recorded version is newer than
+    :data:`SCHEMA_VERSION` is refused with ``ConfigurationError``.
+
+    Returns the server's description (``"SQLite 3.40.1"``, ``"MariaDB
+    10.11.6"``) and whether it is MariaDB.
+    """
+    import sqlite3
+
+    from pai_storage import ThreadStoreConfigurationError
+
+    if dialect == "sqlite":
+        server, mariadb = f"SQLite {sqlite3.sqlite_version}", False
+    else:
+        shown = str((await conn.exec_driver_sql("SELECT VERSION()")).scalar_one())
+        mariadb = "mariadb" in shown.lower()
+        server = f"{'MariaDB' if mariadb else 'MySQL'} {shown.split('-')[0]}"
+        await conn.rollback()
+    stored = await _stored_version(conn, tables)
+    if stored is None or stored < SCHEMA_VERSION:
+        lock_name = f"pai_storage:{tables.prefix}"
+        if dialect == "sqlite":
+            await conn.exec_driver_sql("BEGIN IMMEDIATE")
+        else:
+            got = await conn.exec_driver_sql(f"SELECT GET_LOCK('{lock_name}', 60)")
+            if got.scalar_one() != 1:
+                raise ThreadStoreConfigurationError(
+                    "timed out waiting for another process creating the tables"
+                )
+        try:
+            stored = await _stored_version(conn, tables)
+            if stored is None or stored < SCHEMA_VERSION:
+                await conn.run_sync(tables.metadata.create_all)
+                v = tables.version
+                if stored is None:
+                    await conn.execute(v.insert().values(singleton=1, version=SCHEMA_VERSION))
+                else:
+                    await conn.execute(v.update().values(version=SCHEMA_VERSION))
+                stored = SCHEMA_VERSION
+            await conn.commit()
+        finally:
+            if dialect != "sqlite":
+                await conn.exec_driver_sql(f"SELECT RELEASE_LOCK('{lock_name}')")
+                await conn.rollback()
+    else:
+        await conn.rollback()
+    if stored > SCHEMA_VERSION:
+        raise ThreadStoreConfigurationError(
+            f"the tables {tables.prefix}* use schema version {stored}, newer than this "
+            f"pai-storage understands ({SCHEMA_VERSION}); upgrade pai-storage"
+        )
+    return server, mariadb
+
+
+async def _stored_version(conn: AsyncConnection, tables: Tables) -> int | None:
+    from sqlalchemy import inspect, select
+
+    name = tables.version.name
+    exists = await conn.run_sync(lambda sync: inspect(sync).has_table(name))
+    if not exists:
+        return None
+    value = (await conn.execute(select(tables.version.c.version))).scalar()
+    return int(value) if value is not None else None
