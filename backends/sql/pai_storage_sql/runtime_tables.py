@@ -227,8 +227,10 @@ class RuntimeTables:
 
     ``kv``
         One row per item: the sort key ``(sk_head, sk_tail_hash)`` (primary
-        key) and ``sk_tail``; the value (canonical JSON, UTF-8), version,
-        times and TTL. Index on ``expires_at``.
+        key) and ``sk_tail``; the namespace path and the key (UTF-8), the
+        value (canonical JSON, UTF-8), version, times and TTL; ``writer``, a
+        random tag of the last write, by which a conditional upsert learns
+        whether it was the one that wrote. Index on ``expires_at``.
     ``state_sessions``
         One row per session: ``id`` (auto-increment), the ordered key
         ``user || 0x00 || session`` split like the key-value sort key (unique),
@@ -299,8 +301,11 @@ def define_runtime_tables(
         Column("sk_head", _head(), nullable=False),
         Column("sk_tail_hash", _hash(), nullable=False),
         Column("sk_tail", _tail(), nullable=True),
+        Column("ns", _tail(), nullable=False),
+        Column("key", _name(), nullable=False),
         Column("value", _long(), nullable=False),
         Column("version", BigInteger(), nullable=False),
+        Column("writer", _hash(), nullable=False),
         Column("created_at", UtcMillis(), nullable=False),
         Column("updated_at", UtcMillis(), nullable=False),
         Column("expires_at", UtcMillis(), nullable=True),

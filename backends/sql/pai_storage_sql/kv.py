@@ -1,0 +1,535 @@
+"""The SQL key-value store: one row per item, ordered by one binary sort key.
+
+The sort key of an item is ``namespace path || 0x00 || key`` in UTF-8
+(:func:`~pai_storage_sql.runtime_tables.sort_key`); byte order of sort keys is
+the store's (namespace path, key) code-point order, so a namespace prefix, a
+key prefix within one namespace and a page position are each a range of it
+(``low <= sk < prefix_upper_bound``), never a ``LIKE`` pattern. The primary
+key is the sort key's indexed head and the hash of its tail
+(``docs/sql.md``, "Runtime stores"); every listing is an index range scan in
+index order with a ``LIMIT``. A ``search`` with a key prefix filters the
+namespace range on the ``key`` column.
+
+Writes are one transaction each and one conditional statement each:
+
+- ``put``: an upsert (SQLite ``ON CONFLICT DO UPDATE``, MariaDB/MySQL ``ON
+  DUPLICATE KEY UPDATE``) whose assignments keep ``created_at`` and add one
+  to the version over a live row, and start afresh over an expired one;
+- ``put_if_version(None)``: the same upsert with every assignment
+  conditional on the stored row having expired; a random ``writer`` tag
+  tells the caller whether its statement wrote the row;
+- ``put_if_version(n)``: ``UPDATE ... WHERE version = n AND live``;
+- ``delete``: ``DELETE ... WHERE live [AND version = n]``.
+
+The row is then read back inside the same transaction (it is locked by the
+write). Expiry is exact at read time: every statement compares
+``expires_at`` with the store's clock (MariaDB/MySQL ``UTC_TIMESTAMP``, read
+once per transaction; SQLite the process clock; or the test clock).
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from sqlalchemy import ColumnElement, and_, case, delete, func, or_, select, tuple_, update
+from sqlalchemy.dialects import mysql, sqlite
+
+from pai_storage import Clock, InvalidInputError, StoreURL, WarningCallback
+from pai_storage.backend import (
+    KeyValueStore,
+    KVRecord,
+    VersionMismatch,
+    namespace_from_path,
+    namespace_path,
+)
+from pai_storage.runtime import DEFAULT_MAX_VALUE_BYTES
+
+from .runtime_support import (
+    PURGE_BATCH,
+    RuntimeDb,
+    escaped_size,
+    ordered_scan,
+)
+from .runtime_tables import join_key, sort_key, split_key
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Row
+    from sqlalchemy.ext.asyncio import AsyncConnection
+
+__all__ = ["MAX_VALUE_BYTES", "SqlKeyValueStore"]
+
+MAX_VALUE_BYTES = 256 * 1024 * 1024
+"""The largest ``max_value_bytes`` of this backend: 256 MiB (on MariaDB/MySQL a
+value must also fit the server's ``max_allowed_packet``)."""
+
+_NAMESPACE_BATCH = 16
+"""Rows one step of ``list_namespaces`` reads before it skips past a namespace."""
+
+
+def _upper(prefix: bytes) -> bytes | None:
+    """The least byte string above every string starting with ``prefix`` (UTF-8 has no 0xFF)."""
+    if not prefix:
+        return None
+    return prefix[:-1] + bytes([prefix[-1] + 1])
+
+
+class SqlKeyValueStore(KeyValueStore):
+    """Key-value items in SQLite or MariaDB/MySQL (SQLAlchemy Core), on a shared :class:`SqlClient`.
+
+    Parameters
+    ----------
+    url:
+        ``sqlite:///file.db`` or ``mysql://user@host/db`` (not needed with ``client=``).
+    client:
+        The :class:`~pai_storage_sql.client.SqlClient` shared by the stores of
+        one ``connect()`` call.
+    table_prefix, busy_timeout, pool_size, connect_timeout, retry_attempts:
+        The client's options (not with a shared ``client``).
+    clock, on_warning, token_secret, max_value_bytes:
+        The options of :class:`~pai_storage.KeyValueStore`; ``max_value_bytes``
+        is at most 256 MiB here.
+    """
+
+    backend_name = "sql"
+    token_prefix = "pai-sql"
+    value_bytes_limit: ClassVar[int | None] = MAX_VALUE_BYTES
+
+    def __init__(
+        self,
+        url: str | StoreURL | None = None,
+        *,
+        client: object = None,
+        clock: Clock | None = None,
+        on_warning: WarningCallback | None = None,
+        token_secret: bytes | None = None,
+        max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
+        **client_options: Any,
+    ) -> None:
+        super().__init__(
+            clock=clock,
+            on_warning=on_warning,
+            token_secret=token_secret,
+            max_value_bytes=max_value_bytes,
+        )
+        self._db = RuntimeDb(url, client, client_options)
+        self.url = self._db.url
+        self.table = self._db.tables.kv
+
+    def __repr__(self) -> str:
+        return f"SqlKeyValueStore({str(self.url)!r}, table={self.table.name!r})"
+
+    async def _initialize(self) -> None:
+        await self._db.ready()
+
+    async def _close(self) -> None:
+        await self._db.release()
+
+    # ------------------------------------------------------------ statements
+
+    def _pk(self, sk: bytes) -> ColumnElement[bool]:
+        head, _, tail_hash = split_key(sk, self._db.head_bytes)
+        t = self.table
+        return and_(t.c.sk_head == head, t.c.sk_tail_hash == tail_hash)
+
+    def _live(self, now: datetime) -> ColumnElement[bool]:
+        t = self.table
+        return or_(t.c.expires_at.is_(None), t.c.expires_at > now)
+
+    def _select(self) -> Any:
+        t = self.table
+        return select(
+            t.c.sk_head,
+            t.c.sk_tail,
+            t.c.value,
+            t.c.version,
+            t.c.created_at,
+            t.c.updated_at,
+            t.c.expires_at,
+            t.c.ttl_ms,
+            t.c.writer,
+        )
+
+    def _check_packet(self, sk: bytes, text: str) -> None:
+        room = self._db.packet_room()
+        if room is None:
+            return
+        size = escaped_size(text.encode(), sk) * 2  # the value and the key appear twice at most
+        if size > room:
+            raise InvalidInputError(
+                f"value is {len(text.encode()):,} bytes of JSON; with its key the statement "
+                f"would exceed this MariaDB/MySQL server's max_allowed_packet of "
+                f"{self._db.max_packet:,} bytes; raise max_allowed_packet on the server or "
+                "store smaller values"
+            )
+
+    def _values(
+        self,
+        sk: bytes,
+        namespace: tuple[str, ...],
+        key: str,
+        text: str,
+        ttl: timedelta | None,
+        now: datetime,
+        writer: bytes,
+    ) -> dict[str, Any]:
+        head, tail, tail_hash = split_key(sk, self._db.head_bytes)
+        ttl_ms = None if ttl is None else ttl // timedelta(milliseconds=1)
+        return {
+            "sk_head": head,
+            "sk_tail_hash": tail_hash,
+            "sk_tail": tail,
+            "ns": namespace_path(namespace).encode(),
+            "key": key.encode(),
+            "value": text.encode(),
+            "version": 1,
+            "writer": writer,
+            "created_at": now,
+            "updated_at": now,
+            "expires_at": None if ttl is None else now + ttl,
+            "ttl_ms": ttl_ms,
+        }
+
+    def _upsert(self, row: dict[str, Any], now: datetime, *, only_expired: bool) -> Any:
+        """``INSERT`` of ``row``, or over an existing row: a ``put`` (``only_expired``
+        false) or a create that replaces only an expired row."""
+        t = self.table
+        live = self._live(now)
+        kept = ("sk_head", "sk_tail_hash")
+        if self._db.mysql:
+            ins = mysql.insert(t).values(row)
+            new = ins.inserted
+            changes: list[tuple[str, Any]] = []
+            if only_expired:
+                for name in row:
+                    if name not in kept and name != "expires_at":
+                        changes.append((name, func.if_(live, t.c[name], new[name])))
+                # Last: every condition above reads the stored expires_at.
+                changes.append(("expires_at", func.if_(live, t.c.expires_at, new.expires_at)))
+            else:
+                changes += [
+                    ("version", func.if_(live, t.c.version + 1, 1)),
+                    ("created_at", func.if_(live, t.c.created_at, new.created_at)),
+                ]
+                changes += [
+                    (name, new[name])
+                    for name in row
+                    if name not in (*kept, "version", "created_at", "expires_at")
+                ]
+                changes.append(("expires_at", new.expires_at))
+            return ins.on_duplicate_key_update(changes)
+        lite = sqlite.insert(t).values(row)
+        excluded = lite.excluded
+        if only_expired:
+            replaced = {name: excluded[name] for name in row if name not in kept}
+            return lite.on_conflict_do_update(
+                index_elements=[t.c.sk_head, t.c.sk_tail_hash], set_=replaced, where=~live
+            )
+        sets: dict[str, Any] = {name: excluded[name] for name in row if name not in kept}
+        sets["version"] = case((live, t.c.version + 1), else_=1)
+        sets["created_at"] = case((live, t.c.created_at), else_=excluded.created_at)
+        return lite.on_conflict_do_update(index_elements=[t.c.sk_head, t.c.sk_tail_hash], set_=sets)
+
+    async def _row(self, conn: AsyncConnection, sk: bytes, now: datetime) -> Row[Any] | None:
+        """The live row of ``sk`` (locked on MariaDB/MySQL)."""
+        query = self._select().where(self._pk(sk), self._live(now))
+        if self._db.mysql:
+            query = query.with_for_update()
+        return (await conn.execute(query)).first()
+
+    # ------------------------------------------------------------ hooks
+
+    async def _get_many(self, namespace: tuple[str, ...], keys: list[str]) -> list[KVRecord]:
+        path = namespace_path(namespace)
+        sks = [sort_key(path, key) for key in keys]
+        t = self.table
+
+        async def read(conn: AsyncConnection) -> list[KVRecord]:
+            now = await self._db.now(conn, self)
+            pairs = [split_key(sk, self._db.head_bytes) for sk in sks]
+            wanted = tuple_(t.c.sk_head, t.c.sk_tail_hash).in_([(h, th) for h, _, th in pairs])
+            rows = await conn.execute(self._select().where(wanted, self._live(now)))
+            return [_record(r) for r in rows]
+
+        return await self._db.read(read)
+
+    async def _refresh_ttl(self, namespace: tuple[str, ...], key: str) -> KVRecord | None:
+        sk = sort_key(namespace_path(namespace), key)
+        t = self.table
+
+        async def write(conn: AsyncConnection) -> KVRecord | None:
+            now = await self._db.now(conn, self)
+            row = await self._row(conn, sk, now)
+            if row is None:
+                return None
+            record = _record(row)
+            if record.ttl is None:
+                return record
+            expires = now + record.ttl
+            await conn.execute(update(t).where(self._pk(sk)).values(expires_at=expires))
+            return _replace_expiry(record, expires)
+
+        return await self._db.write(write)
+
+    async def _put(
+        self, namespace: tuple[str, ...], key: str, text: str, ttl: timedelta | None
+    ) -> KVRecord:
+        sk = sort_key(namespace_path(namespace), key)
+        self._check_packet(sk, text)
+
+        async def write(conn: AsyncConnection) -> KVRecord:
+            now = await self._db.now(conn, self)
+            row = self._values(sk, namespace, key, text, ttl, now, os.urandom(16))
+            await conn.execute(self._upsert(row, now, only_expired=False))
+            stored = await self._row(conn, sk, now)
+            assert stored is not None
+            return _record(stored, namespace, key)
+
+        return await self._db.write(write)
+
+    async def _put_if_version(
+        self,
+        namespace: tuple[str, ...],
+        key: str,
+        text: str,
+        ttl: timedelta | None,
+        expected_version: int | None,
+    ) -> KVRecord | VersionMismatch:
+        sk = sort_key(namespace_path(namespace), key)
+        self._check_packet(sk, text)
+        t = self.table
+
+        async def write(conn: AsyncConnection) -> KVRecord | VersionMismatch:
+            now = await self._db.now(conn, self)
+            writer = os.urandom(16)
+            row = self._values(sk, namespace, key, text, ttl, now, writer)
+            if expected_version is None:
+                await conn.execute(self._upsert(row, now, only_expired=True))
+            else:
+                changes = {
+                    "value": row["value"],
+                    "version": t.c.version + 1,
+                    "writer": writer,
+                    "updated_at": now,
+                    "expires_at": row["expires_at"],
+                    "ttl_ms": row["ttl_ms"],
+                }
+                await conn.execute(
+                    update(t)
+                    .where(self._pk(sk), t.c.version == expected_version, self._live(now))
+                    .values(changes)
+                )
+            stored = await self._row(conn, sk, now)
+            if stored is None or bytes(stored.writer) != writer:
+                return VersionMismatch(None if stored is None else _record(stored))
+            return _record(stored, namespace, key)
+
+        return await self._db.write(write)
+
+    async def _delete(
+        self, namespace: tuple[str, ...], key: str, expected_version: int | None
+    ) -> bool:
+        sk = sort_key(namespace_path(namespace), key)
+        t = self.table
+
+        async def write(conn: AsyncConnection) -> bool:
+            now = await self._db.now(conn, self)
+            statement = delete(t).where(self._pk(sk), self._live(now))
+            if expected_version is not None:
+                statement = statement.where(t.c.version == expected_version)
+            return (await conn.execute(statement)).rowcount > 0
+
+        return await self._db.write(write)
+
+    async def _search(
+        self,
+        prefix: tuple[str, ...],
+        key_prefix: str,
+        after: tuple[tuple[str, ...], str] | None,
+        limit: int,
+    ) -> list[KVRecord]:
+        low = namespace_path(prefix).encode()
+        high = _upper(low)
+        t = self.table
+        inclusive = True
+        if after is not None:
+            position = sort_key(namespace_path(after[0]), after[1])
+            if position >= low:
+                low, inclusive = position, False
+
+        async def read(conn: AsyncConnection) -> list[KVRecord]:
+            now = await self._db.now(conn, self)
+            where = self._live(now)
+            if key_prefix:
+                first = key_prefix.encode()
+                where = and_(where, t.c.key >= first)
+                bound = _upper(first)
+                if bound is not None:
+                    where = and_(where, t.c.key < bound)
+            rows = await ordered_scan(
+                conn,
+                self._select(),
+                t,
+                "sk",
+                self._db.head_bytes,
+                low,
+                inclusive,
+                high,
+                limit,
+                where,
+            )
+            return [_record(r) for r in rows]
+
+        return await self._db.read(read)
+
+    async def _list_keys(
+        self, namespace: tuple[str, ...], prefix: str, after: str | None, limit: int
+    ) -> list[str]:
+        base = namespace_path(namespace).encode() + b"\x00"
+        low, inclusive = base + prefix.encode(), True
+        high = _upper(low) if prefix else namespace_path(namespace).encode() + b"\x01"
+        if after is not None:
+            position = base + after.encode()
+            if position >= low:
+                low, inclusive = position, False
+        t = self.table
+
+        async def read(conn: AsyncConnection) -> list[str]:
+            now = await self._db.now(conn, self)
+            query = select(t.c.sk_head, t.c.sk_tail, t.c.key)
+            rows = await ordered_scan(
+                conn,
+                query,
+                t,
+                "sk",
+                self._db.head_bytes,
+                low,
+                inclusive,
+                high,
+                limit,
+                self._live(now),
+            )
+            return [bytes(r.key).decode() for r in rows]
+
+        return await self._db.read(read)
+
+    async def _list_namespaces(
+        self,
+        prefix: tuple[str, ...],
+        max_depth: int | None,
+        after: tuple[str, ...] | None,
+        limit: int,
+    ) -> list[tuple[str, ...]]:
+        low = namespace_path(prefix).encode()
+        high = _upper(low)
+        if after is not None:
+            low = max(low, _skip(namespace_path(after).encode(), max_depth, len(after)))
+        t = self.table
+
+        async def read(conn: AsyncConnection) -> list[tuple[str, ...]]:
+            now = await self._db.now(conn, self)
+            query = select(t.c.sk_head, t.c.sk_tail, t.c.ns)
+            found: list[tuple[str, ...]] = []
+            position = low
+            while len(found) < limit:
+                rows = await ordered_scan(
+                    conn,
+                    query,
+                    t,
+                    "sk",
+                    self._db.head_bytes,
+                    position,
+                    True,
+                    high,
+                    _NAMESPACE_BATCH,
+                    self._live(now),
+                )
+                if not rows:
+                    break
+                for row in rows:
+                    namespace = namespace_from_path(bytes(row.ns).decode())
+                    if max_depth is not None:
+                        namespace = namespace[:max_depth]
+                    if not found or found[-1] != namespace:
+                        found.append(namespace)
+                        if len(found) == limit:
+                            break
+                last = found[-1]
+                position = _skip(namespace_path(last).encode(), max_depth, len(last))
+            return found
+
+        return await self._db.read(read)
+
+    async def _purge_expired(self) -> int:
+        t = self.table
+
+        async def batch(conn: AsyncConnection) -> int:
+            now = await self._db.now(conn, self)
+            query = (
+                select(t.c.sk_head, t.c.sk_tail_hash)
+                .where(t.c.expires_at <= now)
+                .order_by(t.c.expires_at)
+                .limit(PURGE_BATCH)
+            )
+            if self._db.mysql:
+                query = query.with_for_update(skip_locked=True)
+            keys = [(bytes(r[0]), bytes(r[1])) for r in await conn.execute(query)]
+            if not keys:
+                return 0
+            result = await conn.execute(
+                delete(t).where(
+                    tuple_(t.c.sk_head, t.c.sk_tail_hash).in_(keys), t.c.expires_at <= now
+                )
+            )
+            return int(result.rowcount)
+
+        total = 0
+        while True:
+            count = await self._db.write(batch)
+            total += count
+            if count < PURGE_BATCH:
+                return total
+
+
+def _skip(path: bytes, max_depth: int | None, depth: int) -> bytes:
+    """The least sort key past every item the (truncated) namespace ``path`` covers."""
+    if max_depth is not None and depth >= max_depth:
+        bound = _upper(path)
+        return bound if bound is not None else path
+    return path + b"\x01"  # past path || 0x00 || every key
+
+
+def _record(
+    row: Row[Any], namespace: tuple[str, ...] | None = None, key: str | None = None
+) -> KVRecord:
+    m = row._mapping
+    if namespace is None or key is None:
+        sk = join_key(m["sk_head"], m["sk_tail"])
+        path, _, raw_key = sk.partition(b"\x00")
+        namespace = namespace_from_path(path.decode())
+        key = raw_key.decode()
+    ttl_ms = m["ttl_ms"]
+    return KVRecord(
+        namespace=namespace,
+        key=key,
+        text=bytes(m["value"]).decode(errors="surrogateescape"),
+        version=int(m["version"]),
+        created_at=m["created_at"],
+        updated_at=m["updated_at"],
+        expires_at=m["expires_at"],
+        ttl=None if ttl_ms is None else timedelta(milliseconds=int(ttl_ms)),
+    )
+
+
+def _replace_expiry(record: KVRecord, expires: datetime) -> KVRecord:
+    return KVRecord(
+        namespace=record.namespace,
+        key=record.key,
+        text=record.text,
+        version=record.version,
+        created_at=record.created_at,
+        updated_at=record.updated_at,
+        expires_at=expires,
+        ttl=record.ttl,
+    )

@@ -1,0 +1,229 @@
+"""What the four SQL runtime stores share: the client, the clock, transactions, ordered scans.
+
+:class:`RuntimeDb` is each store's handle on the shared
+:class:`~pai_storage_sql.client.SqlClient`: its runtime tables, its dialect,
+one write transaction per operation (run again after a deadlock or a lock wait
+timeout), one read snapshot per read, the store's clock inside a transaction,
+and the MariaDB/MySQL ``max_allowed_packet`` check that turns a statement the
+server would refuse into a typed error before anything is sent.
+
+:func:`ordered_scan` reads a range of an ordered key in exact byte order
+although MariaDB/MySQL index only the key's head (``runtime_tables``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from sqlalchemy import ColumnElement, Select, Table, and_, true
+
+from pai_storage.backend import StoreURL
+from pai_storage.models import truncate_ms
+
+from .client import SqlClient
+from .runtime_tables import RuntimeTables, head_bytes, join_key
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Row
+    from sqlalchemy.ext.asyncio import AsyncConnection
+
+    from pai_storage.lifecycle import ManagedStore
+
+__all__ = [
+    "CLIENT_OPTIONS",
+    "PURGE_BATCH",
+    "RuntimeDb",
+    "escaped_size",
+    "ordered_scan",
+    "split_client_options",
+]
+
+T = TypeVar("T")
+
+CLIENT_OPTIONS = ("table_prefix", "busy_timeout", "pool_size", "connect_timeout", "retry_attempts")
+"""Options that shape the client (a store opened alone takes them; a shared client has them)."""
+
+PURGE_BATCH = 1000
+"""Rows one ``purge_expired`` transaction deletes at most (it loops until none are left)."""
+
+STATEMENT_OVERHEAD = 64 * 1024
+"""Bytes a statement needs beyond its escaped values (SQL text, names, numbers)."""
+
+_ESCAPED = tuple(bytes([c]) for c in b"\x00\n\r\x1a\"'\\")
+
+
+def escaped_size(*values: bytes) -> int:
+    """Bytes ``values`` take in a MySQL statement: the MySQL drivers send a byte
+    string as a quoted literal in which each of seven byte values takes two bytes."""
+    return sum(len(v) + sum(v.count(c) for c in _ESCAPED) for v in values)
+
+
+def split_client_options(options: dict[str, Any]) -> dict[str, Any]:
+    """Remove and return the client options among a store's keyword arguments."""
+    return {k: options.pop(k) for k in list(options) if k in CLIENT_OPTIONS}
+
+
+class RuntimeDb:
+    """A runtime store's handle on its (possibly shared) :class:`SqlClient`.
+
+    Parameters
+    ----------
+    url:
+        The store's URL (not needed with a shared ``client``).
+    client:
+        The :class:`SqlClient` of a ``connect()`` call, or ``None`` to make one.
+    options:
+        Client options (:data:`CLIENT_OPTIONS`), only without ``client``.
+    """
+
+    def __init__(self, url: str | StoreURL | None, client: object, options: dict[str, Any]) -> None:
+        self.client: SqlClient = SqlClient.attached(url, client, **options)
+        self.url = self.client.url
+        self.dialect = self.client.dialect
+        self.head_bytes = head_bytes(self.dialect)
+        self.id_head_bytes = head_bytes(self.dialect, snapshot_id=True)
+        self.max_packet: int | None = None
+        """MariaDB/MySQL: the server's ``max_allowed_packet`` once connected."""
+
+    @property
+    def tables(self) -> RuntimeTables:
+        tables: RuntimeTables = self.client.tables.runtime
+        return tables
+
+    @property
+    def mysql(self) -> bool:
+        return self.dialect == "mysql"
+
+    async def ready(self) -> None:
+        """Connect (schema included); on MariaDB/MySQL read ``max_allowed_packet`` once."""
+        await self.client.ready()
+        if self.mysql and self.max_packet is None:
+
+            async def packet(conn: AsyncConnection) -> int:
+                result = await conn.exec_driver_sql("SELECT @@global.max_allowed_packet")
+                return int(result.scalar_one())
+
+            self.max_packet = await self.read(packet)
+
+    async def release(self) -> None:
+        await self.client.release()
+
+    # ------------------------------------------------------------ transactions
+
+    async def write(self, operation: Callable[[AsyncConnection], Awaitable[T]]) -> T:
+        """``operation(conn)`` in one write transaction, again after a deadlock.
+
+        The transaction commits when ``operation`` returns; when it raises,
+        nothing is applied. ``operation`` may roll back itself
+        (``await conn.rollback()``) to apply nothing and still return.
+        """
+
+        async def attempt() -> T:
+            async with self.client.write() as conn:
+                return await operation(conn)
+
+        return await self.client.retrying(attempt)
+
+    async def read(self, operation: Callable[[AsyncConnection], Awaitable[T]]) -> T:
+        """``operation(conn)`` in one read snapshot."""
+        async with self.client.read() as conn:
+            return await operation(conn)
+
+    async def now(self, conn: AsyncConnection, store: ManagedStore) -> datetime:
+        """The store's time in whole milliseconds: the test clock, else the server's.
+
+        MariaDB/MySQL: ``UTC_TIMESTAMP(6)`` read on ``conn``; SQLite has no
+        server, so its clock is this process's UTC clock.
+        """
+        given = store.now()
+        if given is not None:
+            return given
+        return truncate_ms(await self.client.server_time(conn))
+
+    def packet_room(self) -> int | None:
+        """Bytes of escaped values one statement may carry (``None``: no limit, SQLite)."""
+        if self.max_packet is None:
+            return None
+        return max(self.max_packet - STATEMENT_OVERHEAD, 0)
+
+
+# ---------------------------------------------------------------- ordered scans
+
+
+async def ordered_scan(
+    conn: AsyncConnection,
+    query: Select[Any],
+    table: Table,
+    prefix: str,
+    head_bytes: int | None,
+    low: bytes,
+    low_inclusive: bool,
+    high: bytes | None,
+    limit: int,
+    where: ColumnElement[bool] | None = None,
+) -> list[Row[Any]]:
+    """Up to ``limit`` rows of ``query`` whose ordered key is in the range, in key order.
+
+    The ordered key is split into the columns ``<prefix>_head``,
+    ``<prefix>_tail`` and ``<prefix>_tail_hash`` (``runtime_tables``); the
+    range is ``low <= key < high`` (``low < key`` unless ``low_inclusive``;
+    ``high`` ``None``: unbounded). ``query`` must select the head and tail
+    columns; ``where`` is any further condition.
+
+    The index orders rows by ``(head, tail_hash)``, which is the key order
+    except among keys longer than the head that share it (a *group*). The
+    scan is one index range with ``LIMIT``; a group cut by a bound or by the
+    limit is read whole (by its head: an index equality) and ordered here by
+    the full key. Without a split (SQLite) there are no groups.
+    """
+    head = table.c[f"{prefix}_head"]
+    tail_hash = table.c[f"{prefix}_tail_hash"]
+    extra = where if where is not None else true()
+    split = head_bytes
+
+    def full(row: Row[Any]) -> bytes:
+        return join_key(row._mapping[f"{prefix}_head"], row._mapping[f"{prefix}_tail"])
+
+    def inside(key: bytes) -> bool:
+        above = key >= low if low_inclusive else key > low
+        return above and (high is None or key < high)
+
+    async def group(value: bytes) -> list[Row[Any]]:
+        result = await conn.execute(query.where(and_(head == value, extra)))
+        return list(result)
+
+    rows: list[Row[Any]] = []
+    if split is not None and len(low) >= split:
+        start = low[:split]
+        rows += await group(start)
+        lower: ColumnElement[bool] = head > start
+    else:
+        lower = head >= low if low_inclusive else head > low
+    if high is None:
+        upper: ColumnElement[bool] = true()
+    elif split is None or len(high) < split:
+        upper = head < high
+    else:
+        upper = head <= high[:split]
+    main = list(
+        await conn.execute(
+            query.where(and_(lower, upper, extra)).order_by(head, tail_hash).limit(limit)
+        )
+    )
+    if (
+        split is not None
+        and len(main) == limit
+        and len(main[-1]._mapping[f"{prefix}_head"]) >= split
+    ):
+        last = main[-1]._mapping[f"{prefix}_head"]
+        main = [r for r in main if r._mapping[f"{prefix}_head"] != last] + await group(last)
+    rows += main
+    found = sorted((r for r in rows if inside(full(r))), key=full)
+    return found[:limit]
+
+
+def keys_of(rows: Sequence[Row[Any]], prefix: str) -> list[bytes]:
+    """The full ordered keys of ``rows``."""
+    return [join_key(r._mapping[f"{prefix}_head"], r._mapping[f"{prefix}_tail"]) for r in rows]
