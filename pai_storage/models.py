@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Annotated, Any, ClassVar, Generic, Literal, Self, TypeVar, cast
@@ -74,10 +75,10 @@ from pydantic import (
     model_validator,
 )
 from pydantic.alias_generators import to_camel
-from pydantic_core import PydanticCustomError
+from pydantic_core import PydanticCustomError, SchemaValidator
 
 from .errors import ThreadStoreInvariantError, ThreadStoreSerializationError
-from .strict_json import INT64_MAX, check_json, is_valid_text
+from .strict_json import INT64_MAX, MAX_JSON_DEPTH, MAX_JSON_NODES, check_json, is_valid_text
 
 __all__ = [
     "MAX_DURATION_MS",
@@ -285,6 +286,153 @@ T = TypeVar("T")
 D = TypeVar("D")
 
 
+# ---------------------------------------------------------------- stored records
+
+
+def _check_float(value: float) -> float:
+    # pydantic-core's float schema also takes JSON integers, so an integer
+    # outside the int64 range would arrive here as a float: refuse every float
+    # that large (legitimate ones are rare and take the full check instead).
+    if (value == 0.0 and math.copysign(1.0, value) < 0) or not -_TWO_63 < value < _TWO_63:
+        raise PydanticCustomError("strict_json", "negative zero or beyond 2**63")
+    return value
+
+
+_TWO_63 = float(2**63)
+
+
+def _json_definitions() -> list[dict[str, Any]]:
+    """pydantic-core definitions ``json0`` .. ``json64`` of a strict-JSON value from JSON text.
+
+    The same checks as :func:`~pai_storage.strict_json.check_json` for a value
+    pydantic's JSON parser produced (which never holds a lone surrogate, and
+    holds fewer values than the text has characters): integers in the signed
+    64-bit range, finite floats other than ``-0.0``, at most
+    ``MAX_JSON_DEPTH`` nested containers (``jsonN`` is a value at depth N:
+    the depth limit is part of the schema).
+    """
+    scalars: list[dict[str, Any]] = [
+        {"type": "str", "strict": True},
+        {"type": "int", "strict": True, "ge": -INT64_MAX - 1, "le": INT64_MAX},
+        {
+            "type": "function-after",
+            "function": {"type": "no-info", "function": _check_float},
+            "schema": {"type": "float", "strict": True, "allow_inf_nan": False},
+        },
+        {"type": "bool", "strict": True},
+        {"type": "none"},
+    ]
+    definitions: list[dict[str, Any]] = []
+    for depth in range(MAX_JSON_DEPTH + 1):
+        choices = list(scalars)
+        if depth < MAX_JSON_DEPTH:
+            inner = {"type": "definition-ref", "schema_ref": f"json{depth + 1}"}
+            choices.append({"type": "list", "items_schema": inner, "strict": True})
+            choices.append(
+                {
+                    "type": "dict",
+                    "keys_schema": {"type": "str"},
+                    "values_schema": inner,
+                    "strict": True,
+                }
+            )
+        definitions.append({"type": "union", "choices": choices, "ref": f"json{depth}"})
+    return definitions
+
+
+_JSON_VALUE = {"type": "definition-ref", "schema_ref": "json0"}
+_JSON_OBJECT = {
+    "type": "dict",
+    "keys_schema": {"type": "str"},
+    "values_schema": {"type": "definition-ref", "schema_ref": "json1"},
+    "strict": True,
+}
+
+
+def _stored_timestamp(value: Any) -> datetime:
+    # The form this store writes ("2026-01-02T03:04:05.678Z") is already UTC and
+    # whole milliseconds: fromisoformat alone gives the same value as
+    # _parse_timestamp. Anything else takes the full check.
+    if type(value) is str and len(value) == 24 and value[23] == "Z":
+        try:
+            moment = datetime.fromisoformat(value)
+        except ValueError:
+            return _parse_timestamp(value)
+        if moment.tzinfo is UTC and moment.microsecond % 1000 == 0:
+            return moment
+    return _parse_timestamp(value)
+
+
+def _stored_schema(node: Any) -> Any:
+    """A copy of a model's core schema for stored JSON text that holds only strict JSON.
+
+    The Python-level field checks become pydantic-core constraints with the
+    same meaning for such text: ids are strict strings of 1 to 1,024
+    characters, text is a strict string, opaque values are any JSON value and
+    JSON objects any JSON object (the text was screened by
+    :func:`_is_plain_json_text`, and pydantic's JSON parser never yields a lone
+    surrogate). Timestamps keep a Python check, with a shortcut for the form
+    this store writes. Every other schema (models, unions, literals, limits)
+    is kept as it is.
+    """
+    if isinstance(node, list):
+        return [_stored_schema(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    kind = node.get("type")
+    if kind in ("function-after", "function-plain"):
+        function = node["function"]["function"]
+        if function is _check_id:
+            return {"type": "str", "strict": True, "min_length": 1, "max_length": MAX_ID_LENGTH}
+        if function is _check_text:
+            return _stored_schema(node["schema"])
+        if function is _check_json:
+            return _JSON_VALUE
+        if function is _check_json_object:
+            return _JSON_OBJECT
+        if function is _parse_timestamp:
+            return {
+                "type": "function-plain",
+                "function": {"type": "no-info", "function": _stored_timestamp},
+            }
+    return {key: _stored_schema(value) for key, value in node.items()}
+
+
+def _model_classes(node: Any, found: dict[int, type[BaseModel]]) -> dict[int, type[BaseModel]]:
+    if isinstance(node, list):
+        for item in node:
+            _model_classes(item, found)
+    elif isinstance(node, dict):
+        if node.get("type") == "model":
+            found[id(node["cls"])] = node["cls"]
+        for value in node.values():
+            _model_classes(value, found)
+    return found
+
+
+def _stored_validator(model: type[BaseModel]) -> SchemaValidator:
+    """Compile :func:`_stored_schema` of ``model`` into its own validator.
+
+    pydantic-core reuses a finished model's own validator for every nested
+    model it meets while compiling a schema; each model class is marked
+    unfinished for the moment of compiling (at import time, under the import
+    lock) so the copy's nested models are compiled from the copy.
+    """
+    schema = {
+        "type": "definitions",
+        "schema": _stored_schema(model.__pydantic_core_schema__),
+        "definitions": _json_definitions(),
+    }
+    classes = list(_model_classes(schema, {}).values())
+    for cls in classes:
+        cls.__pydantic_complete__ = False
+    try:
+        return SchemaValidator(schema)
+    finally:
+        for cls in classes:
+            cls.__pydantic_complete__ = True
+
+
 # ---------------------------------------------------------------- base model
 
 
@@ -430,6 +578,25 @@ class StoreModel(BaseModel):
             except ValueError:
                 data = None
             raise convert_validation_error(exc, cls.__name__, data) from None
+
+    @classmethod
+    def model_validate_stored(cls, text: str) -> Self:
+        """Validate a record from the JSON text a store persisted.
+
+        The result, and every error, is exactly that of
+        :meth:`model_validate_json`: invalid stored data raises. Text that can
+        hold only strict JSON (the form stores write) is checked by one
+        pydantic-core validator with no Python-level field checks, several
+        times faster; anything else, and anything that validator rejects, goes
+        through :meth:`model_validate_json`.
+        """
+        validator = _STORED_VALIDATORS.get(cls)
+        if validator is not None and len(text) < MAX_JSON_NODES:
+            try:
+                return cast(Self, validator.validate_json(text))
+            except ValidationError:
+                pass
+        return cls.model_validate_json(text)
 
     @model_serializer(mode="wrap")
     def _omit_absent(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> Any:
@@ -987,3 +1154,8 @@ class ConflictResult(StoreModel):
 
 
 CommitThreadResult = Annotated[CommittedResult | ConflictResult, Field(discriminator="type")]
+
+
+_STORED_VALIDATORS: dict[type, SchemaValidator] = {
+    model: _stored_validator(model) for model in (ThreadRecord, Message, RunRecord, QueuedItem)
+}

@@ -1,11 +1,33 @@
-"""StoreModel.trusted: the hot-path constructor gives the same frozen model as validation."""
+"""The read fast paths give exactly what full validation gives.
 
+``StoreModel.trusted`` builds a model from checked fields; ``model_validate_stored``
+validates stored JSON text with pydantic-core constraints only, falling back to
+``model_validate_json`` for anything they reject.
+"""
+
+import contextlib
+import json
 from datetime import UTC, datetime
+from typing import Any
 
 import pydantic
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
 
-from pai_storage import Item
+from pai_storage import (
+    Item,
+    Message,
+    QueuedItem,
+    RunRecord,
+    ThreadRecord,
+    ThreadStoreInvariantError,
+)
+from pai_storage.models import _STORED_VALIDATORS
+from pai_storage.strict_json import MAX_JSON_DEPTH
+
+from . import strategies as s
 
 
 def test_trusted_model_equals_the_validated_one() -> None:
@@ -28,3 +50,150 @@ def test_trusted_model_equals_the_validated_one() -> None:
     assert "secret-word" not in repr(trusted)  # values never shown
     with pytest.raises(pydantic.ValidationError):
         trusted.key = "other"  # type: ignore[misc]
+
+
+# ---------------------------------------------------------------- stored JSON text
+
+STORED_MODELS = [
+    (ThreadRecord, s.thread_records()),
+    (Message, s.messages()),
+    (RunRecord, s.run_records()),
+    (QueuedItem, s.queued_items()),
+]
+SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def stored_text(model: Any, data: dict[str, Any]) -> str:
+    """The JSON text a store writes for ``data``: key order kept, non-ASCII as is."""
+    return json.dumps(
+        model.model_validate(data).to_json(), ensure_ascii=False, separators=(",", ":")
+    )
+
+
+@pytest.mark.parametrize(
+    ("model", "strategy"), STORED_MODELS, ids=lambda v: getattr(v, "__name__", "")
+)
+@SETTINGS
+@given(data=st.data())
+def test_stored_text_validates_like_model_validate_json(
+    model: Any, strategy: Any, data: Any
+) -> None:
+    text = stored_text(model, data.draw(strategy))
+    expected = model.model_validate_json(text)
+    stored = model.model_validate_stored(text)
+    records = [stored]
+    # The fast path alone: it may refuse valid text (floats beyond 2**63), never accept
+    # anything else than what full validation gives.
+    with contextlib.suppress(ValidationError):
+        records.append(_STORED_VALIDATORS[model].validate_json(text))
+    for record in records:
+        assert type(record) is model
+        assert record == expected
+        assert json.dumps(record.to_json()) == json.dumps(expected.to_json())  # types, key order
+    assert stored.created_at.tzinfo is UTC
+
+
+def _message(**changes: Any) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "messageId": "m1",
+        "role": "assistant",
+        "parts": [{"type": "text", "text": "hello"}],
+        "producer": {"kind": "agent", "id": "a"},
+        "association": {"kind": "run", "runId": "r1", "relation": "output"},
+        "visibility": {"transcript": True, "context": True},
+        "status": "complete",
+        "metadata": {"n": 1},
+        "createdAt": "2030-01-01T00:00:00.000Z",
+        "updatedAt": "2030-01-01T00:00:01.123Z",
+    }
+    data.update(changes)
+    return data
+
+
+def _with_metadata(raw: str) -> str:
+    """A stored message whose metadata is the raw JSON text ``raw``."""
+    text = json.dumps(_message(metadata={"x": "PLACEHOLDER"}), separators=(",", ":"))
+    return text.replace('{"x":"PLACEHOLDER"}', raw)
+
+
+def _nested(levels: int) -> str:
+    return "[" * levels + "]" * levels
+
+
+INVALID_STORED = {
+    "NaN": _with_metadata('{"x":NaN}'),
+    "Infinity": _with_metadata('{"x":[1,Infinity]}'),
+    "-Infinity": _with_metadata('{"x":-Infinity}'),
+    "overflow to infinity": _with_metadata('{"x":1e400}'),
+    "negative zero": _with_metadata('{"x":-0.0}'),
+    "negative zero exponent": _with_metadata('{"x":{"y":-0e5}}'),
+    "underflow to negative zero": _with_metadata('{"x":-1e-400}'),
+    "int above int64": _with_metadata('{"x":9223372036854775808}'),
+    "int below int64": _with_metadata('{"x":-9223372036854775809}'),
+    "lone surrogate in text": json.dumps(
+        _message(parts=[{"type": "text", "text": "\ud800"}]), ensure_ascii=True
+    ),
+    "lone surrogate in a key": _with_metadata('{"\\udc00":1}'),
+    "too deep": _with_metadata('{"x":' + _nested(MAX_JSON_DEPTH) + "}"),
+    "metadata not an object": _with_metadata("[1]"),
+    "empty id": json.dumps(_message(messageId="")),
+    "id too long": json.dumps(_message(messageId="m" * 1025)),
+    "id not a string": json.dumps(_message(messageId=1)),
+    "unknown field": json.dumps(_message(extra=1)),
+    "unknown part type": json.dumps(_message(parts=[{"type": "video", "text": "x"}])),
+    "no parts": json.dumps(_message(parts=[])),
+    "naive timestamp": json.dumps(_message(createdAt="2030-01-01T00:00:00.000")),
+    "not a timestamp": json.dumps(_message(createdAt="2030-13-01T00:00:00.000Z")),
+    "timestamp as a number": json.dumps(_message(createdAt=1893456000)),
+    "missing field": json.dumps({k: v for k, v in _message().items() if k != "status"}),
+    "not JSON": '{"messageId":"m1",',
+}
+
+
+@pytest.mark.parametrize("text", INVALID_STORED.values(), ids=INVALID_STORED.keys())
+def test_invalid_stored_text_raises_what_model_validate_json_raises(text: str) -> None:
+    with pytest.raises(ValidationError):
+        _STORED_VALIDATORS[Message].validate_json(text)  # never accepted by the fast path
+    with pytest.raises(ThreadStoreInvariantError) as expected:
+        Message.model_validate_json(text)
+    with pytest.raises(ThreadStoreInvariantError) as got:
+        Message.model_validate_stored(text)
+    assert type(got.value) is type(expected.value)
+    assert str(got.value) == str(expected.value)
+
+
+VALID_STORED = {
+    "deepest opaque value": _with_metadata('{"x":' + _nested(MAX_JSON_DEPTH - 1) + "}"),
+    "int64 bounds": _with_metadata('{"x":[9223372036854775807,-9223372036854775808]}'),
+    "floats": _with_metadata('{"x":[0.0,1e-300,-2.5,9.2e18,1.0]}'),
+    "floats beyond 2**63 (full check)": _with_metadata('{"x":[1e308,-9.3e18]}'),
+    "ints stay ints": _with_metadata('{"x":[1,-0,0]}'),
+    "U+0000 and escaped non-ASCII": _with_metadata('{"\\u0000":"\\u00e9\\ud83d\\ude00"}'),
+    "NaN inside a string": _with_metadata('{"x":"NaN -0.0 1e400"}'),
+    "timestamp with an offset": json.dumps(_message(createdAt="2030-01-01T01:00:00.000+01:00")),
+    "timestamp with microseconds": json.dumps(_message(createdAt="2030-01-01T00:00:00.123456Z")),
+    "snake_case names": json.dumps(
+        {"message_id" if k == "messageId" else k: v for k, v in _message().items()}
+    ),
+    "standalone, no producer id": json.dumps(
+        _message(association={"kind": "standalone"}, producer={"kind": "user"})
+    ),
+}
+
+
+@pytest.mark.parametrize(("text_id", "text"), VALID_STORED.items(), ids=VALID_STORED.keys())
+def test_valid_stored_text_gives_what_model_validate_json_gives(text_id: str, text: str) -> None:
+    expected = Message.model_validate_json(text)
+    got = Message.model_validate_stored(text)
+    if "full check" not in text_id:
+        assert got == _STORED_VALIDATORS[Message].validate_json(text)  # taken by the fast path
+    assert got == expected
+    assert json.dumps(got.to_json()) == json.dumps(expected.to_json())
+    assert got.created_at.tzinfo is UTC
+
+
+def test_stored_opaque_values_are_fresh_objects() -> None:
+    text = _with_metadata('{"x":[1,{"y":2}]}')
+    first, second = Message.model_validate_stored(text), Message.model_validate_stored(text)
+    first.metadata["x"][1]["y"] = 3
+    assert second.metadata == {"x": [1, {"y": 2}]}

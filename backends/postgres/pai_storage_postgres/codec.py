@@ -36,9 +36,10 @@ def dump(record: StoreModel) -> str:
 def parse(model: type[M], doc: str) -> M:
     """Strictly parse stored JSON text (invalid data raises ``ThreadStoreInvariantError``).
 
-    pydantic parses the text itself (ints stay ints, floats floats, key order kept).
+    pydantic parses the text itself (ints stay ints, floats floats, key order
+    kept); see :meth:`~pai_storage.backend.StoreModel.model_validate_stored`.
     """
-    record: M = model.model_validate_json(doc)
+    record: M = model.model_validate_stored(doc)
     return record
 
 
