@@ -40,6 +40,7 @@ from .errors import __all__ as _error_names
 from .events import StoreWarning, WarningCallback
 from .guard import ExecutionGuard, Lock, LockInfo, LostCallback
 from .kv import Item, KeyValueStore, KVConflict
+from .maintenance import PrunedThread
 from .models import *  # noqa: F403 - the record and input types are the public API
 from .models import __all__ as _model_names
 from .models import format_timestamp, truncate_ms
@@ -56,6 +57,7 @@ from .registry import available_backends, open_store, register_backend, unregist
 from .snapshots import Snapshot, SnapshotInfo, SnapshotStore
 from .state import AgentStateStore, VersionedState
 from .store import StoreInfo, ThreadStore, public_projection
+from .transfer import EXPORT_FORMAT, EXPORT_VERSION, ImportReport, ThreadExistsError
 from .url import StoreURL, make_url
 
 __version__ = "0.1.0"
@@ -65,13 +67,17 @@ __all__ = [
     "ThreadAggregate",
     *_model_names,
     "AgentStateStore",
+    "EXPORT_FORMAT",
+    "EXPORT_VERSION",
     "ExecutionGuard",
+    "ImportReport",
     "Item",
     "KVConflict",
     "KeyValueStore",
     "Lock",
     "LockInfo",
     "LostCallback",
+    "PrunedThread",
     "Snapshot",
     "SnapshotInfo",
     "SnapshotStore",
@@ -87,6 +93,7 @@ __all__ = [
     "StoreInfo",
     "StoreURL",
     "StoreWarning",
+    "ThreadExistsError",
     "ThreadStore",
     "WarningCallback",
     "available_backends",

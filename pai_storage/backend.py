@@ -26,6 +26,12 @@ core runs the algorithms:
   their base classes (:mod:`pai_storage.runtime`) and call a few protected
   hooks a backend implements; :meth:`Backend.open_components` opens them
   (``docs/bundle.md``).
+- The thread lifecycle (prune, erase, fork, export, import) runs in the core
+  (:mod:`pai_storage.maintenance`, :mod:`pai_storage.transfer`) over four
+  primitives a backend implements on its store and declares with
+  :data:`LIFECYCLE` in ``capabilities`` (``docs/lifecycle.md``): the
+  updated-at index (:class:`ThreadHead`), a whole-thread load, an atomic
+  restore, and the in-database execution of a :class:`ForkPlan`.
 - :class:`SharedClient` holds the one pool or driver client the stores of a
   ``connect()`` call share: counted users, a shared lazy connect, and a close
   by the last user; a backend supplies create, connect and disconnect.
@@ -77,6 +83,7 @@ from .kv import (
 )
 from .leases import LEASE_CONFLICT, LeaseConflict, apply_lease_change, is_expired
 from .lifecycle import ManagedStore
+from .maintenance import ForkPlan, SourceChanged, ThreadHead, fork_aggregate
 from .models import StoreModel, format_timestamp, truncate_ms
 from .pipeline import (
     CommitTransaction,
@@ -138,15 +145,17 @@ from .state import (
     ListWrite,
     SessionKey,
 )
-from .store import StoreInfo, ThreadStore
+from .store import LIFECYCLE, StoreInfo, ThreadStore
 from .strict_json import check_json, check_json_object
 from .tokens import PageTokenCodec, default_scope_digest, query_digest
+from .transfer import thread_digest
 from .url import StoreURL, make_url, redact
 
 __all__ = [
     "ENTRY_POINT_GROUP",
     "FAMILIES",
     "LEASE_CONFLICT",
+    "LIFECYCLE",
     "OPEN_STATUSES",
     "SCHEME_ENTRY_POINT_GROUP",
     "TERMINAL_STATUSES",
@@ -164,6 +173,7 @@ __all__ = [
     "FamilySpec",
     "FamilyView",
     "FamilyWrite",
+    "ForkPlan",
     "HeldThread",
     "IdsPlan",
     "IndexedFamily",
@@ -196,12 +206,14 @@ __all__ = [
     "SharedClient",
     "SnapshotDraft",
     "SnapshotStore",
+    "SourceChanged",
     "StoreInfo",
     "StoreModel",
     "StoreURL",
     "StoreWarning",
     "ThreadAggregate",
     "ThreadConflict",
+    "ThreadHead",
     "ThreadStore",
     "VersionMismatch",
     "WarningCallback",
@@ -229,6 +241,7 @@ __all__ = [
     "emit_warning",
     "facts_from_aggregate",
     "family",
+    "fork_aggregate",
     "format_timestamp",
     "get_backend",
     "is_expired",
@@ -251,6 +264,7 @@ __all__ = [
     "stamp_queued_item",
     "stamp_run",
     "system_clock",
+    "thread_digest",
     "timestamp_ms",
     "truncate_ms",
 ]

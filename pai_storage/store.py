@@ -15,9 +15,10 @@ methods state the guarantees the conformance suite checks.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
 from .clock import Clock
 from .errors import ThreadStoreConfigurationError, ThreadStoreInvariantError
@@ -37,7 +38,17 @@ from .models import (
 )
 from .selection import SelectionHelpers
 
-__all__ = ["StoreInfo", "ThreadStore", "public_projection"]
+if TYPE_CHECKING:
+    from .aggregate import ThreadAggregate
+    from .maintenance import ForkPlan, PrunedThread, ThreadHead
+    from .models import ThreadVersion
+    from .transfer import ImportReport
+
+__all__ = ["LIFECYCLE", "StoreInfo", "ThreadStore", "public_projection"]
+
+LIFECYCLE = "lifecycle"
+"""The capability of a store that implements the lifecycle primitives
+(``_thread_heads``, ``_load_thread``, ``_restore_thread``; ``docs/lifecycle.md``)."""
 
 M = TypeVar("M", bound=StoreModel)
 
@@ -102,6 +113,9 @@ class ThreadStore(ManagedStore, ABC):
     configuration_error = ThreadStoreConfigurationError
     token_prefix: str = "pai"
     """The prefix of this backend's page tokens (``"pai-pg"``)."""
+    capabilities: ClassVar[frozenset[str]] = frozenset()
+    """Optional features this store implements: :data:`LIFECYCLE` when it
+    provides the lifecycle primitives (prune, erase, fork, export, import)."""
 
     def __init__(
         self,
@@ -198,3 +212,226 @@ class ThreadStore(ManagedStore, ABC):
     @abstractmethod
     async def _commit_thread(self, request: CommitThreadInput) -> CommittedResult | ConflictResult:
         """Serve a validated commit (see :meth:`commit_thread`)."""
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def prune_threads(
+        self,
+        scope_key: str | None = None,
+        *,
+        updated_before: datetime,
+        limit: int = 100,
+    ) -> list[PrunedThread]:
+        """Delete whole threads last updated before ``updated_before`` (a retention sweep).
+
+        Walks the backend's updated-at index (every scope when ``scope_key``
+        is ``None``) in bounded batches. A thread holding an unexpired lease
+        or a ``running``/``waiting`` run is skipped; every other candidate is
+        deleted (root and every child record) through the ordinary
+        version-checked delete commit, so a commit racing with the sweep
+        either lands first (the thread survives) or gets a conflict. At most
+        ``limit`` (1 to 10,000) threads are deleted per call; call again
+        until it returns fewer.
+
+        Returns
+        -------
+        list[PrunedThread]
+            What was deleted: scope key, thread id and the version it had.
+
+        Raises
+        ------
+        ThreadStoreInvariantError
+            A bad scope key, cutoff (an aware datetime) or limit.
+        ThreadStoreConfigurationError
+            The backend does not provide the lifecycle capability.
+        """
+        from .maintenance import prune_threads
+
+        self._require_lifecycle("prune_threads")
+        await self._ensure_ready()
+        return await prune_threads(self, scope_key, updated_before=updated_before, limit=limit)
+
+    async def erase_scope(self, scope_key: str) -> int:
+        """Delete every thread of a scope; return how many this call deleted.
+
+        Resumable: an interrupted erasure is finished by calling it again.
+        Once it returns (and nobody writes to the scope meanwhile), no read or
+        list of the scope returns anything. Each thread goes through the
+        version-checked delete commit. Runtime-store data of the same tenant
+        is erased by :meth:`Stores.erase_scope <pai_storage.Stores.erase_scope>`.
+        """
+        from .maintenance import erase_scope
+
+        self._require_lifecycle("erase_scope")
+        await self._ensure_ready()
+        return await erase_scope(self, scope_key)
+
+    async def fork_thread(
+        self,
+        scope_key: str,
+        thread_id: str,
+        new_thread_id: str,
+        *,
+        through_message_id: str | None = None,
+    ) -> CommittedResult | ConflictResult:
+        """Copy a thread into a new thread of the same scope, optionally up to a message.
+
+        The fork records its parent (``parentThreadId``), starts at revision 1
+        with a new instance id, and holds no lease and no queued item.
+        Messages after ``through_message_id`` are not copied; neither are
+        runs that are open (``running``/``waiting``) or ``queued``, runs with
+        a message after the cut or created after the cut message, nor any
+        message of such a run. Copied records keep their timestamps and
+        positions. The copy is made from one version of the source: when the
+        source changes while the fork is planned, it is planned again.
+
+        Returns
+        -------
+        CommittedResult
+            With the fork's root; ``committed_at`` is its creation time.
+        ConflictResult
+            ``new_thread_id`` exists already (its version in ``current_version``).
+
+        Raises
+        ------
+        ThreadStoreInvariantError
+            The source or the cut message does not exist, or a bad argument.
+        """
+        from .maintenance import fork_thread
+
+        self._require_lifecycle("fork_thread")
+        await self._ensure_ready()
+        return await fork_thread(self, scope_key, thread_id, new_thread_id, through_message_id)
+
+    async def export_threads(
+        self, scope_key: str | None, *, thread_ids: Sequence[str] | None = None
+    ) -> AsyncIterator[str]:
+        """Stream the threads of a scope (every scope with ``None``) as JSON Lines.
+
+        Yields text lines ending in a newline, in the versioned format of
+        ``docs/lifecycle.md``: roots, messages, runs, queued items and leases
+        with their original timestamps and positions. ``thread_ids`` limits
+        the export to those threads of ``scope_key``.
+        """
+        from .transfer import export_lines
+
+        self._require_lifecycle("export_threads")
+        await self._ensure_ready()
+        async for line in export_lines(self, scope_key, thread_ids):
+            yield line
+
+    async def import_threads(
+        self,
+        lines: AsyncIterable[str | bytes] | Iterable[str | bytes],
+        *,
+        on_conflict: Literal["skip", "fail"] = "skip",
+    ) -> ImportReport:
+        """Restore exported threads exactly (timestamps, versions, positions kept).
+
+        Every line is validated like any input; each thread is written whole,
+        atomically, or not at all. A thread that already exists is skipped
+        (``on_conflict="skip"``) or raises :class:`ThreadExistsError`
+        (``"fail"``); threads before it stay imported, so a re-run with
+        ``"skip"`` resumes.
+
+        Raises
+        ------
+        ThreadStoreInvariantError
+            A corrupt line, named by its line number; nothing of its thread
+            was written (threads before it were).
+        ThreadExistsError
+            With ``on_conflict="fail"``, a thread that exists.
+        """
+        from .transfer import import_lines
+
+        self._require_lifecycle("import_threads")
+        await self._ensure_ready()
+        return await import_lines(self, lines, on_conflict)
+
+    async def thread_digest(self, scope_key: str, thread_id: str) -> str | None:
+        """A digest of the stored thread's whole content (``None``: it does not exist).
+
+        Two stores hold the same thread exactly when the digests are equal;
+        ``pai-storage copy`` compares them after copying.
+        """
+        from .maintenance import check_thread_key
+        from .transfer import thread_digest
+
+        self._require_lifecycle("thread_digest")
+        await self._ensure_ready()
+        aggregate = await self._load_thread(
+            check_thread_key("scope_key", scope_key), check_thread_key("thread_id", thread_id)
+        )
+        return None if aggregate is None else thread_digest(aggregate)
+
+    def _require_lifecycle(self, operation: str) -> None:
+        if LIFECYCLE not in self.capabilities:
+            raise ThreadStoreConfigurationError(
+                f"the {self.backend_name} backend does not provide the lifecycle capability "
+                f"needed by {operation}()"
+            )
+
+    # ------------------------------------------------------------ lifecycle primitives
+
+    async def _thread_heads(
+        self,
+        scope_key: str | None,
+        *,
+        updated_before: datetime | None,
+        after: ThreadHead | None,
+        limit: int,
+    ) -> Sequence[ThreadHead]:
+        """Up to ``limit`` entries of the updated-at index, in ascending order.
+
+        Threads of ``scope_key`` (of every scope when ``None``) with
+        ``updated_at < updated_before`` (every one when ``None``), ordered by
+        ``updated_at``, then scope key, then thread id, strictly after
+        ``after`` (a head this method returned) in that order. Served by an
+        index: the cost is the entries returned, never a scan of the others.
+        """
+        raise NotImplementedError
+
+    async def _load_thread(self, scope_key: str, thread_id: str) -> ThreadAggregate | None:
+        """The whole thread (root, every record with its position, the counters).
+
+        From one consistent snapshot; ``None`` when the thread does not exist.
+        """
+        raise NotImplementedError
+
+    async def _restore_thread(self, aggregate: ThreadAggregate) -> ThreadVersion | None:
+        """Write a validated whole thread exactly as given, atomically, if it is missing.
+
+        The root (version, lease and timestamps as given), every record at its
+        position and the counters, in one transaction. Returns ``None`` when
+        written; when the thread exists, writes nothing and returns its
+        version. The core has validated the aggregate (records, positions,
+        relationship rules).
+        """
+        raise NotImplementedError
+
+    async def _fork_copy(self, plan: ForkPlan) -> ThreadRecord:
+        """Execute a fork plan (:class:`~pai_storage.backend.ForkPlan`) in one transaction.
+
+        Raise :class:`~pai_storage.backend.SourceChanged` when the source is
+        no longer at ``plan.source_version`` and
+        :class:`~pai_storage.backend.ThreadConflict` (with its version) when
+        the new thread exists; return the fork's root. Read the provider's
+        time inside the transaction and pass it to ``plan.root()``.
+
+        This generic version loads the whole source (:meth:`_load_thread`),
+        applies the plan in memory and writes the fork (:meth:`_restore_thread`).
+        It is correct for any backend but costs the thread's size in Python:
+        a backend should override it with a copy inside its database.
+        """
+        from .clock import system_clock
+        from .maintenance import SourceChanged, fork_aggregate
+        from .pipeline import ThreadConflict
+
+        source = await self._load_thread(plan.scope_key, plan.source_thread_id)
+        if source is None:
+            raise SourceChanged
+        fork = fork_aggregate(source, plan, system_clock())
+        existing = await self._restore_thread(fork)
+        if existing is not None:
+            raise ThreadConflict(existing)
+        return fork.root

@@ -19,7 +19,15 @@ from pai_storage import ManualClock, ThreadStore
 from .plugin import harness_of
 from .provision import TestHarness
 
-__all__ = ["guard", "kv_store", "real_clock_store", "snapshot_store", "state_store", "store"]
+__all__ = [
+    "guard",
+    "kv_store",
+    "lifecycle_store",
+    "real_clock_store",
+    "snapshot_store",
+    "state_store",
+    "store",
+]
 
 
 @pytest_asyncio.fixture
@@ -38,6 +46,19 @@ async def real_clock_store(pytestconfig: pytest.Config) -> AsyncIterator[ThreadS
         )
     async with harness.store(None) as created:
         yield created
+
+
+@pytest_asyncio.fixture
+async def lifecycle_store(store: ThreadStore) -> AsyncIterator[ThreadStore]:
+    """The ``store``, when it declares the ``lifecycle`` capability."""
+    from pai_storage.backend import LIFECYCLE
+
+    if LIFECYCLE not in store.capabilities:
+        pytest.skip(
+            f"capability {LIFECYCLE!r} not provided by the {store.backend_name} backend: its "
+            "store does not declare it (ThreadStore.capabilities, docs/lifecycle.md)"
+        )
+    yield store
 
 
 async def _component(

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import copy
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import datetime
+from itertools import islice
 from typing import Any, TypeVar, cast
 
 from pydantic import BaseModel
@@ -22,12 +23,20 @@ from pai_storage import (
     ThreadReadResult,
     ThreadRecord,
     ThreadStore,
+    ThreadVersion,
     truncate_ms,
 )
 from pai_storage.backend import (
+    LIFECYCLE,
+    ForkPlan,
     IndexedThread,
     IndexedTransaction,
     ListPlan,
+    SourceChanged,
+    ThreadAggregate,
+    ThreadConflict,
+    ThreadHead,
+    fork_aggregate,
     read_aggregate,
     run_commit,
     run_sync,
@@ -73,18 +82,21 @@ def _detached(value: T) -> T:
 
 
 class _Scope:
-    """The threads of one scope, plus their roots in list order.
+    """The threads of one scope, plus their roots in list order and in update order.
 
     ``order`` holds ``(-updated_at ms, thread_id)`` for every thread (the list
     order of :meth:`ListPlan.sort_key`), so a list page starts at its cursor in
-    O(log n) instead of sorting the scope.
+    O(log n) instead of sorting the scope. ``updates`` holds ``(updated_at,
+    thread_id)`` ascending: the retention index a sweep walks from its oldest
+    end.
     """
 
-    __slots__ = ("order", "threads")
+    __slots__ = ("order", "threads", "updates")
 
     def __init__(self) -> None:
         self.threads: dict[str, IndexedThread] = {}
         self.order: Any = SortedList()
+        self.updates: Any = SortedList()
 
     def __len__(self) -> int:
         return len(self.threads)
@@ -95,11 +107,13 @@ class _Scope:
         """Record a committed thread (``None``: deleted) whose root was ``before``."""
         if before is not None:
             self.order.remove(ListPlan.sort_key(before))
+            self.updates.remove((before.updated_at, thread_id))
         if after is None:
             self.threads.pop(thread_id, None)
         else:
             self.threads[thread_id] = after
             self.order.add(ListPlan.sort_key(after.root))
+            self.updates.add((after.root.updated_at, thread_id))
 
     def roots_after(self, key: tuple[int, str] | None) -> Iterator[ThreadRecord]:
         """The roots in list order whose sort key is greater than ``key``."""
@@ -126,10 +140,14 @@ class MemoryThreadStore(ThreadStore):
 
     backend_name = "memory"
     token_prefix = "pai-memory"
+    capabilities = frozenset({LIFECYCLE})
 
     def __init__(self, **options: object) -> None:
         super().__init__(**options)  # type: ignore[arg-type]
         self._scopes: dict[str, _Scope] = {}
+        # (updated_at, scope_key, thread_id) of every thread: the cross-scope
+        # retention index.
+        self._updates: Any = SortedList()
         # A threading lock: every critical section is synchronous, so the store
         # is also safe when shared by several event loops or threads.
         self._lock = threading.Lock()
@@ -166,9 +184,80 @@ class MemoryThreadStore(ThreadStore):
             # the full check of the reference model).
             result = run_sync(run_commit(tx, request))
             if isinstance(result, CommittedResult):
-                scope = self._scopes.setdefault(request.scope_key, _Scope())
-                scope.store(request.thread_id, before, tx.apply())
+                self._store(request.scope_key, request.thread_id, before, tx.apply())
             return _detached(result)
+
+    def _store(
+        self,
+        scope_key: str,
+        thread_id: str,
+        before: ThreadRecord | None,
+        after: IndexedThread | None,
+    ) -> None:
+        """Record a committed thread (``None``: deleted) in its scope and both indexes."""
+        scope = self._scopes.setdefault(scope_key, _Scope())
+        scope.store(thread_id, before, after)
+        if before is not None:
+            self._updates.remove((before.updated_at, scope_key, thread_id))
+        if after is not None:
+            self._updates.add((after.root.updated_at, scope_key, thread_id))
+        if not scope:
+            del self._scopes[scope_key]
+
+    # ------------------------------------------------------------ lifecycle primitives
+
+    async def _thread_heads(
+        self,
+        scope_key: str | None,
+        *,
+        updated_before: datetime | None,
+        after: ThreadHead | None,
+        limit: int,
+    ) -> Sequence[ThreadHead]:
+        with self._lock:
+            if scope_key is None:
+                low: Any = None if after is None else after.sort_key()
+                high: Any = None if updated_before is None else (updated_before, "", "")
+                keys = self._updates.irange(low, high, inclusive=(False, False))
+                found = [(s, t) for _, s, t in islice(keys, limit)]
+            else:
+                scope = self._scopes.get(scope_key)
+                if scope is None:
+                    return []
+                low = None if after is None else (after.updated_at, after.thread_id)
+                high = None if updated_before is None else (updated_before, "")
+                keys = scope.updates.irange(low, high, inclusive=(False, False))
+                found = [(scope_key, t) for _, t in islice(keys, limit)]
+            return [ThreadHead.of(self._scopes[s].threads[t].root) for s, t in found]
+
+    async def _load_thread(self, scope_key: str, thread_id: str) -> ThreadAggregate | None:
+        # Stored records are never changed in place (a commit replaces them),
+        # so the aggregate shares them; the core only reads it.
+        with self._lock:
+            thread = self._thread(scope_key, thread_id)
+            return None if thread is None else thread.to_aggregate()
+
+    async def _restore_thread(self, aggregate: ThreadAggregate) -> ThreadVersion | None:
+        root = aggregate.root
+        with self._lock:
+            existing = self._thread(root.scope_key, root.thread_id)
+            if existing is not None:
+                return existing.root.version
+            thread = IndexedThread.from_aggregate(aggregate)
+            self._store(root.scope_key, root.thread_id, None, thread)
+            return None
+
+    async def _fork_copy(self, plan: ForkPlan) -> ThreadRecord:
+        with self._lock:
+            source = self._thread(plan.scope_key, plan.source_thread_id)
+            if source is None or source.root.version != plan.source_version:
+                raise SourceChanged
+            target = self._thread(plan.scope_key, plan.thread_id)
+            if target is not None:
+                raise ThreadConflict(target.root.version)
+            fork = fork_aggregate(source.to_aggregate(), plan, self._clock())
+            self._store(plan.scope_key, plan.thread_id, None, IndexedThread.from_aggregate(fork))
+            return _detached(fork.root)
 
     async def _info(self) -> StoreInfo:
         return StoreInfo(

@@ -24,6 +24,7 @@ from .identity import TestIdentityAndScoping
 from .json_values import TestStrictJson
 from .kv import KeyValueStoreTests
 from .leases import TestLeases
+from .lifecycle import LifecycleTests
 from .listing import TestListing
 from .model_based import TestModelBased
 from .pagination import TestPagination
@@ -36,6 +37,7 @@ __all__ = [
     "AgentStateStoreTests",
     "ExecutionGuardTests",
     "KeyValueStoreTests",
+    "LifecycleTests",
     "SnapshotStoreTests",
     "TestAgentStateStore",
     "TestConcurrency",
@@ -49,6 +51,7 @@ __all__ = [
     "TestIsolation",
     "TestKeyValueStore",
     "TestLeases",
+    "TestLifecycle",
     "TestListing",
     "TestMessageViews",
     "TestModelBased",
@@ -80,6 +83,7 @@ class ThreadStoreConformance(
     TestConcurrency,
     TestIsolation,
     TestModelBased,
+    LifecycleTests,
 ):
     """Every topic of the suite in one class.
 
@@ -106,6 +110,13 @@ def _assert_no_shadowed_tests() -> None:
 
 
 _assert_no_shadowed_tests()
+
+
+class TestLifecycle(LifecycleTests):
+    """The thread lifecycle topic (prune, erase, fork, export, import), on the
+    ``lifecycle_store`` fixture: backends that declare the ``lifecycle`` capability."""
+
+    pytestmark = pytest.mark.asyncio
 
 
 class TestKeyValueStore(KeyValueStoreTests):

@@ -1,0 +1,452 @@
+"""Thread lifecycle algorithms: retention sweep, scope erasure and fork, written once.
+
+A backend supplies four small primitives (``docs/lifecycle.md``) and the core
+runs every algorithm, check order and batching loop here:
+
+- :func:`prune_threads` walks the backend's updated-at index
+  (:meth:`ThreadStore._thread_heads`) in bounded batches, re-reads each
+  candidate, skips one holding an unexpired lease or a ``running``/``waiting``
+  run, and deletes it through the ordinary version-checked delete commit: a
+  racing commit either lands first (the delete then conflicts and the thread
+  survives) or conflicts itself.
+- :func:`erase_scope` deletes every thread of a scope the same way, batch by
+  batch, until the index holds none; an interrupted erasure is finished by
+  calling it again.
+- :func:`plan_fork` decides *what* a fork copies from ordinary consistent
+  reads (the cut, the runs left out) into a :class:`ForkPlan`; the backend's
+  :meth:`ThreadStore._fork_copy` only executes it in one transaction, and
+  :func:`fork_aggregate` is the same plan applied to a thread held in memory
+  (the reference, and the generic fallback).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from .aggregate import Entry, Family, ThreadAggregate
+from .errors import ThreadStoreInvariantError
+from .leases import is_expired
+from .models import (
+    CommittedResult,
+    ConflictResult,
+    Id,
+    Message,
+    RunRecord,
+    ThreadReadResult,
+    ThreadRecord,
+    ThreadVersion,
+    truncate_ms,
+)
+from .parsing import parse
+from .roots import new_instance_id
+
+if TYPE_CHECKING:
+    from .store import ThreadStore
+
+__all__ = [
+    "MAX_SWEEP_LIMIT",
+    "SWEEP_BATCH",
+    "ForkPlan",
+    "PrunedThread",
+    "SourceChanged",
+    "ThreadHead",
+    "check_thread_key",
+    "erase_scope",
+    "fork_aggregate",
+    "fork_thread",
+    "plan_fork",
+    "prune_threads",
+]
+
+SWEEP_BATCH = 100
+"""How many index entries a sweep asks the backend for at a time."""
+
+MAX_SWEEP_LIMIT = 10_000
+"""The largest ``limit`` one :meth:`ThreadStore.prune_threads` call accepts."""
+
+_OPEN = ("running", "waiting")
+_FORK_ATTEMPTS = 8
+
+
+def check_thread_key(name: str, value: object) -> str:
+    """Validate a scope key or thread id like any input (1 to 1,024 characters, valid Unicode)."""
+    if not isinstance(value, str):
+        raise ThreadStoreInvariantError(f"{name} must be a str, not {type(value).__name__}")
+    checked: str = parse(Id, value)
+    return checked
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadHead:
+    """One entry of a backend's updated-at index: which thread, at which version, when.
+
+    Returned by :meth:`ThreadStore._thread_heads` in ascending ``updated_at``
+    order (then ``scope_key``, then ``thread_id``).
+    """
+
+    scope_key: str
+    thread_id: str
+    version: ThreadVersion
+    updated_at: datetime
+
+    @classmethod
+    def of(cls, root: ThreadRecord) -> ThreadHead:
+        return cls(root.scope_key, root.thread_id, root.version, root.updated_at)
+
+    def sort_key(self) -> tuple[datetime, str, str]:
+        """The index order: ``updated_at``, then scope key, then thread id."""
+        return (self.updated_at, self.scope_key, self.thread_id)
+
+
+@dataclass(frozen=True, slots=True)
+class PrunedThread:
+    """A thread a retention sweep deleted, and the version it had."""
+
+    scope_key: str
+    thread_id: str
+    version: ThreadVersion
+
+
+# ------------------------------------------------------------------ sweeps
+
+
+def _store_now(store: ThreadStore) -> datetime:
+    from .clock import system_clock
+
+    return store.now() or truncate_ms(system_clock())
+
+
+async def _delete(
+    store: ThreadStore, scope_key: str, thread_id: str, version: ThreadVersion
+) -> bool:
+    result = await store.commit_thread(
+        {
+            "scopeKey": scope_key,
+            "threadId": thread_id,
+            "condition": {"type": "version", "version": version.to_json()},
+            "mutation": {"type": "delete"},
+        }
+    )
+    return isinstance(result, CommittedResult)
+
+
+async def _prunable(
+    store: ThreadStore, head: ThreadHead, updated_before: datetime
+) -> ThreadRecord | None:
+    """The candidate's current root when it may be pruned, else ``None``."""
+    read = await store.read_thread(
+        {
+            "scopeKey": head.scope_key,
+            "threadId": head.thread_id,
+            "include": {
+                "runs": {"type": "page", "statuses": list(_OPEN), "page": {"limit": 1}},
+            },
+        }
+    )
+    root = read.thread
+    if root is None or root.updated_at >= updated_before:
+        return None
+    if root.lease is not None and not is_expired(root.lease, _store_now(store)):
+        return None
+    if read.runs is not None and read.runs.items:
+        return None
+    return root
+
+
+def _check_limit(limit: object) -> int:
+    if type(limit) is not int or not 1 <= limit <= MAX_SWEEP_LIMIT:
+        raise ThreadStoreInvariantError(f"limit must be an integer from 1 to {MAX_SWEEP_LIMIT}")
+    return limit
+
+
+def _check_cutoff(updated_before: object) -> datetime:
+    if not isinstance(updated_before, datetime) or updated_before.tzinfo is None:
+        raise ThreadStoreInvariantError("updated_before must be an aware datetime")
+    return truncate_ms(updated_before)
+
+
+async def prune_threads(
+    store: ThreadStore,
+    scope_key: str | None,
+    *,
+    updated_before: datetime,
+    limit: int,
+) -> list[PrunedThread]:
+    """The retention sweep (see :meth:`ThreadStore.prune_threads`)."""
+    scope = None if scope_key is None else check_thread_key("scope_key", scope_key)
+    cutoff = _check_cutoff(updated_before)
+    limit = _check_limit(limit)
+    deleted: list[PrunedThread] = []
+    after: ThreadHead | None = None
+    while len(deleted) < limit:
+        batch = await store._thread_heads(
+            scope, updated_before=cutoff, after=after, limit=SWEEP_BATCH
+        )
+        for head in batch:
+            after = head
+            root = await _prunable(store, head, cutoff)
+            if root is not None and await _delete(
+                store, root.scope_key, root.thread_id, root.version
+            ):
+                deleted.append(PrunedThread(root.scope_key, root.thread_id, root.version))
+                if len(deleted) == limit:
+                    break
+        if len(batch) < SWEEP_BATCH:
+            break
+    return deleted
+
+
+async def erase_scope(store: ThreadStore, scope_key: str) -> int:
+    """Delete every thread of the scope (see :meth:`ThreadStore.erase_scope`)."""
+    scope = check_thread_key("scope_key", scope_key)
+    erased = 0
+    while True:
+        batch = await store._thread_heads(scope, updated_before=None, after=None, limit=SWEEP_BATCH)
+        if not batch:
+            return erased
+        for head in batch:
+            # A thread that changed since the index was read conflicts here and
+            # is found again, at its new version, by the next batch.
+            if await _delete(store, head.scope_key, head.thread_id, head.version):
+                erased += 1
+
+
+# ------------------------------------------------------------------ fork
+
+
+class SourceChanged(Exception):
+    """Raised by :meth:`ThreadStore._fork_copy` when the source left the planned version.
+
+    The core then plans the fork again from a fresh read.
+    """
+
+
+@dataclass(frozen=True, slots=True)
+class ForkPlan:
+    """What a fork copies, decided by the core; a backend only executes it.
+
+    Copy, in one transaction, from the source thread ``(scope_key,
+    source_thread_id)`` — only while it is still at ``source_version``, else
+    raise :class:`SourceChanged` — to the new thread ``(scope_key,
+    thread_id)``, which must not exist (else raise
+    :class:`~pai_storage.backend.ThreadConflict` with its version):
+
+    - every message at or before the cut (:attr:`through_message_id`'s
+      position; every message when it is ``None``) whose run id is not in
+      :attr:`dropped_run_ids`, with its position and record unchanged;
+    - every run whose id is not in :attr:`dropped_run_ids`, unchanged;
+    - no queued item and no lease;
+    - the source's three position counters, unchanged;
+    - the root :meth:`root` returns for the provider's time.
+    """
+
+    scope_key: str
+    source_thread_id: str
+    thread_id: str
+    source: ThreadRecord
+    through_message_id: str | None
+    dropped_run_ids: frozenset[str]
+    instance_id: str
+    test_now: datetime | None = None
+
+    @property
+    def source_version(self) -> ThreadVersion:
+        return self.source.version
+
+    def copies_message(self, message: Message, cut_position: int | None, position: int) -> bool:
+        """Whether a source message at ``position`` is copied (``cut_position``: the cut)."""
+        if cut_position is not None and position > cut_position:
+            return False
+        return message.run_id is None or message.run_id not in self.dropped_run_ids
+
+    def copies_run(self, run: RunRecord) -> bool:
+        """Whether a source run is copied."""
+        return run.run_id not in self.dropped_run_ids
+
+    def root(self, server_time: datetime | None) -> ThreadRecord:
+        """The fork's root, created at the provider's ``server_time`` (or the test clock).
+
+        Revision 1, a new instance id, ``parentThreadId`` the source, no lease;
+        the creation time is never before the source's last commit.
+        """
+        moment = self.test_now if self.test_now is not None else server_time
+        if moment is None:
+            raise ValueError("a fork needs the provider's time")
+        now = truncate_ms(moment)
+        if now < self.source.updated_at:
+            now = self.source.updated_at
+        return self.source.model_copy(
+            update={
+                "thread_id": self.thread_id,
+                "version": ThreadVersion.model_construct(
+                    thread_instance_id=self.instance_id, revision=1
+                ),
+                "parent_thread_id": self.source_thread_id,
+                "lease": None,
+                "created_at": now,
+                "updated_at": now,
+            }
+        )
+
+
+async def _all_pages(
+    store: ThreadStore, scope: str, thread_id: str, family: str, selection: dict[str, Any]
+) -> tuple[ThreadVersion | None, list[Any]]:
+    """Every item of one family's page selection, and the version all pages carry.
+
+    ``None`` as the version when the thread is missing or changed between pages.
+    """
+    items: list[Any] = []
+    version: ThreadVersion | None = None
+    token: str | None = None
+    while True:
+        page_request = {"limit": 100, **({"pageToken": token} if token else {})}
+        read = await store.read_thread(
+            {
+                "scopeKey": scope,
+                "threadId": thread_id,
+                "include": {family: {**selection, "page": page_request}},
+            }
+        )
+        page = getattr(read, "queued_items" if family == "queuedItems" else family)
+        if read.thread is None or page is None:
+            return None, []
+        if version is not None and page.version != version:
+            return None, []
+        version = page.version
+        items.extend(page.items)
+        token = page.next_page_token
+        if token is None:
+            return version, items
+
+
+async def plan_fork(
+    store: ThreadStore,
+    scope_key: str,
+    thread_id: str,
+    new_thread_id: str,
+    through_message_id: str | None,
+) -> ForkPlan | None:
+    """Plan a fork from consistent reads of the source; ``None`` when it changed meanwhile.
+
+    Reads the root and the cut message, every run, and (with a cut) the run
+    ids of the messages after the cut: O(runs + messages after the cut),
+    never the copied transcript. Runs left out: open ones (``running``,
+    ``waiting``), ``queued`` ones (the queue is not copied), those with a
+    message after the cut, and those created after the cut message.
+
+    Raises
+    ------
+    ThreadStoreInvariantError
+        The source or the cut message does not exist.
+    """
+    include: dict[str, Any] = {}
+    if through_message_id is not None:
+        include["messages"] = {"type": "ids", "messageIds": [through_message_id]}
+    head: ThreadReadResult = await store.read_thread(
+        {"scopeKey": scope_key, "threadId": thread_id, "include": include}
+    )
+    source = head.thread
+    if source is None:
+        raise ThreadStoreInvariantError(f"cannot fork thread {thread_id!r}: it does not exist")
+    version, runs = await _all_pages(store, scope_key, thread_id, "runs", {"type": "page"})
+    if version != source.version:
+        return None
+    dropped = {run.run_id for run in runs if run.status in (*_OPEN, "queued")}
+    if through_message_id is not None:
+        found = head.messages.items if head.messages is not None else []
+        if not found:
+            raise ThreadStoreInvariantError(
+                f"cannot fork through message {through_message_id!r}: it does not exist"
+            )
+        cut: Message = found[0]
+        version, tail = await _all_pages(
+            store,
+            scope_key,
+            thread_id,
+            "messages",
+            {"type": "page", "view": "raw", "afterMessageId": through_message_id},
+        )
+        if version != source.version:
+            return None
+        dropped.update(m.run_id for m in tail if m.run_id is not None)
+        dropped.update(run.run_id for run in runs if run.created_at > cut.created_at)
+    return ForkPlan(
+        scope_key=scope_key,
+        source_thread_id=thread_id,
+        thread_id=new_thread_id,
+        source=source,
+        through_message_id=through_message_id,
+        dropped_run_ids=frozenset(dropped),
+        instance_id=new_instance_id(),
+        test_now=store.now(),
+    )
+
+
+def fork_aggregate(
+    source: ThreadAggregate, plan: ForkPlan, server_time: datetime
+) -> ThreadAggregate:
+    """The fork of a thread held in memory: ``plan`` applied to ``source``.
+
+    Raises :class:`SourceChanged` when ``source`` is not at the planned version.
+    """
+    if source.root.version != plan.source_version:
+        raise SourceChanged
+    cut: int | None = None
+    if plan.through_message_id is not None:
+        entry = source.messages.get(plan.through_message_id)
+        if entry is None:
+            raise SourceChanged
+        cut = entry.position
+    messages: Family[Message] = Family(next_position=source.messages.next_position)
+    for entry in source.messages:
+        if plan.copies_message(entry.record, cut, entry.position):
+            messages.entries[entry.record.message_id] = Entry(entry.position, entry.record)
+    runs: Family[RunRecord] = Family(next_position=source.runs.next_position)
+    for run in source.runs:
+        if plan.copies_run(run.record):
+            runs.entries[run.record.run_id] = Entry(run.position, run.record)
+    return ThreadAggregate(
+        root=plan.root(server_time),
+        messages=messages,
+        runs=runs,
+        queued_items=Family(next_position=source.queued_items.next_position),
+    )
+
+
+async def fork_thread(
+    store: ThreadStore,
+    scope_key: str,
+    thread_id: str,
+    new_thread_id: str,
+    through_message_id: str | None,
+) -> CommittedResult | ConflictResult:
+    """Fork a thread (see :meth:`ThreadStore.fork_thread`)."""
+    from .pipeline import ThreadConflict
+
+    scope = check_thread_key("scope_key", scope_key)
+    source_id = check_thread_key("thread_id", thread_id)
+    target_id = check_thread_key("new_thread_id", new_thread_id)
+    through = (
+        None
+        if through_message_id is None
+        else check_thread_key("through_message_id", through_message_id)
+    )
+    if source_id == target_id:
+        raise ThreadStoreInvariantError("new_thread_id must differ from thread_id")
+    for _ in range(_FORK_ATTEMPTS):
+        plan = await plan_fork(store, scope, source_id, target_id, through)
+        if plan is None:
+            continue
+        try:
+            root = await store._fork_copy(plan)
+        except SourceChanged:
+            continue
+        except ThreadConflict as conflict:
+            return ConflictResult(type="conflict", current_version=conflict.current)
+        return CommittedResult(type="committed", thread=root, committed_at=root.created_at)
+    raise ThreadStoreInvariantError(
+        f"cannot fork thread {source_id!r}: it changed during {_FORK_ATTEMPTS} attempts to plan it"
+    )

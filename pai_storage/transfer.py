@@ -1,0 +1,366 @@
+"""Export, import and copy of whole threads: the versioned JSON Lines format.
+
+An export is UTF-8 JSON Lines (``docs/lifecycle.md`` documents every line)::
+
+    {"format":"pai-storage.threads","version":1}
+    {"kind":"thread","thread":{...},"nextPositions":{...},"counts":{...}}
+    {"kind":"message","position":1,"record":{...}}      # counts.messages lines
+    {"kind":"run","position":1,"record":{...}}          # counts.runs lines
+    {"kind":"queuedItem","position":1,"record":{...}}   # counts.queuedItems lines
+    {"kind":"end","digest":"sha256:..."}
+    ... one block per thread ...
+
+Records are in their JSON form (the root carries its version, lease and
+timestamps); positions and the per-family position counters are kept, so an
+import restores a thread exactly. The ``end`` line's digest covers the block,
+so a truncated or edited block is refused. :func:`thread_digest` is the same
+digest of a stored thread, which ``pai-storage copy`` compares on both sides.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from .aggregate import Entry, Family, ThreadAggregate
+from .errors import ThreadStoreError, ThreadStoreInvariantError
+from .models import Message, QueuedItem, RunRecord, ThreadRecord
+from .relationships import assert_relationships, facts_from_aggregate
+
+if TYPE_CHECKING:
+    from .store import ThreadStore
+
+__all__ = [
+    "EXPORT_FORMAT",
+    "EXPORT_VERSION",
+    "ImportReport",
+    "ThreadExistsError",
+    "decode_threads",
+    "encode_thread",
+    "export_lines",
+    "import_lines",
+    "thread_digest",
+]
+
+EXPORT_FORMAT = "pai-storage.threads"
+EXPORT_VERSION = 1
+
+_FAMILIES: tuple[tuple[str, str, type[Any], str], ...] = (
+    # line kind, family name, model, id attribute
+    ("message", "messages", Message, "message_id"),
+    ("run", "runs", RunRecord, "run_id"),
+    ("queuedItem", "queuedItems", QueuedItem, "queue_item_id"),
+)
+
+
+class ThreadExistsError(ThreadStoreError):
+    """An import with ``on_conflict="fail"`` met a thread that already exists.
+
+    Threads before it in the stream were imported; nothing of this one was.
+    """
+
+    def __init__(self, scope_key: str, thread_id: str, line: int) -> None:
+        super().__init__(f"line {line}: thread {thread_id!r} already exists in its scope")
+        self.scope_key = scope_key
+        self.thread_id = thread_id
+        self.line = line
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def _family(aggregate: ThreadAggregate, name: str) -> Family[Any]:
+    if name == "messages":
+        return aggregate.messages
+    if name == "runs":
+        return aggregate.runs
+    return aggregate.queued_items
+
+
+def _block(aggregate: ThreadAggregate) -> Iterator[str]:
+    """The lines of one thread's block without the ``end`` line (no newlines)."""
+    yield _dumps(
+        {
+            "kind": "thread",
+            "thread": aggregate.root.to_json(),
+            "nextPositions": {
+                name: _family(aggregate, name).next_position for _, name, _, _ in _FAMILIES
+            },
+            "counts": {name: len(_family(aggregate, name)) for _, name, _, _ in _FAMILIES},
+        }
+    )
+    for kind, name, _, _ in _FAMILIES:
+        for entry in _family(aggregate, name):
+            yield _dumps(
+                {"kind": kind, "position": entry.position, "record": entry.record.to_json()}
+            )
+
+
+def encode_thread(aggregate: ThreadAggregate) -> Iterator[str]:
+    """The lines (each ending in a newline) of one thread's block, ``end`` line included."""
+    digest = hashlib.sha256()
+    for line in _block(aggregate):
+        digest.update(line.encode("utf-8"))
+        digest.update(b"\n")
+        yield line + "\n"
+    yield _dumps({"kind": "end", "digest": f"sha256:{digest.hexdigest()}"}) + "\n"
+
+
+def thread_digest(aggregate: ThreadAggregate) -> str:
+    """The digest of a thread's content: root (version, lease, timestamps), records, positions."""
+    digest = hashlib.sha256()
+    for line in _block(aggregate):
+        digest.update(line.encode("utf-8"))
+        digest.update(b"\n")
+    return f"sha256:{digest.hexdigest()}"
+
+
+def header_line() -> str:
+    return _dumps({"format": EXPORT_FORMAT, "version": EXPORT_VERSION}) + "\n"
+
+
+async def export_lines(
+    store: ThreadStore, scope_key: str | None, thread_ids: Iterable[str] | None = None
+) -> AsyncIterator[str]:
+    """Stream the export of a scope (every scope with ``None``), one line at a time.
+
+    Threads come in ascending ``updated_at`` order; each is read whole from one
+    consistent snapshot. A thread changed during the export appears once, as
+    it was when its turn came.
+    """
+    from .maintenance import SWEEP_BATCH, ThreadHead, check_thread_key
+
+    yield header_line()
+    if thread_ids is not None:
+        if scope_key is None:
+            raise ThreadStoreInvariantError("thread_ids needs a scope_key")
+        only = check_thread_key("scope_key", scope_key)
+        for thread_id in dict.fromkeys(thread_ids):
+            aggregate = await store._load_thread(only, check_thread_key("thread_id", thread_id))
+            if aggregate is not None:
+                for line in encode_thread(aggregate):
+                    yield line
+        return
+    scope = None if scope_key is None else check_thread_key("scope_key", scope_key)
+    seen: set[tuple[str, str]] = set()
+    after: ThreadHead | None = None
+    while True:
+        batch = await store._thread_heads(
+            scope, updated_before=None, after=after, limit=SWEEP_BATCH
+        )
+        for head in batch:
+            after = head
+            key = (head.scope_key, head.thread_id)
+            if key in seen:
+                continue
+            seen.add(key)
+            aggregate = await store._load_thread(head.scope_key, head.thread_id)
+            if aggregate is not None:
+                for line in encode_thread(aggregate):
+                    yield line
+        if len(batch) < SWEEP_BATCH:
+            return
+
+
+# ------------------------------------------------------------------ decoding
+
+
+class _Corrupt(Exception):
+    pass
+
+
+def _object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise _Corrupt(f"not JSON ({exc.msg})") from None
+    if not isinstance(value, dict):
+        raise _Corrupt("not a JSON object")
+    return value
+
+
+def _fields(data: dict[str, Any], expected: set[str], kind: str) -> None:
+    if set(data) != expected:
+        unexpected = sorted(set(data) - expected)
+        missing = sorted(expected - set(data))
+        raise _Corrupt(f"bad {kind} line (unexpected {unexpected}, missing {missing})")
+
+
+def _positions(data: Any, what: str) -> dict[str, int]:
+    names = {name for _, name, _, _ in _FAMILIES}
+    if not isinstance(data, dict) or set(data) != names:
+        raise _Corrupt(f"{what} must name messages, runs and queuedItems")
+    for value in data.values():
+        if type(value) is not int or value < 0:
+            raise _Corrupt(f"{what} must hold non-negative integers")
+    return data
+
+
+@dataclass(slots=True)
+class _Block:
+    line: int
+    root: ThreadRecord
+    next_positions: dict[str, int]
+    counts: dict[str, int]
+    families: dict[str, Family[Any]] = field(default_factory=dict)
+    kind_index: int = 0
+
+    def expected_kind(self) -> str:
+        while self.kind_index < len(_FAMILIES):
+            kind, name, _, _ = _FAMILIES[self.kind_index]
+            if len(self.families[name]) < self.counts[name]:
+                return kind
+            self.kind_index += 1
+        return "end"
+
+
+def _start(data: dict[str, Any], line: int) -> _Block:
+    _fields(data, {"kind", "thread", "nextPositions", "counts"}, "thread")
+    root = ThreadRecord.model_validate(data["thread"])
+    next_positions = _positions(data["nextPositions"], "nextPositions")
+    counts = _positions(data["counts"], "counts")
+    for name, count in counts.items():
+        if next_positions[name] < 1 or count > next_positions[name] - 1:
+            raise _Corrupt(f"{name}: count and nextPosition disagree")
+    families = {name: Family[Any](next_position=next_positions[name]) for name in counts}
+    return _Block(line, root, next_positions, counts, families)
+
+
+def _add(block: _Block, data: dict[str, Any], kind: str) -> None:
+    _fields(data, {"kind", "position", "record"}, kind)
+    for line_kind, name, model, id_attr in _FAMILIES:
+        if line_kind != kind:
+            continue
+        family = block.families[name]
+        position = data["position"]
+        last = max((e.position for e in reversed(family.entries.values())), default=0)
+        if type(position) is not int or not last < position < family.next_position:
+            raise _Corrupt(f"{kind} position out of order or not below nextPosition")
+        record = model.model_validate(data["record"])
+        record_id = getattr(record, id_attr)
+        if record_id in family.entries:
+            raise _Corrupt(f"duplicate {kind} id {record_id!r}")
+        family.entries[record_id] = Entry(position, record)
+        return
+
+
+def _finish(block: _Block, data: dict[str, Any]) -> ThreadAggregate:
+    _fields(data, {"kind", "digest"}, "end")
+    aggregate = ThreadAggregate(
+        root=block.root,
+        messages=block.families["messages"],
+        runs=block.families["runs"],
+        queued_items=block.families["queuedItems"],
+    )
+    if data["digest"] != thread_digest(aggregate):
+        raise _Corrupt("the block's digest does not match its content")
+    assert_relationships(facts_from_aggregate(aggregate))
+    return aggregate
+
+
+async def _lines(
+    source: AsyncIterable[str | bytes] | Iterable[str | bytes],
+) -> AsyncIterator[str | bytes]:
+    if isinstance(source, AsyncIterable):
+        async for item in source:
+            yield item
+    else:
+        for item in source:
+            yield item
+
+
+async def decode_threads(
+    source: AsyncIterable[str | bytes] | Iterable[str | bytes],
+) -> AsyncIterator[tuple[int, ThreadAggregate]]:
+    """Parse an export, yielding ``(line of the thread's first line, aggregate)`` per thread.
+
+    Every line is validated like any input (records strictly, positions in
+    order and below their counters, ids unique, the block's digest, every
+    relationship rule); a thread is yielded only once its ``end`` line
+    checked out. Raises :class:`ThreadStoreInvariantError` naming the line
+    number of the first problem.
+    """
+    number = 0
+    block: _Block | None = None
+    header = False
+    async for raw in _lines(source):
+        number += 1
+        try:
+            text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+        except UnicodeDecodeError:
+            raise ThreadStoreInvariantError(f"line {number}: not UTF-8") from None
+        text = text.rstrip("\r\n")
+        if not text.strip():
+            continue
+        try:
+            data = _object(text)
+            if not header:
+                if data.get("format") != EXPORT_FORMAT:
+                    raise _Corrupt(f"not a {EXPORT_FORMAT} export (no header line)")
+                if data.get("version") != EXPORT_VERSION:
+                    raise _Corrupt(
+                        f"export format version {data.get('version')!r} is not supported "
+                        f"(this version reads {EXPORT_VERSION})"
+                    )
+                header = True
+                continue
+            kind = data.get("kind")
+            if block is None:
+                if kind != "thread":
+                    raise _Corrupt(f"expected a thread line, found kind {kind!r}")
+                block = _start(data, number)
+                continue
+            expected = block.expected_kind()
+            if kind != expected:
+                raise _Corrupt(f"expected a {expected} line, found kind {kind!r}")
+            if kind == "end":
+                aggregate = _finish(block, data)
+                first = block.line
+                block = None
+                yield first, aggregate
+            else:
+                _add(block, data, expected)
+        except _Corrupt as exc:
+            raise ThreadStoreInvariantError(f"line {number}: {exc}") from None
+        except ThreadStoreInvariantError as exc:
+            raise type(exc)(f"line {number}: {exc}") from None
+    if not header:
+        raise ThreadStoreInvariantError(f"line {number + 1}: empty input, not an export")
+    if block is not None:
+        raise ThreadStoreInvariantError(
+            f"line {number + 1}: the input ends inside the thread that starts on line {block.line}"
+        )
+
+
+@dataclass(slots=True)
+class ImportReport:
+    """What :meth:`ThreadStore.import_threads` did: ``(scope_key, thread_id)`` pairs."""
+
+    imported: list[tuple[str, str]] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+
+
+async def import_lines(
+    store: ThreadStore,
+    source: AsyncIterable[str | bytes] | Iterable[str | bytes],
+    on_conflict: Literal["skip", "fail"],
+) -> ImportReport:
+    """Import an export (see :meth:`ThreadStore.import_threads`)."""
+    if on_conflict not in ("skip", "fail"):
+        raise ThreadStoreInvariantError('on_conflict must be "skip" or "fail"')
+    report = ImportReport()
+    async for line, aggregate in decode_threads(source):
+        root = aggregate.root
+        key = (root.scope_key, root.thread_id)
+        existing = await store._restore_thread(aggregate)
+        if existing is None:
+            report.imported.append(key)
+        elif on_conflict == "skip":
+            report.skipped.append(key)
+        else:
+            raise ThreadExistsError(root.scope_key, root.thread_id, line)
+    return report
