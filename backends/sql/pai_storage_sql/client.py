@@ -34,16 +34,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
-from pai_storage import ThreadStoreConfigurationError
-from pai_storage.backend import SharedClient, StoreURL, make_url, map_errors
+from pai_storage import StorageError, ThreadStoreConfigurationError
+from pai_storage.backend import SharedClient, StoreURL, make_url
 from pai_storage.shared import closed_error
 
-from .errors import Phase, RetryableError, is_driver_failure, map_error
+from .errors import Phase, RetryableError, is_driver_exception, is_driver_failure, map_error
 from .schema import DEFAULT_PREFIX, SCHEMA_VERSION, Tables, prepare_schema
 
 if TYPE_CHECKING:
@@ -273,9 +273,21 @@ class SqlClient(SharedClient[Engines]):
 
     # ------------------------------------------------------------ operations
 
-    def errors(self, phase: Phase) -> contextlib.AbstractContextManager[None]:
-        """Map every driver exception of the block to the contract's errors."""
-        return map_errors(lambda exc: map_error(exc, phase, self.url))
+    @contextlib.contextmanager
+    def errors(self, phase: Phase) -> Iterator[None]:
+        """Map every driver exception of the block to the contract's errors.
+
+        Exceptions that do not come from the driver or the connection (the
+        store's own, a conflict signal, a bug) pass through unchanged.
+        """
+        try:
+            yield
+        except StorageError:
+            raise
+        except Exception as exc:
+            if not is_driver_exception(exc):
+                raise
+            raise map_error(exc, phase, self.url) from exc
 
     @contextlib.asynccontextmanager
     async def _lock(self, engines: Engines) -> AsyncIterator[None]:
@@ -310,22 +322,25 @@ class SqlClient(SharedClient[Engines]):
                 await conn.commit()
 
     @contextlib.asynccontextmanager
-    async def read(self) -> AsyncIterator[AsyncConnection]:
+    async def read(self, *, snapshot: bool = True) -> AsyncIterator[AsyncConnection]:
         """One read snapshot, rolled back afterwards.
 
         SQLite: a reader connection in a deferred ``BEGIN`` (the snapshot
         starts with its first statement). MySQL: ``START TRANSACTION WITH
-        CONSISTENT SNAPSHOT, READ ONLY``.
+        CONSISTENT SNAPSHOT, READ ONLY``. ``snapshot=False`` skips the explicit
+        transaction for an operation of one statement (which is its own
+        snapshot).
         """
         engines = await self._ready()
         async with self._lock(engines), self._connection(engines.reader) as conn:
-            with self.errors("read"):
-                if self.dialect == "sqlite":
-                    await conn.exec_driver_sql("BEGIN")
-                else:
-                    await conn.exec_driver_sql(
-                        "START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY"
-                    )
+            if snapshot:
+                with self.errors("read"):
+                    if self.dialect == "sqlite":
+                        await conn.exec_driver_sql("BEGIN")
+                    else:
+                        await conn.exec_driver_sql(
+                            "START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY"
+                        )
             with self.errors("read"):
                 yield conn
 
@@ -340,7 +355,9 @@ class SqlClient(SharedClient[Engines]):
         try:
             yield conn
         except BaseException as exc:
-            if not isinstance(exc, Exception) or is_driver_failure(exc):
+            if not isinstance(exc, Exception) or (
+                is_driver_failure(exc) and not isinstance(exc, RetryableError)
+            ):
                 # Cancelled mid-way or the driver failed: the state is unknown.
                 with contextlib.suppress(BaseException):
                     await conn.invalidate()

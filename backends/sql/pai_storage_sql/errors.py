@@ -41,6 +41,7 @@ __all__ = [
     "Phase",
     "RetryableError",
     "driver_error",
+    "is_driver_exception",
     "is_driver_failure",
     "map_error",
     "mysql_code",
@@ -145,9 +146,27 @@ def _sqlite_code(exc: BaseException) -> int | None:
     return None
 
 
+def is_driver_exception(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised by SQLAlchemy, the driver or the connection."""
+    import sqlite3
+
+    from sqlalchemy.exc import SQLAlchemyError
+
+    return isinstance(
+        exc,
+        SQLAlchemyError
+        | sqlite3.Error
+        | OSError
+        | EOFError
+        | asyncio.IncompleteReadError
+        | asyncio.TimeoutError,
+    ) or type(exc).__module__.startswith(("asyncmy", "pymysql", "aiomysql"))
+
+
 def is_driver_failure(exc: BaseException) -> bool:
-    """Whether ``exc`` came from the driver or the connection (not from the store's rules)."""
-    return not isinstance(exc, ThreadStoreError) or isinstance(exc, _DriverMapped)
+    """Whether the connection that raised ``exc`` is suspect (a driver failure,
+    raw or mapped): it is then closed rather than reused."""
+    return isinstance(exc, _DriverMapped) or is_driver_exception(exc)
 
 
 def _is_connection_loss(exc: BaseException) -> bool:

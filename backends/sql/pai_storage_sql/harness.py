@@ -1,0 +1,141 @@
+"""Conformance provisioning for the SQL backend: every store in its own namespace.
+
+SQLite: a fresh database file per store, beside the file the URL names (or in
+a temporary directory), removed afterwards; ``sqlite:///:memory:`` gives each
+store its own in-memory database. MySQL/MariaDB: a fresh table prefix per
+store in the URL's database, its tables dropped afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from pai_storage_conformance.provision import TestHarness
+
+from pai_storage import Clock, ThreadStore, ThreadStoreUnavailableError
+from pai_storage.backend import StoreURL, make_url, redact
+
+from . import backend as sql_backend
+from .client import SqlClient
+from .store import SqlThreadStore
+
+__all__ = ["DEFAULT_TEST_URL", "SqlHarness"]
+
+DEFAULT_TEST_URL = "sqlite:///:memory:"
+"""Where the conformance harness puts stores when no URL is given."""
+
+
+class SqlHarness(TestHarness):
+    """Conformance stores, each in a fresh SQLite file or MySQL table prefix."""
+
+    def __init__(self, url: str | None = None) -> None:
+        self.url: StoreURL = make_url(url or DEFAULT_TEST_URL)
+        probe = SqlClient(self.url)
+        self.dialect = probe.dialect
+        self.memory = probe.memory
+        self._directory: str | None = None
+        self._server: str | None = None
+
+    @property
+    def components(self) -> frozenset[str]:  # type: ignore[override]
+        """Every component this installation ships."""
+        return sql_backend.components
+
+    async def start(self) -> None:
+        if self.dialect == "sqlite" and not self.memory:
+            self._directory = _scratch_directory(self.url.path[1:])
+        client = SqlClient.attached(self._url(), table_prefix=self._prefix())
+        try:
+            await client.ready()
+            self._server = client.server_version
+        except Exception as exc:
+            raise ThreadStoreUnavailableError(
+                f"cannot reach the database at {self.url} "
+                f"({type(exc).__name__}: {redact(str(exc), self.url)}); start the server or "
+                "pass --pai-url / PAI_TEST_SQL_URL"
+            ) from None
+        finally:
+            await client.release()
+            if self.dialect == "mysql":
+                await self._drop_prefix(client)
+
+    async def aclose(self) -> None:
+        if self._directory is not None:
+            shutil.rmtree(self._directory, ignore_errors=True)
+            self._directory = None
+
+    def describe(self) -> str:
+        return f"{self._server or '?'} at {self.url}"
+
+    def _url(self) -> StoreURL:
+        """A fresh database for one store (SQLite), or the server's database (MySQL)."""
+        if self.dialect == "sqlite" and self._directory is not None:
+            path = os.path.join(self._directory, f"{uuid.uuid4().hex[:16]}.db")
+            return make_url(f"sqlite:///{path}")
+        return self.url
+
+    def _prefix(self) -> str:
+        return f"t{uuid.uuid4().hex[:16]}"
+
+    @asynccontextmanager
+    async def _namespace(self) -> AsyncIterator[dict[str, Any]]:
+        url = self._url()
+        options: dict[str, Any] = {}
+        if self.dialect == "mysql":
+            options["table_prefix"] = self._prefix()
+        try:
+            yield {"url": url, **options}
+        finally:
+            if self.dialect == "mysql":
+                client = SqlClient(url, **options)
+                client.attach()
+                try:
+                    await self._drop_prefix(client)
+                finally:
+                    await client.release()
+            elif url.path and url is not self.url:
+                _remove_database(url.path[1:])
+
+    async def _drop_prefix(self, client: SqlClient) -> None:
+        engines = await client.ready()
+        async with engines.writer.begin() as conn:
+            await conn.run_sync(client.tables.metadata.drop_all)
+
+    @asynccontextmanager
+    async def store(self, clock: Clock | None = None) -> AsyncIterator[ThreadStore]:
+        async with self._namespace() as ns:
+            url = ns.pop("url")
+            async with SqlThreadStore(url, clock=clock, **ns) as store:
+                yield store
+
+    @asynccontextmanager
+    async def component(self, name: str, clock: Clock | None = None) -> AsyncIterator[Any]:
+        if name == "threads":
+            async with self.store(clock) as store:
+                yield store
+            return
+        async with self._namespace() as ns:
+            url = ns.pop("url")
+            opened = sql_backend.open_components(url, [name], clock=clock, **ns)[name]
+            async with opened:
+                yield opened
+
+
+def _scratch_directory(path: str) -> str:
+    """A new directory beside the database file ``path`` names, for the stores' files."""
+    parent = os.path.dirname(os.path.abspath(path))
+    os.makedirs(parent, exist_ok=True)
+    return tempfile.mkdtemp(prefix="pai-sql-", dir=parent)
+
+
+def _remove_database(path: str) -> None:
+    """Remove a SQLite database file and its WAL and shared-memory files."""
+    for suffix in ("", "-wal", "-shm"):
+        if os.path.exists(path + suffix):
+            os.remove(path + suffix)

@@ -1,0 +1,773 @@
+"""The SQL thread store: normalized tables, one transaction per commit.
+
+Commits and reads run the core's pipelines (:func:`~pai_storage.backend.run_commit`,
+:func:`~pai_storage.backend.run_read`); this module supplies their primitives
+over SQLAlchemy Core. A commit runs in one write transaction of the shared
+:class:`~pai_storage_sql.client.SqlClient` (SQLite: ``BEGIN IMMEDIATE`` on the
+writer connection, so the whole database is held; MySQL: the root row held
+with ``SELECT ... FOR UPDATE``), reads the clock after the hold, loads only
+the child rows the changes name, writes the net changes, and checks the
+relationship rules with bounded queries inside the same transaction. Reads
+with pages run in one snapshot, so the root and every page agree. Every page
+and list is a bounded index range scan on the ``(thread key, position)`` or
+``(scope, visibility, sort key, thread id)`` indexes of :mod:`.schema`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, cast
+
+from sqlalchemy import (
+    Select,
+    and_,
+    bindparam,
+    delete,
+    exists,
+    func,
+    insert,
+    literal,
+    or_,
+    select,
+    update,
+)
+from sqlalchemy.exc import IntegrityError
+
+from pai_storage import (
+    Clock,
+    CommittedResult,
+    CommitThreadInput,
+    ConflictResult,
+    CreateMutation,
+    ListThreadsInput,
+    Message,
+    Page,
+    QueuedItem,
+    ReadThreadInput,
+    RunRecord,
+    StoreInfo,
+    StoreURL,
+    StoreWarning,
+    ThreadReadResult,
+    ThreadRecord,
+    ThreadStore,
+    ThreadStoreInvariantError,
+    ThreadVersion,
+    WarningCallback,
+)
+from pai_storage.backend import (
+    FAMILIES,
+    ChildPagePlan,
+    CommitTransaction,
+    Entry,
+    FamilyName,
+    FamilySpec,
+    FamilyWrite,
+    HeldThread,
+    ListPlan,
+    MessageRef,
+    QueueRef,
+    ReadHead,
+    ReadSnapshot,
+    RelationshipContext,
+    RelationshipReader,
+    RunFacts,
+    RunRef,
+    ThreadConflict,
+    Window,
+    run_commit,
+    run_read,
+    timestamp_ms,
+)
+
+from .client import SqlClient
+from .codec import dec, dump, enc, parse, run_ref_fields
+from .schema import ORDER_BYTES, SCHEMA_VERSION, Tables, digest
+
+if TYPE_CHECKING:
+    from sqlalchemy import Table
+    from sqlalchemy.ext.asyncio import AsyncConnection
+
+__all__ = ["SqlThreadStore", "thread_key"]
+
+_ID_COLUMN: dict[FamilyName, str] = {
+    "messages": "message_id",
+    "runs": "run_id",
+    "queuedItems": "queue_item_id",
+}
+_NEXT_COLUMN: dict[FamilyName, str] = {
+    "messages": "messages_next",
+    "runs": "runs_next",
+    "queuedItems": "queued_next",
+}
+
+
+def thread_key(scope_key: str, thread_id: str) -> bytes:
+    """The 16-byte key of a thread: the digest of its scope key and thread id."""
+    scope = enc(scope_key)
+    return digest_bytes(len(scope).to_bytes(4, "big") + scope + enc(thread_id))
+
+
+def digest_bytes(data: bytes) -> bytes:
+    import hashlib
+
+    return hashlib.blake2b(data, digest_size=16).digest()
+
+
+def _opt_digest(text: str | None) -> bytes | None:
+    return None if text is None else digest(text)
+
+
+class _Conflict(Exception):
+    """Internal: the pipeline judged a conflict; the transaction is rolled back."""
+
+    def __init__(self, result: ConflictResult) -> None:
+        super().__init__("conflict")
+        self.result = result
+
+
+class SqlThreadStore(ThreadStore):
+    """Thread state in SQLite or MariaDB/MySQL (SQLAlchemy 2 Core, asyncio).
+
+    Parameters
+    ----------
+    url:
+        ``sqlite:///path/file.db``, ``sqlite:///:memory:``,
+        ``mysql://user:password@host:port/database`` or ``mariadb://...``
+        (see :class:`~pai_storage_sql.client.SqlClient`).
+    client:
+        The :class:`~pai_storage_sql.client.SqlClient` shared by the stores of
+        one ``connect()`` call (then no client option may be given).
+    table_prefix, busy_timeout, pool_size, connect_timeout, retry_attempts:
+        The client's options (see :class:`~pai_storage_sql.client.SqlClient`).
+    clock, on_warning, token_secret:
+        The common options of :class:`~pai_storage.ThreadStore` (checked
+        there); production uses the database's clock (SQLite: this process's
+        UTC clock).
+    """
+
+    backend_name = "sql"
+    token_prefix = "pai-sql"
+
+    def __init__(
+        self,
+        url: str | StoreURL | None = None,
+        *,
+        client: object = None,
+        table_prefix: str | None = None,
+        busy_timeout: float | None = None,
+        pool_size: int | None = None,
+        connect_timeout: float | None = None,
+        retry_attempts: int | None = None,
+        clock: Clock | None = None,
+        on_warning: WarningCallback | None = None,
+        token_secret: bytes | None = None,
+    ) -> None:
+        super().__init__(clock=clock, on_warning=on_warning, token_secret=token_secret)
+        self._client = SqlClient.attached(
+            url,
+            client,
+            table_prefix=table_prefix,
+            busy_timeout=busy_timeout,
+            pool_size=pool_size,
+            connect_timeout=connect_timeout,
+            retry_attempts=retry_attempts,
+        )
+        self.url = self._client.url
+        self.tables: Tables = self._client.tables
+        self._ord_bytes: int | None = None if self._client.dialect == "sqlite" else ORDER_BYTES
+
+    def __repr__(self) -> str:
+        return f"SqlThreadStore({str(self.url)!r}, table_prefix={self.tables.prefix!r})"
+
+    @property
+    def client(self) -> SqlClient:
+        """The shared client (engines, tables, transactions)."""
+        return self._client
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def _initialize(self) -> None:
+        await self._client.ready()
+
+    async def _close(self) -> None:
+        await self._client.release()
+
+    async def _info(self) -> StoreInfo:
+        return StoreInfo(
+            backend="sql",
+            server_version=self._client.server_version,
+            transactions=True,
+            details={
+                "url": str(self.url),
+                "dialect": self._client.dialect,
+                "table_prefix": self.tables.prefix,
+                "schema_version": str(SCHEMA_VERSION),
+            },
+        )
+
+    # ------------------------------------------------------------ reads
+
+    async def _read_thread(self, request: ReadThreadInput) -> ThreadReadResult:
+        plan = self.selections.plan_read(request)
+        paged = any(getattr(plan, spec.attr) is not None for spec in FAMILIES)
+        async with self._client.read(snapshot=paged) as conn:
+            snapshot = _Snapshot(conn, self, request.scope_key, request.thread_id)
+            return await run_read(snapshot, plan, clock_now=self.now())
+
+    # ------------------------------------------------------------ listing
+
+    async def _list_threads(self, request: ListThreadsInput) -> Page[ThreadRecord]:
+        plan = self.selections.plan_list(request)
+        async with self._client.read(snapshot=plan.include_hidden) as conn:
+            return await self._list(conn, plan)
+
+    def _ord(self, thread_id: bytes) -> bytes:
+        return thread_id if self._ord_bytes is None else thread_id[: self._ord_bytes]
+
+    def list_statement(self, plan: ListPlan, hidden: int, cursor: bool | None) -> Select[Any]:
+        """One visibility's bounded index range scan, in ``(sort_key, thread_ord)`` order.
+
+        Binds ``scope``, ``fetch`` and, with a cursor (``cursor`` is then
+        whether the cursor's id was cut to fit ``thread_ord``), ``cs`` (sort
+        key) and ``co`` (the cursor's thread id as ``thread_ord``).
+        """
+        t = self.tables.threads
+        where = [t.c.scope_h == bindparam("scope"), t.c.hidden == hidden]
+        if plan.agent is not None:
+            where.append(t.c.agent_h == bindparam("agent"))
+        if plan.parent_thread_id is not None:
+            where.append(t.c.parent_h == bindparam("parent"))
+        if plan.category is not None:
+            where.append(t.c.category_h == bindparam("category"))
+        if cursor is not None:
+            # Inclusive only when the cursor's id is longer than thread_ord keeps:
+            # then its whole tie is read and cut exactly by the full thread id.
+            after = (
+                t.c.thread_ord >= bindparam("co") if cursor else t.c.thread_ord > bindparam("co")
+            )
+            where.append(
+                or_(
+                    t.c.sort_key > bindparam("cs"),
+                    and_(t.c.sort_key == bindparam("cs"), after),
+                )
+            )
+        return (
+            select(t.c.sort_key, t.c.thread_ord, t.c.thread_id, t.c.doc)
+            .where(*where)
+            .order_by(t.c.sort_key, t.c.thread_ord)
+            .limit(bindparam("fetch"))
+        )
+
+    async def _list(self, conn: AsyncConnection, plan: ListPlan) -> Page[ThreadRecord]:
+        t = self.tables.threads
+        params: dict[str, Any] = {"scope": digest(plan.scope_key), "fetch": plan.fetch}
+        if plan.agent is not None:
+            params["agent"] = digest(plan.agent)
+        if plan.parent_thread_id is not None:
+            params["parent"] = digest(plan.parent_thread_id)
+        if plan.category is not None:
+            params["category"] = digest(plan.category)
+        cursor: tuple[int, bytes] | None = None
+        if plan.cursor is not None:
+            cursor = (-plan.cursor[0], enc(plan.cursor[1]))
+        visibilities = (0, 1) if plan.include_hidden else (0,)
+        found: list[ThreadRecord] = []
+        with self._client.errors("read"):
+            while True:
+                rows: list[tuple[int, bytes, str]] = []
+                for hidden in visibilities:
+                    args = dict(params)
+                    cut: bool | None = None
+                    if cursor is not None:
+                        args["cs"], args["co"] = cursor[0], self._ord(cursor[1])
+                        cut = len(args["co"]) < len(cursor[1])
+                        if cut:
+                            # The tie of the cut cursor id is read too: make room for it.
+                            tied = select(func.count()).where(
+                                t.c.scope_h == params["scope"],
+                                t.c.hidden == hidden,
+                                t.c.sort_key == cursor[0],
+                                t.c.thread_ord == args["co"],
+                            )
+                            args["fetch"] += int((await conn.execute(tied)).scalar_one())
+                    stmt = self.list_statement(plan, hidden, cut)
+                    got = (await conn.execute(stmt, args)).all()
+                    if (
+                        got
+                        and len(got) == args["fetch"]
+                        and len(got[-1].thread_ord) == self._ord_bytes
+                    ):
+                        # Ids longer than thread_ord tie on it: read the whole tie so
+                        # that the exact order (full thread id) is known.
+                        last = got[-1]
+                        tie = select(t.c.sort_key, t.c.thread_ord, t.c.thread_id, t.c.doc).where(
+                            t.c.scope_h == params["scope"],
+                            t.c.hidden == hidden,
+                            t.c.sort_key == last.sort_key,
+                            t.c.thread_ord == last.thread_ord,
+                        )
+                        more = (await conn.execute(tie)).all()
+                        got = [*got, *more]
+                    rows.extend((int(r.sort_key), bytes(r.thread_id), r.doc) for r in got)
+                unique = {(s, tid): doc for s, tid, doc in rows}
+                keyed = sorted(
+                    (k for k in unique if cursor is None or k > cursor),
+                    key=lambda k: k,
+                )[: plan.fetch]
+                for sort_key, thread_id in keyed:
+                    record = await self._list_record(
+                        plan.scope_key, sort_key, thread_id, unique[(sort_key, thread_id)]
+                    )
+                    if record is not None and plan.matches(record):
+                        found.append(record)
+                        if len(found) == plan.fetch:
+                            return plan.finish(found)
+                if len(keyed) < plan.fetch:
+                    return plan.finish(found)
+                # Some rows were skipped as invalid: continue after the last one seen.
+                cursor = keyed[-1]
+
+    async def _list_record(
+        self, scope_key: str, sort_key: int, thread_id: bytes, doc: str
+    ) -> ThreadRecord | None:
+        try:
+            tid: str | None = dec(thread_id)
+        except UnicodeDecodeError:
+            tid = None
+        try:
+            record = parse(ThreadRecord, doc)
+            if (
+                record.scope_key != scope_key
+                or record.thread_id != tid
+                or -timestamp_ms(record.updated_at) != sort_key
+            ):
+                raise ThreadStoreInvariantError("stored identity or order key does not match")
+        except ThreadStoreInvariantError as exc:
+            reason = str(exc).split(":", 1)[0][:200]
+            await self.warn(
+                StoreWarning(
+                    kind="invalid_thread_skipped",
+                    reason=f"stored thread root failed validation ({reason})",
+                    scope_key=scope_key,
+                    thread_id=tid,
+                )
+            )
+            return None
+        return record
+
+    # ------------------------------------------------------------ commits
+
+    async def _commit_thread(self, request: CommitThreadInput) -> CommittedResult | ConflictResult:
+        return await self._client.retrying(lambda: self._commit_once(request))
+
+    async def _commit_once(self, request: CommitThreadInput) -> CommittedResult | ConflictResult:
+        """One attempt: the write transaction, the core's commit pipeline, commit or roll back."""
+        try:
+            async with self._client.write() as conn:
+                tx = _Transaction(conn, self, request)
+                result = await run_commit(tx, request, clock=self.now)
+                if isinstance(result, ConflictResult):
+                    raise _Conflict(result)
+                return result
+        except _Conflict as conflict:
+            return conflict.result
+
+
+# ---------------------------------------------------------------- pipeline primitives
+
+
+class _ThreadRows:
+    """Queries over one thread's rows on one connection (shared by commits and reads)."""
+
+    def __init__(
+        self, conn: AsyncConnection, store: SqlThreadStore, scope_key: str, thread_id: str
+    ) -> None:
+        self._conn = conn
+        self._store = store
+        self._client = store.client
+        self._t = store.tables
+        self._scope_key = scope_key
+        self._thread_id = thread_id
+        self._key = thread_key(scope_key, thread_id)
+
+    def _table(self, family: FamilyName) -> Table:
+        t = self._t
+        return {"messages": t.messages, "runs": t.runs, "queuedItems": t.queued}[family]
+
+    def _parse_root(self, doc: str) -> ThreadRecord:
+        root = parse(ThreadRecord, doc)
+        if root.scope_key != self._scope_key or root.thread_id != self._thread_id:
+            raise ThreadStoreInvariantError(
+                "stored thread root does not match its key (scope_key/thread_id)"
+            )
+        return root
+
+    @staticmethod
+    def _positions(row: Any) -> dict[FamilyName, int]:
+        return {name: int(getattr(row, col)) for name, col in _NEXT_COLUMN.items()}
+
+    async def load_rows(self, spec: FamilySpec, ids: Sequence[str]) -> Mapping[str, Entry[Any]]:
+        if not ids:
+            return {}
+        table = self._table(spec.name)
+        id_col = table.c[_ID_COLUMN[spec.name]]
+        stmt = select(table.c.position, id_col.label("id"), table.c.doc).where(
+            table.c.tkey == self._key,
+            table.c.id_h.in_(bindparam("ids", expanding=True)),
+        )
+        rows = (await self._conn.execute(stmt, {"ids": [digest(i) for i in ids]})).all()
+        wanted = set(ids)
+        found: dict[str, Entry[Any]] = {}
+        for r in rows:
+            rid = dec(r.id)
+            if rid not in wanted:  # another id with the same digest
+                continue
+            record = parse(spec.model, r.doc)
+            if spec.record_id(record) != rid:
+                raise ThreadStoreInvariantError(
+                    f"stored {spec.noun} record does not match its id column"
+                )
+            found[rid] = Entry(int(r.position), record)
+        return found
+
+
+class _Transaction(_ThreadRows, CommitTransaction):
+    """The commit primitives inside the client's write transaction."""
+
+    def __init__(
+        self, conn: AsyncConnection, store: SqlThreadStore, request: CommitThreadInput
+    ) -> None:
+        super().__init__(conn, store, request.scope_key, request.thread_id)
+        self._mutation = request.mutation
+
+    async def hold(self) -> HeldThread:
+        t = self._t.threads
+        row: Any
+        if isinstance(self._mutation, CreateMutation):
+            # Nothing to lock yet: write_root inserts and a concurrent create's
+            # row makes the insert fail on the primary key.
+            row = (
+                await self._conn.execute(
+                    select(t.c.instance_id, t.c.revision).where(t.c.tkey == self._key)
+                )
+            ).first()
+            if row is not None:
+                raise ThreadConflict(_version(row))
+            return HeldThread(None)
+        row = (
+            await self._conn.execute(
+                select(t.c.messages_next, t.c.runs_next, t.c.queued_next, t.c.doc)
+                .where(t.c.tkey == self._key)
+                .with_for_update()
+            )
+        ).first()
+        if row is None:
+            return HeldThread(None)
+        return HeldThread(self._parse_root(row.doc), self._positions(row))
+
+    async def server_time(self) -> datetime:
+        return await self._client.server_time(self._conn)
+
+    async def write_root(
+        self, root: ThreadRecord, next_positions: Mapping[FamilyName, int], *, created: bool
+    ) -> None:
+        t = self._t.threads
+        values: dict[str, Any] = {
+            "revision": root.version.revision,
+            "hidden": 1 if root.list_visibility == "hidden" else 0,
+            "category_h": _opt_digest(root.category),
+            "sort_key": -timestamp_ms(root.updated_at),
+            "messages_next": next_positions["messages"],
+            "runs_next": next_positions["runs"],
+            "queued_next": next_positions["queuedItems"],
+            "doc": dump(root),
+        }
+        if not created:
+            await self._conn.execute(update(t).where(t.c.tkey == self._key).values(**values))
+            return
+        thread = enc(self._thread_id)
+        values.update(
+            tkey=self._key,
+            scope_h=digest(self._scope_key),
+            scope_key=enc(self._scope_key),
+            thread_id=thread,
+            thread_ord=self._store._ord(thread),
+            instance_id=root.version.thread_instance_id,
+            agent_h=digest(root.agent),
+            parent_h=_opt_digest(root.parent_thread_id),
+        )
+        try:
+            await self._conn.execute(insert(t).values(**values))
+        except IntegrityError:
+            # A concurrent create won the key (the insert waited for it to
+            # commit); a locking read sees the winner's version.
+            row = (
+                await self._conn.execute(
+                    select(t.c.instance_id, t.c.revision)
+                    .where(t.c.tkey == self._key)
+                    .with_for_update(read=True)
+                )
+            ).first()
+            raise ThreadConflict(_version(row) if row is not None else None) from None
+
+    async def write_family(self, spec: FamilySpec, write: FamilyWrite[Any]) -> Iterable[str]:
+        table = self._table(spec.name)
+        conn, key = self._conn, self._key
+        truncated: list[str] = []
+        if write.truncate_after is not None:
+            after = write.truncate_after
+            rows = (
+                await conn.execute(
+                    select(table.c.run_id).where(table.c.tkey == key, table.c.position > after)
+                )
+            ).all()
+            truncated = sorted({dec(r.run_id) for r in rows if r.run_id is not None})
+            await conn.execute(delete(table).where(table.c.tkey == key, table.c.position > after))
+        if write.deletes:
+            await conn.execute(
+                delete(table).where(
+                    table.c.tkey == key,
+                    table.c.id_h.in_(bindparam("ids", expanding=True)),
+                ),
+                {"ids": [digest(i) for i in write.deletes]},
+            )
+        if write.updates:
+            rows_ = [_row(spec, e) for e in write.updates.values()]
+            names = [c for c in rows_[0] if c not in ("position", "id_h")]
+            stmt = (
+                update(table)
+                .where(
+                    table.c.tkey == key,
+                    table.c.position == bindparam("b_position"),
+                    table.c.id_h == bindparam("b_id_h"),
+                )
+                .values({c: bindparam(f"b_{c}") for c in names})
+            )
+            await conn.execute(stmt, [{f"b_{c}": v for c, v in r.items()} for r in rows_])
+        if write.inserts:
+            rows_ = [{"tkey": key, **_row(spec, e)} for e in write.inserts]
+            await conn.execute(insert(table), rows_)
+        return truncated
+
+    async def delete_thread(self) -> None:
+        t = self._t
+        for table in (t.messages, t.runs, t.queued, t.threads):
+            await self._conn.execute(delete(table).where(table.c.tkey == self._key))
+
+    def relationship_reader(self, context: RelationshipContext) -> RelationshipReader:
+        return _Reader(self._conn, self._t, self._key)
+
+
+class _Snapshot(_ThreadRows, ReadSnapshot):
+    """The read primitives; the caller runs them in one read snapshot."""
+
+    async def head(self) -> ReadHead:
+        t = self._t.threads
+        cols = (t.c.doc, t.c.messages_next, t.c.runs_next, t.c.queued_next)
+        row: Any
+        if self._client.dialect == "sqlite":
+            now = datetime.now(UTC)
+            row = (await self._conn.execute(select(*cols).where(t.c.tkey == self._key))).first()
+            doc = row.doc if row is not None else None
+        else:
+            one = select(literal(1).label("one")).subquery()
+            stmt = select(func.utc_timestamp(6).label("now"), *cols).select_from(
+                one.outerjoin(t, t.c.tkey == self._key)
+            )
+            row = (await self._conn.execute(stmt)).one()
+            now = cast(datetime, row.now).replace(tzinfo=UTC)
+            doc = row.doc
+        if row is None or doc is None:
+            return ReadHead(now, None)
+        return ReadHead(now, self._parse_root(doc), self._positions(row))
+
+    async def anchor_positions(self, message_ids: Sequence[str]) -> Mapping[str, int]:
+        m = self._t.messages
+        stmt = select(m.c.message_id, m.c.position).where(
+            m.c.tkey == self._key, m.c.id_h.in_(bindparam("ids", expanding=True))
+        )
+        rows = (await self._conn.execute(stmt, {"ids": [digest(i) for i in message_ids]})).all()
+        wanted = set(message_ids)
+        out = {dec(r.message_id): int(r.position) for r in rows}
+        return {k: v for k, v in out.items() if k in wanted}
+
+    async def scan(
+        self, spec: FamilySpec, plan: ChildPagePlan, window: Window
+    ) -> Sequence[tuple[int, Any]]:
+        table = self._table(spec.name)
+        where = [
+            table.c.tkey == self._key,
+            table.c.position > window.lower,
+            table.c.position < window.upper,
+        ]
+        if spec.name == "messages" and plan.view in ("transcript", "context"):
+            where.append(table.c[plan.view].is_(True))
+        if spec.name == "queuedItems" and plan.run_id is not None:
+            where.append(table.c.run_h == digest(plan.run_id))
+        order = table.c.position.asc() if window.order == "oldest" else table.c.position.desc()
+        base = select(table.c.position, table.c.doc).order_by(order).limit(window.fetch)
+        statuses = sorted(plan.statuses) if plan.statuses is not None else []
+        if not statuses:
+            rows = (await self._conn.execute(base.where(*where))).all()
+            found = [(int(r.position), cast(str, r.doc)) for r in rows]
+        else:
+            # One bounded index range scan per status, merged here.
+            found = []
+            for status in statuses:
+                rows = (
+                    await self._conn.execute(base.where(*where, table.c.status == status))
+                ).all()
+                found.extend((int(r.position), cast(str, r.doc)) for r in rows)
+            found.sort(key=lambda item: item[0], reverse=window.order == "newest")
+            del found[window.fetch :]
+        return [(position, parse(spec.model, doc)) for position, doc in found]
+
+
+# ---------------------------------------------------------------- rows
+
+
+def _version(row: Any) -> ThreadVersion:
+    return ThreadVersion(thread_instance_id=row.instance_id, revision=int(row.revision))
+
+
+def _row(spec: FamilySpec, entry: Entry[Any]) -> dict[str, Any]:
+    """The columns of one child row (without the thread key)."""
+    rid = spec.record_id(entry.record)
+    row: dict[str, Any] = {"position": entry.position, "id_h": digest(rid)}
+    if spec.name == "messages":
+        m = cast(Message, entry.record)
+        row.update(
+            message_id=enc(rid),
+            run_h=_opt_digest(m.run_id),
+            run_id=None if m.run_id is None else enc(m.run_id),
+            relation=getattr(m.association, "relation", None),
+            transcript=m.visibility.transcript,
+            context=m.visibility.context,
+        )
+    elif spec.name == "runs":
+        row.update(run_id=enc(rid), status=cast(RunRecord, entry.record).status)
+    else:
+        q = cast(QueuedItem, entry.record)
+        row.update(queue_item_id=enc(rid), run_h=digest(q.run_id), run_id=enc(q.run_id))
+    row["doc"] = dump(entry.record)
+    return row
+
+
+# ---------------------------------------------------------------- relationships
+
+
+class _Reader:
+    """Post-commit relationship facts, queried inside the commit's transaction."""
+
+    def __init__(self, conn: AsyncConnection, tables: Tables, key: bytes) -> None:
+        self._conn = conn
+        self._t = tables
+        self._key = key
+
+    async def run_facts(self, run_ids: Iterable[str]) -> Mapping[str, RunFacts]:
+        ids = list(run_ids)
+        facts: dict[str, RunFacts] = {i: RunFacts(None, [], False, []) for i in ids}
+        if not ids:
+            return facts
+        hashes = {"ids": [digest(i) for i in ids]}
+        conn, key, t = self._conn, self._key, self._t
+        in_ids: Any = bindparam("ids", expanding=True)
+        runs: Sequence[Any] = (
+            await conn.execute(
+                select(t.runs.c.run_id, t.runs.c.doc).where(
+                    t.runs.c.tkey == key, t.runs.c.id_h.in_(in_ids)
+                ),
+                hashes,
+            )
+        ).all()
+        m = t.messages
+        messages: Sequence[Any] = (
+            await conn.execute(
+                select(m.c.run_id, m.c.position, m.c.message_id, m.c.relation)
+                .where(m.c.tkey == key, m.c.run_h.in_(bindparam("ids", expanding=True)))
+                .order_by(m.c.position),
+                hashes,
+            )
+        ).all()
+        q = t.queued
+        items: Sequence[Any] = (
+            await conn.execute(
+                select(q.c.run_id, q.c.queue_item_id, q.c.position)
+                .where(q.c.tkey == key, q.c.run_h.in_(bindparam("ids", expanding=True)))
+                .order_by(q.c.position),
+                hashes,
+            )
+        ).all()
+        for r in runs:
+            rid = dec(r.run_id)
+            if rid in facts:
+                status, admitted, queue_item, inputs = run_ref_fields(r.doc)
+                facts[rid].run = RunRef(rid, status, admitted, queue_item, inputs)
+        for r in messages:
+            rid = dec(r.run_id)
+            if rid in facts:
+                cast(list[MessageRef], facts[rid].messages).append(
+                    MessageRef(dec(r.message_id), int(r.position), rid, r.relation)
+                )
+        for r in items:
+            rid = dec(r.run_id)
+            if rid in facts:
+                cast(list[QueueRef], facts[rid].queued_items).append(
+                    QueueRef(dec(r.queue_item_id), rid)
+                )
+        # Positions are dense as written: a run whose span has no gap cannot
+        # hold a foreign message. Only spans with gaps need a look inside.
+        for rid, f in facts.items():
+            if not f.messages:
+                continue
+            lo, hi = f.messages[0].position, f.messages[-1].position
+            if hi - lo + 1 == len(f.messages):
+                continue
+            foreign = (
+                await conn.execute(
+                    select(
+                        exists().where(
+                            m.c.tkey == key,
+                            m.c.position > lo,
+                            m.c.position < hi,
+                            or_(m.c.run_h.is_(None), m.c.run_h != digest(rid)),
+                        )
+                    )
+                )
+            ).scalar()
+            if foreign:
+                f.foreign_inside = True
+        return facts
+
+    async def open_runs(self) -> Sequence[RunRef]:
+        r = self._t.runs
+        out = []
+        for status in ("running", "waiting"):
+            rows = (
+                await self._conn.execute(
+                    select(r.c.run_id, r.c.doc)
+                    .where(r.c.tkey == self._key, r.c.status == status)
+                    .limit(2)
+                )
+            ).all()
+            for row in rows:
+                st, admitted, queue_item, inputs = run_ref_fields(row.doc)
+                out.append(RunRef(dec(row.run_id), st, admitted, queue_item, inputs))
+        return out
+
+    async def tail(self) -> MessageRef | None:
+        m = self._t.messages
+        r = (
+            await self._conn.execute(
+                select(m.c.position, m.c.message_id, m.c.run_id, m.c.relation)
+                .where(m.c.tkey == self._key)
+                .order_by(m.c.position.desc())
+                .limit(1)
+            )
+        ).first()
+        if r is None:
+            return None
+        run_id = dec(r.run_id) if r.run_id is not None else None
+        return MessageRef(dec(r.message_id), int(r.position), run_id, r.relation)
