@@ -311,8 +311,9 @@ def _json_definitions() -> list[dict[str, Any]]:
     ``MAX_JSON_DEPTH`` nested containers (``jsonN`` is a value at depth N:
     the depth limit is part of the schema).
     """
+    # Tried left to right, most frequent kinds first: an integer is tried as
+    # one before it could be taken as a float.
     scalars: list[dict[str, Any]] = [
-        {"type": "str", "strict": True},
         {"type": "int", "strict": True, "ge": -INT64_MAX - 1, "le": INT64_MAX},
         {
             "type": "function-after",
@@ -324,10 +325,9 @@ def _json_definitions() -> list[dict[str, Any]]:
     ]
     definitions: list[dict[str, Any]] = []
     for depth in range(MAX_JSON_DEPTH + 1):
-        choices = list(scalars)
+        choices: list[dict[str, Any]] = [{"type": "str", "strict": True}]
         if depth < MAX_JSON_DEPTH:
             inner = {"type": "definition-ref", "schema_ref": f"json{depth + 1}"}
-            choices.append({"type": "list", "items_schema": inner, "strict": True})
             choices.append(
                 {
                     "type": "dict",
@@ -336,7 +336,11 @@ def _json_definitions() -> list[dict[str, Any]]:
                     "strict": True,
                 }
             )
-        definitions.append({"type": "union", "choices": choices, "ref": f"json{depth}"})
+            choices.append({"type": "list", "items_schema": inner, "strict": True})
+        choices.extend(scalars)
+        definitions.append(
+            {"type": "union", "choices": choices, "mode": "left_to_right", "ref": f"json{depth}"}
+        )
     return definitions
 
 
@@ -347,6 +351,15 @@ _JSON_OBJECT = {
     "values_schema": {"type": "definition-ref", "schema_ref": "json1"},
     "strict": True,
 }
+
+STRICT_JSON_TEXT = SchemaValidator(
+    {"type": "definitions", "schema": _JSON_VALUE, "definitions": _json_definitions()}
+)
+"""Decodes JSON text (``validate_json``) only when it holds nothing but strict JSON.
+
+A ``ValueError`` otherwise, and also for a float beyond 2**63 (or -2**63): callers
+fall back to :func:`~pai_storage.strict_json.check_json` for those.
+"""
 
 
 def _stored_timestamp(value: Any) -> datetime:

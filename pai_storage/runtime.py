@@ -28,7 +28,6 @@ page-token codec bound to the backend's ``token_prefix``.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any, Literal, overload
@@ -37,8 +36,8 @@ from .clock import Clock
 from .errors import ConfigurationError, InvalidInputError, PageTokenError
 from .events import WarningCallback
 from .lifecycle import ManagedStore
+from .models import STRICT_JSON_TEXT
 from .strict_json import (
-    MAX_JSON_DEPTH,
     MAX_JSON_NODES,
     check_json,
     is_valid_text,
@@ -186,30 +185,22 @@ def _reject_constant(name: str) -> Any:
 
 
 _DECODER = json.JSONDecoder(parse_constant=_reject_constant)
-# What could decode to something that is not strict JSON: a lone surrogate
-# (raw or escaped), a run of 19+ digits (an integer beyond 64 bits, or a float
-# written out in full), a 3-digit exponent (infinity, or an underflow to -0.0)
-# and a negative zero ("-0." / "-0e"). Text with none of these, fewer brackets
-# than MAX_JSON_DEPTH and fewer characters than MAX_JSON_NODES decodes only to
-# strict JSON.
-_SUSPECT = re.compile(r"[\ud800-\udfff]|\\u[dD][89a-fA-F]|\d{19}|[eE][+-]?\d{3}|-0[.eE]")
 
 
 def parse_json_text(text: str) -> Any:
     """Decode stored canonical JSON text; raises ``ValueError`` when it is not strict JSON.
 
-    The result is a fresh value, owned by the caller. Text that cannot hold
-    anything but strict JSON (see ``_SUSPECT``) needs no second look; anything
-    else is walked by the full strict-JSON check.
+    The result is a fresh value, owned by the caller. pydantic-core decodes
+    and checks the text in one pass (:data:`~pai_storage.models.STRICT_JSON_TEXT`);
+    whatever it refuses is decoded again and walked by the full strict-JSON
+    check, which decides (and names the problem).
     """
-    value = _DECODER.decode(text)
-    if (
-        len(text) < MAX_JSON_NODES
-        and text.count("[") + text.count("{") < MAX_JSON_DEPTH
-        and _SUSPECT.search(text) is None
-    ):
-        return value
-    return check_json(value)
+    if len(text) < MAX_JSON_NODES:  # fewer characters than values cannot exceed the limit
+        try:
+            return STRICT_JSON_TEXT.validate_json(text)
+        except ValueError:
+            pass
+    return check_json(_DECODER.decode(text))
 
 
 class RuntimeStore(ManagedStore):
