@@ -27,6 +27,7 @@ from typing import Any
 from . import builders
 from .aggregate import ThreadAggregate
 from .bundle import (
+    ScopeErasure,
     Stores,
     connect,
     open_guard,
@@ -78,6 +79,7 @@ __all__ = [
     "LockInfo",
     "LostCallback",
     "PrunedThread",
+    "ScopeErasure",
     "Snapshot",
     "SnapshotInfo",
     "SnapshotStore",

@@ -22,10 +22,11 @@ locks) and never a client the caller passed in. See ``docs/bundle.md``.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Self
 
-from .errors import ConfigurationError
+from .errors import ConfigurationError, InvalidInputError
 from .lifecycle import ManagedStore
 from .registry import backend_for_url
 from .url import StoreURL
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
 __all__ = [
     "COMMON_OPTIONS",
     "COMPONENTS",
+    "ScopeErasure",
     "Stores",
     "connect",
     "open_guard",
@@ -53,6 +55,19 @@ COMPONENTS: Final = ("threads", "kv", "state", "snapshots", "guard")
 
 COMMON_OPTIONS: Final = frozenset({"clock", "on_warning", "token_secret"})
 """Options every component of every backend accepts; ``connect`` passes them to each URL."""
+
+
+_ERASE_PAGE = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class ScopeErasure:
+    """What :meth:`Stores.erase_scope` deleted (this call; a resumed call counts the rest)."""
+
+    threads: int = 0
+    kv_items: int = 0
+    sessions: int = 0
+    snapshots: int = 0
 
 
 class Stores:
@@ -109,6 +124,62 @@ class Stores:
     def __repr__(self) -> str:
         parts = ", ".join(f"{c}={self._backends[c]}" for c in COMPONENTS if c in self._stores)
         return f"Stores({parts})"
+
+    async def erase_scope(self, scope_key: str) -> ScopeErasure:
+        """Erase everything this bundle keeps for one tenant, ``scope_key``.
+
+        - threads: every thread of the scope (:meth:`ThreadStore.erase_scope
+          <pai_storage.ThreadStore.erase_scope>`);
+        - key-value store: every item whose namespace begins with
+          ``(scope_key,)``;
+        - agent state: every session of the user ``scope_key``;
+        - snapshots: every snapshot of the scope ``scope_key``.
+
+        Components the bundle does not hold are left out. Each store is
+        erased through its public operations, one keyset page at a time, so
+        an interrupted erasure is finished by calling it again. A scope key
+        that is not a valid runtime-store name (it holds U+0000 or U+001F)
+        cannot key runtime data, so only threads are erased for it.
+        """
+        from .runtime import check_name
+
+        threads = kv_items = sessions = snapshots = 0
+        if "threads" in self._stores:
+            threads = await self.threads.erase_scope(scope_key)
+        try:
+            name = check_name("scope_key", scope_key)
+        except InvalidInputError:
+            if "threads" in self._stores:
+                return ScopeErasure(threads=threads)
+            raise
+        if "kv" in self._stores:
+            kv, token = self.kv, None
+            while True:
+                items = await kv.search((name,), limit=_ERASE_PAGE, page_token=token)
+                for item in items.items:
+                    kv_items += await kv.delete(item.namespace, item.key)
+                token = items.next_page_token
+                if token is None:
+                    break
+        if "state" in self._stores:
+            state, token = self.state, None
+            while True:
+                ids = await state.list_session_ids(name, limit=_ERASE_PAGE, page_token=token)
+                for session_id in ids.items:
+                    sessions += await state.delete(name, session_id)
+                token = ids.next_page_token
+                if token is None:
+                    break
+        if "snapshots" in self._stores:
+            store, token = self.snapshots, None
+            while True:
+                infos = await store.list(name, limit=_ERASE_PAGE, page_token=token)
+                for info in infos.items:
+                    snapshots += await store.delete(name, info.snapshot_id)
+                token = infos.next_page_token
+                if token is None:
+                    break
+        return ScopeErasure(threads, kv_items, sessions, snapshots)
 
     async def initialize(self) -> None:
         """Initialize every component (each is also initialized lazily on first use)."""

@@ -1,10 +1,13 @@
-"""The ``pai-storage`` command line: ``demo``, ``check``, ``bench``.
+"""The ``pai-storage`` command line: demo, check, bench, copy, export and import.
 
 ::
 
     pai-storage demo [URL]          play the worked example of one turn (default memory://)
     pai-storage check URL           initialize a store and describe the backend
     pai-storage bench URL [...]     run the benchmark (pai_storage.benchmark)
+    pai-storage copy SRC DST        copy every thread (or --scope S) to another store, verified
+    pai-storage export URL          write the threads as JSON Lines (docs/lifecycle.md)
+    pai-storage import URL FILE     restore threads from an export
     pai-storage --version
 
 Every command exits 0 on success and 1 on a :class:`ThreadStoreError`, whose
@@ -20,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
+import importlib.util
 import json
 import re
 import sys
@@ -629,6 +633,136 @@ def _cmd_bench(extra: Sequence[str]) -> int:
     return status
 
 
+# ---------------------------------------------------------------- copy, export, import
+
+
+class _Progress:
+    """A progress bar on stderr: rich's or tqdm's when installed, else a plain line."""
+
+    def __init__(self, label: str, stream: TextIO) -> None:
+        self.label = label
+        self.stream = stream
+        self.total = 0
+        self.done = 0
+        self._bar: Any = None
+        self._rich: Any = None
+
+    def start(self, total: int) -> None:
+        self.total = total
+        interactive = hasattr(self.stream, "isatty") and self.stream.isatty()
+        if interactive and importlib.util.find_spec("rich") is not None:
+            progress = importlib.import_module("rich.progress")
+            console = importlib.import_module("rich.console").Console(file=self.stream)
+            self._rich = progress.Progress(console=console)
+            self._rich.start()
+            self._bar = self._rich.add_task(self.label, total=total)
+        elif interactive and importlib.util.find_spec("tqdm") is not None:
+            tqdm = importlib.import_module("tqdm").tqdm
+            self._bar = tqdm(total=total, desc=self.label, file=self.stream, unit="thread")
+
+    def advance(self, _key: object = None) -> None:
+        self.done += 1
+        if self._rich is not None:
+            self._rich.update(self._bar, advance=1)
+        elif self._bar is not None:
+            self._bar.update(1)
+        elif self.done == self.total or self.done % 100 == 0:
+            print(f"{self.label}: {self.done}/{self.total} threads", file=self.stream)
+
+    def close(self) -> None:
+        if self._rich is not None:
+            self._rich.stop()
+        elif self._bar is not None:
+            self._bar.close()
+
+
+def _open_threads(url: str) -> ThreadStore:
+    backend, parsed = backend_for_url(url)
+    return backend.open(parsed)
+
+
+async def _run_copy(args: argparse.Namespace) -> int:
+    from .transfer import copy_threads
+
+    if args.all:
+        raise ThreadStoreConfigurationError(
+            "--all (the runtime stores) is not available yet: the key-value, agent-state and "
+            "snapshot stores have no enumeration of every tenant to copy from"
+        )
+    progress = _Progress("copy", sys.stderr)
+    async with _open_threads(args.source) as source, _open_threads(args.target) as target:
+        try:
+            report = await copy_threads(
+                source,
+                target,
+                args.scope,
+                verify=not args.no_verify,
+                on_total=progress.start,
+                on_thread=progress.advance,
+            )
+        finally:
+            progress.close()
+    print(
+        f"copied {len(report.copied)} thread(s), {len(report.present)} already present, "
+        f"{report.verified} verified, {len(report.mismatched)} mismatched"
+    )
+    for scope_key, thread_id in report.mismatched:
+        print(f"mismatch: scope {scope_key!r} thread {thread_id!r}", file=sys.stderr)
+    return EXIT_OK if report.ok else EXIT_ERROR
+
+
+async def _run_export(args: argparse.Namespace, stream: TextIO) -> int:
+    count = 0
+    async with _open_threads(args.url) as store:
+        async for line in store.export_threads(args.scope):
+            stream.write(line)
+            count += line.startswith('{"kind":"thread"')
+    print(f"exported {count} thread(s)", file=sys.stderr)
+    return EXIT_OK
+
+
+async def _run_import(args: argparse.Namespace, stream: TextIO) -> int:
+    async with _open_threads(args.url) as store:
+        if args.fail_on_existing:
+            report = await store.import_threads(stream, on_conflict="fail")
+        else:
+            report = await store.import_threads(stream, on_conflict="skip")
+    print(f"imported {len(report.imported)} thread(s), skipped {len(report.skipped)} existing")
+    return EXIT_OK
+
+
+def _cmd_transfer(args: argparse.Namespace) -> int:
+    urls = [getattr(args, name, None) for name in ("url", "source", "target")]
+    maskers = [_password_masker(u) for u in urls if u]
+
+    def mask(text: str) -> str:
+        for one in maskers:
+            text = one(text)
+        return text
+
+    try:
+        if args.command == "copy":
+            return asyncio.run(_run_copy(args))
+        if args.command == "export":
+            if args.output in (None, "-"):
+                return asyncio.run(_run_export(args, sys.stdout))
+            with open(args.output, "w", encoding="utf-8", newline="") as out:
+                return asyncio.run(_run_export(args, out))
+        if args.file == "-":
+            return asyncio.run(_run_import(args, sys.stdin))
+        with open(args.file, encoding="utf-8", newline="") as source:
+            return asyncio.run(_run_import(args, source))
+    except StorageError as exc:
+        _error(f"{type(exc).__name__}: {exc}", mask)
+        return EXIT_ERROR
+    except OSError as exc:
+        _error(f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc), mask)
+        return EXIT_ERROR
+    except UnicodeDecodeError as exc:
+        _error(f"{args.file}: not UTF-8 text ({exc.reason})", mask)
+        return EXIT_ERROR
+
+
 # ---------------------------------------------------------------- entry point
 
 
@@ -676,6 +810,48 @@ def _parser() -> argparse.ArgumentParser:
     )
     check.add_argument("url", metavar="URL", help="store URL, e.g. postgresql://user@host/db")
 
+    copy = sub.add_parser(
+        "copy",
+        help="copy threads from one store to another, resumably, and verify them",
+        description=(
+            "Copy every thread (or those of --scope) from SRC_URL to DST_URL exactly "
+            "(versions, timestamps, positions). Threads already in the target with the same "
+            "content are skipped, so an interrupted copy resumes; afterwards each thread's "
+            "digest is compared on both sides. Exits 1 when any thread differs."
+        ),
+    )
+    copy.add_argument("source", metavar="SRC_URL", help="store to copy from")
+    copy.add_argument("target", metavar="DST_URL", help="store to copy to")
+    copy.add_argument("--scope", metavar="S", default=None, help="copy only this scope")
+    copy.add_argument("--all", action="store_true", help="also copy the runtime stores")
+    copy.add_argument("--no-verify", action="store_true", help="skip the digest comparison")
+
+    export = sub.add_parser(
+        "export",
+        help="write threads as versioned JSON Lines",
+        description="Write every thread (or those of --scope) in the format of docs/lifecycle.md.",
+    )
+    export.add_argument("url", metavar="URL", help="store URL")
+    export.add_argument("--scope", metavar="S", default=None, help="export only this scope")
+    export.add_argument(
+        "-o", "--output", metavar="FILE", default=None, help="write to FILE (default stdout)"
+    )
+
+    imp = sub.add_parser(
+        "import",
+        help="restore threads from an export",
+        description=(
+            "Restore every thread of FILE ('-': stdin) exactly. Each thread is written whole or "
+            "not at all; existing threads are skipped (or, with --fail-on-existing, stop the "
+            "import). A corrupt line stops it with its line number."
+        ),
+    )
+    imp.add_argument("url", metavar="URL", help="store URL")
+    imp.add_argument("file", metavar="FILE", help="an export file, or '-' for stdin")
+    imp.add_argument(
+        "--fail-on-existing", action="store_true", help="stop at a thread that exists already"
+    )
+
     # The benchmark's options belong to pai_storage.benchmark, imported only when used.
     sub.add_parser(
         "bench",
@@ -696,6 +872,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         if args.command == "demo":
             return _cmd_demo(args)
+        if args.command in ("copy", "export", "import"):
+            return _cmd_transfer(args)
         return _cmd_check(args)
     except KeyboardInterrupt:
         print("pai-storage: interrupted", file=sys.stderr)

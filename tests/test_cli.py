@@ -220,3 +220,150 @@ def test_bench_is_wired_to_the_benchmark_module(
     assert len(seen) == 1
     args = seen[0]
     assert (args.url, args.threads, args.messages, args.writers) == ("memory://", 3, 100, 2)
+
+
+# ---------------------------------------------------------------- copy, export, import
+
+
+class _NamedMemory(Backend):
+    """memory stores that share their threads by URL host (``cli-test-mem://a``), so
+    that one command can read what an earlier one wrote."""
+
+    name = "cli-test-mem"
+    url_schemes = ("cli-test-mem",)
+
+    def __init__(self) -> None:
+        self.stores: dict[str, Any] = {}
+
+    def _open(self, url: StoreURL, **options: Any) -> ThreadStore:
+        from pai_storage_memory import MemoryThreadStore
+
+        store = MemoryThreadStore(**options)
+        shared = self.stores.setdefault(url.host or "", store)
+        # The new store (closed by the command) uses the shared one's contents.
+        store._scopes = shared._scopes
+        store._updates = shared._updates
+        store._lock = shared._lock
+        return store
+
+    def test_harness(self, url: str | None = None) -> TestHarness:
+        raise NotImplementedError
+
+
+@pytest.fixture
+def named_memory() -> Iterator[_NamedMemory]:
+    backend = _NamedMemory()
+    pai_storage.register_backend(backend)
+    try:
+        yield backend
+    finally:
+        pai_storage.unregister_backend(backend.name)
+
+
+async def _fill(url: str, scopes: dict[str, int], turns: int = 2) -> None:
+    from pai_storage_conformance.suite.lifecycle import build_conversation
+
+    async with pai_storage.open_store(url) as store:
+        for scope, count in scopes.items():
+            for i in range(count):
+                await build_conversation(store, None, scope, f"t{i}", turns=turns)
+
+
+async def _digests(url: str, scope: str, count: int) -> list[str | None]:
+    async with pai_storage.open_store(url) as store:
+        return [await store.thread_digest(scope, f"t{i}") for i in range(count)]
+
+
+def test_copy_every_scope_then_resume_and_verify(
+    named_memory: _NamedMemory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import asyncio
+
+    asyncio.run(_fill("cli-test-mem://src", {"a": 3, "b\x00/$": 2}))
+    assert main(["copy", "cli-test-mem://src", "cli-test-mem://dst"]) == 0
+    captured = capsys.readouterr()
+    assert "copied 5 thread(s), 0 already present, 5 verified, 0 mismatched" in captured.out
+    assert "copy: 5/5 threads" in captured.err  # the plain progress line
+    for scope, count in {"a": 3, "b\x00/$": 2}.items():
+        source = asyncio.run(_digests("cli-test-mem://src", scope, count))
+        assert None not in source
+        assert asyncio.run(_digests("cli-test-mem://dst", scope, count)) == source
+    # Run again: everything is there already, with the same content.
+    assert main(["copy", "cli-test-mem://src", "cli-test-mem://dst"]) == 0
+    assert "copied 0 thread(s), 5 already present, 5 verified" in capsys.readouterr().out
+
+
+def test_copy_one_scope_and_report_a_thread_that_differs(
+    named_memory: _NamedMemory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import asyncio
+
+    asyncio.run(_fill("cli-test-mem://src", {"a": 2, "b": 1}))
+    asyncio.run(_fill("cli-test-mem://dst", {"a": 1}, turns=1))  # a/t0 exists, other content
+    assert main(["copy", "cli-test-mem://src", "cli-test-mem://dst", "--scope", "a"]) == 1
+    captured = capsys.readouterr()
+    assert "copied 1 thread(s), 0 already present, 1 verified, 1 mismatched" in captured.out
+    assert "mismatch: scope 'a' thread 't0'" in captured.err
+    assert asyncio.run(_digests("cli-test-mem://dst", "b", 1)) == [None]
+
+
+def test_copy_all_is_refused_plainly(
+    named_memory: _NamedMemory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["copy", "cli-test-mem://src", "cli-test-mem://dst", "--all"]) == 1
+    assert "--all" in capsys.readouterr().err
+
+
+def test_export_to_a_file_then_import(
+    named_memory: _NamedMemory, capsys: pytest.CaptureFixture[str], tmp_path: Any
+) -> None:
+    import asyncio
+    import json
+
+    asyncio.run(_fill("cli-test-mem://src", {"a": 2, "b": 1}))
+    path = tmp_path / "threads.jsonl"
+    assert main(["export", "cli-test-mem://src", "--scope", "a", "-o", str(path)]) == 0
+    assert "exported 2 thread(s)" in capsys.readouterr().err
+    lines = path.read_text(encoding="utf-8").splitlines()
+    assert json.loads(lines[0]) == {"format": "pai-storage.threads", "version": 1}
+    assert main(["import", "cli-test-mem://dst", str(path)]) == 0
+    assert "imported 2 thread(s), skipped 0 existing" in capsys.readouterr().out
+    source = asyncio.run(_digests("cli-test-mem://src", "a", 2))
+    assert asyncio.run(_digests("cli-test-mem://dst", "a", 2)) == source
+    assert main(["import", "cli-test-mem://dst", str(path)]) == 0
+    assert "imported 0 thread(s), skipped 2 existing" in capsys.readouterr().out
+    assert main(["import", "cli-test-mem://dst", str(path), "--fail-on-existing"]) == 1
+    assert "ThreadExistsError: line 2" in capsys.readouterr().err
+
+
+def test_export_to_stdout_of_every_scope(
+    named_memory: _NamedMemory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import asyncio
+    import json
+
+    asyncio.run(_fill("cli-test-mem://src", {"a": 1, "b": 1}, turns=1))
+    assert main(["export", "cli-test-mem://src"]) == 0
+    out = capsys.readouterr().out
+    roots = [json.loads(line)["thread"] for line in out.splitlines() if '"kind":"thread"' in line]
+    assert sorted((r["scopeKey"], r["threadId"]) for r in roots) == [("a", "t0"), ("b", "t0")]
+
+
+def test_import_of_a_corrupt_file_names_the_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Any
+) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"format":"pai-storage.threads","version":1}\n{"kind":"thread"\n')
+    assert main(["import", "memory://", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert "ThreadStoreInvariantError: line 2: not JSON" in err
+    assert "Traceback" not in err
+    assert main(["import", "memory://", str(tmp_path / "missing.jsonl")]) == 1
+    assert "missing.jsonl" in capsys.readouterr().err
+
+
+def test_copy_never_prints_the_password(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["copy", "memory://", "nosuch://user:s3cret@host/db"]) == 1
+    err = capsys.readouterr().err
+    assert "s3cret" not in err
+    assert "pai-storage: error:" in err
