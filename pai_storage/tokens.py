@@ -27,6 +27,7 @@ import hmac
 import json
 import re
 from collections.abc import Callable
+from functools import lru_cache
 from typing import Any
 
 from .errors import ThreadStoreConfigurationError, ThreadStorePageTokenError
@@ -49,12 +50,20 @@ def _unb64(text: str) -> bytes:
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
+_ENCODE = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode
+
+
 def _canonical(value: Any) -> bytes:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+    return _ENCODE(value).encode()
 
 
+@lru_cache(maxsize=4096)
 def default_scope_digest(scope_key: str) -> str:
-    """SHA-256 of the JSON-encoded scope key, base64url, 128 bits."""
+    """SHA-256 of the JSON-encoded scope key, base64url, 128 bits.
+
+    Remembered for the most recently used scope keys: a page read digests its
+    scope once per token.
+    """
     return _b64(hashlib.sha256(_canonical(scope_key)).digest()[:16])
 
 
@@ -109,7 +118,7 @@ class PageTokenCodec:
         self._key = secret if secret is not None else hashlib.sha256(prefix.encode()).digest()
 
     def _mac(self, body: str) -> str:
-        digest = hmac.new(self._key, f"{self.prefix}.{body}".encode(), hashlib.sha256).digest()
+        digest = hmac.digest(self._key, f"{self.prefix}.{body}".encode(), "sha256")
         return _b64(digest[:16])
 
     def encode(self, kind: str, scope_key: str, query: str, position: dict[str, Any]) -> str:
