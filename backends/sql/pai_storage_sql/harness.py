@@ -54,6 +54,8 @@ class SqlHarness(TestHarness):
         try:
             await client.ready()
             self._server = client.server_version
+            if self.dialect == "mysql":
+                await self._drop_prefix(client)
         except Exception as exc:
             raise ThreadStoreUnavailableError(
                 f"cannot reach the database at {self.url} "
@@ -62,8 +64,6 @@ class SqlHarness(TestHarness):
             ) from None
         finally:
             await client.release()
-            if self.dialect == "mysql":
-                await self._drop_prefix(client)
 
     async def aclose(self) -> None:
         if self._directory is not None:
