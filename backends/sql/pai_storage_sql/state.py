@@ -1,0 +1,444 @@
+"""The SQL agent-state store: sessions, states and list items as rows.
+
+Three tables (``docs/sql.md``, "Runtime stores"): ``<state>`` has one row per
+session with an auto-increment ``id``, its ordered key ``user || 0x00 ||
+session`` (split into an indexed head and a hashed tail like the key-value
+sort key) and ``expires_at``; ``<state>_values`` one row per state key (found
+by the SHA-256 of the key) with its kind and either the value's canonical
+JSON and version or the list's length and content hash; ``<state>_items`` one
+row per list item, keyed ``(value_id, position)``. An append inserts only the
+new item rows and moves the list head; a rewrite deletes and re-inserts.
+
+Every write is one transaction that first takes the session row: an insert
+that leaves an existing row as it is (SQLite ``ON CONFLICT DO NOTHING``;
+MariaDB/MySQL ``ON DUPLICATE KEY UPDATE``, which locks the row), then a
+locking read of it. Writes to one session therefore run one at a time; a
+write to an expired session first clears its states (a new, empty session).
+The write itself is then one conditional statement (``UPDATE ... WHERE
+version = n``, ``... WHERE length = n AND hash = h``, or an ``INSERT`` of an
+absent key); when its condition fails the transaction is rolled back, so a
+failed condition changes nothing, the session's expiry included. Reads filter
+on the session's ``expires_at`` against the same clock, so expiry is exact.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from sqlalchemy import ColumnElement, and_, delete, exists, insert, or_, select, update
+from sqlalchemy.dialects import mysql, sqlite
+
+from pai_storage import Clock, InvalidInputError, StoreURL, WarningCallback
+from pai_storage.backend import AgentStateStore, ListHead, ListWrite, SessionKey
+from pai_storage.runtime import DEFAULT_MAX_VALUE_BYTES, parse_json_text
+from pai_storage.state import DEFAULT_SESSION_TTL, StoredKind, VersionedState
+
+from .runtime_support import PURGE_BATCH, RuntimeDb, escaped_size, ordered_scan
+from .runtime_tables import digest, join_key, split_key
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
+
+__all__ = ["MAX_VALUE_BYTES", "SqlAgentStateStore"]
+
+MAX_VALUE_BYTES = 256 * 1024 * 1024
+"""The largest ``max_value_bytes`` of this backend: 256 MiB (on MariaDB/MySQL a
+value must also fit the server's ``max_allowed_packet``)."""
+
+
+def _session_key(session: SessionKey) -> bytes:
+    return session.user.encode() + b"\x00" + session.session.encode()
+
+
+class SqlAgentStateStore(AgentStateStore):
+    """Agent state in SQLite or MariaDB/MySQL (SQLAlchemy Core), on a shared :class:`SqlClient`.
+
+    Parameters
+    ----------
+    url:
+        ``sqlite:///file.db`` or ``mysql://user@host/db`` (not needed with ``client=``).
+    client:
+        The :class:`~pai_storage_sql.client.SqlClient` shared by the stores of
+        one ``connect()`` call.
+    table_prefix, busy_timeout, pool_size, connect_timeout, retry_attempts:
+        The client's options (not with a shared ``client``).
+    clock, on_warning, token_secret, session_ttl, max_value_bytes:
+        The options of :class:`~pai_storage.AgentStateStore`; ``max_value_bytes``
+        is at most 256 MiB here.
+    """
+
+    backend_name = "sql"
+    token_prefix = "pai-sql"
+    value_bytes_limit: ClassVar[int | None] = MAX_VALUE_BYTES
+
+    def __init__(
+        self,
+        url: str | StoreURL | None = None,
+        *,
+        client: object = None,
+        clock: Clock | None = None,
+        on_warning: WarningCallback | None = None,
+        token_secret: bytes | None = None,
+        session_ttl: timedelta | None = DEFAULT_SESSION_TTL,
+        max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
+        **client_options: Any,
+    ) -> None:
+        super().__init__(
+            clock=clock,
+            on_warning=on_warning,
+            token_secret=token_secret,
+            session_ttl=session_ttl,
+            max_value_bytes=max_value_bytes,
+        )
+        self._db = RuntimeDb(url, client, client_options)
+        self.url = self._db.url
+        tables = self._db.tables
+        self.sessions = tables.state_sessions
+        self.values = tables.state_values
+        self.items = tables.state_items
+
+    def __repr__(self) -> str:
+        return f"SqlAgentStateStore({str(self.url)!r}, table={self.sessions.name!r})"
+
+    async def _initialize(self) -> None:
+        await self._db.ready()
+
+    async def _close(self) -> None:
+        await self._db.release()
+
+    # ------------------------------------------------------------ statements
+
+    def _session_where(self, session: SessionKey) -> ColumnElement[bool]:
+        head, _, tail_hash = split_key(_session_key(session), self._db.head_bytes)
+        s = self.sessions
+        return and_(s.c.sk_head == head, s.c.sk_tail_hash == tail_hash)
+
+    def _live(self, now: datetime) -> ColumnElement[bool]:
+        s = self.sessions
+        return or_(s.c.expires_at.is_(None), s.c.expires_at > now)
+
+    def _check_packet(self, texts: tuple[str, ...] | list[str]) -> None:
+        room = self._db.packet_room()
+        if room is None:
+            return
+        for text in texts:
+            size = escaped_size(text.encode())
+            if size > room:
+                raise InvalidInputError(
+                    f"a value of {len(text.encode()):,} bytes of JSON would exceed this "
+                    f"MariaDB/MySQL server's max_allowed_packet of {self._db.max_packet:,} "
+                    "bytes; raise max_allowed_packet on the server or store smaller values"
+                )
+
+    async def _touch(self, conn: AsyncConnection, session: SessionKey, now: datetime) -> int:
+        """Take the session row (creating it), clear it if it had expired, refresh its
+        expiry; return its id. Later writes of the session wait for this transaction."""
+        s = self.sessions
+        head, tail, tail_hash = split_key(_session_key(session), self._db.head_bytes)
+        expires = self.session_expiry(now)
+        row = {"sk_head": head, "sk_tail_hash": tail_hash, "sk_tail": tail, "expires_at": expires}
+        if self._db.mysql:
+            ins = mysql.insert(s).values(row)
+            await conn.execute(ins.on_duplicate_key_update(id=s.c.id))
+        else:
+            await conn.execute(sqlite.insert(s).values(row).on_conflict_do_nothing())
+        query = select(s.c.id, s.c.expires_at).where(self._session_where(session))
+        if self._db.mysql:
+            query = query.with_for_update()
+        found = (await conn.execute(query)).one()
+        sid = int(found.id)
+        if found.expires_at is not None and found.expires_at <= now:
+            # A write to an expired session starts a new, empty one.
+            await conn.execute(delete(self.values).where(self.values.c.session_id == sid))
+        if found.expires_at != expires:
+            await conn.execute(update(s).where(s.c.id == sid).values(expires_at=expires))
+        return sid
+
+    async def _value_row(self, conn: AsyncConnection, sid: int, key: str) -> Any:
+        v = self.values
+        query = select(v.c.id, v.c.is_list, v.c.version, v.c.length, v.c.hash).where(
+            v.c.session_id == sid, v.c.key_hash == digest(key.encode())
+        )
+        return (await conn.execute(query)).first()
+
+    async def _joined(
+        self, conn: AsyncConnection, session: SessionKey, key: str, now: datetime
+    ) -> Any:
+        """The live state row of ``key`` in the session (with its value and list head)."""
+        s, v = self.sessions, self.values
+        query = (
+            select(v.c.id, v.c.is_list, v.c.value, v.c.version, v.c.length, v.c.hash)
+            .select_from(v.join(s, s.c.id == v.c.session_id))
+            .where(self._session_where(session), self._live(now))
+            .where(v.c.key_hash == digest(key.encode()))
+        )
+        return (await conn.execute(query)).first()
+
+    def _new_value(self, sid: int, key: str, **columns: Any) -> Any:
+        return insert(self.values).values(
+            session_id=sid, key_hash=digest(key.encode()), key=key.encode(), **columns
+        )
+
+    # ------------------------------------------------------------ single values
+
+    async def _save_value(
+        self,
+        session: SessionKey,
+        key: str,
+        value: Any,
+        text: str,
+        expected_version: int | None,
+    ) -> int | StoredKind | None:
+        self._check_packet([text])
+        v = self.values
+        data = text.encode()
+
+        async def write(conn: AsyncConnection) -> int | StoredKind | None:
+            now = await self._db.now(conn, self)
+            sid = await self._touch(conn, session, now)
+            current = await self._value_row(conn, sid, key)
+            outcome: int | StoredKind | None
+            if current is not None and current.is_list:
+                outcome = StoredKind.LIST
+            elif current is None:
+                if expected_version not in (None, 0):
+                    outcome = None
+                else:
+                    await conn.execute(
+                        self._new_value(sid, key, is_list=False, value=data, version=1)
+                    )
+                    return 1
+            elif expected_version in (None, int(current.version)):
+                version = int(current.version)
+                done = await conn.execute(
+                    update(v)
+                    .where(v.c.id == current.id, v.c.version == version)
+                    .values(value=data, version=version + 1)
+                )
+                if done.rowcount == 1:
+                    return version + 1
+                outcome = None
+            else:
+                outcome = None
+            await conn.rollback()  # nothing written, the session's expiry included
+            return outcome
+
+        return await self._db.write(write)
+
+    async def _get_value(self, session: SessionKey, key: str) -> VersionedState | StoredKind | None:
+        async def read(conn: AsyncConnection) -> Any:
+            return await self._joined(conn, session, key, await self._db.now(conn, self))
+
+        row = await self._db.read(read)
+        if row is None:
+            return None
+        if row.is_list:
+            return StoredKind.LIST
+        return VersionedState.model_construct(
+            value=parse_json_text(bytes(row.value).decode(errors="surrogateescape")),
+            version=int(row.version),
+        )
+
+    # ------------------------------------------------------------ lists
+
+    async def _list_head(self, session: SessionKey, key: str) -> ListHead | StoredKind | None:
+        async def read(conn: AsyncConnection) -> Any:
+            return await self._joined(conn, session, key, await self._db.now(conn, self))
+
+        row = await self._db.read(read)
+        if row is None:
+            return None
+        if not row.is_list:
+            return StoredKind.VALUE
+        return ListHead(int(row.length), bytes(row.hash).hex())
+
+    async def _write_list(
+        self, session: SessionKey, key: str, write: ListWrite
+    ) -> bool | StoredKind:
+        self._check_packet(write.texts)
+        v, it = self.values, self.items
+        head, expect = write.head, write.expect
+        texts = [text.encode() for text in write.texts]
+
+        async def apply(conn: AsyncConnection) -> bool | StoredKind:
+            now = await self._db.now(conn, self)
+            sid = await self._touch(conn, session, now)
+            current = await self._value_row(conn, sid, key)
+            outcome: bool | StoredKind = False
+            if current is not None and not current.is_list:
+                outcome = StoredKind.VALUE
+            elif expect is None and current is None:
+                result = await conn.execute(
+                    self._new_value(
+                        sid, key, is_list=True, length=head.length, hash=bytes.fromhex(head.hash)
+                    )
+                )
+                inserted = result.inserted_primary_key
+                assert inserted is not None
+                value_id = int(inserted[0])
+                await self._add_items(conn, value_id, 0, texts)
+                return True
+            elif (
+                expect is not None
+                and current is not None
+                and int(current.length) == expect.length
+                and bytes(current.hash).hex() == expect.hash
+            ):
+                done = await conn.execute(
+                    update(v)
+                    .where(
+                        v.c.id == current.id,
+                        v.c.length == expect.length,
+                        v.c.hash == bytes.fromhex(expect.hash),
+                    )
+                    .values(length=head.length, hash=bytes.fromhex(head.hash))
+                )
+                if done.rowcount == 1:
+                    start = expect.length
+                    if write.replace:
+                        await conn.execute(delete(it).where(it.c.value_id == current.id))
+                        start = 0
+                    await self._add_items(conn, int(current.id), start, texts)
+                    return True
+            await conn.rollback()  # nothing written, the session's expiry included
+            return outcome
+
+        return await self._db.write(apply)
+
+    async def _add_items(
+        self, conn: AsyncConnection, value_id: int, start: int, texts: list[bytes]
+    ) -> None:
+        if texts:
+            rows = [
+                {"value_id": value_id, "position": start + i, "value": text}
+                for i, text in enumerate(texts)
+            ]
+            await conn.execute(insert(self.items), rows)
+
+    async def _get_list(self, session: SessionKey, key: str) -> list[Any] | StoredKind | None:
+        it = self.items
+
+        async def read(conn: AsyncConnection) -> Any:
+            row = await self._joined(conn, session, key, await self._db.now(conn, self))
+            if row is None or not row.is_list:
+                return row, []
+            query = select(it.c.value).where(it.c.value_id == row.id).order_by(it.c.position)
+            return row, [bytes(r[0]) for r in await conn.execute(query)]
+
+        row, texts = await self._db.read(read)
+        if row is None:
+            return None
+        if not row.is_list:
+            return StoredKind.VALUE
+        return [parse_json_text(t.decode(errors="surrogateescape")) for t in texts]
+
+    # ------------------------------------------------------------ sessions
+
+    async def _exists(self, session: SessionKey) -> bool:
+        s, v = self.sessions, self.values
+
+        async def read(conn: AsyncConnection) -> bool:
+            now = await self._db.now(conn, self)
+            query = select(s.c.id).where(
+                self._session_where(session),
+                self._live(now),
+                exists().where(v.c.session_id == s.c.id),
+            )
+            return (await conn.execute(query)).first() is not None
+
+        return await self._db.read(read)
+
+    async def _delete(self, session: SessionKey) -> bool:
+        s = self.sessions
+
+        async def write(conn: AsyncConnection) -> bool:
+            now = await self._db.now(conn, self)
+            live = await conn.execute(
+                delete(s).where(self._session_where(session), self._live(now))
+            )
+            if live.rowcount > 0:
+                return True
+            await conn.execute(delete(s).where(self._session_where(session)))  # expired
+            return False
+
+        return await self._db.write(write)
+
+    async def _delete_state(self, session: SessionKey, key: str) -> bool:
+        s, v = self.sessions, self.values
+
+        async def write(conn: AsyncConnection) -> bool:
+            now = await self._db.now(conn, self)
+            query = select(s.c.id).where(self._session_where(session), self._live(now))
+            if self._db.mysql:
+                query = query.with_for_update()
+            found = (await conn.execute(query)).first()
+            if found is None:
+                return False
+            sid = int(found.id)
+            gone = await conn.execute(
+                delete(v).where(v.c.session_id == sid, v.c.key_hash == digest(key.encode()))
+            )
+            if gone.rowcount == 0:
+                return False
+            left = await conn.execute(select(v.c.id).where(v.c.session_id == sid).limit(1))
+            if left.first() is None:
+                await conn.execute(delete(s).where(s.c.id == sid))
+            else:
+                expires = self.session_expiry(now)
+                await conn.execute(update(s).where(s.c.id == sid).values(expires_at=expires))
+            return True
+
+        return await self._db.write(write)
+
+    async def _list_session_ids(self, user: str, after: str | None, limit: int) -> list[str]:
+        s = self.sessions
+        base = user.encode() + b"\x00"
+        low, inclusive = base, True
+        if after is not None:
+            low, inclusive = base + after.encode(), False
+
+        async def read(conn: AsyncConnection) -> list[str]:
+            now = await self._db.now(conn, self)
+            rows = await ordered_scan(
+                conn,
+                select(s.c.sk_head, s.c.sk_tail),
+                s,
+                "sk",
+                self._db.head_bytes,
+                low,
+                inclusive,
+                user.encode() + b"\x01",
+                limit,
+                self._live(now),
+            )
+            keys = [join_key(r.sk_head, r.sk_tail) for r in rows]
+            return [k[len(base) :].decode() for k in keys]
+
+        return await self._db.read(read)
+
+    async def _purge_expired(self) -> int:
+        s = self.sessions
+
+        async def batch(conn: AsyncConnection) -> int:
+            now = await self._db.now(conn, self)
+            query = (
+                select(s.c.id)
+                .where(s.c.expires_at <= now)
+                .order_by(s.c.expires_at)
+                .limit(PURGE_BATCH)
+            )
+            if self._db.mysql:
+                query = query.with_for_update(skip_locked=True)
+            ids = [int(r[0]) for r in await conn.execute(query)]
+            if not ids:
+                return 0
+            result = await conn.execute(delete(s).where(s.c.id.in_(ids), s.c.expires_at <= now))
+            return int(result.rowcount)
+
+        total = 0
+        while True:
+            count = await self._db.write(batch)
+            total += count
+            if count < PURGE_BATCH:
+                return total
