@@ -19,7 +19,7 @@ from bson.int64 import Int64
 from pai_storage_mongo import backend as mongo_backend
 from pai_storage_mongo.client import MongoClientHolder
 from pai_storage_mongo.kv import MongoKeyValueStore
-from pai_storage_mongo.state import MongoAgentStateStore, encode_field
+from pai_storage_mongo.state import SET_APPEND_MAX, MongoAgentStateStore, encode_field
 from pymongo import AsyncMongoClient, monitoring
 
 from pai_storage import ConfigurationError, InvalidInputError, ManualClock, UnavailableError
@@ -151,18 +151,30 @@ async def test_every_kv_and_state_query_is_an_index_range_scan(
     await kv.search(("a",), limit=2, page_token=page.next_page_token)
     page = await kv.search(("a",), key_prefix="key", limit=2)
     await kv.search(("a",), key_prefix="key", limit=2, page_token=page.next_page_token)
-    await kv.search((), limit=5)
+    # The empty prefix covers the whole store (a range over every path, not `ns: {}`,
+    # which would be an equality with an empty document and match nothing).
+    everything = await kv.search((), limit=5)
+    assert [(i.namespace, i.key) for i in everything.items] == [
+        (("a", "x"), "key0"),
+        (("a", "x"), "key1"),
+        (("a", "x"), "key2"),
+        (("a", "y"), "key0"),
+        (("a", "y"), "key1"),
+    ]
+    assert everything.next_page_token is not None
+    rest = await kv.search((), limit=1000, page_token=everything.next_page_token)
+    assert len(rest.items) == 13
     keys = await kv.list_keys(("a", "x"), prefix="key", limit=1)
     await kv.list_keys(("a", "x"), prefix="key", limit=1, page_token=keys.next_page_token)
-    await kv.list_namespaces(("a",))
-    await kv.list_namespaces((), max_depth=1)
+    assert (await kv.list_namespaces(("a",))).items == [("a", "x"), ("a", "y")]
+    assert (await kv.list_namespaces((), max_depth=1)).items == [("a",), ("ab",), ("b",)]
     sessions = await state.list_session_ids("u1", limit=2)
     await state.list_session_ids("u1", limit=2, page_token=sessions.next_page_token)
     await state.get("u1", "s1", "k")
     await state.get_list("u1", "s9", "k")
     await state.exists("u1", "s1")
     checked = await _explain_all(client, recorder.commands)
-    assert checked >= 15
+    assert checked >= 17
 
 
 async def test_session_listing_stays_inside_one_user(
@@ -335,8 +347,27 @@ async def test_append_sends_only_the_new_items(
     updates = [c for name, c in recorder.commands if name == "update"]
     assert len(updates) == 1
     (statement,) = updates[0]["updates"]
-    assert statement["u"]["$push"] == {"states.log": {"$each": ['"new"']}}
-    assert len(await state.get_list("u", "s", "log")) == 201
+    # A short append sets the positions after the guarded length.
+    assert statement["q"]["lengths.log"] == 200
+    assert "$push" not in statement["u"]
+    assert statement["u"]["$set"]["states.log.200"] == '"new"'
+    assert not [
+        k for k in statement["u"]["$set"] if k.startswith("states.") and k != "states.log.200"
+    ]
+    # A longer one is one $push of the new items.
+    recorder.commands.clear()
+    more = [f"more-{i}" for i in range(SET_APPEND_MAX + 1)]
+    await state.append_list("u", "s", "log", more)
+    updates = [c for name, c in recorder.commands if name == "update"]
+    assert len(updates) == 1
+    (statement,) = updates[0]["updates"]
+    assert statement["u"]["$push"] == {"states.log": {"$each": [f'"{m}"' for m in more]}}
+    stored = await state.get_list("u", "s", "log")
+    assert stored == [f"item-{i}" for i in range(200)] + ["new", *more]
+    raw = await state.collection.find_one({"_id": {"user": "u", "session": "s"}})
+    assert raw is not None
+    assert isinstance(raw["states"]["log"], list)
+    assert raw["lengths"]["log"] == len(stored)
 
 
 async def test_session_over_16_mib_is_refused_whole(

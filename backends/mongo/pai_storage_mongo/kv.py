@@ -283,7 +283,7 @@ class MongoKeyValueStore(KeyValueStore):
         low = namespace_path(prefix)
         high = prefix_upper_bound(low) if low else None
         keys = _range(key_prefix, prefix_upper_bound(key_prefix) if key_prefix else None)
-        ns_range = _range(low, high)
+        ns_range = _range(low, high) or dict(_EVERY_PATH)
         clauses: list[Doc] = []
         if after is None:
             clauses.append({"ns": ns_range, **({"key": keys} if keys else {})})
@@ -329,7 +329,7 @@ class MongoKeyValueStore(KeyValueStore):
         # One index probe per distinct namespace: each finds the first live item
         # at or after the position the previous one skipped to.
         while len(found) < limit:
-            query: Doc = {"ns": _range(low, high), **self._live()}
+            query: Doc = {"ns": _range(low, high) or dict(_EVERY_PATH), **self._live()}
             with self._holder.errors("read"):
                 docs = await self.collection.find(
                     query, {"_id": 0, "ns": 1}, sort=SORT, limit=1, hint=HINT
@@ -350,8 +350,13 @@ class MongoKeyValueStore(KeyValueStore):
         return result.deleted_count
 
 
+_EVERY_PATH: Doc = {"$gte": ""}
+"""Every namespace path (the empty prefix). Never ``{}``: as a field's condition
+that is an equality with an empty document, which matches nothing."""
+
+
 def _range(low: str, high: str | None) -> Doc:
-    """A string range ``low <= x < high`` as a query condition (empty: everything)."""
+    """A string range ``low <= x < high`` as a query condition (empty: no bound at all)."""
     out: Doc = {}
     if low:
         out["$gte"] = low
