@@ -383,6 +383,12 @@ class MongoAgentStateStore(AgentStateStore):
             touch = _touch(self.now())
             if write.replace:
                 update = {"$set": {f"states.{f}": items, **head, **touch.get("$set", {})}}
+            elif len(items) <= SET_APPEND_MAX:
+                # The stored length is guarded, so the new items go to exactly the
+                # positions after it: one $set per position skips the count of the
+                # existing elements a $push makes first (see append_update).
+                update = {"$set": {**append_update(f, write.expect.length, items)}}
+                update["$set"].update(head, **touch.get("$set", {}))
             else:
                 update = {
                     "$push": {f"states.{f}": {"$each": items}},
@@ -454,11 +460,15 @@ class MongoAgentStateStore(AgentStateStore):
 
     async def _list_session_ids(self, user: str, after: str | None, limit: int) -> list[str]:
         low: Any = MinKey() if after is None else after
+        # The range on the _id index selects the user's sessions in order; the
+        # equality on _id.user (the shard key) lets a sharded cluster route the
+        # query to that user's chunks instead of every shard.
         query = {
             "_id": {
                 "$gt": {"user": user, "session": low},
                 "$lt": {"user": user, "session": MaxKey()},
             },
+            "_id.user": user,
             **self._live(),
         }
         with self._holder.errors("read"):
@@ -479,6 +489,21 @@ class MongoAgentStateStore(AgentStateStore):
 
 
 _INVALID = object()
+
+SET_APPEND_MAX = 16
+"""Appends of at most this many items set each new position; longer ones ``$push``."""
+
+
+def append_update(field: str, length: int, texts: list[str]) -> Doc:
+    """The ``$set`` of an append of ``texts`` to the list ``field`` of ``length`` items.
+
+    MongoDB applies ``$push`` by counting the array's elements first and then
+    writing the document back, two walks over every item; setting the
+    positions ``length``, ``length + 1``, ... (the length is guarded by the
+    same update's filter, so these are exactly the next positions) walks the
+    items once. The stored array is the same.
+    """
+    return {f"states.{field}.{length + i}": text for i, text in enumerate(texts)}
 
 
 def _touch(now: datetime | None) -> Doc:
