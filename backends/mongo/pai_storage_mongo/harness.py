@@ -7,6 +7,12 @@ initiates replica set ``rs0`` and waits for it to become primary. Every store
 it hands out uses its own collection prefix (``pai_test_<uuid>``); the
 collections that store created are dropped afterwards (the store itself never
 drops anything).
+
+With ``PAI_MONGO_COMMAND_LOG=<path>`` set, every MongoDB client made in the
+process after this module is imported (the stores' and the tests' own) has a
+command listener that appends each command's shape to ``<path>``
+(:mod:`pai_storage_mongo.shardaudit`; audit it with ``python -m
+pai_storage_mongo.shardaudit <path>``).
 """
 
 from __future__ import annotations
@@ -37,11 +43,15 @@ from pai_storage import (
 from pai_storage.backend import StoreURL, make_url
 
 from . import backend as mongo_backend
+from . import shardaudit
 from .store import MongoThreadStore
 
 __all__ = ["MongoHarness", "MongodProcess", "find_mongod"]
 
 TEST_DB = "pai_test"
+
+# Before any client exists: a listener registered later would miss the clients made earlier.
+shardaudit.install_from_env()
 
 
 def find_mongod() -> str | None:
@@ -192,6 +202,7 @@ class MongoHarness(TestHarness):
     """Every component this installation ships."""
 
     def __init__(self, url: str | None = None) -> None:
+        shardaudit.install_from_env()
         self._given: StoreURL | None = make_url(url) if url else None
         self._mongod: MongodProcess | None = None
         self.url: str | None = url
