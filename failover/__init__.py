@@ -1,0 +1,1 @@
+"""Failover tests: real replica sets and standbys, faults under load (run on their own)."""
