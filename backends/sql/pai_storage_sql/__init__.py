@@ -21,7 +21,21 @@ if TYPE_CHECKING:
 
     from pai_storage import ThreadStore
 
-__all__ = ["SqlBackend", "backend"]
+    from .client import SqlClient
+    from .store import SqlThreadStore
+
+__all__ = ["SqlBackend", "SqlClient", "SqlThreadStore", "backend"]
+
+_LAZY = {"SqlThreadStore": "store", "SqlClient": "client"}
+
+
+def __getattr__(name: str) -> Any:
+    """The store and client classes, imported on first use (they import SQLAlchemy)."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+
 
 _COMMON = ("clock", "on_warning", "token_secret")
 
