@@ -209,6 +209,7 @@ class _Block:
     next_positions: dict[str, int]
     counts: dict[str, int]
     families: dict[str, Family[Any]] = field(default_factory=dict)
+    last_positions: dict[str, int] = field(default_factory=dict)
     kind_index: int = 0
 
     def expected_kind(self) -> str:
@@ -239,9 +240,10 @@ def _add(block: _Block, data: dict[str, Any], kind: str) -> None:
             continue
         family = block.families[name]
         position = data["position"]
-        last = max((e.position for e in reversed(family.entries.values())), default=0)
+        last = block.last_positions.get(name, 0)
         if type(position) is not int or not last < position < family.next_position:
             raise _Corrupt(f"{kind} position out of order or not below nextPosition")
+        block.last_positions[name] = position
         record = model.model_validate(data["record"])
         record_id = getattr(record, id_attr)
         if record_id in family.entries:

@@ -3,6 +3,7 @@ the generic fork fallback, the capability check, and the bundle's scope erasure.
 
 from __future__ import annotations
 
+import itertools
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -367,3 +368,28 @@ async def test_bundle_erase_of_a_scope_no_runtime_store_can_name() -> None:
         erased = await stores.erase_scope("a\x00b")
         assert erased.threads == 1
         assert erased.kv_items == erased.sessions == erased.snapshots == 0
+
+
+async def test_a_thousand_threads_of_a_hundred_messages_copy_through_a_chain_of_stores() -> None:
+    """source -> middle -> target, each hop resumable and digest-verified; the other
+    backends join this chain once they declare the lifecycle capability."""
+    clock = ManualClock()
+    stores = [MemoryThreadStore(clock=clock) for _ in range(3)]
+    source = stores[0]
+    turns = [("completed", 9, False)] * 10  # 10 runs of 10 messages
+    await _random_thread(source, clock, "s", "template", turns, "none", {"n": 1})
+    template = await _aggregate(source, "s", "template")
+    assert len(template.messages) == 100
+    for i in range(1_000):
+        root = template.root.model_copy(update={"scope_key": f"s{i % 7}", "thread_id": f"t{i}"})
+        copy = ThreadAggregate(root, template.messages, template.runs, template.queued_items)
+        assert await source._restore_thread(copy) is None
+    for before, after in itertools.pairwise(stores):
+        report = await copy_threads(before, after)
+        assert len(report.copied) == 1_001
+        assert report.verified == 1_001
+        assert report.ok
+    for i in range(0, 1_000, 97):
+        digests = {await s.thread_digest(f"s{i % 7}", f"t{i}") for s in stores}
+        assert len(digests) == 1
+        assert None not in digests
