@@ -1,0 +1,228 @@
+"""The SQL execution guard: one row per held lock, fencing tokens from a counter row.
+
+The lock table (``<prefix>_locks``, ``pai_locks`` by default) is keyed by the
+SHA-256 of the resource (UTF-8), with the resource stored beside it; an index
+on ``expires_at`` serves ``purge_expired``. The counter table
+(``<prefix>_locks_fencing``) has one row holding the last fencing token
+handed out; purges never touch it. Every primitive is one transaction judged
+on the store's clock, read inside it (MariaDB/MySQL ``UTC_TIMESTAMP(6)`` of
+the server, in whole milliseconds; SQLite, which has no server, the clock of
+the process; or the test clock):
+
+- acquire: first the counter row is incremented (an upsert, which locks it:
+  acquisitions of the store run one at a time from here to their commit),
+  then the lock row is read with a locking read; when it holds an unexpired
+  lock the transaction is rolled back (no token is used up) and the answer
+  is "busy"; otherwise one upsert writes the new lock with the counter's
+  value as its fencing token. A later acquisition reads the counter only
+  after this one committed, so fencing tokens strictly increase in the order
+  locks are granted;
+- renew and release: one ``UPDATE`` / ``DELETE`` whose ``WHERE`` names the
+  caller's token and an unexpired lease.
+
+See ``docs/sql.md``, "Runtime stores".
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import ColumnElement, and_, delete, select, update
+from sqlalchemy.dialects import mysql, sqlite
+
+from pai_storage.guard import ExecutionGuard, LockInfo
+from pai_storage.models import truncate_ms
+
+from .runtime_support import PURGE_BATCH, RuntimeDb, split_client_options
+from .runtime_tables import digest
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
+
+__all__ = ["SqlExecutionGuard"]
+
+_COUNTER = 1
+"""The ``id`` of the fencing counter's one row."""
+
+
+class SqlExecutionGuard(ExecutionGuard):
+    """Locks in SQLite or MariaDB/MySQL (SQLAlchemy Core), on a shared :class:`SqlClient`.
+
+    Parameters
+    ----------
+    url:
+        ``sqlite:///file.db`` or ``mysql://user@host/db`` (not needed with ``client=``).
+    client:
+        The :class:`~pai_storage_sql.client.SqlClient` shared by the stores of
+        one ``connect()`` call.
+    table_prefix, busy_timeout, pool_size, connect_timeout, retry_attempts:
+        The client's options (not with a shared ``client``).
+    lock_timeout, lease_ttl, retry_interval, clock, on_warning, token_secret:
+        The options of :class:`~pai_storage.guard.ExecutionGuard`.
+    """
+
+    backend_name = "sql"
+    token_prefix = "pai-sql"
+
+    def __init__(self, url: Any = None, *, client: object = None, **options: Any) -> None:
+        client_options = split_client_options(options)
+        super().__init__(**options)
+        self._db = RuntimeDb(url, client, client_options)
+        self.url = self._db.url
+        self.table = self._db.tables.locks
+        self.counter = self._db.tables.fencing
+
+    def __repr__(self) -> str:
+        return f"SqlExecutionGuard({str(self.url)!r}, table={self.table.name!r})"
+
+    async def _initialize(self) -> None:
+        await self._db.ready()
+
+    async def _close(self) -> None:
+        await self._db.release()
+
+    def _key(self, resource: str) -> ColumnElement[bool]:
+        return self.table.c.resource_hash == digest(resource.encode())
+
+    # ------------------------------------------------------------ primitives
+
+    async def _acquire(
+        self, resource: str, owner: str, token: str, lease_ttl: timedelta
+    ) -> LockInfo | None:
+        t, f = self.table, self.counter
+
+        async def write(conn: AsyncConnection) -> LockInfo | None:
+            now = await self._db.now(conn, self)
+            # The counter row first: from here to the commit this acquisition is
+            # the only one of the store.
+            if self._db.mysql:
+                bump: Any = mysql.insert(f).values(id=_COUNTER, value=1)
+                bump = bump.on_duplicate_key_update(value=f.c.value + 1)
+            else:
+                bump = sqlite.insert(f).values(id=_COUNTER, value=1)
+                bump = bump.on_conflict_do_update(
+                    index_elements=[f.c.id], set_={"value": f.c.value + 1}
+                )
+            await conn.execute(bump)
+            fencing = int(
+                (await conn.execute(select(f.c.value).where(f.c.id == _COUNTER))).scalar_one()
+            )
+            held = select(t.c.expires_at).where(self._key(resource))
+            if self._db.mysql:
+                held = held.with_for_update()
+            current = (await conn.execute(held)).first()
+            if current is not None and current.expires_at > now:
+                await conn.rollback()  # busy: nothing written, no token used up
+                return None
+            expires = truncate_ms(now + lease_ttl)
+            row = {
+                "resource_hash": digest(resource.encode()),
+                "resource": resource.encode(),
+                "token": bytes.fromhex(token),
+                "owner": owner.encode(),
+                "fencing_token": fencing,
+                "acquired_at": now,
+                "expires_at": expires,
+            }
+            changed = ("resource", "token", "owner", "fencing_token", "acquired_at", "expires_at")
+            if self._db.mysql:
+                ins = mysql.insert(t).values(row)
+                await conn.execute(
+                    ins.on_duplicate_key_update([(c, ins.inserted[c]) for c in changed])
+                )
+            else:
+                lite = sqlite.insert(t).values(row)
+                await conn.execute(
+                    lite.on_conflict_do_update(
+                        index_elements=[t.c.resource_hash],
+                        set_={c: lite.excluded[c] for c in changed},
+                    )
+                )
+            return LockInfo.model_construct(
+                resource=resource,
+                owner=owner,
+                fencing_token=fencing,
+                acquired_at=now,
+                expires_at=expires,
+            )
+
+        return await self._db.write(write)
+
+    async def _renew(self, resource: str, token: str, lease_ttl: timedelta) -> datetime | None:
+        t = self.table
+
+        async def write(conn: AsyncConnection) -> datetime | None:
+            now = await self._db.now(conn, self)
+            expires = truncate_ms(now + lease_ttl)
+            done = await conn.execute(
+                update(t)
+                .where(self._key(resource), t.c.token == bytes.fromhex(token), t.c.expires_at > now)
+                .values(expires_at=expires)
+            )
+            return expires if done.rowcount == 1 else None
+
+        return await self._db.write(write)
+
+    async def _release(self, resource: str, token: str) -> bool:
+        t = self.table
+        mine = and_(self._key(resource), t.c.token == bytes.fromhex(token))
+
+        async def write(conn: AsyncConnection) -> bool:
+            now = await self._db.now(conn, self)
+            live = await conn.execute(delete(t).where(mine, t.c.expires_at > now))
+            if live.rowcount > 0:
+                return True
+            await conn.execute(delete(t).where(mine))  # expired: no longer held
+            return False
+
+        return await self._db.write(write)
+
+    async def _inspect(self, resource: str) -> LockInfo | None:
+        t = self.table
+
+        async def read(conn: AsyncConnection) -> Any:
+            now = await self._db.now(conn, self)
+            query = select(
+                t.c.resource, t.c.owner, t.c.fencing_token, t.c.acquired_at, t.c.expires_at
+            ).where(self._key(resource), t.c.expires_at > now)
+            return (await conn.execute(query)).first()
+
+        row = await self._db.read(read)
+        if row is None or bytes(row.resource) != resource.encode():
+            return None
+        return LockInfo.model_construct(
+            resource=resource,
+            owner=bytes(row.owner).decode(),
+            fencing_token=int(row.fencing_token),
+            acquired_at=row.acquired_at,
+            expires_at=row.expires_at,
+        )
+
+    async def _purge_expired(self) -> int:
+        t = self.table
+
+        async def batch(conn: AsyncConnection) -> int:
+            now = await self._db.now(conn, self)
+            query = (
+                select(t.c.resource_hash)
+                .where(t.c.expires_at <= now)
+                .order_by(t.c.expires_at)
+                .limit(PURGE_BATCH)
+            )
+            if self._db.mysql:
+                query = query.with_for_update(skip_locked=True)
+            keys = [bytes(r[0]) for r in await conn.execute(query)]
+            if not keys:
+                return 0
+            result = await conn.execute(
+                delete(t).where(t.c.resource_hash.in_(keys), t.c.expires_at <= now)
+            )
+            return int(result.rowcount)
+
+        total = 0
+        while True:
+            count = await self._db.write(batch)
+            total += count
+            if count < PURGE_BATCH:
+                return total
