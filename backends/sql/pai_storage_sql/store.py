@@ -30,6 +30,7 @@ from sqlalchemy import (
     literal,
     or_,
     select,
+    true,
     update,
 )
 from sqlalchemy.exc import IntegrityError
@@ -603,7 +604,7 @@ class _Snapshot(_ThreadRows, ReadSnapshot):
             table.c.position < window.upper,
         ]
         if spec.name == "messages" and plan.view in ("transcript", "context"):
-            where.append(table.c[plan.view].is_(True))
+            where.append(table.c[plan.view] == true())
         if spec.name == "queuedItems" and plan.run_id is not None:
             where.append(table.c.run_h == digest(plan.run_id))
         order = table.c.position.asc() if window.order == "oldest" else table.c.position.desc()
