@@ -12,7 +12,7 @@ full ``index`` walk, never a filesort or temporary table.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -166,7 +166,7 @@ async def _workload(store: SqlThreadStore, version: Any) -> None:
     assert isinstance(truncated, CommittedResult), truncated
 
 
-def _sqlite_problems(plan: list[Any]) -> list[str]:
+def _sqlite_problems(plan: Sequence[Any]) -> list[str]:
     problems = []
     for row in plan:
         detail = str(row[-1])
@@ -177,7 +177,7 @@ def _sqlite_problems(plan: list[Any]) -> list[str]:
     return problems
 
 
-def _mysql_problems(plan: list[Any]) -> list[str]:
+def _mysql_problems(plan: Sequence[Any]) -> list[str]:
     problems = []
     for row in plan:
         info = dict(row._mapping)
