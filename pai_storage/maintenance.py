@@ -207,9 +207,16 @@ async def erase_scope(store: ThreadStore, scope_key: str) -> int:
         if not batch:
             return erased
         for head in batch:
-            # A thread that changed since the index was read conflicts here and
-            # is found again, at its new version, by the next batch.
-            if await _delete(store, head.scope_key, head.thread_id, head.version):
+            if await _delete(store, scope, head.thread_id, head.version):
+                erased += 1
+                continue
+            # The thread changed since the index was read: delete it at its
+            # current version; if it changes again, the next batch finds it.
+            read = await store.read_thread({"scopeKey": scope, "threadId": head.thread_id})
+            current = read.thread
+            if current is not None and await _delete(
+                store, scope, current.thread_id, current.version
+            ):
                 erased += 1
 
 

@@ -269,6 +269,10 @@ def _finish(block: _Block, data: dict[str, Any]) -> ThreadAggregate:
 async def _lines(
     source: AsyncIterable[str | bytes] | Iterable[str | bytes],
 ) -> AsyncIterator[str | bytes]:
+    if isinstance(source, str):  # a whole export in one string (not str.splitlines:
+        source = source.split("\n")  # U+2028 and friends may stand unescaped in JSON)
+    elif isinstance(source, bytes):
+        source = source.split(b"\n")
     if isinstance(source, AsyncIterable):
         async for item in source:
             yield item

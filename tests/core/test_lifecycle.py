@@ -393,3 +393,15 @@ async def test_a_thousand_threads_of_a_hundred_messages_copy_through_a_chain_of_
         digests = {await s.thread_digest(f"s{i % 7}", f"t{i}") for s in stores}
         assert len(digests) == 1
         assert None not in digests
+
+
+async def test_import_of_one_string_keeps_line_separators_inside_values() -> None:
+    clock = ManualClock()
+    odd = {"text": "a\u2028b\u2029c\x85d\re\nf\x1cg"}
+    async with MemoryThreadStore(clock=clock) as source, MemoryThreadStore() as target:
+        await _random_thread(source, clock, "s", "t", [("completed", 1, True)], "none", odd)
+        text = "".join([line async for line in source.export_threads("s")])
+        assert "\u2028" in text  # written as is, not escaped
+        await target.import_threads(text)
+        await target.import_threads(text.encode("utf-8"))  # skipped: it exists
+        assert await target.thread_digest("s", "t") == await source.thread_digest("s", "t")
