@@ -142,6 +142,8 @@ class SqlClient(SharedClient[Engines]):
         self.server_version: str | None = None
         """``"SQLite 3.x"`` or ``"MariaDB 10.11.x"`` / ``"MySQL 8.x"`` once connected."""
         self.is_mariadb = False
+        self.max_packet: int | None = None
+        """MySQL: the server's ``max_allowed_packet`` (bytes one statement may carry)."""
         super().__init__(owned=True)
 
     @classmethod
@@ -265,6 +267,10 @@ class SqlClient(SharedClient[Engines]):
                 self.server_version, self.is_mariadb = await prepare_schema(
                     conn, self.dialect, self.tables
                 )
+                if self.dialect == "mysql":
+                    packet = await conn.exec_driver_sql("SELECT @@global.max_allowed_packet")
+                    self.max_packet = int(packet.scalar_one())
+                    await conn.rollback()
 
     async def _disconnect(self, made: Engines, *, failed: bool) -> None:
         for engine in {id(made.writer): made.writer, id(made.reader): made.reader}.values():

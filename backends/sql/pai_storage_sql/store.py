@@ -485,6 +485,7 @@ class _Transaction(_ThreadRows, CommitTransaction):
             "queued_next": next_positions["queuedItems"],
             "doc": dump(root),
         }
+        self._check_size("thread root", values["doc"])
         if not created:
             await self._conn.execute(update(t).where(t.c.tkey == self._key).values(**values))
             return
@@ -536,6 +537,8 @@ class _Transaction(_ThreadRows, CommitTransaction):
             )
         if write.updates:
             rows_ = [_row(spec, e) for e in write.updates.values()]
+            for r in rows_:
+                self._check_size(spec.noun, r["doc"])
             names = [c for c in rows_[0] if c not in ("position", "id_h")]
             stmt = (
                 update(table)
@@ -549,8 +552,43 @@ class _Transaction(_ThreadRows, CommitTransaction):
             await conn.execute(stmt, [{f"b_{c}": v for c, v in r.items()} for r in rows_])
         if write.inserts:
             rows_ = [{"tkey": key, **_row(spec, e)} for e in write.inserts]
-            await conn.execute(insert(table), rows_)
+            for chunk in self._chunks(spec, rows_):
+                await conn.execute(insert(table), chunk)
         return truncated
+
+    def _chunks(
+        self, spec: FamilySpec, rows: list[dict[str, Any]]
+    ) -> Iterable[list[dict[str, Any]]]:
+        """The rows in groups that each fit one statement (MySQL's ``max_allowed_packet``).
+
+        A multi-row ``INSERT`` is one packet; a row too large for any packet
+        is refused before anything is sent.
+        """
+        limit = self._client.max_packet
+        if limit is None:
+            yield rows
+            return
+        budget = max(limit - STATEMENT_OVERHEAD, 0)
+        chunk: list[dict[str, Any]] = []
+        size = 0
+        for row in rows:
+            need = _sent_size(row["doc"])
+            if need > budget:
+                raise _too_large(spec.noun, need, limit)
+            if chunk and size + need > budget:
+                yield chunk
+                chunk, size = [], 0
+            chunk.append(row)
+            size += need
+        if chunk:
+            yield chunk
+
+    def _check_size(self, noun: str, doc: str) -> None:
+        limit = self._client.max_packet
+        if limit is not None:
+            need = _sent_size(doc)
+            if need > limit - STATEMENT_OVERHEAD:
+                raise _too_large(noun, need, limit)
 
     async def delete_thread(self) -> None:
         t = self._t
@@ -627,6 +665,24 @@ class _Snapshot(_ThreadRows, ReadSnapshot):
 
 
 # ---------------------------------------------------------------- rows
+
+
+STATEMENT_OVERHEAD = 64 * 1024
+"""Room for a statement's SQL, identifiers and other columns beside its documents."""
+
+
+def _sent_size(doc: str) -> int:
+    """Bytes a document takes in a statement: its UTF-8 plus one escape per quote
+    or backslash (JSON text holds no raw control characters)."""
+    return len(doc.encode("utf-8")) + doc.count('"') + doc.count("\\") + doc.count("'") + 8
+
+
+def _too_large(noun: str, need: int, limit: int) -> ThreadStoreInvariantError:
+    return ThreadStoreInvariantError(
+        f"a {noun} of {need:,} bytes does not fit this MariaDB/MySQL server's "
+        f"max_allowed_packet of {limit:,} bytes; raise max_allowed_packet on the server "
+        "(see docs/sql.md, 'Limits'); nothing was applied"
+    )
 
 
 def _version(row: Any) -> ThreadVersion:
