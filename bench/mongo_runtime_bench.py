@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import hashlib
 import statistics
 import sys
@@ -294,8 +295,8 @@ async def main(url: str, quick: bool) -> int:
                 return await state_col.update_one(
                     {"_id": key, f"hashes.{f}": stored_hash, f"lengths.{f}": stored_length},
                     {
-                        "$push": {f"states.{f}": {"$each": [text]}},
                         "$set": {
+                            f"states.{f}.{stored_length}": text,
                             f"hashes.{f}": extend_list_hash(stored_hash, [text]),
                             f"lengths.{f}": Int64(stored_length + 1),
                         },
@@ -444,10 +445,129 @@ async def main(url: str, quick: bool) -> int:
     return 0
 
 
+def append_experiment(url: str, n: int) -> None:
+    """Why an append to a long list costs more: raw PyMongo, one session document.
+
+    Each variant updates its own document holding ``states.k`` as an array of
+    10 and of 10,000 item texts; the variants run round-robin and report the
+    client's median and the server's own median time per update (the
+    ``opLatencies`` counter around the command), for both sizes, and their
+    ratio.
+    """
+    from pymongo import MongoClient, WriteConcern
+
+    client: MongoClient[Doc] = MongoClient(url)
+    db = client[DB]
+    prefix = f"bench_{uuid.uuid4().hex[:8]}_"
+    small = canonical_json({"i": 1234})
+    large = canonical_json({"i": 1234, "pad": "x" * 100})
+    guard_state: dict[str, tuple[str, int]] = {}
+
+    def make(name: str, length: int, item: str, *, other: bool = False, w1: bool = False) -> Any:
+        concern = WriteConcern(w=1, j=False) if w1 else None
+        col = db.get_collection(f"{prefix}{name}_{length}", write_concern=concern)
+        col.drop()
+        texts = [item] * length
+        doc: Doc = {"_id": {"user": "u", "session": "s"}}
+        doc["states"] = {"big": texts, "k": [item] * 10} if other else {"k": texts}
+        doc["hashes"] = {"k": EMPTY_LIST_HASH}
+        doc["lengths"] = {"k": Int64(10 if other else length)}
+        doc["_updated_at"] = datetime.now(UTC)
+        col.insert_one(doc)
+        guard_state[col.name] = (EMPTY_LIST_HASH, 10 if other else length)
+        return col
+
+    key = {"user": "u", "session": "s"}
+    push = {"$push": {"states.k": {"$each": [small]}}}
+    concat = [{"$set": {"states.k": {"$concatArrays": ["$states.k", {"$literal": [small]}]}}}]
+
+    def append(col: Any, how: str) -> Any:
+        stored_hash, length = guard_state[col.name]
+        if how == "push":
+            return col.update_one({"_id": key}, push)
+        if how == "push-large":
+            return col.update_one({"_id": key}, {"$push": {"states.k": {"$each": [large]}}})
+        if how == "pipeline":
+            return col.update_one({"_id": key}, concat)
+        if how == "read":
+            return col.find_one({"_id": key}, {"hashes.k": 1, "lengths.k": 1})
+        if how == "set":
+            guard_state[col.name] = (stored_hash, length + 1)
+            return col.update_one({"_id": key}, {"$set": {f"states.k.{length}": small}})
+        # guarded, as the store does it: filter on the head, write the new head
+        new_hash = extend_list_hash(stored_hash, [small])
+        head = {"hashes.k": new_hash, "lengths.k": Int64(length + 1)}
+        update: Doc = (
+            {"$set": {f"states.k.{length}": small, **head}}
+            if how == "guarded-set"
+            else {"$push": {"states.k": {"$each": [small]}}, "$set": head}
+        )
+        update["$currentDate"] = {"_updated_at": True}
+        query = {"_id": key, "hashes.k": stored_hash, "lengths.k": Int64(length)}
+        assert col.update_one(query, update).matched_count == 1
+        guard_state[col.name] = (new_hash, length + 1)
+        return None
+
+    # name: (how, item text, the array beside a 10-item list, no journal wait)
+    variants: dict[str, tuple[str, str, bool, bool]] = {
+        "$push": ("push", small, False, False),
+        "$set at the next position": ("set", small, False, False),
+        "guarded $push (store, > 16 items)": ("guarded-push", small, False, False),
+        "guarded $set (store, <= 16 items)": ("guarded-set", small, False, False),
+        "pipeline $concatArrays": ("pipeline", small, False, False),
+        "$push, w:1 no journal wait": ("push", small, False, True),
+        "$push, 110-byte items": ("push-large", large, False, False),
+        "$push to 10 items beside the array": ("push", small, True, False),
+        "read the list head (projection)": ("read", small, False, False),
+    }
+    fns: dict[tuple[str, int], Callable[[], Any]] = {}
+    for number, (name, (how, item, other, w1)) in enumerate(variants.items()):
+        for size in (10, 10_000):
+            col = make(f"v{number}", size, item, other=other, w1=w1)
+            fns[(name, size)] = functools.partial(append, col, how)
+    for fn in fns.values():
+        for _ in range(5):
+            fn()
+    client_s: dict[tuple[str, int], list[float]] = {k: [] for k in fns}
+    server_us: dict[tuple[str, int], list[float]] = {k: [] for k in fns}
+
+    def latency() -> float:
+        ops = db.command("serverStatus", opLatencies={"histograms": False})["opLatencies"]
+        return float(ops["writes"]["latency"] + ops["reads"]["latency"])
+
+    try:
+        for i in range(n):
+            for k, fn in fns.items():
+                before = latency() if i % 4 == 0 else None
+                start = time.perf_counter()
+                fn()
+                client_s[k].append(time.perf_counter() - start)
+                if before is not None:
+                    server_us[k].append(latency() - before)
+    finally:
+        for name in db.list_collection_names():
+            if name.startswith(prefix):
+                db.drop_collection(name)
+        client.close()
+    print(
+        f"{'one-item append, raw PyMongo':38} {'10 ms':>7} {'10k ms':>7} {'ratio':>6}"
+        f" {'srv 10':>7} {'srv 10k':>7}"
+    )
+    for name in variants:
+        a, z = (statistics.median(client_s[(name, s)]) * 1000 for s in (10, 10_000))
+        sa, sz = (statistics.median(server_us[(name, s)]) / 1000 for s in (10, 10_000))
+        print(f"{name:38} {a:7.3f} {z:7.3f} {z / a:6.2f} {sa:7.3f} {sz:7.3f}")
+
+
 def run() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", help="a MongoDB replica set (default: a throwaway mongod)")
     parser.add_argument("--quick", action="store_true", help="fewer samples and 20,000 items")
+    parser.add_argument(
+        "--append-experiment",
+        action="store_true",
+        help="instead: raw PyMongo appends to a 10- and a 10,000-item list, variant by variant",
+    )
     args = parser.parse_args()
     mongod = None
     url = args.url
@@ -456,7 +576,11 @@ def run() -> None:
         mongod.start()
         url = mongod.url
     try:
-        code = asyncio.run(main(url, args.quick))
+        if args.append_experiment:
+            append_experiment(url, 40 if args.quick else 200)
+            code = 0
+        else:
+            code = asyncio.run(main(url, args.quick))
     finally:
         if mongod is not None:
             mongod.stop()
