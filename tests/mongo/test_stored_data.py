@@ -187,11 +187,12 @@ async def test_root_document_is_flat_and_typed(mongo_store: MongoThreadStore) ->
     assert len(roots) == 1
     root = roots[0]
     assert isinstance(root["_id"], ObjectId)
-    assert root["_schemaVersion"] == 1
+    assert root["_schemaVersion"] == 2
     assert set(root) == {
         "_id",
         "_schemaVersion",
         "_nextOrder",
+        "_facts",
         "scopeKey",
         "threadId",
         "version",
@@ -216,6 +217,22 @@ async def test_root_document_is_flat_and_typed(mongo_store: MongoThreadStore) ->
     _assert_opaque(root["metadata"])
     assert "payload" not in root
     assert "record" not in root
+    # The relationship facts: the last message and the open run with its messages.
+    m1 = {"messageId": "m1", "order": 1, "runId": "r1", "relation": "input"}
+    assert root["_facts"] == {
+        "tail": m1,
+        "open": [
+            {
+                "runId": "r1",
+                "status": "running",
+                "admitted": True,
+                "queueItemId": None,
+                "inputMessageIds": ["m1"],
+                "messages": [m1],
+                "foreign": False,
+            }
+        ],
+    }
 
 
 async def test_a_nul_key_is_escaped_as_json_text(mongo_store: MongoThreadStore) -> None:

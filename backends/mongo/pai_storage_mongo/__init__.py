@@ -2,8 +2,9 @@
 
 Threads: split collections keyed by ``{scopeKey, threadId}``, flat documents,
 one multi-document transaction per commit (needs a replica set or a sharded
-cluster). The runtime stores (key-value, agent state, snapshots, guard) share
-one :class:`~pai_storage_mongo.client.MongoClientHolder` per ``connect()`` call.
+cluster). Every store of one ``connect()`` call (threads, key-value, agent
+state, snapshots, guard) shares one
+:class:`~pai_storage_mongo.client.MongoClientHolder`, so one ``AsyncMongoClient``.
 Install with ``pip install 'pai-storage[mongo]'``. See ``docs/mongodb.md``.
 """
 
@@ -37,7 +38,17 @@ __all__ = [
     "backend",
 ]
 
-OPTIONS = frozenset({"db_name", "collection_name", "clock", "on_warning", "token_secret"})
+OPTIONS = frozenset(
+    {
+        "client",
+        "db_name",
+        "collection_name",
+        "collection_prefix",
+        "clock",
+        "on_warning",
+        "token_secret",
+    }
+)
 """The options of the thread store opened alone."""
 
 CLIENT_OPTIONS = frozenset({"db_name", "collection_prefix", "names"})
@@ -77,34 +88,23 @@ class MongoBackend(Backend):
     def _open_components(
         self, url: StoreURL, components: Sequence[str], **options: Any
     ) -> dict[str, ManagedStore]:
-        """One :class:`MongoClientHolder` for every runtime component (``client=`` an
-        ``AsyncMongoClient`` is wrapped, never closed); each store gets its share
-        of the options. The thread store keeps its own client (``db_name`` is
-        shared with it)."""
+        """One :class:`MongoClientHolder` for every component, the thread store included
+        (``client=`` an ``AsyncMongoClient`` is wrapped, never closed); each store
+        gets its share of the options."""
         from .client import MongoClientHolder
 
         accepted = {c: _COMPONENTS[c][2] for c in components}
-        runtime = [c for c in components if c != "threads"]
         everything = {o for names in accepted.values() for o in names}
-        everything |= {"db_name"}
-        if runtime:
-            everything |= {"client", *CLIENT_OPTIONS}
-        self.check_options(url, options, everything)
+        self.check_options(url, options, everything | {"client", *CLIENT_OPTIONS})
         client_options = {k: v for k, v in options.items() if k in CLIENT_OPTIONS}
         rest = {k: v for k, v in options.items() if k not in CLIENT_OPTIONS and k != "client"}
         shares = self.split_options(url, rest, accepted)
+        holder = MongoClientHolder(url, client=options.get("client"), **client_options)
         opened: dict[str, ManagedStore] = {}
-        if "threads" in components:
-            thread_options = dict(shares["threads"])
-            if "db_name" in options:
-                thread_options["db_name"] = options["db_name"]
-            opened["threads"] = self._open(url, **thread_options)
-        if runtime:
-            holder = MongoClientHolder(url, client=options.get("client"), **client_options)
-            for component in runtime:
-                module, cls, _ = _COMPONENTS[component]
-                factory = getattr(importlib.import_module(f"{__name__}.{module}"), cls)
-                opened[component] = factory(client=holder, **shares[component])
+        for component in components:
+            module, cls, _ = _COMPONENTS[component]
+            factory = getattr(importlib.import_module(f"{__name__}.{module}"), cls)
+            opened[component] = factory(client=holder, **shares[component])
         return opened
 
     def test_harness(self, url: str | None = None) -> TestHarness:

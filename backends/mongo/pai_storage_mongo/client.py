@@ -283,6 +283,21 @@ class MongoClientHolder(SharedClient["AsyncMongoClient[Doc]"]):
         with suppress(Exception):
             await made.close()
 
+    async def discard(self) -> None:
+        """Close and forget a client that proved unusable, when nothing else can use it.
+
+        Only a client this holder made, used by one store alone: the next call
+        of :meth:`client` starts with a fresh one. A shared holder keeps its
+        client for its other stores; an application's client is never closed.
+        """
+        if not self._owned or self._users > 1 or self._closed:
+            return
+        if self._opening is not None and not self._opening.done():
+            return  # another caller's attempt is still connecting: it is not this client
+        made, self._made, self._opening = self._made, None, None
+        if made is not None:
+            await self._disconnect(made, failed=True)
+
     def _connect_error(self, exc: Exception) -> StorageError:
         if isinstance(exc, ValueError | TypeError):  # the driver's own option checks
             return ThreadStoreConfigurationError(

@@ -9,6 +9,12 @@ escape: BSON keys cannot contain U+0000, so an opaque value holding such a key
 is stored as its JSON text in a binary value of a user-defined subtype, which
 no strict-JSON value can be confused with.
 
+Roots carry one more provider key since format 2, ``_facts``: the
+relationship facts of the thread's open runs and its last message, kept by
+every commit so that the next one can check the relationship rules without
+querying the children (see :class:`RootFacts`). A format-1 root (no
+``_facts``) is still read; the next commit of its thread writes format 2.
+
 Reading is exact too. PyMongo turns every embedded document with a string
 ``$ref`` and an ``$id`` into a ``DBRef`` (reordering its keys and dropping a
 null ``$db``), which would make such an opaque value unreadable. Whole
@@ -22,7 +28,8 @@ the like only mean something in Extended JSON, which is never used here).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import bson
@@ -41,20 +48,27 @@ from pai_storage import (
     ThreadRecord,
     ThreadStoreInvariantError,
 )
-from pai_storage.backend import FAMILIES, FamilyName, FamilySpec
+from pai_storage.backend import FAMILIES, FamilyName, FamilySpec, MessageRef, RunRef
 
 __all__ = [
     "CODEC_OPTIONS",
     "RAW_CODEC_OPTIONS",
+    "ROOT_SCHEMA_VERSION",
     "SCHEMA_VERSION",
+    "OpenRunFacts",
+    "RootFacts",
     "child_document",
     "decode_document",
     "parse_child",
     "parse_root",
     "root_document",
+    "root_facts",
 ]
 
 SCHEMA_VERSION = 1
+"""The format of children, and of roots written without ``_facts``."""
+ROOT_SCHEMA_VERSION = 2
+"""The format of roots carrying ``_facts`` (every root a commit writes)."""
 JSON_SUBTYPE = 0x80
 """User-defined binary subtype holding the JSON text of an opaque value with a NUL key."""
 
@@ -198,12 +212,23 @@ def _dump(record: BaseModel) -> dict[str, Any]:
     return data
 
 
-def root_document(record: ThreadRecord, next_order: Mapping[FamilyName, int]) -> dict[str, Any]:
-    """The stored root: the record's fields, ``_schemaVersion`` and ``_nextOrder``."""
-    doc: dict[str, Any] = {"_schemaVersion": SCHEMA_VERSION}
+def root_document(
+    record: ThreadRecord,
+    next_order: Mapping[FamilyName, int],
+    facts: RootFacts | None = None,
+) -> dict[str, Any]:
+    """The stored root: the record's fields, ``_schemaVersion``, ``_nextOrder`` and ``_facts``.
+
+    Without ``facts`` it is a format-1 root (which every reader accepts).
+    """
+    doc: dict[str, Any] = {
+        "_schemaVersion": SCHEMA_VERSION if facts is None else ROOT_SCHEMA_VERSION
+    }
     doc.update(_dump(record))
     _escape_keys(doc, _OPAQUE["threads"])
     doc["_nextOrder"] = {spec.name: int(next_order[spec.name]) for spec in FAMILIES}
+    if facts is not None:
+        doc["_facts"] = facts.document()
     return doc
 
 
@@ -239,8 +264,12 @@ def parse_root(doc: Mapping[str, Any]) -> tuple[ThreadRecord, dict[FamilyName, i
     """
     data = dict(doc)
     data.pop("_id", None)
-    if data.pop("_schemaVersion", None) != SCHEMA_VERSION:
+    version = data.pop("_schemaVersion", None)
+    facts = data.pop("_facts", None)
+    if type(version) is not int or version not in (SCHEMA_VERSION, ROOT_SCHEMA_VERSION):
         raise _invalid("thread", "missing or unknown _schemaVersion")
+    if (version == ROOT_SCHEMA_VERSION) != isinstance(facts, dict):
+        raise _invalid("thread", "missing or unexpected _facts")
     counters = data.pop("_nextOrder", None)
     if not isinstance(counters, dict) or set(counters) != {spec.name for spec in FAMILIES}:
         raise _invalid("thread", "missing or malformed _nextOrder")
@@ -276,3 +305,166 @@ def parse_child(
     except ThreadStoreInvariantError as exc:
         raise _invalid(what, str(exc)) from None
     return order, record
+
+
+# --------------------------------------------------------------- relationship facts
+
+
+@dataclass(frozen=True, slots=True)
+class OpenRunFacts:
+    """What the relationship rules need about one open (running or waiting) run.
+
+    ``messages`` is the rule-relevant part of the run's messages in position
+    order: its input messages, its first other message and its last one
+    (which breaks a rule exactly when the full list does); ``foreign`` says
+    whether another message lies between its first and last.
+    """
+
+    run: RunRef
+    messages: tuple[MessageRef, ...]
+    foreign: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RootFacts:
+    """The ``_facts`` of a root: the thread's open runs and its last message, post-commit.
+
+    A commit that only appends messages (with any root or lease change)
+    derives the next facts from these and the messages it inserts
+    (:meth:`after_inserts`), so its relationship check needs no query; any
+    other commit reads them back from the children after its check.
+    """
+
+    tail: MessageRef | None
+    open: tuple[OpenRunFacts, ...]
+
+    def document(self) -> dict[str, Any]:
+        return {
+            "tail": _ref_document(self.tail),
+            "open": [
+                {
+                    "runId": o.run.run_id,
+                    "status": o.run.status,
+                    "admitted": o.run.admitted,
+                    "queueItemId": o.run.queue_item_id,
+                    "inputMessageIds": list(o.run.input_message_ids),
+                    "messages": [_ref_document(m) for m in o.messages],
+                    "foreign": o.foreign,
+                }
+                for o in self.open
+            ],
+        }
+
+    def after_inserts(self, inserted: Sequence[MessageRef]) -> RootFacts:
+        """The facts once ``inserted`` (new messages, in position order, after every
+        stored one) are appended; the open runs themselves are unchanged."""
+        if not inserted:
+            return self
+        runs: list[OpenRunFacts] = []
+        for facts in self.open:
+            run_id = facts.run.run_id
+            messages = list(facts.messages)
+            foreign = facts.foreign
+            # Whether some other message follows the run's last one (so far).
+            gap = bool(messages) and (
+                self.tail is None or self.tail.position != messages[-1].position
+            )
+            for ref in inserted:
+                if ref.run_id != run_id:
+                    gap = gap or bool(messages)
+                    continue
+                foreign = foreign or gap
+                messages = _relevant([*messages, ref])
+                gap = False
+            runs.append(OpenRunFacts(facts.run, tuple(messages), foreign))
+        return RootFacts(inserted[-1], tuple(runs))
+
+
+def _relevant(messages: list[MessageRef]) -> list[MessageRef]:
+    """Input messages, the first other message and the last one, in position order."""
+    other = next((m for m in messages if m.relation != "input"), None)
+    keep = {m.position: m for m in messages if m.relation == "input"}
+    for m in (other, messages[-1] if messages else None):
+        if m is not None:
+            keep[m.position] = m
+    return [keep[p] for p in sorted(keep)]
+
+
+def _ref_document(ref: MessageRef | None) -> dict[str, Any] | None:
+    if ref is None:
+        return None
+    return {
+        "messageId": ref.message_id,
+        "order": ref.position,
+        "runId": ref.run_id,
+        "relation": ref.relation,
+    }
+
+
+def _optional_str(value: Any) -> str | None:
+    if value is not None and type(value) is not str:
+        raise TypeError
+    return value
+
+
+def _parse_ref(value: Any) -> MessageRef | None:
+    if value is None:
+        return None
+    if type(value) is not dict or set(value) != {"messageId", "order", "runId", "relation"}:
+        raise TypeError
+    if type(value["messageId"]) is not str or type(value["order"]) is not int:
+        raise TypeError
+    return MessageRef(
+        value["messageId"],
+        value["order"],
+        _optional_str(value["runId"]),
+        _optional_str(value["relation"]),
+    )
+
+
+def _parse_open(value: Any) -> OpenRunFacts:
+    fields = {
+        "runId",
+        "status",
+        "admitted",
+        "queueItemId",
+        "inputMessageIds",
+        "messages",
+        "foreign",
+    }
+    if type(value) is not dict or set(value) != fields:
+        raise TypeError
+    run_id, status, admitted = value["runId"], value["status"], value["admitted"]
+    inputs, messages, foreign = value["inputMessageIds"], value["messages"], value["foreign"]
+    if type(run_id) is not str or type(status) is not str or type(admitted) is not bool:
+        raise TypeError
+    if type(inputs) is not list or any(type(i) is not str for i in inputs):
+        raise TypeError
+    if type(messages) is not list or type(foreign) is not bool:
+        raise TypeError
+    refs: list[MessageRef] = []
+    for item in messages:
+        ref = _parse_ref(item)
+        if ref is None:
+            raise TypeError
+        refs.append(ref)
+    run = RunRef(run_id, status, admitted, _optional_str(value["queueItemId"]), tuple(inputs))
+    return OpenRunFacts(run, tuple(refs), foreign)
+
+
+def root_facts(doc: Mapping[str, Any]) -> RootFacts | None:
+    """The ``_facts`` of a decoded root, or ``None`` for a format-1 root.
+
+    Raises :class:`ThreadStoreInvariantError` when they are malformed.
+    """
+    value = doc.get("_facts")
+    if value is None:
+        return None
+    try:
+        if type(value) is not dict or set(value) != {"tail", "open"}:
+            raise TypeError
+        if type(value["open"]) is not list:
+            raise TypeError
+        return RootFacts(_parse_ref(value["tail"]), tuple(_parse_open(o) for o in value["open"]))
+    except TypeError:
+        raise _invalid("thread", "malformed _facts") from None

@@ -14,6 +14,7 @@ import heapq
 import itertools
 import random
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import suppress
 from datetime import UTC, datetime, timedelta
@@ -32,19 +33,24 @@ from pymongo.read_preferences import ReadPreference
 from pymongo.write_concern import WriteConcern
 
 from pai_storage import (
+    AcquireLease,
     Clock,
     CommittedResult,
     CommitThreadInput,
     ConflictResult,
     DeleteChange,
+    DeleteMutation,
     InsertChange,
     ListThreadsInput,
     Page,
     ReadThreadInput,
+    ReleaseLease,
+    RenewLease,
     ReplaceChange,
     StoreInfo,
     StoreWarning,
     ThreadChanges,
+    ThreadLease,
     ThreadReadResult,
     ThreadRecord,
     ThreadStore,
@@ -52,6 +58,7 @@ from pai_storage import (
     ThreadStoreError,
     ThreadStoreInvariantError,
     ThreadStoreUnavailableError,
+    ThreadVersion,
     TruncateChange,
     WarningCallback,
 )
@@ -76,8 +83,9 @@ from pai_storage.backend import (
     RunRef,
     StoreURL,
     Window,
+    apply_thread_root_update,
+    commit_time,
     duplicate_insert_error,
-    make_url,
     map_errors,
     redact,
     run_commit,
@@ -85,19 +93,22 @@ from pai_storage.backend import (
     truncate_ms,
 )
 
+from .client import MongoClientHolder
 from .documents import (
     CODEC_OPTIONS,
     RAW_CODEC_OPTIONS,
     SCHEMA_VERSION,
+    OpenRunFacts,
+    RootFacts,
     child_document,
     decode_or_invalid,
     parse_child,
     parse_root,
     root_document,
+    root_facts,
 )
 from .errors import (
     Phase,
-    check_url_options,
     duplicate_key,
     is_duplicate_key,
     is_transient,
@@ -230,6 +241,64 @@ class _InsertExists(Exception):
     """Internal: a unique index refused an insert the commit assumed new (see ``load_rows``)."""
 
 
+class _Mispredicted(Exception):
+    """Internal: a root stamped in the hold is not the one the pipeline judged (see ``hold``)."""
+
+
+_EMPTY_FACTS = RootFacts(None, ())
+
+
+class _Cached(NamedTuple):
+    """A root as stored (exact bytes), parsed, with its counters and facts."""
+
+    raw: RawBSONDocument
+    root: ThreadRecord
+    next_positions: Mapping[FamilyName, int]
+    facts: RootFacts
+
+
+class _RootCache:
+    """The last stored root this store saw per thread (bounded, least recently used).
+
+    Only a hint: a commit uses an entry only when the stored root still equals
+    it byte for byte in meaning (the hold's filter compares the whole
+    document), so a stale or foreign entry just costs the usual hold.
+    """
+
+    LIMIT = 4096
+
+    def __init__(self) -> None:
+        self._entries: OrderedDict[tuple[str, str], _Cached] = OrderedDict()
+
+    def get(self, key: tuple[str, str]) -> _Cached | None:
+        entry = self._entries.get(key)
+        if entry is not None:
+            self._entries.move_to_end(key)
+        return entry
+
+    def put(self, key: tuple[str, str], entry: _Cached) -> None:
+        self._entries[key] = entry
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.LIMIT:
+            self._entries.popitem(last=False)
+
+    def offer(self, key: tuple[str, str], entry: _Cached) -> None:
+        """Keep ``entry`` unless a newer revision of the same thread is known."""
+        known = self._entries.get(key)
+        if known is not None and (
+            known.root.version.thread_instance_id == entry.root.version.thread_instance_id
+            and known.root.version.revision > entry.root.version.revision
+        ):
+            return
+        self.put(key, entry)
+
+    def drop(self, key: tuple[str, str]) -> None:
+        self._entries.pop(key, None)
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+
 def _ms_to_datetime(ms: int) -> datetime:
     return _EPOCH + timedelta(milliseconds=ms)
 
@@ -254,11 +323,22 @@ class MongoThreadStore(ThreadStore):
         or sharded cluster: commits use multi-document transactions). An option
         the driver would reject is a :class:`ThreadStoreConfigurationError`
         here; one only the server can judge (``w=banana``), at ``initialize()``.
+        Not needed with ``client=``.
+    client:
+        An application's own ``AsyncMongoClient`` (never closed by
+        pai-storage), or the :class:`~pai_storage_mongo.client.MongoClientHolder`
+        that ``connect()`` shares among the stores it opens. Without it the
+        store makes its own client and closes it in ``close()``.
     db_name:
-        Database name; defaults to the URL's database, then ``"pai"``.
+        Database name; defaults to the URL's database, then ``"pai"`` (not
+        with a shared holder, which has its own).
     collection_name:
-        The thread collection (default ``"pai_threads"``); children live in
+        The thread collection (default: the client's collection prefix and
+        ``threads``, i.e. ``"pai_threads"``); children live in
         ``<name>_messages``, ``<name>_pending_messages`` and ``<name>_runs``.
+    collection_prefix:
+        The prefix of the default collection name (default ``"pai_"``; not
+        with a shared holder).
     clock:
         Test-only clock override; production uses the MongoDB primary's time.
     on_warning:
@@ -273,28 +353,33 @@ class MongoThreadStore(ThreadStore):
 
     def __init__(
         self,
-        url: str | StoreURL,
+        url: str | StoreURL | None = None,
         *,
+        client: object = None,
         db_name: str | None = None,
-        collection_name: str = "pai_threads",
+        collection_name: str | None = None,
+        collection_prefix: str | None = None,
         clock: Clock | None = None,
         on_warning: WarningCallback | None = None,
         token_secret: bytes | None = None,
     ) -> None:
         super().__init__(clock=clock, on_warning=on_warning, token_secret=token_secret)
-        self.url = make_url(url)
-        if self.url.scheme != "mongodb" or self.url.driver not in (None, "srv"):
-            raise ThreadStoreConfigurationError(
-                f"the mongo backend serves mongodb:// and mongodb+srv:// URLs, "
-                f"not {self.url.full_scheme}://"
-            )
-        check_url_options(self.url)
-        self.db_name = _check_name("db_name", db_name or self.url.database or "pai")
-        self.collection_name = _check_name("collection_name", collection_name)
+        if db_name is not None:
+            _check_name("db_name", db_name)
+        if collection_name is not None:
+            _check_name("collection_name", collection_name)
+        # Everything that can be refused is checked before the holder counts this store.
+        self._holder = MongoClientHolder.attached(
+            url, client, db_name=db_name, collection_prefix=collection_prefix
+        )
+        self.url = self._holder.url
+        self.db_name = self._holder.db_name
+        self.collection_name = collection_name or self._holder.collection_prefix + "threads"
         self._client: AsyncMongoClient[Doc] | None = None
         self._db: AsyncDatabase[Doc] | None = None
         self._server_version: str | None = None
         self._topology = ""
+        self._roots: _RootCache = _RootCache()
 
     def __repr__(self) -> str:
         return (
@@ -389,32 +474,21 @@ class MongoThreadStore(ThreadStore):
         return translate
 
     async def _initialize(self) -> None:
-        """Connect, check the deployment, create the indexes.
+        """Connect (through the client holder), check the deployment, create the indexes.
 
-        The client exists only inside this method until everything succeeded;
-        if any step fails or the attempt is cancelled (``close()`` during a lazy
-        initialize) at any await, the client is closed before this returns.
+        The store keeps the client only once everything succeeded. When a step
+        fails, a client this store's holder made for it alone is closed and
+        forgotten, so the next attempt starts clean; a shared or given client
+        stays with its holder. A ``close()`` during a lazy initialize cancels
+        this at any await, and the holder's release closes what it made.
         """
-        from pymongo import AsyncMongoClient
-
-        options: dict[str, Any] = {
-            "tz_aware": True,
-            "document_class": dict,
-            "appname": "pai-storage",
-        }
-        query_keys = {key.lower() for key, _ in self.url.query}
-        if "serverselectiontimeoutms" not in query_keys:
-            options["serverSelectionTimeoutMS"] = DEFAULT_SERVER_SELECTION_TIMEOUT_MS
-        with map_errors(self._connect_error):
-            client: AsyncMongoClient[Doc] = AsyncMongoClient(
-                self.url.render(hide_password=False), **options
-            )
+        client = await self._holder.client()
         try:
             with map_errors(self._connect_error):
                 await self._prepare(client)
-        except BaseException:  # cancellation included: never keep a half-made client
-            with suppress(Exception):
-                await client.close()
+        except BaseException as exc:
+            if not isinstance(exc, asyncio.CancelledError):
+                await self._holder.discard()
             raise
         self._client = client
         self._db = client.get_database(self.db_name, codec_options=CODEC_OPTIONS)
@@ -498,9 +572,9 @@ class MongoThreadStore(ThreadStore):
             )
 
     async def _close(self) -> None:
-        client, self._client, self._db = self._client, None, None
-        if client is not None:
-            await client.close()
+        self._client, self._db = None, None
+        self._roots.clear()
+        await self._holder.release()
 
     async def _info(self) -> StoreInfo:
         return StoreInfo(
@@ -516,8 +590,12 @@ class MongoThreadStore(ThreadStore):
 
     async def server_time(self) -> datetime:
         """The MongoDB primary's current time (ms precision)."""
-        hello = await self._guard("read", lambda: self.database.command("hello"))
+        hello = await self._guard("read", self._hello)
         return truncate_ms(hello["localTime"])
+
+    async def _hello(self, session: AsyncClientSession | None = None) -> Doc:
+        """``hello`` decoded with timezone-aware dates, whatever the client's own options."""
+        return await self.database.command("hello", codec_options=CODEC_OPTIONS, session=session)
 
     # ------------------------------------------------------------ rows
 
@@ -685,31 +763,49 @@ class MongoThreadStore(ThreadStore):
     async def _commit_once(
         self, session: AsyncClientSession, request: CommitThreadInput
     ) -> CommittedResult | ConflictResult:
-        """One transaction; a second, exact one when an assumption about inserts may matter.
+        """One transaction; a second, exact one when an assumption may matter.
 
         The first attempt does not look up ids that the commit only inserts (the
         unique indexes refuse them if they exist). When it ends in anything but
         a commit before those inserts were written — a mechanical error, a lease
         conflict, or the unique index refusing one — it is rolled back and the
         commit is judged again with every named row loaded, so the outcome is
-        exactly the reference's.
+        exactly the reference's. Likewise a root stamped in the hold that is
+        not the one the pipeline judged is rolled back and the commit judged
+        again without stamping ahead.
         """
         exact = False
+        stamp = True
+        key = (request.scope_key, request.thread_id)
         while True:
-            tx = _MongoCommit(self, session, request, exact=exact)
+            tx = _MongoCommit(self, session, request, exact=exact, stamp=stamp)
             await session.start_transaction(**_TXN_OPTIONS)
             try:
                 outcome = await self._apply(session, request, tx)
             except BaseException as exc:
+                self._roots.drop(key)
                 if not isinstance(exc, ServerSelectionTimeoutError):
                     await self._abort(session)
+                if isinstance(exc, _Mispredicted):
+                    stamp = False
+                    continue
                 if tx.unverified and isinstance(exc, ThreadStoreInvariantError | _InsertExists):
                     exact = True
                     continue
                 raise
             if isinstance(outcome, CommittedResult):
-                await self._commit_transaction(session)
+                try:
+                    await self._commit_transaction(session)
+                except BaseException:
+                    self._roots.drop(key)
+                    raise
+                entry = tx.stored(outcome)
+                if entry is None:
+                    self._roots.drop(key)
+                else:
+                    self._roots.put(key, entry)
                 return outcome
+            self._roots.drop(key)
             await self._abort(session)
             if not tx.unverified:
                 return outcome
@@ -762,10 +858,52 @@ def _assumed_new(spec: FamilySpec, changes: Sequence[Any] | None) -> set[str]:
     return inserted - named
 
 
+def _lease_shape(
+    current: ThreadLease | None,
+    change: AcquireLease | RenewLease | ReleaseLease | None,
+    at: datetime,
+) -> ThreadLease | None:
+    """The lease a commit leaves when its lease change applies, its times all ``at``.
+
+    Stamping ahead writes this shape and sets the times from the commit time
+    on the server; whether the change applies at all is the pipeline's call.
+    """
+    if change is None:
+        return current
+    if isinstance(change, AcquireLease):
+        return ThreadLease(
+            kind="run",
+            run_id=change.lease.run_id,
+            owner_id=change.lease_owner_id,
+            operation=change.operation,
+            acquired_at=at,
+            expires_at=at,
+        )
+    if isinstance(change, RenewLease) and current is not None:
+        return current.model_copy(update={"renewed_at": at, "expires_at": at})
+    return None
+
+
+def _appends_only(changes: ThreadChanges | None) -> bool:
+    """Whether a commit's changes only insert messages (any root or lease change aside)."""
+    if changes is None:
+        return True
+    if changes.runs or changes.queued_items:
+        return False
+    return all(isinstance(c, InsertChange) for c in changes.messages or ())
+
+
 class _MongoCommit(CommitTransaction):
     """The commit primitives inside one multi-document transaction.
 
     Every statement is filtered on the thread's ``{scopeKey, threadId}``.
+
+    The root is written once per commit, with the thread's relationship
+    facts (``_facts``, see :class:`~pai_storage_mongo.documents.RootFacts`):
+    after the relationship check for most commits, but in the hold itself
+    when the store knows the stored root and the commit only appends
+    messages (see :meth:`hold`), which makes an append three round trips:
+    the hold, the insert and the commit.
     """
 
     def __init__(
@@ -775,6 +913,7 @@ class _MongoCommit(CommitTransaction):
         request: CommitThreadInput,
         *,
         exact: bool,
+        stamp: bool = True,
     ) -> None:
         self._store = store
         self._session = session
@@ -783,25 +922,55 @@ class _MongoCommit(CommitTransaction):
         mutation = request.mutation
         self._changes: ThreadChanges | None = getattr(mutation, "changes", None)
         self._exact = exact
+        self._stamp = stamp
         self._held_at: datetime | None = None
+        self._root_id: Any = None
+        self._previous_facts: RootFacts | None = None
+        self._stamped: tuple[RawBSONDocument, ThreadRecord, dict[FamilyName, int]] | None = None
+        self._facts: RootFacts | None = None
+        self._root: tuple[ThreadRecord, Mapping[FamilyName, int]] | None = None
+        self._stored: RawBSONDocument | None = None
         self.unverified: set[FamilyName] = set()
         """Families with inserts assumed new and not yet written."""
+
+    def stored(self, result: CommittedResult) -> _Cached | None:
+        """The root this commit stored, for the store's cache (``None`` after a delete)."""
+        if self._stored is None or self._root is None or self._facts is None:
+            return None
+        root, next_positions = self._root
+        if result.thread is None or result.thread.version != root.version:
+            return None
+        return _Cached(self._stored, root, dict(next_positions), self._facts)
 
     async def hold(self) -> HeldThread:
         """Write the root first, so the transaction holds the thread against others.
 
-        An update or delete marks the stored root (``_heldAt: $$NOW``) and gets
-        it back in one round trip, but only when it is at the expected version:
-        a stale commit writes nothing (so it never causes a write conflict for
-        the real writer) and reads the root once to report the conflict. A
-        create reads first and upserts a placeholder only when the key is free;
-        the final root replaces it.
+        When the store knows the stored root at the expected version and the
+        commit only appends messages, the hold writes the final root at once:
+        one ``findAndModify`` filtered on the whole known document, whose
+        update pipeline replaces it with the root the commit will produce —
+        the commit time is ``$$NOW`` (never before the last commit) and the
+        lease times follow from it on the server — and returns it. The
+        pipeline then judges the commit from the known root, and
+        :meth:`write_root` checks that it produced exactly what was stamped
+        (anything else is rolled back and judged again without stamping).
+
+        Otherwise an update or delete marks the stored root (``_heldAt:
+        $$NOW``) and gets it back in one round trip, but only when it is at
+        the expected version: a stale commit writes nothing (so it never
+        causes a write conflict for the real writer) and reads the root once
+        to report the conflict. A create reads first and upserts a
+        placeholder only when the key is free. The final root replaces either
+        after the relationship check.
         """
         threads = self._store._raw("threads")
         session = self._session
         condition = self._request.condition
         if condition.type == "version":
             expected = condition.version
+            stamped = await self._stamp_ahead(threads, expected)
+            if stamped is not None:
+                return stamped
             held = await threads.find_one_and_update(
                 {
                     **self._key,
@@ -815,14 +984,17 @@ class _MongoCommit(CommitTransaction):
             if held is not None:
                 doc = decode_or_invalid(held, "thread")
                 self._held_at = doc.pop("_heldAt")
-                return HeldThread(*parse_root(doc))
+                self._root_id = doc.get("_id")
+                result = HeldThread(*parse_root(doc))
+                self._previous_facts = root_facts(doc)
+                return result
             # Missing or at another version: a conflict, nothing written.
-            stored = await self._root(threads)
+            stored = await self._root_of(threads)
             if stored.root is not None and stored.root.version == expected:
                 # The filter missed a root whose version matches: not a valid root.
                 raise ThreadStoreInvariantError("invalid stored thread: malformed version")
             return stored
-        stored = await self._root(threads)
+        stored = await self._root_of(threads)
         if stored.root is not None:
             return stored
         placeholder = await threads.find_one_and_update(
@@ -835,10 +1007,79 @@ class _MongoCommit(CommitTransaction):
         )
         if placeholder is None:  # pragma: no cover - an upsert always returns the document
             raise _Retry()
-        self._held_at = decode_or_invalid(placeholder, "thread")["_heldAt"]
+        doc = decode_or_invalid(placeholder, "thread")
+        self._held_at = doc["_heldAt"]
+        self._root_id = doc.get("_id")
+        self._previous_facts = _EMPTY_FACTS
         return stored
 
-    async def _root(self, threads: AsyncCollection[RawBSONDocument]) -> HeldThread:
+    async def _stamp_ahead(
+        self, threads: AsyncCollection[RawBSONDocument], expected: ThreadVersion
+    ) -> HeldThread | None:
+        """The hold that writes the final root (see :meth:`hold`), when it applies."""
+        cached = self._store._roots.get((self._request.scope_key, self._request.thread_id))
+        mutation = self._request.mutation
+        if (
+            not self._stamp
+            or cached is None
+            or cached.root.version != expected
+            or isinstance(mutation, DeleteMutation)
+            or not _appends_only(self._changes)
+        ):
+            return None
+        previous = cached.root
+        changes = self._changes or ThreadChanges()
+        if isinstance(changes.lease, RenewLease) and previous.lease is None:
+            return None  # a conflict: nothing to stamp
+        inserted = [
+            MessageRef.of(cached.next_positions["messages"] + i, cast(Any, c.record))
+            for i, c in enumerate(changes.messages or ())
+            if isinstance(c, InsertChange)
+        ]
+        facts = cached.facts.after_inserts(inserted)
+        # Any time stands in for the commit time; the pipeline sets the real one.
+        placeholder = previous.updated_at
+        lease = _lease_shape(previous.lease, changes.lease, placeholder)
+        root = apply_thread_root_update(previous, self._request, placeholder, lease)
+        counters = {**cached.next_positions}
+        counters["messages"] += len(inserted)
+        base = {"_id": cached.raw["_id"], **root_document(root, counters, facts)}
+        test_now = self._store.now()
+        now: Any = (
+            {"$literal": commit_time(test_now, previous)}
+            if test_now is not None
+            else {"$max": ["$$NOW", {"$literal": previous.updated_at}]}
+        )
+        pipeline: list[Doc] = [{"$replaceWith": {"$literal": base}}, {"$set": {"updatedAt": now}}]
+        change = changes.lease
+        if isinstance(change, AcquireLease | RenewLease):
+            at = "lease.acquiredAt" if isinstance(change, AcquireLease) else "lease.renewedAt"
+            pipeline.append(
+                {
+                    "$set": {
+                        at: "$updatedAt",
+                        "lease.expiresAt": {"$add": ["$updatedAt", change.duration_ms]},
+                    }
+                }
+            )
+        after = await threads.find_one_and_update(
+            {**self._key, "$expr": {"$eq": ["$$ROOT", {"$literal": cached.raw}]}},
+            pipeline,
+            return_document=ReturnDocument.AFTER,
+            session=self._session,
+        )
+        if after is None:  # the stored root is not the one this store knew
+            return None
+        doc = decode_or_invalid(after, "thread")
+        record, next_positions = parse_root(doc)
+        self._held_at = record.updated_at
+        self._root_id = doc.get("_id")
+        self._previous_facts = cached.facts
+        self._stamped = (after, record, next_positions)
+        self._facts = facts
+        return HeldThread(previous, cached.next_positions)
+
+    async def _root_of(self, threads: AsyncCollection[RawBSONDocument]) -> HeldThread:
         raw = await threads.find_one(self._key, session=self._session)
         if raw is None:
             return HeldThread(None)
@@ -863,10 +1104,12 @@ class _MongoCommit(CommitTransaction):
     async def write_root(
         self, root: ThreadRecord, next_positions: Mapping[FamilyName, int], *, created: bool
     ) -> None:
-        # A create replaces the placeholder its hold upserted.
-        await self._store._col("threads").replace_one(
-            self._key, root_document(root, next_positions), session=self._session
-        )
+        """Check a root stamped in the hold; otherwise keep it for after the relationship check."""
+        if self._stamped is not None:
+            _, stamped, counters = self._stamped
+            if stamped != root or counters != dict(next_positions):
+                raise _Mispredicted()
+        self._root = (root, next_positions)
 
     async def write_family(self, spec: FamilySpec, write: FamilyWrite[Any]) -> Iterable[str]:
         """One ordered bulk write: truncation, deletes, replacements, inserts."""
@@ -937,6 +1180,12 @@ class _MongoCommit(CommitTransaction):
         await self._store._col("threads").delete_one(self._key, session=self._session)
 
     def relationship_reader(self, context: RelationshipContext) -> RelationshipReader:
+        reader = self._reader(context)
+        if self._stamped is not None and self._facts is not None:
+            return _KnownFacts(self._facts, reader)
+        return reader
+
+    def _reader(self, context: RelationshipContext) -> _Reader:
         inserted = context.writes["messages"].inserts
         changes = context.changes
         return _Reader(
@@ -947,6 +1196,80 @@ class _MongoCommit(CommitTransaction):
             tail=inserted[-1] if inserted else None,
             queue_unchanged=not changes.queued_items and not changes.runs,
         )
+
+    async def check_relationships(self, context: RelationshipContext) -> None:
+        """Check the rules, then write the root with the thread's facts after the commit.
+
+        A stamped root is written already; its facts must be the ones the
+        inserts the pipeline made give (they are, unless the stamp was wrong).
+        """
+        reader = self._reader(context)
+        known = self._facts if self._stamped is not None else None
+        await context.plan.check(_KnownFacts(known, reader) if known is not None else reader)
+        if self._root is None:  # pragma: no cover - the pipeline writes the root first
+            raise RuntimeError("the root was not written before the relationship check")
+        root, next_positions = self._root
+        if self._stamped is not None:
+            assert self._previous_facts is not None
+            inserted = [
+                MessageRef.of(e.position, e.record) for e in context.writes["messages"].inserts
+            ]
+            if self._previous_facts.after_inserts(inserted) != self._facts:
+                raise _Mispredicted()
+            self._stored = self._stamped[0]
+            return
+        facts = self._previous_facts
+        if facts is None or context.plan.check_tail:
+            facts = await _read_facts(reader)
+        document = root_document(root, next_positions, facts)
+        await self._store._col("threads").replace_one(self._key, document, session=self._session)
+        self._facts = facts
+        self._stored = RawBSONDocument(bson.encode({"_id": self._root_id, **document}))
+
+
+async def _read_facts(reader: _Reader) -> RootFacts:
+    """The thread's facts after the commit, through the (memoizing) relationship reader."""
+    open_runs = await reader.open_runs()
+    tail = await reader.tail()
+    facts = await reader.run_facts([r.run_id for r in open_runs]) if open_runs else {}
+    return RootFacts(
+        tail,
+        tuple(
+            OpenRunFacts(run, tuple(facts[run.run_id].messages), facts[run.run_id].foreign_inside)
+            for run in open_runs
+        ),
+    )
+
+
+class _KnownFacts:
+    """The relationship queries of a commit that knows its thread's facts (stamped ahead).
+
+    The open runs, the tail and each open run's facts come from the facts;
+    only other runs (which an append rarely names) are queried.
+    """
+
+    def __init__(self, facts: RootFacts, reader: _Reader) -> None:
+        self._facts = facts
+        self._reader = reader
+        self._open = {o.run.run_id: o for o in facts.open}
+
+    async def open_runs(self) -> Sequence[RunRef]:
+        return [o.run for o in self._facts.open]
+
+    async def tail(self) -> MessageRef | None:
+        return self._facts.tail
+
+    async def run_facts(self, run_ids: Iterable[str]) -> Mapping[str, RunFacts]:
+        ids = list(dict.fromkeys(run_ids))
+        others = [i for i in ids if i not in self._open]
+        found: dict[str, RunFacts] = dict(await self._reader.run_facts(others)) if others else {}
+        for run_id in ids:
+            if run_id in self._open:
+                known = self._open[run_id]
+                # An open run is admitted, so a valid thread has no queued item of it, and
+                # a commit that only appends messages adds none.
+                found[run_id] = RunFacts(known.run, list(known.messages), known.foreign, [])
+        return found
 
 
 # ------------------------------------------------------------------ read primitives
@@ -977,14 +1300,23 @@ class _MongoSnapshot(ReadSnapshot):
         if not docs:
             observed = self.test_now
             if observed is None:
-                hello = await self._store.database.command("hello")
+                hello = await self._store._hello()
                 observed = hello["localTime"]
             return ReadHead(observed, None)
-        doc = decode_or_invalid(docs[0], "thread")
+        raw = docs[0]
+        doc = decode_or_invalid(raw, "thread")
         observed = doc.pop("_observedAt", None) or self.test_now
         if not isinstance(observed, datetime):  # pragma: no cover - $$NOW is a date
             raise ThreadStoreInvariantError("invalid stored thread: no observation time")
         root, next_positions = parse_root(doc)
+        facts = root_facts(doc)
+        if facts is not None:
+            # What a commit of this thread will most likely hold next (see _RootCache).
+            stored = {k: v for k, v in raw.items() if k != "_observedAt"}
+            self._store._roots.offer(
+                (root.scope_key, root.thread_id),
+                _Cached(RawBSONDocument(bson.encode(stored)), root, next_positions, facts),
+            )
         return ReadHead(observed, root, next_positions)
 
     async def load_rows(self, spec: FamilySpec, ids: Sequence[str]) -> Mapping[str, Entry[Any]]:
@@ -1112,6 +1444,7 @@ class _Reader:
         self._queue_unchanged = queue_unchanged
         self._runs: dict[str, RunRef] | None = None
         self._open: list[RunRef] | None = None
+        self._facts: dict[str, RunFacts] = {}
 
     async def _load_runs(self, ids: Iterable[str], with_open: bool) -> None:
         wanted = sorted(set(ids))
@@ -1218,7 +1551,14 @@ class _Reader:
         return messages, spans
 
     async def run_facts(self, run_ids: Iterable[str]) -> Mapping[str, RunFacts]:
-        ids = list(run_ids)
+        """Facts for each id, each loaded once per commit."""
+        ids = list(dict.fromkeys(run_ids))
+        missing = [i for i in ids if i not in self._facts]
+        if missing:
+            self._facts.update(await self._load_facts(missing))
+        return {i: self._facts[i] for i in ids}
+
+    async def _load_facts(self, ids: list[str]) -> dict[str, RunFacts]:
         key, session = self._key, self._session
         missing = [i for i in ids if self._runs is None or i not in self._runs]
         known_absent = self._runs is not None and set(missing) <= self._prefetch
