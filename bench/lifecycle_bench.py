@@ -13,8 +13,8 @@ samples interleaved, and reported as medians with the ratio large / small
   cutoff and stays);
 - **erase**: ``erase_scope`` of a scope of 1,000 threads in a store holding
   10,000 vs 100,000 threads in other scopes;
-- **erase per thread**: ``erase_scope`` of a scope of 10,000 vs 100,000
-  threads, per thread deleted.
+- **erase per thread**: ``erase_scope`` of a scope of 1,000 vs 10,000
+  threads (a tenth of the store sizes), per thread deleted.
 """
 
 from __future__ import annotations
