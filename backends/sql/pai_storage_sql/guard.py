@@ -34,7 +34,7 @@ from sqlalchemy.dialects import mysql, sqlite
 from pai_storage.guard import ExecutionGuard, LockInfo
 from pai_storage.models import truncate_ms
 
-from .runtime_support import PURGE_BATCH, RuntimeDb, split_client_options
+from .runtime_support import RuntimeDb, split_client_options
 from .runtime_tables import digest
 
 if TYPE_CHECKING:
@@ -200,29 +200,4 @@ class SqlExecutionGuard(ExecutionGuard):
         )
 
     async def _purge_expired(self) -> int:
-        t = self.table
-
-        async def batch(conn: AsyncConnection) -> int:
-            now = await self._db.now(conn, self)
-            query = (
-                select(t.c.resource_hash)
-                .where(t.c.expires_at <= now)
-                .order_by(t.c.expires_at)
-                .limit(PURGE_BATCH)
-            )
-            if self._db.mysql:
-                query = query.with_for_update(skip_locked=True)
-            keys = [bytes(r[0]) for r in await conn.execute(query)]
-            if not keys:
-                return 0
-            result = await conn.execute(
-                delete(t).where(t.c.resource_hash.in_(keys), t.c.expires_at <= now)
-            )
-            return int(result.rowcount)
-
-        total = 0
-        while True:
-            count = await self._db.write(batch)
-            total += count
-            if count < PURGE_BATCH:
-                return total
+        return await self._db.purge(self.table, self)

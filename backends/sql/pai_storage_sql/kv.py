@@ -47,7 +47,6 @@ from pai_storage.backend import (
 from pai_storage.runtime import DEFAULT_MAX_VALUE_BYTES
 
 from .runtime_support import (
-    PURGE_BATCH,
     RuntimeDb,
     escaped_size,
     ordered_scan,
@@ -462,34 +461,7 @@ class SqlKeyValueStore(KeyValueStore):
         return await self._db.read(read)
 
     async def _purge_expired(self) -> int:
-        t = self.table
-
-        async def batch(conn: AsyncConnection) -> int:
-            now = await self._db.now(conn, self)
-            query = (
-                select(t.c.sk_head, t.c.sk_tail_hash)
-                .where(t.c.expires_at <= now)
-                .order_by(t.c.expires_at)
-                .limit(PURGE_BATCH)
-            )
-            if self._db.mysql:
-                query = query.with_for_update(skip_locked=True)
-            keys = [(bytes(r[0]), bytes(r[1])) for r in await conn.execute(query)]
-            if not keys:
-                return 0
-            result = await conn.execute(
-                delete(t).where(
-                    tuple_(t.c.sk_head, t.c.sk_tail_hash).in_(keys), t.c.expires_at <= now
-                )
-            )
-            return int(result.rowcount)
-
-        total = 0
-        while True:
-            count = await self._db.write(batch)
-            total += count
-            if count < PURGE_BATCH:
-                return total
+        return await self._db.purge(self.table, self)
 
 
 def _skip(path: bytes, max_depth: int | None, depth: int) -> bytes:

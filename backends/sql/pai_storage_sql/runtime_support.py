@@ -17,13 +17,24 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from sqlalchemy import ColumnElement, Select, Table, and_, true
+from sqlalchemy import (
+    ColumnElement,
+    Select,
+    Table,
+    and_,
+    bindparam,
+    delete,
+    literal_column,
+    select,
+    text,
+    true,
+)
 
 from pai_storage.backend import StoreURL
 from pai_storage.models import truncate_ms
 
 from .client import SqlClient
-from .runtime_tables import RuntimeTables, head_bytes, join_key
+from .runtime_tables import RuntimeTables, UtcMillis, head_bytes, join_key
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Row
@@ -141,6 +152,38 @@ class RuntimeDb:
         if given is not None:
             return given
         return truncate_ms(await self.client.server_time(conn))
+
+    async def purge(self, table: Table, store: ManagedStore) -> int:
+        """Delete every row of ``table`` whose ``expires_at`` has passed, in batches.
+
+        Each batch is one transaction and one ``DELETE`` of at most
+        :data:`PURGE_BATCH` rows, the oldest first, through the ``expires_at``
+        index: MariaDB/MySQL ``DELETE ... ORDER BY expires_at LIMIT n``;
+        SQLite (no ``DELETE ... LIMIT``) by ``rowid`` from a bounded
+        ``SELECT``. Batches repeat until one deletes fewer.
+        """
+        expires = table.c.expires_at
+
+        async def batch(conn: AsyncConnection) -> int:
+            now = await self.now(conn, store)
+            if self.mysql:
+                name = conn.dialect.identifier_preparer.format_table(table)
+                statement: Any = text(
+                    f"DELETE FROM {name} WHERE expires_at <= :now "
+                    f"ORDER BY expires_at LIMIT {PURGE_BATCH}"
+                ).bindparams(bindparam("now", now, type_=UtcMillis()))
+            else:
+                rowid: ColumnElement[Any] = literal_column("rowid")
+                oldest = select(rowid).select_from(table).where(expires <= now).limit(PURGE_BATCH)
+                statement = delete(table).where(rowid.in_(oldest))
+            return int((await conn.execute(statement)).rowcount)
+
+        total = 0
+        while True:
+            count = await self.write(batch)
+            total += count
+            if count < PURGE_BATCH:
+                return total
 
     def packet_room(self) -> int | None:
         """Bytes of escaped values one statement may carry (``None``: no limit, SQLite)."""

@@ -23,7 +23,7 @@ import builtins
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from sqlalchemy import ColumnElement, and_, delete, or_, select, tuple_
+from sqlalchemy import ColumnElement, and_, delete, or_, select
 from sqlalchemy.dialects import mysql, sqlite
 
 from pai_storage.errors import CorruptSnapshotError, SnapshotTooLargeError
@@ -31,7 +31,7 @@ from pai_storage.events import StoreWarning
 from pai_storage.runtime import parse_json_text
 from pai_storage.snapshots import Snapshot, SnapshotDraft, SnapshotInfo, SnapshotStore
 
-from .runtime_support import PURGE_BATCH, RuntimeDb, escaped_size, split_client_options
+from .runtime_support import RuntimeDb, escaped_size, split_client_options
 from .runtime_tables import digest, join_key, split_key
 
 if TYPE_CHECKING:
@@ -283,35 +283,7 @@ class SqlSnapshotStore(SnapshotStore):
         return await self._db.write(write)
 
     async def _purge_expired(self) -> int:
-        t = self.table
-
-        async def batch(conn: AsyncConnection) -> int:
-            now = await self._db.now(conn, self)
-            query = (
-                select(t.c.scope_hash, t.c.id_head, t.c.id_tail_hash)
-                .where(t.c.expires_at <= now)
-                .order_by(t.c.expires_at)
-                .limit(PURGE_BATCH)
-            )
-            if self._db.mysql:
-                query = query.with_for_update(skip_locked=True)
-            keys = [(bytes(r[0]), bytes(r[1]), bytes(r[2])) for r in await conn.execute(query)]
-            if not keys:
-                return 0
-            result = await conn.execute(
-                delete(t).where(
-                    tuple_(t.c.scope_hash, t.c.id_head, t.c.id_tail_hash).in_(keys),
-                    t.c.expires_at <= now,
-                )
-            )
-            return int(result.rowcount)
-
-        total = 0
-        while True:
-            count = await self._db.write(batch)
-            total += count
-            if count < PURGE_BATCH:
-                return total
+        return await self._db.purge(self.table, self)
 
     # ------------------------------------------------------------ rows
 

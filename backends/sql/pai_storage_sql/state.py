@@ -34,7 +34,7 @@ from pai_storage.backend import AgentStateStore, ListHead, ListWrite, SessionKey
 from pai_storage.runtime import DEFAULT_MAX_VALUE_BYTES, parse_json_text
 from pai_storage.state import DEFAULT_SESSION_TTL, StoredKind, VersionedState
 
-from .runtime_support import PURGE_BATCH, RuntimeDb, escaped_size, ordered_scan
+from .runtime_support import RuntimeDb, escaped_size, ordered_scan
 from .runtime_tables import digest, join_key, split_key
 
 if TYPE_CHECKING:
@@ -418,27 +418,4 @@ class SqlAgentStateStore(AgentStateStore):
         return await self._db.read(read)
 
     async def _purge_expired(self) -> int:
-        s = self.sessions
-
-        async def batch(conn: AsyncConnection) -> int:
-            now = await self._db.now(conn, self)
-            query = (
-                select(s.c.id)
-                .where(s.c.expires_at <= now)
-                .order_by(s.c.expires_at)
-                .limit(PURGE_BATCH)
-            )
-            if self._db.mysql:
-                query = query.with_for_update(skip_locked=True)
-            ids = [int(r[0]) for r in await conn.execute(query)]
-            if not ids:
-                return 0
-            result = await conn.execute(delete(s).where(s.c.id.in_(ids), s.c.expires_at <= now))
-            return int(result.rowcount)
-
-        total = 0
-        while True:
-            count = await self._db.write(batch)
-            total += count
-            if count < PURGE_BATCH:
-                return total
+        return await self._db.purge(self.sessions, self)
