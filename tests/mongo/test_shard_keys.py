@@ -166,6 +166,15 @@ def test_unknown_commands_on_store_collections_are_violations() -> None:
     assert verdicts(line("mapReduce", "kv")) == ["violation"]
 
 
+def test_a_module_the_audit_does_not_know_is_reported() -> None:
+    unknown = {**line("find", "kv", ["threads2._read"], filter={}), "kind": None}
+    (finding,) = shardaudit.audit([unknown])
+    assert finding.verdict == "violation"
+    assert "does not know" in finding.reason
+    maintenance = {**line("createIndexes", "kv", ["client._create"]), "kind": None}
+    assert verdicts(maintenance) == ["administrative"]
+
+
 def test_shapes_hide_every_value() -> None:
     shaped = shardaudit.shape(
         {
@@ -202,7 +211,19 @@ def test_the_command_line_fails_on_a_violation(
 ) -> None:
     good = tmp_path / "good.jsonl"
     good.write_text(json.dumps(line("find", "kv", filter={"ns": "<str>"})) + "\n")
-    assert shardaudit.main([str(good)]) == 0
+    assert shardaudit.main([str(good), "--partial"]) == 0
+    # A full run's log must show every kind of collection: a store whose commands
+    # went unclassified would otherwise pass unaudited.
+    assert shardaudit.main([str(good)]) == 1
+    assert "NOT AUDITED: no command on guard" in capsys.readouterr().out
+    every = tmp_path / "every.jsonl"
+    every.write_text(
+        "".join(
+            json.dumps(line("find", kind, filter={key[0]: "<str>"})) + "\n"
+            for kind, key in shardaudit.SHARD_KEYS.items()
+        )
+    )
+    assert shardaudit.main([str(every)]) == 0
     bad = tmp_path / "bad.jsonl"
     bad.write_text(
         "\n".join(
@@ -214,7 +235,7 @@ def test_the_command_line_fails_on_a_violation(
         )
         + "\n"
     )
-    assert shardaudit.main([str(bad)]) == 1
+    assert shardaudit.main([str(bad), "--partial"]) == 1
     out = capsys.readouterr().out
     assert "VIOLATION x1: find on threads" in out
     empty = tmp_path / "empty.jsonl"
@@ -354,7 +375,9 @@ async def test_every_store_command_is_routed_to_one_scope(
     violations = [f"{f.describe()} {f.detail}" for f in findings if f.verdict == "violation"]
     assert violations == []
     kinds = {f.kind for f in findings}
-    assert kinds == set(shardaudit.SHARD_KEYS)
+    assert kinds == {*shardaudit.SHARD_KEYS, "?"}
+    # Only maintenance (index creation from the shared client's task) has no kind.
+    assert {f.verdict for f in findings if f.kind == "?"} == {"administrative"}
     commands = {(f.kind, f.command) for f in findings if f.verdict == "targeted"}
     for expected in [
         ("threads", "find"),
