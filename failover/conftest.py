@@ -12,9 +12,18 @@ written to ``PAI_FAILOVER_REPORT`` (default ``<tmp>/pai-failover/report.txt``).
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 
-from failover.reporting import REPORTS, report_path
+# The shared test helpers (``support``: the fault proxy) live under tests/, which this
+# run does not collect.
+_TESTS = str(Path(__file__).resolve().parent.parent / "tests")
+if _TESTS not in sys.path:
+    sys.path.append(_TESTS)
+
+from failover.reporting import REPORTS, report_path  # noqa: E402
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

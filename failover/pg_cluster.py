@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import time
 import uuid
+from contextlib import suppress
 from pathlib import Path
 
 from failover.mongo_cluster import free_port
@@ -112,6 +114,26 @@ class Cluster:
                     raise
                 time.sleep(0.2)
 
+    def processes(self) -> list[int]:
+        """The postmaster and every server process it started."""
+        postmaster = int((self.data_dir / "postmaster.pid").read_text().split()[0])
+        pids = [postmaster]
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    status = (entry / "status").read_text()
+                except OSError:
+                    continue
+                for line in status.splitlines():
+                    if line.startswith("PPid:") and int(line.split()[1]) == postmaster:
+                        pids.append(int(entry.name))
+        return pids
+
+    def signal(self, signum: int) -> None:
+        for pid in self.processes():
+            with suppress(ProcessLookupError):
+                os.kill(pid, signum)
+
     def drop(self) -> None:
         if self.created:
             _run("pg_dropcluster", "--stop", self.version, self.name)
@@ -197,6 +219,13 @@ class StandbyPair:
         """``pg_ctlcluster ... stop -m immediate``: no checkpoint, clients cut off."""
         self.primary.ctl("stop", "-m", "immediate")
 
+    def pause_standby(self) -> None:
+        """SIGSTOP the standby: the primary's commits wait for it (synchronous)."""
+        self.standby.signal(signal.SIGSTOP)
+
+    def resume_standby(self) -> None:
+        self.standby.signal(signal.SIGCONT)
+
     def promote_standby(self) -> None:
         self.standby.ctl("promote")
         deadline = time.monotonic() + 60
@@ -208,6 +237,8 @@ class StandbyPair:
     def drop(self) -> None:
         errors: list[str] = []
         for cluster in (self.standby, self.primary):
+            with suppress(Exception):
+                cluster.signal(signal.SIGCONT)
             try:
                 cluster.drop()
             except Exception as exc:

@@ -10,6 +10,7 @@ applied-once or not-applied, and no version is acknowledged twice.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Iterator
 
 import pytest
@@ -66,6 +67,38 @@ def _faults(cluster: ReplicaSet, scenario: str, notes: list[str]) -> tuple[Fault
 
         return kill, restart
 
+    if scenario == "kill-9-primary-in-flight":
+        killed: list[Member] = []
+
+        async def kill_in_flight() -> float | None:
+            primary = await asyncio.to_thread(cluster.primary)
+            others = [m for m in cluster.members if m is not primary]
+            for member in others:
+                member.pause()
+            # Majority commits now wait on the primary; kill it before it steps down
+            # (it would after electionTimeoutMillis without a majority).
+            await asyncio.sleep(0.8)
+            await asyncio.to_thread(primary.kill)
+            killed_at = time.monotonic()
+            killed.append(primary)
+            for member in others:
+                member.resume()
+            notes.append(
+                f"both secondaries stopped (SIGSTOP) for 0.8 s, then member {primary.index} "
+                "(primary) killed with SIGKILL with the writes waiting for a majority, then "
+                "the secondaries continued"
+            )
+            return killed_at
+
+        async def restart_killed() -> float | None:
+            member = killed[0]
+            member.start()
+            await asyncio.to_thread(member.wait_up)
+            notes.append(f"member {member.index} restarted")
+            return None
+
+        return kill_in_flight, restart_killed
+
     paused: list[Member] = []
 
     async def pause() -> float | None:
@@ -83,7 +116,10 @@ def _faults(cluster: ReplicaSet, scenario: str, notes: list[str]) -> tuple[Fault
     return pause, resume
 
 
-@pytest.mark.parametrize("scenario", ["step-down", "kill-9-primary", "lagging-secondary"])
+@pytest.mark.parametrize(
+    "scenario",
+    ["step-down", "kill-9-primary", "lagging-secondary", "kill-9-primary-in-flight"],
+)
 async def test_mongo_failover(replica_set: ReplicaSet, scenario: str) -> None:
     await asyncio.to_thread(replica_set.wait_healthy)
     report = Report(scenario, "mongo, 3-member replica set")
@@ -93,6 +129,14 @@ async def test_mongo_failover(replica_set: ReplicaSet, scenario: str) -> None:
         await load.setup()
         await load.run(fault, heal=heal)
         await load.verify(report)
+        # A write concern error in a findAndModify reply (a primary stepping down while a
+        # key-value or guard write waits for a majority) escapes as a raw AttributeError:
+        # reproduced deterministically (strict xfail) by failover/test_mongo_outcomes.py;
+        # listed in the report, not judged here.
+        report.set_aside(
+            lambda entry: "AttributeError: 'RawBSONDocument' object has no attribute" in entry,
+            "test_kv_write_concern_error_is_retried_or_unknown",
+        )
         # The same store objects, never reopened, work against the current primary.
         await commit_once_more(stores, load.thread_ids[0])
     await asyncio.to_thread(replica_set.wait_healthy)

@@ -39,16 +39,26 @@ def standby_pair() -> Iterator[StandbyPair]:
         pair.drop()
 
 
-async def test_postgres_standby_promotion(standby_pair: StandbyPair) -> None:
+@pytest.mark.parametrize("in_flight", [False, True], ids=["stop-primary", "stop-primary-in-flight"])
+async def test_postgres_standby_promotion(standby_pair: StandbyPair, in_flight: bool) -> None:
+    """``in_flight``: the standby is stopped (SIGSTOP) first, so the primary's commits wait
+    for it; the primary dies with all of them in flight (each is an unknown outcome)."""
     report = Report(
-        "primary stopped (immediate), standby promoted",
+        "primary stopped (immediate), standby promoted"
+        + (", commits waiting for the standby" if in_flight else ""),
         "postgres, primary + synchronous hot standby",
     )
 
     async def fault() -> float | None:
+        if in_flight:
+            standby_pair.pause_standby()
+            await asyncio.sleep(1.0)
         await asyncio.to_thread(standby_pair.stop_primary)
         stopped = time.monotonic()
         report.notes.append("primary stopped with pg_ctlcluster stop -m immediate")
+        if in_flight:
+            standby_pair.resume_standby()
+            report.notes.append("the standby was stopped (SIGSTOP) 1 s before, continued now")
         await asyncio.sleep(DETECTION_S)
         await asyncio.to_thread(standby_pair.promote_standby)
         report.notes.append(f"standby promoted {time.monotonic() - stopped:.2f} s after the stop")
@@ -59,6 +69,13 @@ async def test_postgres_standby_promotion(standby_pair: StandbyPair) -> None:
         await load.setup()
         await load.run(fault)
         await load.verify(report)
+        # A key-value write cut off in flight is reported as "nothing applied" although
+        # it may have applied: reproduced deterministically (strict xfail) by
+        # failover/test_postgres_outcomes.py; listed in the report, not judged here.
+        report.set_aside(
+            lambda entry: entry.startswith("kv ") and "reported unavailable" in entry,
+            "test_kv_write_with_lost_reply_is_outcome_unknown",
+        )
         # The same store objects, never reopened, work against the promoted standby.
         await commit_once_more(stores, load.thread_ids[0])
     record(report)
