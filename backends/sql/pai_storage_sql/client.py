@@ -208,14 +208,22 @@ class SqlClient(SharedClient[Engines]):
                 )
                 self._sqlite_hooks(engine, event)
                 return Engines(engine, engine, asyncio.Lock())
+            # Each operation ends its own transaction (commit, or rollback on
+            # close), so the pool's own rollback on return would only repeat it.
             writer = create_async_engine(
-                sa_url, pool_size=1, max_overflow=0, pool_timeout=None, connect_args=connect_args
+                sa_url,
+                pool_size=1,
+                max_overflow=0,
+                pool_timeout=None,
+                pool_reset_on_return=None,
+                connect_args=connect_args,
             )
             reader = create_async_engine(
                 sa_url,
                 pool_size=self.pool_size,
                 max_overflow=0,
                 pool_timeout=None,
+                pool_reset_on_return=None,
                 connect_args=connect_args,
             )
             self._sqlite_hooks(writer, event)

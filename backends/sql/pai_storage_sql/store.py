@@ -15,7 +15,8 @@ and list is a bounded index range scan on the ``(thread key, position)`` or
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import functools
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, cast
 
@@ -178,6 +179,15 @@ class SqlThreadStore(ThreadStore):
         self.url = self._client.url
         self.tables: Tables = self._client.tables
         self._ord_bytes: int | None = None if self._client.dialect == "sqlite" else ORDER_BYTES
+        self._statements: dict[Hashable, Any] = {}
+
+    def statement(self, key: Hashable, build: Callable[[], Any]) -> Any:
+        """The statement ``key`` names, built once per store (SQLAlchemy then reuses
+        its compiled form): only values change between calls, as bound parameters."""
+        found = self._statements.get(key)
+        if found is None:
+            found = self._statements[key] = build()
+        return found
 
     def __repr__(self) -> str:
         return f"SqlThreadStore({str(self.url)!r}, table_prefix={self.tables.prefix!r})"
@@ -293,7 +303,15 @@ class SqlThreadStore(ThreadStore):
                                 t.c.thread_ord == args["co"],
                             )
                             args["fetch"] += int((await conn.execute(tied)).scalar_one())
-                    stmt = self.list_statement(plan, hidden, cut)
+                    shape = (
+                        plan.agent is not None,
+                        plan.parent_thread_id is not None,
+                        plan.category is not None,
+                    )
+                    stmt = self.statement(
+                        ("list", *shape, hidden, cut),
+                        functools.partial(self.list_statement, plan, hidden, cut),
+                    )
                     got = (await conn.execute(stmt, args)).all()
                     if (
                         got
@@ -414,11 +432,15 @@ class _ThreadRows:
             return {}
         table = self._table(spec.name)
         id_col = table.c[_ID_COLUMN[spec.name]]
-        stmt = select(table.c.position, id_col.label("id"), table.c.doc).where(
-            table.c.tkey == self._key,
-            table.c.id_h.in_(bindparam("ids", expanding=True)),
+        stmt = self._store.statement(
+            ("load", spec.name),
+            lambda: select(table.c.position, id_col.label("id"), table.c.doc).where(
+                table.c.tkey == bindparam("k"),
+                table.c.id_h.in_(bindparam("ids", expanding=True)),
+            ),
         )
-        rows = (await self._conn.execute(stmt, {"ids": [digest(i) for i in ids]})).all()
+        params = {"k": self._key, "ids": [digest(i) for i in ids]}
+        rows = (await self._conn.execute(stmt, params)).all()
         wanted = set(ids)
         found: dict[str, Entry[Any]] = {}
         for r in rows:
@@ -449,21 +471,23 @@ class _Transaction(_ThreadRows, CommitTransaction):
         if isinstance(self._mutation, CreateMutation):
             # Nothing to lock yet: write_root inserts and a concurrent create's
             # row makes the insert fail on the primary key.
-            row = (
-                await self._conn.execute(
-                    select(t.c.instance_id, t.c.revision).where(t.c.tkey == self._key)
-                )
-            ).first()
+            stmt = self._store.statement(
+                "hold-create",
+                lambda: select(t.c.instance_id, t.c.revision).where(t.c.tkey == bindparam("k")),
+            )
+            row = (await self._conn.execute(stmt, {"k": self._key})).first()
             if row is not None:
                 raise ThreadConflict(_version(row))
             return HeldThread(None)
-        row = (
-            await self._conn.execute(
+        stmt = self._store.statement(
+            "hold",
+            lambda: (
                 select(t.c.messages_next, t.c.runs_next, t.c.queued_next, t.c.doc)
-                .where(t.c.tkey == self._key)
+                .where(t.c.tkey == bindparam("k"))
                 .with_for_update()
-            )
-        ).first()
+            ),
+        )
+        row = (await self._conn.execute(stmt, {"k": self._key})).first()
         if row is None:
             return HeldThread(None)
         return HeldThread(self._parse_root(row.doc), self._positions(row))
@@ -487,7 +511,10 @@ class _Transaction(_ThreadRows, CommitTransaction):
         }
         self._check_size("thread root", values["doc"])
         if not created:
-            await self._conn.execute(update(t).where(t.c.tkey == self._key).values(**values))
+            stmt = self._store.statement(
+                "root-update", lambda: update(t).where(t.c.tkey == bindparam("k"))
+            )
+            await self._conn.execute(stmt, {"k": self._key, **values})
             return
         thread = enc(self._thread_id)
         values.update(
@@ -501,7 +528,9 @@ class _Transaction(_ThreadRows, CommitTransaction):
             parent_h=_opt_digest(root.parent_thread_id),
         )
         try:
-            await self._conn.execute(insert(t).values(**values))
+            await self._conn.execute(
+                self._store.statement("root-insert", lambda: insert(t)), values
+            )
         except IntegrityError:
             # A concurrent create won the key (the insert waited for it to
             # commit); a locking read sees the winner's version.
@@ -596,7 +625,7 @@ class _Transaction(_ThreadRows, CommitTransaction):
             await self._conn.execute(delete(table).where(table.c.tkey == self._key))
 
     def relationship_reader(self, context: RelationshipContext) -> RelationshipReader:
-        return _Reader(self._conn, self._t, self._key)
+        return _Reader(self._conn, self._store, self._key)
 
 
 class _Snapshot(_ThreadRows, ReadSnapshot):
@@ -608,14 +637,21 @@ class _Snapshot(_ThreadRows, ReadSnapshot):
         row: Any
         if self._client.dialect == "sqlite":
             now = datetime.now(UTC)
-            row = (await self._conn.execute(select(*cols).where(t.c.tkey == self._key))).first()
+            stmt = self._store.statement(
+                "head", lambda: select(*cols).where(t.c.tkey == bindparam("k"))
+            )
+            row = (await self._conn.execute(stmt, {"k": self._key})).first()
             doc = row.doc if row is not None else None
         else:
-            one = select(literal(1).label("one")).subquery()
-            stmt = select(func.utc_timestamp(6).label("now"), *cols).select_from(
-                one.outerjoin(t, t.c.tkey == self._key)
-            )
-            row = (await self._conn.execute(stmt)).one()
+
+            def build() -> Any:
+                one = select(literal(1).label("one")).subquery()
+                return select(func.utc_timestamp(6).label("now"), *cols).select_from(
+                    one.outerjoin(t, t.c.tkey == bindparam("k"))
+                )
+
+            stmt = self._store.statement("head", build)
+            row = (await self._conn.execute(stmt, {"k": self._key})).one()
             now = cast(datetime, row.now).replace(tzinfo=UTC)
             doc = row.doc
         if row is None or doc is None:
@@ -636,28 +672,27 @@ class _Snapshot(_ThreadRows, ReadSnapshot):
         self, spec: FamilySpec, plan: ChildPagePlan, window: Window
     ) -> Sequence[tuple[int, Any]]:
         table = self._table(spec.name)
-        where = [
-            table.c.tkey == self._key,
-            table.c.position > window.lower,
-            table.c.position < window.upper,
-        ]
-        if spec.name == "messages" and plan.view in ("transcript", "context"):
-            where.append(table.c[plan.view] == true())
-        if spec.name == "queuedItems" and plan.run_id is not None:
-            where.append(table.c.run_h == digest(plan.run_id))
-        order = table.c.position.asc() if window.order == "oldest" else table.c.position.desc()
-        base = select(table.c.position, table.c.doc).order_by(order).limit(window.fetch)
+        view = plan.view if spec.name == "messages" and plan.view in VIEWS else None
+        run_filter = spec.name == "queuedItems" and plan.run_id is not None
         statuses = sorted(plan.statuses) if plan.statuses is not None else []
+        params: dict[str, Any] = {
+            "k": self._key,
+            "lo": window.lower,
+            "hi": window.upper,
+            "n": window.fetch,
+        }
+        if run_filter:
+            params["run"] = digest(cast(str, plan.run_id))
+        shape = (spec.name, view, window.order, run_filter, bool(statuses))
+        stmt = self._store.statement(("scan", *shape), lambda: _page_statement(table, *shape))
         if not statuses:
-            rows = (await self._conn.execute(base.where(*where))).all()
+            rows = (await self._conn.execute(stmt, params)).all()
             found = [(int(r.position), cast(str, r.doc)) for r in rows]
         else:
             # One bounded index range scan per status, merged here.
             found = []
             for status in statuses:
-                rows = (
-                    await self._conn.execute(base.where(*where, table.c.status == status))
-                ).all()
+                rows = (await self._conn.execute(stmt, {**params, "status": status})).all()
                 found.extend((int(r.position), cast(str, r.doc)) for r in rows)
             found.sort(key=lambda item: item[0], reverse=window.order == "newest")
             del found[window.fetch :]
@@ -665,6 +700,34 @@ class _Snapshot(_ThreadRows, ReadSnapshot):
 
 
 # ---------------------------------------------------------------- rows
+
+VIEWS = ("transcript", "context")
+"""Message views with their own index (``raw`` reads the primary key)."""
+
+
+def _page_statement(
+    table: Table, family: str, view: str | None, order: str, run_filter: bool, status: bool
+) -> Any:
+    """A child page: ``k`` thread key, ``lo``/``hi`` exclusive position bounds, ``n``
+    rows, then ``run`` (a run id digest) or ``status`` when filtered."""
+    where = [
+        table.c.tkey == bindparam("k"),
+        table.c.position > bindparam("lo"),
+        table.c.position < bindparam("hi"),
+    ]
+    if view is not None:
+        where.append(table.c[view] == true())
+    if run_filter:
+        where.append(table.c.run_h == bindparam("run"))
+    if status:
+        where.append(table.c.status == bindparam("status"))
+    position = table.c.position
+    return (
+        select(position, table.c.doc)
+        .where(*where)
+        .order_by(position.asc() if order == "oldest" else position.desc())
+        .limit(bindparam("n"))
+    )
 
 
 STATEMENT_OVERHEAD = 64 * 1024
@@ -718,9 +781,10 @@ def _row(spec: FamilySpec, entry: Entry[Any]) -> dict[str, Any]:
 class _Reader:
     """Post-commit relationship facts, queried inside the commit's transaction."""
 
-    def __init__(self, conn: AsyncConnection, tables: Tables, key: bytes) -> None:
+    def __init__(self, conn: AsyncConnection, store: SqlThreadStore, key: bytes) -> None:
         self._conn = conn
-        self._t = tables
+        self._store = store
+        self._t = store.tables
         self._key = key
 
     async def run_facts(self, run_ids: Iterable[str]) -> Mapping[str, RunFacts]:
@@ -728,33 +792,50 @@ class _Reader:
         facts: dict[str, RunFacts] = {i: RunFacts(None, [], False, []) for i in ids}
         if not ids:
             return facts
-        hashes = {"ids": [digest(i) for i in ids]}
-        conn, key, t = self._conn, self._key, self._t
-        in_ids: Any = bindparam("ids", expanding=True)
+        params = {"k": self._key, "ids": [digest(i) for i in ids]}
+        conn, key, t, stmt = self._conn, self._key, self._t, self._store.statement
+        m, q, r = t.messages, t.queued, t.runs
         runs: Sequence[Any] = (
             await conn.execute(
-                select(t.runs.c.run_id, t.runs.c.doc).where(
-                    t.runs.c.tkey == key, t.runs.c.id_h.in_(in_ids)
+                stmt(
+                    "facts-runs",
+                    lambda: select(r.c.run_id, r.c.doc).where(
+                        r.c.tkey == bindparam("k"), r.c.id_h.in_(bindparam("ids", expanding=True))
+                    ),
                 ),
-                hashes,
+                params,
             )
         ).all()
-        m = t.messages
         messages: Sequence[Any] = (
             await conn.execute(
-                select(m.c.run_id, m.c.position, m.c.message_id, m.c.relation)
-                .where(m.c.tkey == key, m.c.run_h.in_(bindparam("ids", expanding=True)))
-                .order_by(m.c.position),
-                hashes,
+                stmt(
+                    "facts-messages",
+                    lambda: (
+                        select(m.c.run_id, m.c.position, m.c.message_id, m.c.relation)
+                        .where(
+                            m.c.tkey == bindparam("k"),
+                            m.c.run_h.in_(bindparam("ids", expanding=True)),
+                        )
+                        .order_by(m.c.position)
+                    ),
+                ),
+                params,
             )
         ).all()
-        q = t.queued
         items: Sequence[Any] = (
             await conn.execute(
-                select(q.c.run_id, q.c.queue_item_id, q.c.position)
-                .where(q.c.tkey == key, q.c.run_h.in_(bindparam("ids", expanding=True)))
-                .order_by(q.c.position),
-                hashes,
+                stmt(
+                    "facts-queued",
+                    lambda: (
+                        select(q.c.run_id, q.c.queue_item_id, q.c.position)
+                        .where(
+                            q.c.tkey == bindparam("k"),
+                            q.c.run_h.in_(bindparam("ids", expanding=True)),
+                        )
+                        .order_by(q.c.position)
+                    ),
+                ),
+                params,
             )
         ).all()
         for r in runs:
@@ -800,15 +881,17 @@ class _Reader:
 
     async def open_runs(self) -> Sequence[RunRef]:
         r = self._t.runs
+        stmt = self._store.statement(
+            "open-runs",
+            lambda: (
+                select(r.c.run_id, r.c.doc)
+                .where(r.c.tkey == bindparam("k"), r.c.status == bindparam("status"))
+                .limit(2)
+            ),
+        )
         out = []
         for status in ("running", "waiting"):
-            rows = (
-                await self._conn.execute(
-                    select(r.c.run_id, r.c.doc)
-                    .where(r.c.tkey == self._key, r.c.status == status)
-                    .limit(2)
-                )
-            ).all()
+            rows = (await self._conn.execute(stmt, {"k": self._key, "status": status})).all()
             for row in rows:
                 st, admitted, queue_item, inputs = run_ref_fields(row.doc)
                 out.append(RunRef(dec(row.run_id), st, admitted, queue_item, inputs))
@@ -816,14 +899,16 @@ class _Reader:
 
     async def tail(self) -> MessageRef | None:
         m = self._t.messages
-        r = (
-            await self._conn.execute(
+        stmt = self._store.statement(
+            "tail",
+            lambda: (
                 select(m.c.position, m.c.message_id, m.c.run_id, m.c.relation)
-                .where(m.c.tkey == self._key)
+                .where(m.c.tkey == bindparam("k"))
                 .order_by(m.c.position.desc())
                 .limit(1)
-            )
-        ).first()
+            ),
+        )
+        r = (await self._conn.execute(stmt, {"k": self._key})).first()
         if r is None:
             return None
         run_id = dec(r.run_id) if r.run_id is not None else None

@@ -1,0 +1,365 @@
+"""Benchmark of the SQL backend on SQLite against raw aiosqlite running the same statements.
+
+One command, prints a table::
+
+    .venv/bin/python bench/sql_bench.py [--quick] [--dir /tmp]
+
+Measured (median latency), each next to the *floor*: the very statements the
+store sent for the same operation, recorded once and replayed through a bare
+aiosqlite connection with the same pragmas (WAL, ``busy_timeout``), with
+their parameters precomputed and ``json.loads`` of every document read instead
+of model validation; i.e. what the store costs beyond SQLite and the driver
+thread (input validation, strict parsing, stamping, planning, relationship
+rules, tokens, and SQLAlchemy):
+
+- a turn (one commit: a user message, an assistant message, the completed
+  run) on a thread holding 10, 1,000 and 10,000 messages;
+- reading the newest 20 transcript messages of those threads;
+- listing the first page of 20 threads of a scope holding 2,000 threads.
+
+Ratios printed in the same run: each operation against its floor, and the
+size-growth ratio of a turn (10,000 messages against 10). Each database is a
+fresh file under ``--dir``, removed at the end. The store's statements are
+recorded on a copy of the database, never during a timed run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aiosqlite
+from pai_storage_sql import SqlThreadStore
+from sqlalchemy import event
+
+from pai_storage import CommittedResult, ThreadVersion
+from pai_storage import builders as b
+
+SCOPE = "bench"
+LIST_SCOPE = "bench-list"
+SIZES = (10, 1_000, 10_000)
+THREADS_IN_SCOPE = 2_000
+
+Statement = tuple[str, Any, bool]
+"""SQL text, parameters, and whether it ran as ``executemany``; ``("COMMIT", None,
+False)`` and ``("ROLLBACK", None, False)`` mark the end of a transaction."""
+
+
+def turn(n: int) -> dict[str, list[dict[str, Any]]]:
+    """One completed turn: user input, assistant output, the run."""
+    run_id = f"r{n}"
+    user = b.message(f"u{n}", f"question {n} " * 8, run_id=run_id, relation="input")
+    answer = b.message(
+        f"a{n}",
+        f"answer {n} " * 40,
+        role="assistant",
+        run_id=run_id,
+        relation="output",
+        metadata={"model": "gpt", "tokens": {"in": 120, "out": 480}, "latencyMs": 1234.5},
+    )
+    answer["producer"] = {"kind": "agent", "id": "assistant"}
+    return {
+        "messages": [b.insert(user), b.insert(answer)],
+        "runs": [b.insert(b.run(run_id, "completed", inputs=[f"u{n}"]))],
+    }
+
+
+async def build_thread(store: SqlThreadStore, thread_id: str, messages: int) -> ThreadVersion:
+    result = await store.commit_thread(b.create(SCOPE, thread_id))
+    assert isinstance(result, CommittedResult)
+    assert result.thread is not None
+    version = result.thread.version
+    turns, batch = messages // 2, 100
+    for start in range(0, turns, batch):
+        changes: dict[str, list[dict[str, Any]]] = {"messages": [], "runs": []}
+        for n in range(start, min(turns, start + batch)):
+            one = turn(n)
+            changes["messages"] += one["messages"]
+            changes["runs"] += one["runs"]
+        result = await store.commit_thread(b.update(SCOPE, thread_id, version, changes))
+        assert isinstance(result, CommittedResult)
+        assert result.thread is not None
+        version = result.thread.version
+    return version
+
+
+def read_20(thread_id: str) -> dict[str, Any]:
+    return b.read(
+        SCOPE,
+        thread_id,
+        messages={"type": "page", "view": "transcript", "order": "newest", "page": {"limit": 20}},
+    )
+
+
+LIST_20 = {"scopeKey": LIST_SCOPE, "limit": 20}
+
+
+async def timed(
+    store: Callable[[], Awaitable[Any]],
+    floor: Callable[[], Awaitable[Any]],
+    n: int,
+    warmup: int = 10,
+) -> tuple[float, float]:
+    """Median milliseconds of ``n`` calls of each side after ``warmup`` untimed ones,
+    the two sides alternating call by call so that drift on the machine hits both."""
+    for _ in range(warmup):
+        await store()
+        await floor()
+    samples: tuple[list[float], list[float]] = ([], [])
+    for _ in range(n):
+        for side, fn in enumerate((store, floor)):
+            t0 = time.perf_counter()
+            await fn()
+            samples[side].append(time.perf_counter() - t0)
+    return statistics.median(samples[0]) * 1000, statistics.median(samples[1]) * 1000
+
+
+# ---------------------------------------------------------------- recording
+
+
+class Recorder:
+    """Records every statement a store's engines send, and each commit or rollback."""
+
+    def __init__(self) -> None:
+        self.log: list[Statement] = []
+        self.on = False
+
+    def attach(self, store: SqlThreadStore) -> None:
+        engines = store.client._made
+        assert engines is not None
+        for engine in {id(e): e for e in (engines.writer, engines.reader)}.values():
+            sync = engine.sync_engine
+            event.listen(sync, "before_cursor_execute", self._statement)
+            event.listen(sync, "commit", self._commit)
+            event.listen(sync, "rollback", self._rollback)
+
+    def _statement(
+        self, conn: Any, cursor: Any, sql: str, params: Any, ctx: Any, many: bool
+    ) -> None:
+        if self.on:
+            self.log.append((sql, params, many))
+
+    def _commit(self, conn: Any) -> None:
+        if self.on:
+            self.log.append(("COMMIT", None, False))
+
+    def _rollback(self, conn: Any) -> None:
+        if self.on:
+            self.log.append(("ROLLBACK", None, False))
+
+    async def record(self, fn: Callable[[], Awaitable[Any]]) -> list[Statement]:
+        self.log, self.on = [], True
+        try:
+            await fn()
+        finally:
+            self.on = False
+        return self.log
+
+
+# ---------------------------------------------------------------- the floor
+
+
+class Floor:
+    """Replays recorded statements on bare aiosqlite connections (a writer and a reader)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.writer: aiosqlite.Connection | None = None
+        self.reader: aiosqlite.Connection | None = None
+
+    async def open(self) -> None:
+        self.writer = await self._connect()
+        self.reader = await self._connect()
+
+    async def _connect(self) -> aiosqlite.Connection:
+        conn = await aiosqlite.connect(self.path, isolation_level=None, timeout=5)
+        for pragma in ("journal_mode=WAL", "busy_timeout=5000", "foreign_keys=ON"):
+            await conn.execute(f"PRAGMA {pragma}")
+        return conn
+
+    async def close(self) -> None:
+        for conn in (self.writer, self.reader):
+            if conn is not None:
+                await conn.close()
+
+    async def replay(self, statements: list[Statement], write: bool) -> None:
+        conn = self.writer if write else self.reader
+        assert conn is not None
+        for sql, params, many in statements:
+            if sql == "COMMIT":
+                await conn.commit()
+            elif sql == "ROLLBACK":
+                await conn.rollback()
+            elif many:
+                await conn.executemany(sql, params)
+            else:
+                async with conn.execute(sql, params) as cursor:
+                    rows = await cursor.fetchall()
+                # Like a store, decode what it read (json.loads, not model validation).
+                for row in rows:
+                    for value in row:
+                        if isinstance(value, str) and value.startswith("{"):
+                            json.loads(value)
+
+
+# ---------------------------------------------------------------- the run
+
+
+async def record_turns(
+    store: SqlThreadStore, recorder: Recorder, size: int, version: ThreadVersion, count: int
+) -> list[list[Statement]]:
+    """The statements of ``count`` turns on the thread of ``size`` messages, turn by turn."""
+    sequence = []
+    for n in range(count):
+        request = b.update(SCOPE, f"t{size}", version, turn(size + n))
+        done: list[Any] = []
+
+        async def commit(request: dict[str, Any] = request, done: list[Any] = done) -> None:
+            done.append(await store.commit_thread(request))
+
+        sequence.append(await recorder.record(commit))
+        result = done[0]
+        assert isinstance(result, CommittedResult)
+        assert result.thread is not None
+        version = result.thread.version
+    return sequence
+
+
+async def time_turns(
+    store: SqlThreadStore,
+    floor: Floor,
+    size: int,
+    version: ThreadVersion,
+    recorded: list[list[Statement]],
+    turns: int,
+) -> tuple[float, float]:
+    """A turn on the store's thread of ``size`` messages against its recorded replay."""
+    counter = iter(range(turns + 10))
+    replay = iter(recorded)
+
+    async def store_turn() -> None:
+        nonlocal version
+        result = await store.commit_thread(
+            b.update(SCOPE, f"t{size}", version, turn(size + next(counter)))
+        )
+        assert isinstance(result, CommittedResult)
+        assert result.thread is not None
+        version = result.thread.version
+
+    async def floor_turn() -> None:
+        await floor.replay(next(replay), write=True)
+
+    return await timed(store_turn, floor_turn, turns)
+
+
+async def time_reads(
+    store: SqlThreadStore, floor: Floor, size: int, recorded: list[Statement], reads: int
+) -> tuple[float, float]:
+    """Reading the newest 20 transcript messages against the recorded replay."""
+
+    async def store_read() -> None:
+        await store.read_thread(read_20(f"t{size}"))
+
+    async def floor_read() -> None:
+        await floor.replay(recorded, write=False)
+
+    return await timed(store_read, floor_read, reads)
+
+
+async def main(directory: str, quick: bool) -> None:
+    sizes = (10, 1_000) if quick else SIZES
+    threads = 200 if quick else THREADS_IN_SCOPE
+    turns = 30 if quick else 200
+    reads = 50 if quick else 300
+    work = Path(tempfile.mkdtemp(prefix="pai-sql-bench-", dir=directory))
+    try:
+        await run(work, sizes, threads, turns, reads)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+async def run(work: Path, sizes: tuple[int, ...], threads: int, turns: int, reads: int) -> None:
+    base = work / "base.db"
+    print(f"building threads of {sizes} messages and {threads} threads ...", file=sys.stderr)
+    versions: dict[int, ThreadVersion] = {}
+    async with SqlThreadStore(f"sqlite:///{base}") as store:
+        for size in sizes:
+            versions[size] = await build_thread(store, f"t{size}", size)
+        for i in range(threads):
+            result = await store.commit_thread(b.create(LIST_SCOPE, f"l{i:05}", title=f"{i}"))
+            assert isinstance(result, CommittedResult)
+    for name in ("store", "record", "floor"):
+        shutil.copy(base, work / f"{name}.db")
+
+    # Record the statements of every timed operation on a copy of the database.
+    recorded_turns: dict[int, list[list[Statement]]] = {}
+    recorded_reads: dict[int, list[Statement]] = {}
+    async with SqlThreadStore(f"sqlite:///{work / 'record.db'}") as store:
+        await store.initialize()
+        recorder = Recorder()
+        recorder.attach(store)
+        for size in sizes:
+            recorded_turns[size] = await record_turns(
+                store, recorder, size, versions[size], turns + 10
+            )
+            recorded_reads[size] = await recorder.record(
+                functools.partial(store.read_thread, read_20(f"t{size}"))
+            )
+        recorded_list = await recorder.record(functools.partial(store.list_threads, LIST_20))
+
+    rows: list[tuple[str, float, float]] = []
+    floor = Floor(str(work / "floor.db"))
+    await floor.open()
+    try:
+        async with SqlThreadStore(f"sqlite:///{work / 'store.db'}") as store:
+            await store.initialize()
+            for size in sizes:
+                store_ms, floor_ms = await time_turns(
+                    store, floor, size, versions[size], recorded_turns[size], turns
+                )
+                rows.append((f"turn @ {size:,} messages", store_ms, floor_ms))
+            for size in sizes:
+                store_ms, floor_ms = await time_reads(
+                    store, floor, size, recorded_reads[size], reads
+                )
+                rows.append((f"read newest 20 @ {size:,} messages", store_ms, floor_ms))
+            store_ms, floor_ms = await timed(
+                lambda: store.list_threads(LIST_20),
+                lambda: floor.replay(recorded_list, write=False),
+                reads,
+            )
+            rows.append((f"list 20 of {threads:,} threads", store_ms, floor_ms))
+    finally:
+        await floor.close()
+
+    header = ("operation", "store ms", "aiosqlite floor ms", "store / floor")
+    table = [header] + [(op, f"{s:.3f}", f"{f:.3f}", f"{s / f:.2f}x") for op, s, f in rows]
+    widths = [max(len(r[i]) for r in table) for i in range(4)]
+    for i, r in enumerate(table):
+        print("| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |")
+        if i == 0:
+            print("| " + " | ".join("-" * w for w in widths) + " |")
+    by_op = {op: s for op, s, _ in rows}
+    small, large = sizes[0], sizes[-1]
+    growth = by_op[f"turn @ {large:,} messages"] / by_op[f"turn @ {small:,} messages"]
+    print(f"\nturn at {large:,} messages / turn at {small:,} messages: {growth:.2f}x")
+    statements = {size: len(seq[0]) for size, seq in recorded_turns.items()}
+    print(f"statements per turn (with COMMIT): {statements}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes, few samples")
+    parser.add_argument("--dir", default=tempfile.gettempdir(), help="where the databases go")
+    args = parser.parse_args()
+    asyncio.run(main(args.dir, args.quick))
