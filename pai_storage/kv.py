@@ -158,6 +158,11 @@ class Item(StoreModel):
                 yield name, value
 
 
+_ItemPage = Page[Item]
+_UNDECODABLE = (ValueError, TypeError, RecursionError)
+"""What :func:`parse_json_text` raises for stored text that is not strict JSON."""
+
+
 class KVConflict(StoreModel):
     """The outcome of a :meth:`KeyValueStore.put_if_version` whose condition failed.
 
@@ -428,13 +433,21 @@ class KeyValueStore(RuntimeStore):
         await self._ensure_ready()
         records = await self._search(prefix, key_prefix, after, limit + 1)
         page, more = records[:limit], len(records) > limit
-        items = [item for record in page if (item := await self._decode(record)) is not None]
+        items: list[Item] = []
+        for record in page:
+            try:
+                value = parse_json_text(record.text)
+            except _UNDECODABLE:
+                await self._undecodable(record)
+                continue
+            items.append(self._item(record, value))
         token = None
         if more:
             last = page[-1]
             position = {"ns": list(last.namespace), "key": last.key}
             token = self.encode_token(_SEARCH, _TOKEN_SCOPE, query, position)
-        return Page[Item](items=items, next_page_token=token)
+        # Every item was built by this store: the page needs no validation either.
+        return _ItemPage.trusted({"items": items, "next_page_token": token})
 
     async def list_keys(
         self,
@@ -548,19 +561,22 @@ class KeyValueStore(RuntimeStore):
         """The item of a stored record; ``None`` (and a warning) when its text is not JSON."""
         try:
             value = parse_json_text(record.text)
-        except (ValueError, TypeError, RecursionError):
-            # Never the value itself in the warning: it may hold personal data.
-            await self.warn(
-                StoreWarning(
-                    kind="invalid_record",
-                    reason="a stored key-value item no longer decodes as strict JSON; "
-                    "it is treated as absent",
-                    namespace=record.namespace,
-                    key=record.key,
-                )
-            )
+        except _UNDECODABLE:
+            await self._undecodable(record)
             return None
         return self._item(record, value)
+
+    async def _undecodable(self, record: KVRecord) -> None:
+        # Never the value itself in the warning: it may hold personal data.
+        await self.warn(
+            StoreWarning(
+                kind="invalid_record",
+                reason="a stored key-value item no longer decodes as strict JSON; "
+                "it is treated as absent",
+                namespace=record.namespace,
+                key=record.key,
+            )
+        )
 
     # ------------------------------------------------------------ backend hooks
 

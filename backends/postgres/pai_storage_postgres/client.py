@@ -28,11 +28,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 from pai_storage import ThreadStoreConfigurationError
-from pai_storage.backend import SharedClient, StoreURL, make_url, map_errors
+from pai_storage.backend import SharedClient, StoreURL, make_url
+from pai_storage.errors import StorageError
 from pai_storage.shared import closed_error
 
 from .errors import Phase, map_error
@@ -241,37 +242,17 @@ class PgClient(SharedClient["asyncpg.Pool"]):
 
     def errors(self, phase: Phase) -> contextlib.AbstractContextManager[None]:
         """Map every driver exception of the block to the contract's errors."""
-        return map_errors(lambda exc: map_error(exc, phase, self.url))
+        return _MappedErrors(phase, self.url)
 
-    @contextlib.asynccontextmanager
-    async def connection(
+    def connection(
         self, pool: asyncpg.Pool | None = None
-    ) -> AsyncIterator[asyncpg.Connection]:
+    ) -> contextlib.AbstractAsyncContextManager[asyncpg.Connection]:
         """A pooled connection for one operation.
 
         Released afterwards; terminated instead when the operation was
         cancelled (its state is then unknown, and closing must not wait for it).
         """
-        pool = pool or self._made
-        if pool is None:  # the last user released the pool under this operation
-            raise closed_error()
-        try:
-            conn = await pool.acquire()
-        except Exception as exc:
-            if self.closed:
-                raise closed_error() from None
-            raise map_error(exc, "connect", self.url) from exc
-        try:
-            yield conn
-        except BaseException as exc:
-            if not isinstance(exc, Exception):
-                terminate(conn)
-            raise
-        finally:
-            try:
-                await pool.release(conn)
-            except Exception:
-                terminate(conn)
+        return _Lease(self, pool)
 
     # ------------------------------------------------------------ schema
 
@@ -354,3 +335,51 @@ def _check_int(name: str, value: object, minimum: int) -> None:
 def _check_seconds(name: str, value: object) -> None:
     if type(value) not in (int, float) or not 0 < cast(float, value) < 86_400:
         raise ThreadStoreConfigurationError(f"option {name} must be a number of seconds > 0")
+
+
+class _MappedErrors(contextlib.AbstractContextManager[None]):
+    """:func:`~pai_storage.backend.map_errors` with :func:`map_error`, as a plain class
+    (it wraps every statement: no generator per use)."""
+
+    __slots__ = ("_phase", "_url")
+
+    def __init__(self, phase: Phase, url: StoreURL) -> None:
+        self._phase = phase
+        self._url = url
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        if exc is None or not isinstance(exc, Exception) or isinstance(exc, StorageError):
+            return
+        raise map_error(exc, self._phase, self._url) from exc
+
+
+class _Lease(contextlib.AbstractAsyncContextManager["asyncpg.Connection"]):
+    """One pooled connection for one operation (see :meth:`PgClient.connection`)."""
+
+    __slots__ = ("_client", "_conn", "_pool")
+
+    def __init__(self, client: PgClient, pool: asyncpg.Pool | None) -> None:
+        self._client = client
+        self._pool = pool
+
+    async def __aenter__(self) -> asyncpg.Connection:
+        client = self._client
+        pool = self._pool = self._pool or client._made
+        if pool is None:  # the last user released the pool under this operation
+            raise closed_error()
+        try:
+            self._conn = await pool.acquire()
+        except Exception as exc:
+            if client.closed:
+                raise closed_error() from None
+            raise map_error(exc, "connect", client.url) from exc
+        return self._conn
+
+    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        conn = self._conn
+        if exc is not None and not isinstance(exc, Exception):
+            terminate(conn)
+        try:
+            await cast("asyncpg.Pool", self._pool).release(conn)
+        except Exception:
+            terminate(conn)

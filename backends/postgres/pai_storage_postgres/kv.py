@@ -349,7 +349,7 @@ class PostgresKeyValueStore(KeyValueStore):
         keys = (key_prefix, prefix_upper_bound(key_prefix)) if key_prefix else None
         position = None if after is None else (namespace_path(after[0]), after[1])
         sql, args = self.sql.search(low, _upper(low), keys, position, limit)
-        return [_record(r) for r in await self._fetch(sql, *args)]
+        return _records(await self._fetch(sql, *args))
 
     async def _list_keys(
         self, namespace: tuple[str, ...], prefix: str, after: str | None, limit: int
@@ -402,6 +402,19 @@ def _ms(ttl: timedelta | None) -> int | None:
 
 def _count(status: str) -> int:
     return int(status.rsplit(" ", 1)[-1])
+
+
+def _records(rows: list[asyncpg.Record]) -> list[KVRecord]:
+    """Records of a page of rows: each distinct namespace path is split once."""
+    spaces: dict[str, tuple[str, ...]] = {}
+    out = []
+    for ns, key, value, version, created, updated, expires, ttl_ms in rows:  # COLUMNS order
+        namespace = spaces.get(ns)
+        if namespace is None:
+            namespace = spaces[ns] = namespace_from_path(ns)
+        ttl = None if ttl_ms is None else timedelta(milliseconds=ttl_ms)
+        out.append(KVRecord(namespace, key, value, version, created, updated, expires, ttl))
+    return out
 
 
 def _record(row: asyncpg.Record) -> KVRecord:

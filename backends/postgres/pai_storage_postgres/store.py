@@ -340,48 +340,32 @@ class PostgresThreadStore(ThreadStore):
             if cursor is not None:
                 args.extend(cursor)
             rows = await conn.fetch(sql, *args)
-            keyed = sorted(
-                ((int(r["sort_key"]), bytes(r["thread_id"]), r["doc"]) for r in rows),
-                key=lambda item: (item[0], item[1]),
-            )[: plan.fetch]
-            for sort_key, thread_id, doc in keyed:
-                record = await self._list_record(plan.scope_key, sort_key, thread_id, doc)
-                if record is not None and plan.matches(record):
+            if vis != "visible":  # two ordered branches: merge them
+                rows = sorted(rows, key=_list_order)[: plan.fetch]
+            last: tuple[int, bytes] | None = None
+            for row in rows:
+                sort_key, thread_id = row["sort_key"], row["thread_id"]
+                last = (sort_key, thread_id)
+                record = _list_record(plan.scope_key, sort_key, thread_id, row["doc"])
+                if isinstance(record, ThreadRecord):
+                    if not plan.matches(record):
+                        continue
                     found.append(record)
                     if len(found) == plan.fetch:
                         return plan.finish(found)
-            if len(keyed) < plan.fetch:
+                    continue
+                await self.warn(
+                    StoreWarning(
+                        kind="invalid_thread_skipped",
+                        reason=f"stored thread root failed validation ({record[1]})",
+                        scope_key=plan.scope_key,
+                        thread_id=record[0],
+                    )
+                )
+            if len(rows) < plan.fetch or last is None:
                 return plan.finish(found)
             # Some rows were skipped as invalid: continue after the last one seen.
-            cursor = (keyed[-1][0], keyed[-1][1])
-
-    async def _list_record(
-        self, scope_key: str, sort_key: int, thread_id: bytes, doc: str
-    ) -> ThreadRecord | None:
-        try:
-            tid = dec(thread_id)
-        except UnicodeDecodeError:
-            tid = None
-        try:
-            record = parse(ThreadRecord, doc)
-            if (
-                record.scope_key != scope_key
-                or record.thread_id != tid
-                or -timestamp_ms(record.updated_at) != sort_key
-            ):
-                raise ThreadStoreInvariantError("stored identity or order key does not match")
-        except ThreadStoreInvariantError as exc:
-            reason = str(exc).split(":", 1)[0][:200]
-            await self.warn(
-                StoreWarning(
-                    kind="invalid_thread_skipped",
-                    reason=f"stored thread root failed validation ({reason})",
-                    scope_key=scope_key,
-                    thread_id=tid,
-                )
-            )
-            return None
-        return record
+            cursor = last
 
     # ------------------------------------------------------------ commits
 
@@ -663,6 +647,31 @@ class _PgSnapshot(_ThreadRows, ReadSnapshot):
 
 
 # ---------------------------------------------------------------- statements and rows
+
+
+def _list_order(row: Any) -> tuple[int, bytes]:
+    return (row["sort_key"], row["thread_id"])
+
+
+def _list_record(
+    scope_key: str, sort_key: int, thread_id: bytes, doc: str
+) -> ThreadRecord | tuple[str | None, str]:
+    """The root of a list row, or ``(thread id, reason)`` when it is invalid."""
+    try:
+        tid: str | None = dec(thread_id)
+    except UnicodeDecodeError:
+        tid = None
+    try:
+        record = parse(ThreadRecord, doc)
+        if (
+            record.scope_key != scope_key
+            or record.thread_id != tid
+            or -timestamp_ms(record.updated_at) != sort_key
+        ):
+            raise ThreadStoreInvariantError("stored identity or order key does not match")
+    except ThreadStoreInvariantError as exc:
+        return tid, str(exc).split(":", 1)[0][:200]
+    return record
 
 
 def page_statement(
