@@ -56,6 +56,7 @@ STATE_SESSION = "failover-session"
 STATE_KEY = "events"
 LEASE = timedelta(seconds=60)
 STORES = ("threads", "kv", "state", "guard")
+LISTED = 15  # entries of each kind the report lists
 
 ACK = "acknowledged"
 CONFLICT = "conflict"
@@ -146,11 +147,16 @@ class Report:
             f"the fault) {seconds(self.recovery_s.get('threads'))}, longest time without "
             f"a commit {self.longest_stall_s:.2f} s"
         )
-        lines += [f"  unknown outcome: {entry}" for entry in self.unknown]
-        lines += [f"  LOST: {entry}" for entry in self.lost]
-        lines += [f"  VIOLATION: {entry}" for entry in self.violations]
-        lines += [f"  ERROR: {entry}" for entry in self.errors]
-        lines += [f"  KNOWN DEFECT: {entry}" for entry in self.known_defects]
+        for label, entries in (
+            ("unknown outcome", self.unknown),
+            ("LOST", self.lost),
+            ("VIOLATION", self.violations),
+            ("ERROR", self.errors),
+            ("KNOWN DEFECT", self.known_defects),
+        ):
+            lines += [f"  {label}: {entry}" for entry in entries[:LISTED]]
+            if len(entries) > LISTED:
+                lines.append(f"  ... and {len(entries) - LISTED} more of {label}")
         lines += [f"  note: {entry}" for entry in self.notes]
         return "\n".join(lines)
 

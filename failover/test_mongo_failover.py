@@ -67,7 +67,7 @@ def _faults(cluster: ReplicaSet, scenario: str, notes: list[str]) -> tuple[Fault
 
         return kill, restart
 
-    if scenario == "kill-9-primary-in-flight":
+    if scenario.startswith("kill-9-primary-in-flight"):
         killed: list[Member] = []
 
         async def kill_in_flight() -> float | None:
@@ -75,18 +75,24 @@ def _faults(cluster: ReplicaSet, scenario: str, notes: list[str]) -> tuple[Fault
             others = [m for m in cluster.members if m is not primary]
             for member in others:
                 member.pause()
-            # Majority commits now wait on the primary; kill it before it steps down
+            # Majority writes now wait on the primary; kill it before it steps down
             # (it would after electionTimeoutMillis without a majority).
             await asyncio.sleep(0.8)
             await asyncio.to_thread(primary.kill)
             killed_at = time.monotonic()
             killed.append(primary)
+            # The secondaries crash too, losing whatever oplog they had received but not
+            # applied; they restart and elect one of them. Only what a majority journaled
+            # survives; the old primary rolls back the rest when it returns.
             for member in others:
-                member.resume()
+                await asyncio.to_thread(member.kill)
+                member.start()
+            for member in others:
+                await asyncio.to_thread(member.wait_up)
             notes.append(
                 f"both secondaries stopped (SIGSTOP) for 0.8 s, then member {primary.index} "
-                "(primary) killed with SIGKILL with the writes waiting for a majority, then "
-                "the secondaries continued"
+                "(primary) killed with SIGKILL with writes waiting for a majority, then both "
+                "secondaries killed with SIGKILL and restarted"
             )
             return killed_at
 
@@ -118,13 +124,30 @@ def _faults(cluster: ReplicaSet, scenario: str, notes: list[str]) -> tuple[Fault
 
 @pytest.mark.parametrize(
     "scenario",
-    ["step-down", "kill-9-primary", "lagging-secondary", "kill-9-primary-in-flight"],
+    [
+        "step-down",
+        "kill-9-primary",
+        "lagging-secondary",
+        "kill-9-primary-in-flight",
+        pytest.param(
+            "kill-9-primary-in-flight-w1",
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="the MongoDB key-value, agent-state and lock writes take the URL's "
+                "write concern (w=1 here) instead of majority, so the writes a primary "
+                "acknowledged alone are rolled back when it dies",
+            ),
+        ),
+    ],
 )
 async def test_mongo_failover(replica_set: ReplicaSet, scenario: str) -> None:
     await asyncio.to_thread(replica_set.wait_healthy)
     report = Report(scenario, "mongo, 3-member replica set")
     fault, heal = _faults(replica_set, scenario, report.notes)
-    async with connect(replica_set.url, db_name=f"failover_{scenario.replace('-', '_')}") as stores:
+    # The last scenario sets w=1 in the URL: the thread store must ignore it (its
+    # commits are always majority); every store must keep what it acknowledged.
+    url = replica_set.url + ("&w=1" if scenario.endswith("-w1") else "")
+    async with connect(url, db_name=f"failover_{scenario.replace('-', '_')}") as stores:
         load = Load(stores)
         await load.setup()
         await load.run(fault, heal=heal)
