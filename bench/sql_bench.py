@@ -17,6 +17,12 @@ rules, tokens, and SQLAlchemy):
 - reading the newest 20 transcript messages of those threads;
 - listing the first page of 20 threads of a scope holding 2,000 threads.
 
+With ``--peers``, the same turn and read-20 on LangGraph's ``AsyncSqliteSaver``
+(a trivial graph over ``MessagesState``) and the OpenAI Agents SDK's
+``SQLiteSession``, each on its own SQLite file, ratios against pai-storage in
+the same run. They are not dependencies of pai-storage; install
+``langgraph-checkpoint-sqlite`` and ``openai-agents`` beside it to run them.
+
 Ratios printed in the same run: each operation against its floor, and the
 size-growth ratio of a turn (10,000 messages against 10). Each database is a
 fresh file under ``--dir``, removed at the end. The store's statements are
@@ -34,7 +40,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -212,6 +218,166 @@ class Floor:
                             json.loads(value)
 
 
+# ---------------------------------------------------------------- peers
+
+
+def _texts(n: int) -> tuple[str, str]:
+    return f"question {n} " * 8, f"answer {n} " * 40
+
+
+class LangGraphSqlite:
+    """LangGraph's ``AsyncSqliteSaver`` under a trivial graph over ``MessagesState``.
+
+    A turn is one ``graph.ainvoke`` with the user message (the node returns the
+    assistant message); reading the newest 20 is ``aget_tuple`` and a slice.
+    """
+
+    name = "LangGraph AsyncSqliteSaver"
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.replies: dict[str, Any] = {}
+
+    async def __aenter__(self) -> LangGraphSqlite:
+        from langchain_core.runnables import RunnableConfig  # type: ignore[import-not-found]
+        from langgraph.checkpoint.sqlite.aio import (  # type: ignore[import-not-found]
+            AsyncSqliteSaver,
+        )
+        from langgraph.graph import (  # type: ignore[import-not-found]
+            END,
+            START,
+            MessagesState,
+            StateGraph,
+        )
+
+        self._cm = AsyncSqliteSaver.from_conn_string(self.path)
+        self.saver = await self._cm.__aenter__()
+
+        def respond(state: Any, config: Any) -> dict[str, Any]:
+            return {"messages": [self.replies[config["configurable"]["thread_id"]]]}
+
+        # LangGraph passes the config to a node whose parameter is annotated so.
+        respond.__annotations__["config"] = RunnableConfig
+
+        builder: Any = StateGraph(MessagesState)
+        builder.add_node("respond", respond)
+        builder.add_edge(START, "respond")
+        builder.add_edge("respond", END)
+        self.graph = builder.compile(checkpointer=self.saver)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._cm.__aexit__(None, None, None)
+
+    async def seed(self, conv: str, messages: int) -> None:
+        from langchain_core.messages import (  # type: ignore[import-not-found]
+            AIMessage,
+            HumanMessage,
+        )
+
+        history: list[Any] = []
+        for n in range(messages // 2):
+            question, answer = _texts(n)
+            history += [HumanMessage(question, id=f"u{n}"), AIMessage(answer, id=f"a{n}")]
+        self.replies[conv] = history[-1]
+        await self.graph.ainvoke({"messages": history[:-1]}, {"configurable": {"thread_id": conv}})
+
+    async def turn(self, conv: str, n: int) -> None:
+        from langchain_core.messages import AIMessage, HumanMessage
+
+        question, answer = _texts(n)
+        self.replies[conv] = AIMessage(answer, id=f"a{n}")
+        await self.graph.ainvoke(
+            {"messages": [HumanMessage(question, id=f"u{n}")]},
+            {"configurable": {"thread_id": conv}},
+        )
+
+    async def read_20(self, conv: str) -> None:
+        found = await self.saver.aget_tuple({"configurable": {"thread_id": conv}})
+        assert len(found.checkpoint["channel_values"]["messages"][-20:]) == 20
+
+
+class OpenAISqliteSession:
+    """The OpenAI Agents SDK's ``SQLiteSession``: a turn is ``add_items`` of the
+    user and the assistant item; reading is ``get_items(limit=20)``."""
+
+    name = "OpenAI Agents SQLiteSession"
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.sessions: dict[str, Any] = {}
+
+    async def __aenter__(self) -> OpenAISqliteSession:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for session in self.sessions.values():
+            session.close()
+
+    def _items(self, n: int) -> list[dict[str, Any]]:
+        question, answer = _texts(n)
+        return [
+            {"role": "user", "content": question},
+            {
+                "type": "message",
+                "id": f"msg_a{n}",
+                "role": "assistant",
+                "status": "completed",
+                "content": [{"type": "output_text", "text": answer, "annotations": []}],
+            },
+        ]
+
+    async def seed(self, conv: str, messages: int) -> None:
+        from agents import SQLiteSession  # type: ignore[import-not-found]
+
+        session = self.sessions[conv] = SQLiteSession(conv, self.path)
+        items = [item for n in range(messages // 2) for item in self._items(n)]
+        for start in range(0, len(items), 1000):
+            await session.add_items(items[start : start + 1000])
+
+    async def turn(self, conv: str, n: int) -> None:
+        await self.sessions[conv].add_items(self._items(n))
+
+    async def read_20(self, conv: str) -> None:
+        assert len(await self.sessions[conv].get_items(limit=20)) == 20
+
+
+async def time_peer(peer: Any, sizes: tuple[int, ...], turns: int, reads: int) -> dict[str, float]:
+    """A peer's median turn and read-20 at each size (its own fresh conversation per size)."""
+    out: dict[str, float] = {}
+    for size in sizes:
+        conv = f"c{size}"
+        await peer.seed(conv, size)
+        counter = iter(range(size, size + turns + 10))
+
+        async def one_turn(conv: str = conv, counter: Iterator[int] = counter) -> None:
+            await peer.turn(conv, next(counter))
+
+        async def one_read(conv: str = conv) -> None:
+            await peer.read_20(conv)
+
+        out[f"turn @ {size:,} messages"], _ = await timed(one_turn, _nothing, turns)
+        out[f"read newest 20 @ {size:,} messages"], _ = await timed(one_read, _nothing, reads)
+    return out
+
+
+async def _nothing() -> None:
+    return None
+
+
+async def run_peers(work: Path, sizes: tuple[int, ...], turns: int, reads: int) -> list[Any]:
+    """Each installed peer's timings, or why it was not run."""
+    results: list[Any] = []
+    for make in (LangGraphSqlite, OpenAISqliteSession):
+        path = str(work / f"{make.__name__}.db")
+        try:
+            async with make(path) as peer:
+                results.append((make.name, await time_peer(peer, sizes, turns, reads)))
+        except ImportError as exc:
+            results.append((make.name, f"not installed ({exc.name})"))
+    return results
+
+
 # ---------------------------------------------------------------- the run
 
 
@@ -276,19 +442,32 @@ async def time_reads(
     return await timed(store_read, floor_read, reads)
 
 
-async def main(directory: str, quick: bool) -> None:
+async def main(directory: str, quick: bool, peers: bool) -> None:
     sizes = (10, 1_000) if quick else SIZES
     threads = 200 if quick else THREADS_IN_SCOPE
     turns = 30 if quick else 200
     reads = 50 if quick else 300
     work = Path(tempfile.mkdtemp(prefix="pai-sql-bench-", dir=directory))
     try:
-        await run(work, sizes, threads, turns, reads)
+        store_ms = await run(work, sizes, threads, turns, reads)
+        if peers:
+            print("\npeers (median ms, same machine, same run):")
+            for name, found in await run_peers(work, sizes, turns, reads):
+                if isinstance(found, str):
+                    print(f"- {name}: {found}")
+                    continue
+                cells = ", ".join(
+                    f"{op} {ms:.3f} ({ms / store_ms[op]:.2f}x pai-storage)"
+                    for op, ms in found.items()
+                )
+                print(f"- {name}: {cells}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
-async def run(work: Path, sizes: tuple[int, ...], threads: int, turns: int, reads: int) -> None:
+async def run(
+    work: Path, sizes: tuple[int, ...], threads: int, turns: int, reads: int
+) -> dict[str, float]:
     base = work / "base.db"
     print(f"building threads of {sizes} messages and {threads} threads ...", file=sys.stderr)
     versions: dict[int, ThreadVersion] = {}
@@ -355,11 +534,18 @@ async def run(work: Path, sizes: tuple[int, ...], threads: int, turns: int, read
     print(f"\nturn at {large:,} messages / turn at {small:,} messages: {growth:.2f}x")
     statements = {size: len(seq[0]) for size, seq in recorded_turns.items()}
     print(f"statements per turn (with COMMIT): {statements}")
+    return by_op
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, few samples")
     parser.add_argument("--dir", default=tempfile.gettempdir(), help="where the databases go")
+    parser.add_argument(
+        "--peers",
+        action="store_true",
+        help="also time LangGraph's AsyncSqliteSaver and the OpenAI Agents SQLiteSession "
+        "(langgraph-checkpoint-sqlite, openai-agents) on the same workload",
+    )
     args = parser.parse_args()
-    asyncio.run(main(args.dir, args.quick))
+    asyncio.run(main(args.dir, args.quick, args.peers))
