@@ -154,7 +154,9 @@ class SqlKeyValueStore(KeyValueStore):
         room = self._db.packet_room()
         if room is None:
             return
-        size = escaped_size(text.encode(), sk) * 2  # the value and the key appear twice at most
+        # The value appears once in every statement; the key up to three times
+        # (the sort key's head and tail, the namespace path and the key).
+        size = escaped_size(text.encode()) + 3 * escaped_size(sk)
         if size > room:
             raise InvalidInputError(
                 f"value is {len(text.encode()):,} bytes of JSON; with its key the statement "
