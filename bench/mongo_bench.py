@@ -2,7 +2,7 @@
 
 ::
 
-    python -m bench.mongo_bench [--url mongodb://...] [--quick] [--write-docs]
+    python -m bench.mongo_bench [--url mongodb://...] [--quick] [--write-docs [PATH]]
 
 Without ``--url`` it starts a throwaway single-node replica set (like the test
 harness). Workloads, each timed for the store and for the same operation
@@ -37,7 +37,7 @@ from typing import Any
 from pai_storage_mongo.documents import root_document
 from pai_storage_mongo.harness import MongodProcess
 from pai_storage_mongo.store import LIST_SORT, MongoThreadStore
-from pymongo import AsyncMongoClient, ReturnDocument
+from pymongo import AsyncMongoClient, ReturnDocument, monitoring
 from pymongo.read_concern import ReadConcern
 from pymongo.read_preferences import ReadPreference
 from pymongo.write_concern import WriteConcern
@@ -62,6 +62,43 @@ TXN: dict[str, Any] = {
 }
 Doc = dict[str, Any]
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "performance.md"
+
+
+class Commands(monitoring.CommandListener):
+    """Counts the commands a client sends (handshakes and heartbeats aside)."""
+
+    IGNORED = frozenset({"hello", "isMaster", "ismaster", "ping", "endSessions", "buildInfo"})
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        if event.command_name not in self.IGNORED:
+            self.names.append(event.command_name)
+
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        pass
+
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
+        pass
+
+
+STORE_COMMANDS = Commands()
+FLOOR_COMMANDS = Commands()
+COUNTS: dict[str, tuple[int, int]] = {}
+"""Commands of one store operation and of one floor operation, by workload."""
+
+
+async def count(
+    name: str, store_op: Callable[[], Awaitable[Any]], floor_op: Callable[[], Awaitable[Any]]
+) -> None:
+    """Record how many commands one run of each side sends (untimed)."""
+    counts = []
+    for commands, op in ((STORE_COMMANDS, store_op), (FLOOR_COMMANDS, floor_op)):
+        commands.names.clear()
+        await op()
+        counts.append(len(commands.names))
+    COUNTS[name] = (counts[0], counts[1])
 
 
 def p50(samples: list[float]) -> float:
@@ -235,10 +272,13 @@ async def bench_append(
             await t.build(size)
             kinds[kind] = (t, t.append if kind == "store" else RawAppender(client, store, t).append)
         samples: dict[str, list[float]] = {"store": [], "floor": []}
-        for _ in range(0, reps, 10):
+        for batch in range(0, reps, 10):
             for kind, (t, op) in kinds.items():
                 await t.open_turn()  # untimed: a new turn every 10 appends
                 samples[kind] += await timed(op, 10)
+            if batch == 0:
+                await count(f"append@{size}", kinds["store"][1], kinds["floor"][1])
+            for t, _ in kinds.values():
                 await t.close_turn()
         out[size] = (p50(samples["store"]), p50(samples["floor"]))
         print(f"  append @ {size}: store {out[size][0]:.2f} ms, floor {out[size][1]:.2f} ms")
@@ -284,8 +324,9 @@ async def bench_read(
             assert len(result.messages.items) == 20
 
         async def raw_read(thread_id: str = thread_id) -> None:
-            async with client.start_session(causal_consistency=False) as session:
-                await session.start_transaction(**TXN)
+            # One snapshot for both reads: a snapshot session (MongoDB 5.0+), the way
+            # hand-written code reads a consistent root and page without a transaction.
+            async with client.start_session(snapshot=True) as session:
                 root = await db[names["threads"]].find_one(
                     {"scopeKey": SCOPE, "threadId": thread_id}, session=session
                 )
@@ -306,9 +347,9 @@ async def bench_read(
                     .to_list()
                 )
                 assert len(docs) == 21
-                await session.abort_transaction()  # read-only: cheaper than a commit
 
         figures = await alternate(store_read, raw_read, reps)
+        await count(f"read@{size}", store_read, raw_read)
         out[size] = figures
         print(f"  read newest 20 @ {size}: store {figures[0]:.2f} ms, floor {figures[1]:.2f} ms")
     return out
@@ -365,6 +406,7 @@ async def bench_list(
             assert len(docs) == 21
 
         out[name] = await alternate(store_list, raw_list, reps)
+        await count(f"list@{name}", store_list, raw_list)
         print(f"  list {name} page: store {out[name][0]:.2f} ms, floor {out[name][1]:.2f} ms")
     return out
 
@@ -430,23 +472,35 @@ def report(results: dict[str, Any], server: str) -> str:
         "commits/s (best of two rounds each). Floor = the same operation",
         "hand-written in raw PyMongo (same collections, documents and indexes).",
         "",
-        "| workload | store | floor | store / floor |",
-        "| --- | ---: | ---: | ---: |",
+        "| workload | store | floor | store / floor | commands (store / floor) |",
+        "| --- | ---: | ---: | ---: | ---: |",
     ]
+
+    def cmds(name: str) -> str:
+        store_n, floor_n = COUNTS.get(name, (0, 0))
+        return f"{store_n} / {floor_n}"
+
     for size in SIZES:
         s, f = append[size]
-        lines.append(f"| append 1 message @ {size:,} | {s:.2f} | {f:.2f} | {s / f:.2f} |")
+        lines.append(
+            f"| append 1 message @ {size:,} | {s:.2f} | {f:.2f} | {s / f:.2f}"
+            f" | {cmds(f'append@{size}')} |"
+        )
     for size in SIZES:
         s, f = read[size]
-        lines.append(f"| newest 20 transcript @ {size:,} | {s:.2f} | {f:.2f} | {s / f:.2f} |")
+        lines.append(
+            f"| newest 20 transcript @ {size:,} | {s:.2f} | {f:.2f} | {s / f:.2f}"
+            f" | {cmds(f'read@{size}')} |"
+        )
     for name in ("first", "deep"):
         s, f = lst[name]
         lines.append(
-            f"| list {name} page of 20 (10,000 threads) | {s:.2f} | {f:.2f} | {s / f:.2f} |"
+            f"| list {name} page of 20 (10,000 threads) | {s:.2f} | {f:.2f} | {s / f:.2f}"
+            f" | {cmds(f'list@{name}')} |"
         )
     for writers in WRITERS:
         s, f = tp[writers]
-        lines.append(f"| commits/s, {writers} writers | {s:.0f} | {f:.0f} | {f / s:.2f} |")
+        lines.append(f"| commits/s, {writers} writers | {s:.0f} | {f:.0f} | {f / s:.2f} | |")
     small, large = SIZES[0], SIZES[-1]
     lines += [
         "",
@@ -508,8 +562,14 @@ async def run(args: argparse.Namespace) -> None:
         server = f"mongod {mongod.version}, single-node replica set, WiredTiger cache 0.25 GB"
     else:
         server = "given server"
-    store = MongoThreadStore(url, db_name="pai_bench", collection_name=f"b{uuid.uuid4().hex[:8]}")
-    client: AsyncMongoClient[Doc] = AsyncMongoClient(url, tz_aware=True)
+    # Each side on its own client, so each side's commands can be counted.
+    store_client: AsyncMongoClient[Doc] = AsyncMongoClient(url, event_listeners=[STORE_COMMANDS])
+    store = MongoThreadStore(
+        client=store_client, db_name="pai_bench", collection_name=f"b{uuid.uuid4().hex[:8]}"
+    )
+    client: AsyncMongoClient[Doc] = AsyncMongoClient(
+        url, tz_aware=True, event_listeners=[FLOOR_COMMANDS]
+    )
     reps = 40 if args.quick else 200
     try:
         await store.initialize()
@@ -528,12 +588,13 @@ async def run(args: argparse.Namespace) -> None:
         print()
         print(table)
         if args.write_docs:
-            write_docs(table, DOCS)
+            write_docs(table, Path(args.write_docs))
     finally:
         for name in store.collection_names().values():
             if store._db is not None:
                 await store.database.drop_collection(name)  # benchmark-owned collections
         await store.close()
+        await store_client.close()
         await client.close()
         if mongod is not None:
             mongod.stop()
@@ -543,7 +604,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", help="a replica set to use (default: a throwaway mongod)")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
-    parser.add_argument("--write-docs", action="store_true", help="update docs/performance.md")
+    parser.add_argument(
+        "--write-docs",
+        nargs="?",
+        const=str(DOCS),
+        metavar="PATH",
+        help="write the section into docs/performance.md (or into PATH)",
+    )
     asyncio.run(run(parser.parse_args(argv)))
     return 0
 

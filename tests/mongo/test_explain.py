@@ -250,3 +250,70 @@ async def test_run_filtered_queue_pages_examine_only_the_page(
     read = await mongo_store.read_thread(b.read("scope", "t", queuedItems=selection))
     assert read.queued_items is not None
     assert [i.queue_item_id for i in read.queued_items.items] == ["q0000"]
+
+
+def _collect(plan: Any, key: str) -> list[Any]:
+    """Every value of ``key`` anywhere in an explain document."""
+    found: list[Any] = []
+    if isinstance(plan, dict):
+        for k, v in plan.items():
+            found += [v] if k == key else _collect(v, key)
+    elif isinstance(plan, list):
+        for item in plan:
+            found += _collect(item, key)
+    return found
+
+
+@pytest.mark.parametrize("order", ["newest", "oldest"])
+@pytest.mark.parametrize("view", ["transcript", "context", "raw"])
+async def test_a_first_page_read_with_the_root_is_bounded(
+    mongo_store: MongoThreadStore, view: str, order: str
+) -> None:
+    from pai_storage_mongo.store import _MongoSnapshot
+
+    created = await mongo_store.commit_thread(b.create("scope", "t"))
+    assert isinstance(created, CommittedResult)
+    assert created.thread is not None
+    version = created.thread.version
+    for batch in range(6):
+        messages = [
+            {
+                "type": "insert",
+                "record": b.message(f"m{batch}.{i}", transcript=i % 3 != 0, context=i % 4 != 0),
+            }
+            for i in range(50)
+        ]
+        result = await mongo_store.commit_thread(
+            b.update("scope", "t", version, {"messages": messages})
+        )
+        assert isinstance(result, CommittedResult)
+        assert result.thread is not None
+        version = result.thread.version
+    request = ReadThreadInput.model_validate(
+        b.read(
+            "scope",
+            "t",
+            messages={"type": "page", "view": view, "order": order, "page": {"limit": 20}},
+        )
+    )
+    plan = mongo_store.selections.plan_read(request)
+    key = {"scopeKey": "scope", "threadId": "t"}
+    stages, families = _MongoSnapshot(mongo_store, None, key, None, plan)._first_pages()  # type: ignore[arg-type]
+    assert families == ["messages"]
+    pipeline = [{"$match": key}, {"$limit": 1}, *stages]
+    explained = await mongo_store.database.command(
+        "explain",
+        {
+            "aggregate": mongo_store.collection_names()["threads"],
+            "pipeline": pipeline,
+            "cursor": {},
+        },
+        verbosity="executionStats",
+    )
+    assert "COLLSCAN" not in str(explained)
+    examined = _collect(explained, "totalDocsExamined")
+    assert examined
+    assert max(examined) <= 21  # the page + 1, never the thread's 300 messages
+    read = await mongo_store.read_thread(request)
+    assert read.messages is not None
+    assert len(read.messages.items) == 20

@@ -24,6 +24,7 @@ __all__ = [
     "check_url_options",
     "duplicate_key",
     "is_duplicate_key",
+    "is_snapshot_unavailable",
     "is_transient",
     "is_unknown_commit",
     "is_write_conflict",
@@ -49,6 +50,12 @@ TOO_LARGE_MESSAGE = "a record is larger than MongoDB's 16 MiB document limit; no
 def is_transient(exc: BaseException) -> bool:
     """A transaction error after which the whole transaction may be retried."""
     return isinstance(exc, pm.PyMongoError) and exc.has_error_label("TransientTransactionError")
+
+
+def is_snapshot_unavailable(exc: BaseException) -> bool:
+    """A snapshot read the server cannot serve yet (a collection created just now) or
+    any more (history gone); a new snapshot may be tried."""
+    return isinstance(exc, pm.OperationFailure) and exc.code in (239, 246)
 
 
 def is_unknown_commit(exc: BaseException) -> bool:

@@ -76,6 +76,7 @@ from pai_storage.backend import (
     MessageRef,
     QueueRef,
     ReadHead,
+    ReadPlan,
     ReadSnapshot,
     RelationshipContext,
     RelationshipReader,
@@ -111,6 +112,7 @@ from .errors import (
     Phase,
     duplicate_key,
     is_duplicate_key,
+    is_snapshot_unavailable,
     is_transient,
     is_unknown_commit,
     is_write_conflict,
@@ -135,6 +137,7 @@ MAX_TRANSACTION_ATTEMPTS = 25
 MAX_TRANSACTION_SECONDS = 15.0
 ABORT_TIMEOUT_SECONDS = 2.0
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_NO_UPPER = 2**63 - 1  # a first page's speculative window: every stored position
 
 _A, _D = ASCENDING, DESCENDING
 
@@ -379,6 +382,7 @@ class MongoThreadStore(ThreadStore):
         self._db: AsyncDatabase[Doc] | None = None
         self._server_version: str | None = None
         self._topology = ""
+        self._snapshot_reads = False
         self._roots: _RootCache = _RootCache()
 
     def __repr__(self) -> str:
@@ -406,15 +410,23 @@ class MongoThreadStore(ThreadStore):
         return self._db
 
     def _col(self, collection: str) -> AsyncCollection[Doc]:
-        """A collection whose results are plain dicts (projections of known fields)."""
-        return self.database.get_collection(self.collection_names()[collection])
+        """A collection whose results are plain dicts (projections of known fields).
 
-    def _raw(self, collection: str) -> AsyncCollection[RawBSONDocument]:
+        Reads of commits and of ``read_thread`` go to the primary, whatever the
+        URL's read preference.
+        """
+        return self.database.get_collection(
+            self.collection_names()[collection], read_preference=ReadPreference.PRIMARY
+        )
+
+    def _raw(self, collection: str, *, primary: bool = True) -> AsyncCollection[RawBSONDocument]:
         """A collection whose results stay raw BSON (whole documents; see ``documents``)."""
         return cast(
             "AsyncCollection[RawBSONDocument]",
             self.database.get_collection(
-                self.collection_names()[collection], codec_options=RAW_CODEC_OPTIONS
+                self.collection_names()[collection],
+                codec_options=RAW_CODEC_OPTIONS,
+                read_preference=ReadPreference.PRIMARY if primary else None,
             ),
         )
 
@@ -422,6 +434,11 @@ class MongoThreadStore(ThreadStore):
         if self._client is None:
             raise self._unready()
         return self._client.start_session(causal_consistency=False)
+
+    def _snapshot_session(self) -> AsyncClientSession:
+        if self._client is None:
+            raise self._unready()
+        return self._client.start_session(snapshot=True)
 
     async def _guard(self, phase: Phase, op: Callable[[], Awaitable[T]]) -> T:
         """Run ``op``; retry transient aborts (bounded); map every driver error."""
@@ -441,7 +458,11 @@ class MongoThreadStore(ThreadStore):
                     raise ThreadStoreConfigurationError(
                         "this store was closed while the operation ran; nothing more was done"
                     ) from exc
-                retryable = is_transient(exc) or (phase == "write" and is_write_conflict(exc))
+                retryable = (
+                    is_transient(exc)
+                    or (phase == "write" and is_write_conflict(exc))
+                    or (phase == "read" and is_snapshot_unavailable(exc))
+                )
                 if isinstance(exc, ServerSelectionTimeoutError) or not retryable:
                     # No server to retry against: report it now (fast), not after the bound.
                     raise map_error(exc, phase, self.url) from exc
@@ -514,6 +535,7 @@ class MongoThreadStore(ThreadStore):
         build = await client.admin.command("buildInfo")
         self._server_version = str(build.get("version"))
         parts = [int(p) for p in build.get("versionArray", [0, 0])[:2]]
+        self._snapshot_reads = parts >= [5, 0]
         if parts < [4, 2]:
             raise ThreadStoreConfigurationError(
                 f"MongoDB {self._server_version} is too old: 4.2 or later is required"
@@ -646,10 +668,16 @@ class MongoThreadStore(ThreadStore):
         key = {"scopeKey": request.scope_key, "threadId": request.thread_id}
 
         async def attempt() -> ThreadReadResult:
+            if self._snapshot_reads:
+                # MongoDB 5.0+: every read of the session sees one snapshot, with no
+                # transaction to end; the first page usually comes with the root.
+                async with self._snapshot_session() as session:
+                    snapshot = _MongoSnapshot(self, session, key, self.now(), plan)
+                    return await run_read(snapshot, plan, clock_now=snapshot.test_now)
             async with self._session() as session:
                 await session.start_transaction(**_TXN_OPTIONS)
                 try:
-                    snapshot = _MongoSnapshot(self, session, key, self.now())
+                    snapshot = _MongoSnapshot(self, session, key, self.now(), plan)
                     result = await run_read(snapshot, plan, clock_now=snapshot.test_now)
                 except BaseException as exc:
                     if not isinstance(exc, ServerSelectionTimeoutError):
@@ -702,7 +730,7 @@ class MongoThreadStore(ThreadStore):
     async def _list_threads(self, request: ListThreadsInput) -> Page[ThreadRecord]:
         plan = self.selections.plan_list(request)
         query, hint = self.list_query(plan)
-        threads = self._raw("threads")
+        threads = self._raw("threads", primary=False)  # the URL's read preference
 
         async def attempt() -> Page[ThreadRecord]:
             rows: list[ThreadRecord] = []
@@ -1276,7 +1304,14 @@ class _KnownFacts:
 
 
 class _MongoSnapshot(ReadSnapshot):
-    """The read primitives inside one read-only snapshot transaction."""
+    """The read primitives inside one snapshot (a snapshot session, or a read-only
+    snapshot transaction before MongoDB 5.0).
+
+    The first page of each family the read asks for (no page token, no bound
+    ids: a range that starts at either end) comes with the root in one
+    aggregation; :meth:`scan` uses it when the window the pipeline computes
+    holds every row it fetched, which it always does for valid data.
+    """
 
     def __init__(
         self,
@@ -1284,17 +1319,61 @@ class _MongoSnapshot(ReadSnapshot):
         session: AsyncClientSession,
         key: Doc,
         test_now: datetime | None,
+        plan: ReadPlan | None = None,
     ) -> None:
         self._store = store
         self._session = session
         self._key = key
         self.test_now = test_now
+        self._plan = plan
+        self._prefetched: dict[FamilyName, list[RawBSONDocument]] = {}
+
+    def _first_pages(self) -> tuple[list[Doc], list[FamilyName]]:
+        """``$lookup`` stages reading each first page the plan asks for."""
+        stages: list[Doc] = []
+        families: list[FamilyName] = []
+        if self._plan is None:
+            return stages, families
+        names = self._store.collection_names()
+        for spec in FAMILIES:
+            selection = getattr(self._plan, spec.attr)
+            if (
+                not isinstance(selection, ChildPagePlan)
+                or selection.is_continuation
+                or selection.bound_ids() != (None, None)
+            ):
+                continue
+            window = Window(0, _NO_UPPER, selection.order, selection.limit + 1, 0, 0, None)
+            queries = self._store.page_queries(spec.name, self._key, selection, window)
+            if len(queries) != 1:
+                continue
+            query, sort, _ = queries[0]
+            stages.append(
+                {
+                    "$lookup": {
+                        "from": names[spec.name],
+                        "pipeline": [
+                            {"$match": query},
+                            {"$sort": dict(sort)},
+                            {"$limit": window.fetch},
+                        ],
+                        "as": f"page_{spec.name}",
+                    }
+                }
+            )
+            families.append(spec.name)
+        return stages, families
 
     async def head(self) -> ReadHead:
-        """The root and ``$$NOW`` in one aggregation (a ``hello`` for a missing thread)."""
-        pipeline: list[Doc] = [{"$match": self._key}, {"$limit": 1}]
-        if self.test_now is None:
-            pipeline.append({"$addFields": {"_observedAt": "$$NOW"}})
+        """The root, ``$$NOW`` and the first pages in one aggregation (``hello`` for a
+        missing thread)."""
+        pipeline: list[Doc] = [
+            {"$match": self._key},
+            {"$limit": 1},
+            {"$replaceWith": {"root": "$$ROOT", "now": "$$NOW"}},
+        ]
+        stages, families = self._first_pages()
+        pipeline += stages
         cursor = await self._store._raw("threads").aggregate(pipeline, session=self._session)
         docs = await cursor.to_list()
         if not docs:
@@ -1303,19 +1382,26 @@ class _MongoSnapshot(ReadSnapshot):
                 hello = await self._store._hello()
                 observed = hello["localTime"]
             return ReadHead(observed, None)
-        raw = docs[0]
-        doc = decode_or_invalid(raw, "thread")
-        observed = doc.pop("_observedAt", None) or self.test_now
+        try:
+            stored, now = docs[0]["root"], docs[0]["now"]
+            for name in families:
+                self._prefetched[name] = list(docs[0][f"page_{name}"])
+        except (BSONError, ValueError, KeyError, TypeError):
+            raise ThreadStoreInvariantError(
+                "invalid stored thread: the stored document cannot be decoded"
+            ) from None
+        doc = decode_or_invalid(stored, "thread")
+        observed = self.test_now or now
         if not isinstance(observed, datetime):  # pragma: no cover - $$NOW is a date
             raise ThreadStoreInvariantError("invalid stored thread: no observation time")
+        if observed.tzinfo is None:
+            observed = observed.replace(tzinfo=UTC)
         root, next_positions = parse_root(doc)
         facts = root_facts(doc)
         if facts is not None:
             # What a commit of this thread will most likely hold next (see _RootCache).
-            stored = {k: v for k, v in raw.items() if k != "_observedAt"}
             self._store._roots.offer(
-                (root.scope_key, root.thread_id),
-                _Cached(RawBSONDocument(bson.encode(stored)), root, next_positions, facts),
+                (root.scope_key, root.thread_id), _Cached(stored, root, next_positions, facts)
             )
         return ReadHead(observed, root, next_positions)
 
@@ -1342,8 +1428,13 @@ class _MongoSnapshot(ReadSnapshot):
         self, spec: FamilySpec, plan: ChildPagePlan, window: Window
     ) -> Sequence[tuple[int, Any]]:
         """One index-ordered range scan (one per status, merged, for a status filter)."""
-        collection = self._store._raw(spec.name)
         what = spec.model.__name__
+        prefetched = self._prefetched.pop(spec.name, None)
+        if prefetched is not None and window.lower == 0:
+            rows = [parse_child(spec.model, decode_or_invalid(raw, what)) for raw in prefetched]
+            if all(window.contains(position) for position, _ in rows):
+                return rows
+        collection = self._store._raw(spec.name)
         scans: list[list[tuple[int, Any]]] = []
         for query, sort, hint in self._store.page_queries(spec.name, self._key, plan, window):
             cursor = collection.find(
