@@ -19,7 +19,8 @@ sent per operation (from PyMongo's command monitoring).
   and one holding 100,000 items (inserted straight into the collection with
   ``insert_many``; the loading time is printed);
 - agent-state save of one value, and append of one item to a list of 10 and
-  to a list of 10,000 items (each list grows by one item per sample);
+  to a list of 10,000 items (each list grows by one item per sample; the
+  store's and the floor's lists are in sessions of their own);
 - snapshot put and get of 1 MiB;
 - guard acquire + release of a free resource.
 
@@ -272,19 +273,24 @@ async def main(url: str, quick: bool) -> int:
             f = encode_field("floor")
             texts = [canonical_json(item) for item in items]
             digest = extend_list_hash(EMPTY_LIST_HASH, texts)
+            # The floor's list lives in a session of its own: each side appends to a
+            # document holding one list of `length` items (a second long list in
+            # the same document would make both sides' appends cost more).
             await state_col.update_one(
-                {"_id": {"user": "u", "session": f"s{length}"}},
+                {"_id": {"user": "u", "session": f"f{length}"}},
                 {
                     "$set": {
                         f"states.{f}": texts,
                         f"hashes.{f}": digest,
                         f"lengths.{f}": Int64(length),
-                    }
+                    },
+                    "$currentDate": {"_updated_at": True},
                 },
+                upsert=True,
             )
 
             async def floor_append(length: int = length, f: str = f) -> Any:
-                key = {"user": "u", "session": f"s{length}"}
+                key = {"user": "u", "session": f"f{length}"}
                 doc = await state_col.find_one(
                     {"_id": key, "_updated_at": {"$exists": True}},
                     {f"hashes.{f}": 1, f"lengths.{f}": 1},
@@ -463,18 +469,26 @@ def append_experiment(url: str, n: int) -> None:
     large = canonical_json({"i": 1234, "pad": "x" * 100})
     guard_state: dict[str, tuple[str, int]] = {}
 
-    def make(name: str, length: int, item: str, *, other: bool = False, w1: bool = False) -> Any:
+    def make(name: str, length: int, item: str, *, beside: str = "", w1: bool = False) -> Any:
         concern = WriteConcern(w=1, j=False) if w1 else None
         col = db.get_collection(f"{prefix}{name}_{length}", write_concern=concern)
         col.drop()
         texts = [item] * length
         doc: Doc = {"_id": {"user": "u", "session": "s"}}
-        doc["states"] = {"big": texts, "k": [item] * 10} if other else {"k": texts}
+        # beside: the list appended to has 10 items and a `length`-item list
+        # comes before or after it in the document
+        own = 10 if beside else length
+        if beside == "before":
+            doc["states"] = {"big": texts, "k": [item] * own}
+        elif beside == "after":
+            doc["states"] = {"k": [item] * own, "big": texts}
+        else:
+            doc["states"] = {"k": texts}
         doc["hashes"] = {"k": EMPTY_LIST_HASH}
-        doc["lengths"] = {"k": Int64(10 if other else length)}
+        doc["lengths"] = {"k": Int64(own)}
         doc["_updated_at"] = datetime.now(UTC)
         col.insert_one(doc)
-        guard_state[col.name] = (EMPTY_LIST_HASH, 10 if other else length)
+        guard_state[col.name] = (EMPTY_LIST_HASH, own)
         return col
 
     key = {"user": "u", "session": "s"}
@@ -508,22 +522,25 @@ def append_experiment(url: str, n: int) -> None:
         guard_state[col.name] = (new_hash, length + 1)
         return None
 
-    # name: (how, item text, the array beside a 10-item list, no journal wait)
-    variants: dict[str, tuple[str, str, bool, bool]] = {
-        "$push": ("push", small, False, False),
-        "$set at the next position": ("set", small, False, False),
-        "guarded $push (store, > 16 items)": ("guarded-push", small, False, False),
-        "guarded $set (store, <= 16 items)": ("guarded-set", small, False, False),
-        "pipeline $concatArrays": ("pipeline", small, False, False),
-        "$push, w:1 no journal wait": ("push", small, False, True),
-        "$push, 110-byte items": ("push-large", large, False, False),
-        "$push to 10 items beside the array": ("push", small, True, False),
-        "read the list head (projection)": ("read", small, False, False),
+    # name: (how, item text, where the long list is beside a 10-item one, no journal wait)
+    variants: dict[str, tuple[str, str, str, bool]] = {
+        "$push": ("push", small, "", False),
+        "$set at the next position": ("set", small, "", False),
+        "guarded $push (store, > 16 items)": ("guarded-push", small, "", False),
+        "guarded $set (store, <= 16 items)": ("guarded-set", small, "", False),
+        "pipeline $concatArrays": ("pipeline", small, "", False),
+        "$push, w:1 no journal wait": ("push", small, "", True),
+        "$set at the position, w:1": ("set", small, "", True),
+        "$push, 110-byte items": ("push-large", large, "", False),
+        "$push to 10 items, long list before": ("push", small, "before", False),
+        "$push to 10 items, long list after": ("push", small, "after", False),
+        "as above, w:1": ("push", small, "after", True),
+        "read the list head (projection)": ("read", small, "", False),
     }
     fns: dict[tuple[str, int], Callable[[], Any]] = {}
-    for number, (name, (how, item, other, w1)) in enumerate(variants.items()):
+    for number, (name, (how, item, beside, w1)) in enumerate(variants.items()):
         for size in (10, 10_000):
-            col = make(f"v{number}", size, item, other=other, w1=w1)
+            col = make(f"v{number}", size, item, beside=beside, w1=w1)
             fns[(name, size)] = functools.partial(append, col, how)
     for fn in fns.values():
         for _ in range(5):
