@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -603,12 +604,7 @@ class _PgSnapshot(_ThreadRows, ReadSnapshot):
 
     async def head(self) -> ReadHead:
         row = await self._conn.fetchrow(
-            "SELECT date_trunc('milliseconds', clock_timestamp()) AS now, t.doc, "
-            "t.messages_next, t.runs_next, t.queued_next "
-            f"FROM (VALUES (1)) AS one LEFT JOIN {self._tables.threads} t "
-            "ON t.scope_key = $1 AND t.thread_id = $2",
-            self._scope,
-            self._thread,
+            head_statement(self._tables.threads), self._scope, self._thread
         )
         if row["doc"] is None:
             return ReadHead(row["now"], None)
@@ -658,22 +654,34 @@ def _list_record(
 ) -> ThreadRecord | tuple[str | None, str]:
     """The root of a list row, or ``(thread id, reason)`` when it is invalid."""
     try:
-        tid: str | None = dec(thread_id)
-    except UnicodeDecodeError:
-        tid = None
-    try:
-        record = parse(ThreadRecord, doc)
+        record = ThreadRecord.model_validate_stored(doc)
         if (
-            record.scope_key != scope_key
-            or record.thread_id != tid
-            or -timestamp_ms(record.updated_at) != sort_key
+            record.scope_key == scope_key
+            and record.thread_id.encode() == thread_id
+            and -timestamp_ms(record.updated_at) == sort_key
         ):
-            raise ThreadStoreInvariantError("stored identity or order key does not match")
+            return record
+        raise ThreadStoreInvariantError("stored identity or order key does not match")
     except ThreadStoreInvariantError as exc:
+        try:
+            tid: str | None = dec(thread_id)
+        except UnicodeDecodeError:
+            tid = None
         return tid, str(exc).split(":", 1)[0][:200]
-    return record
 
 
+@functools.lru_cache(maxsize=64)
+def head_statement(threads: str) -> str:
+    """The root row of a read (``$1`` scope, ``$2`` thread) and the snapshot's time."""
+    return (
+        "SELECT date_trunc('milliseconds', clock_timestamp()) AS now, t.doc, "
+        "t.messages_next, t.runs_next, t.queued_next "
+        f"FROM (VALUES (1)) AS one LEFT JOIN {threads} t "
+        "ON t.scope_key = $1 AND t.thread_id = $2"
+    )
+
+
+@functools.lru_cache(maxsize=512)
 def page_statement(
     table: str,
     family: FamilyName,
