@@ -9,8 +9,9 @@ the state key with ``%``, ``.`` and ``$`` percent-encoded, so dot notation
 addresses exactly one key. ``_updated_at`` (a BSON date) is set by every
 write; a session is live while ``_updated_at`` is after now - ``session_ttl``
 (checked by every read) and the TTL index on ``_updated_at`` removes it in the
-background. Appends are ``$push`` updates guarded by the stored hash and
-length, so an append sends only the new items; a document that would exceed
+background. Appends are updates guarded by the stored hash and length that
+send only the new items (set at the positions after the stored length, or
+``$push``-ed when there are many); a document that would exceed
 16 MiB is refused whole by the server. Session listing is a range on the
 ``_id`` index. See ``docs/mongodb.md``.
 """
