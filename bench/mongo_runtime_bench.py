@@ -508,6 +508,13 @@ def append_experiment(url: str, n: int) -> None:
         if how == "set":
             guard_state[col.name] = (stored_hash, length + 1)
             return col.update_one({"_id": key}, {"$set": {f"states.k.{length}": small}})
+        if how == "push16":
+            guard_state[col.name] = (stored_hash, length + 16)
+            return col.update_one({"_id": key}, {"$push": {"states.k": {"$each": [small] * 16}}})
+        if how == "set16":
+            guard_state[col.name] = (stored_hash, length + 16)
+            paths = {f"states.k.{length + i}": small for i in range(16)}
+            return col.update_one({"_id": key}, {"$set": paths})
         # guarded, as the store does it: filter on the head, write the new head
         new_hash = extend_list_hash(stored_hash, [small])
         head = {"hashes.k": new_hash, "lengths.k": Int64(length + 1)}
@@ -526,8 +533,8 @@ def append_experiment(url: str, n: int) -> None:
     variants: dict[str, tuple[str, str, str, bool]] = {
         "$push": ("push", small, "", False),
         "$set at the next position": ("set", small, "", False),
-        "guarded $push (store, > 16 items)": ("guarded-push", small, "", False),
-        "guarded $set (store, <= 16 items)": ("guarded-set", small, "", False),
+        "guarded $push (store, > 4 items)": ("guarded-push", small, "", False),
+        "guarded $set (store, <= 4 items)": ("guarded-set", small, "", False),
         "pipeline $concatArrays": ("pipeline", small, "", False),
         "$push, w:1 no journal wait": ("push", small, "", True),
         "$set at the position, w:1": ("set", small, "", True),
@@ -536,6 +543,8 @@ def append_experiment(url: str, n: int) -> None:
         "$push to 10 items, long list after": ("push", small, "after", False),
         "as above, w:1": ("push", small, "after", True),
         "read the list head (projection)": ("read", small, "", False),
+        "16 items: $push, w:1": ("push16", small, "", True),
+        "16 items: $set of 16 positions, w:1": ("set16", small, "", True),
     }
     fns: dict[tuple[str, int], Callable[[], Any]] = {}
     for number, (name, (how, item, beside, w1)) in enumerate(variants.items()):

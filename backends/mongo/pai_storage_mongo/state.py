@@ -491,7 +491,7 @@ class MongoAgentStateStore(AgentStateStore):
 
 _INVALID = object()
 
-SET_APPEND_MAX = 16
+SET_APPEND_MAX = 4
 """Appends of at most this many items set each new position; longer ones ``$push``."""
 
 
