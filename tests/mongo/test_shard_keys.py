@@ -103,7 +103,7 @@ def test_single_document_writes_need_the_whole_shard_key() -> None:
         line("update", "messages", updates=[one, whole, many]),
         line("findAndModify", "kv", query={"ns": "<str>"}),
         line("findAndModify", "kv", query={"ns": "<str>", "key": "<str>"}),
-        line("delete", "runs", deletes=[{"q": {"scopeKey": "<str>"}, "limit": "<int>"}]),
+        line("delete", "runs", deletes=[{"q": {"scopeKey": "<str>"}, "limit": 1}]),
         line("delete", "runs", deletes=[{"q": {"scopeKey": "<str>"}, "limit": 0}]),
     ) == ["violation", "targeted", "targeted", "violation", "targeted", "violation", "targeted"]
 
@@ -400,3 +400,9 @@ async def test_every_store_command_is_routed_to_one_scope(
     assert {"kv._purge_expired", "guard._purge_expired"} <= excused
     assert {f.verdict for f in findings} >= {"targeted", "range", "administrative"}
     assert SECRET not in json.dumps(lines)
+    # Statement options stay as sent: they choose the routing rule.
+    updates = [u for x in lines if x["command"] == "update" for u in x["updates"]]
+    assert updates
+    assert all(isinstance(u["multi"], bool) and isinstance(u["upsert"], bool) for u in updates)
+    limits = {d["limit"] for x in lines if x["command"] == "delete" for d in x["deletes"]}
+    assert limits == {0, 1}

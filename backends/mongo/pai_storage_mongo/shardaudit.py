@@ -248,13 +248,26 @@ def _record(event: monitoring.CommandStartedEvent) -> Doc | None:
     for part in _COMMAND_PARTS.get(name, ()):
         if part in command:
             value = command[part]
+            # The statement options (multi, upsert, limit) are kept as they are:
+            # they decide which routing rule applies, and they are not data.
             if part == "updates":
-                value = [
-                    {k: u.get(k) for k in ("q", "u", "upsert", "multi") if k in u} for u in value
+                line[part] = [
+                    {
+                        "q": shape(u.get("q", {})),
+                        "u": shape(u.get("u", {})),
+                        "upsert": bool(u.get("upsert", False)),
+                        "multi": bool(u.get("multi", False)),
+                    }
+                    for u in value
                 ]
             elif part == "deletes":
-                value = [{k: d.get(k) for k in ("q", "limit") if k in d} for d in value]
-            line[part] = shape(value) if part not in ("upsert", "remove") else bool(value)
+                line[part] = [
+                    {"q": shape(d.get("q", {})), "limit": int(d.get("limit", 0))} for d in value
+                ]
+            elif part in ("upsert", "remove"):
+                line[part] = bool(value)
+            else:
+                line[part] = shape(value)
     return line
 
 
@@ -471,7 +484,7 @@ def _judge(line: Mapping[str, Any]) -> list[tuple[str, str, str]]:
     elif name == "delete":
         for d in line.get("deletes") or []:
             if isinstance(d, Mapping):
-                statements.append((d.get("q", {}), d.get("limit") == "<int>"))
+                statements.append((d.get("q", {}), d.get("limit") == 1))
     else:
         return [("violation", f"unexpected command {name} on a store collection", "")]
     out = []
