@@ -435,6 +435,14 @@ class Load:
                     release.outcome = ACK
                     self._held(resource, attempt.ended, released_at, owner)
                     release.resolution = "not held any more"
+                    info = await self._inspect(resource)
+                    release.error = (
+                        f"acquired {self._since_fault(attempt.started)}-"
+                        f"{self._since_fault(attempt.ended)}, released "
+                        f"{self._since_fault(released_at)}-{self._since_fault(release.ended)}, "
+                        f"lost flag {lock.lost.is_set()}, fencing {lock.fencing_token}, "
+                        f"now held by {info.owner if info else None}"
+                    )
                 else:
                     # Released or not? Re-read the lock: still ours means held to its lease.
                     info = await self._inspect(resource)
@@ -465,6 +473,9 @@ class Load:
             lambda: self.stores.guard.inspect(resource), "inspect"
         )
         return info
+
+    def _since_fault(self, moment: float) -> str:
+        return "?" if self.fault_at is None else f"{moment - self.fault_at:+.2f}s"
 
     def _held(self, resource: str, start: float, end: float, owner: str) -> None:
         self.holds.setdefault(resource, []).append((start, end, owner))
@@ -597,9 +608,7 @@ class Load:
                 assert attempt.version is not None
                 if counts[attempt.key] == 0:
                     report.lost.append(f"kv {attempt.key} (version {attempt.version})")
-                elif log[attempt.version - 1] != attempt.key or log[: attempt.version] != list(
-                    attempt.content["log"]
-                ):
+                elif log[: attempt.version] != list(attempt.content["log"]):
                     report.violations.append(f"kv {attempt.key}: not the acknowledged history")
                 else:
                     report.found["kv"] += 1
@@ -620,7 +629,7 @@ class Load:
                 assert attempt.version is not None
                 if counts[attempt.key] == 0:
                     report.lost.append(f"state {attempt.key} (length {attempt.version})")
-                elif items[attempt.version - 1] != attempt.content:
+                elif attempt.version > len(items) or items[attempt.version - 1] != attempt.content:
                     report.violations.append(
                         f"state {attempt.key}: acknowledged at length {attempt.version}, "
                         f"stored elsewhere"
@@ -639,7 +648,9 @@ class Load:
             if attempt.outcome == ACK and attempt.resolution != "not held any more":
                 report.found["guard"] += 1  # checked below: no overlap, fencing order
             if attempt.resolution == "not held any more":
-                report.lost.append(f"guard {attempt.key}: the acknowledged lock was gone")
+                report.lost.append(
+                    f"guard {attempt.key}: the acknowledged lock was gone ({attempt.error})"
+                )
             if attempt.resolution == "applied although reported unavailable":
                 report.violations.append(f"guard {attempt.key}: {attempt.resolution}")
         for resource, holds in self.holds.items():

@@ -215,6 +215,16 @@ class ReplicaSet:
                 raise RuntimeError(f"replica set not healthy: {states}")
             time.sleep(0.2)
 
+    def repair(self) -> None:
+        """Continue stopped members and start killed ones (after a scenario that failed)."""
+        for member in self.members:
+            if member.process is None:
+                member.start()
+            else:
+                member.resume()
+        for member in self.members:
+            member.wait_up()
+
     def step_down(self) -> Member:
         """``replSetStepDown`` on the primary; returns the member that stepped down."""
         primary = self.primary()

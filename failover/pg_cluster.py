@@ -11,6 +11,7 @@ the ``postgres`` user; the commands are run as root (or as ``postgres``).
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import signal
@@ -83,7 +84,8 @@ class Cluster:
         (conf / "failover.conf").write_text("\n".join(lines) + "\n", encoding="utf-8")
 
     def ctl(self, action: str, *extra: str) -> None:
-        _run("pg_ctlcluster", self.version, self.name, action, *extra)
+        # Act on the cluster directly, not through systemd (which would also ignore "-m").
+        _run("pg_ctlcluster", "--skip-systemctl-redirect", self.version, self.name, action, *extra)
 
     def psql(self, sql: str) -> str:
         return _run(
@@ -157,6 +159,7 @@ class StandbyPair:
         )
 
     def start(self) -> None:
+        atexit.register(self.drop)  # also when the run is interrupted
         common = {"listen_addresses": "'127.0.0.1'", "max_connections": "50"}
         self.primary.create({**common, "wal_level": "replica"})
         self.primary.ctl("start")
@@ -235,6 +238,7 @@ class StandbyPair:
             time.sleep(0.1)
 
     def drop(self) -> None:
+        """Drop both clusters (idempotent)."""
         errors: list[str] = []
         for cluster in (self.standby, self.primary):
             with suppress(Exception):

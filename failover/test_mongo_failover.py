@@ -141,6 +141,7 @@ def _faults(cluster: ReplicaSet, scenario: str, notes: list[str]) -> tuple[Fault
     ],
 )
 async def test_mongo_failover(replica_set: ReplicaSet, scenario: str) -> None:
+    await asyncio.to_thread(replica_set.repair)
     await asyncio.to_thread(replica_set.wait_healthy)
     report = Report(scenario, "mongo, 3-member replica set")
     fault, heal = _faults(replica_set, scenario, report.notes)
