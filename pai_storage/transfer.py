@@ -335,7 +335,9 @@ async def decode_threads(
         except _Corrupt as exc:
             raise ThreadStoreInvariantError(f"line {number}: {exc}") from None
         except ThreadStoreInvariantError as exc:
-            raise type(exc)(f"line {number}: {exc}") from None
+            located = type(exc)(f"line {number}: {exc}")
+            located.__dict__.update(exc.__dict__)  # e.g. a serialization error's path
+            raise located from None
     if not header:
         raise ThreadStoreInvariantError(f"line {number + 1}: empty input, not an export")
     if block is not None:

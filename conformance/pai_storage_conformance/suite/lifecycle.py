@@ -277,6 +277,8 @@ class LifecycleTests:
             '["a list"]\n',
             lines[bad_at].replace('"position":', '"positio":'),
             lines[bad_at].replace('"record":{', '"record":{"extra":1,'),
+            lines[bad_at].replace('"metadata":{', '"metadata":{"nan":NaN,', 1),
+            lines[bad_at].replace('"position":', '"position":-', 1),
         ):
             broken = [*lines[:bad_at], corrupt, *lines[bad_at + 1 :]]
             with pytest.raises(ThreadStoreInvariantError, match=f"line {bad_at + 1}:"):
@@ -336,6 +338,19 @@ class LifecycleTests:
         chosen = await _decoded(await _export(store, scope, thread_ids=["c", "a", "missing"]))
         assert [a.root.thread_id for a in chosen] == ["c", "a"]
         assert await _export(store, new_scope("empty")) == [header_line()]
+
+    async def test_thread_digest_follows_the_content(
+        self, lifecycle_store: ThreadStore, clock: ManualClock
+    ) -> None:
+        store, scope = lifecycle_store, new_scope("digest")
+        conv = await build_conversation(store, clock, scope, "t", turns=1, open_turn=False)
+        first = await store.thread_digest(scope, "t")
+        assert first is not None
+        assert first.startswith("sha256:")
+        assert await store.thread_digest(scope, "t") == first
+        await _commit(store, b.update(scope, "t", conv.root.version, title="lifecycle"))
+        assert await store.thread_digest(scope, "t") != first
+        assert await store.thread_digest(scope, "missing") is None
 
     # ------------------------------------------------------------ fork
 
