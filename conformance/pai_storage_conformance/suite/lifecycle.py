@@ -433,6 +433,48 @@ class LifecycleTests:
         decoded = await _decoded(await _export(store, scope))
         assert len(decoded) == 1 + len(cases)
 
+    async def test_a_fork_at_every_cut_copies_exactly_what_the_rules_allow(
+        self, lifecycle_store: ThreadStore, clock: ManualClock
+    ) -> None:
+        store, scope = lifecycle_store, new_scope("fork-every")
+        await build_conversation(store, clock, scope, "src", turns=4)
+        (source,) = await _decoded(await _export(store, scope, thread_ids=["src"]))
+        messages = list(source.messages)
+        cuts: list[str | None] = [None, *(e.record.message_id for e in messages)]
+        forks = {cut: f"fork-{i}" for i, cut in enumerate(cuts)}
+        for cut, fork_id in forks.items():
+            clock.advance(ms=1)
+            result = await store.fork_thread(scope, "src", fork_id, through_message_id=cut)
+            assert isinstance(result, CommittedResult)
+        decoded = await _decoded(await _export(store, scope, thread_ids=list(forks.values())))
+        for (cut, fork_id), fork in zip(forks.items(), decoded, strict=True):
+            assert fork.root.thread_id == fork_id
+            # What the rules allow, worked out here from the whole source.
+            end = (
+                len(messages)
+                if cut is None
+                else 1 + [e.record.message_id for e in messages].index(cut)
+            )
+            cut_created = messages[end - 1].record.created_at if cut is not None else None
+            dropped = {
+                e.record.run_id
+                for e in source.runs
+                if e.record.status in ("running", "waiting", "queued")
+                or (cut_created is not None and e.record.created_at > cut_created)
+            }
+            dropped |= {e.record.run_id for e in messages[end:] if e.record.run_id is not None}
+            expected_messages = [e for e in messages[:end] if e.record.run_id not in dropped]
+            expected_runs = [e for e in source.runs if e.record.run_id not in dropped]
+            assert list(fork.messages) == expected_messages, cut
+            assert list(fork.runs) == expected_runs, cut
+            assert len(fork.queued_items) == 0
+            for mine, theirs in (
+                (fork.messages, source.messages),
+                (fork.runs, source.runs),
+                (fork.queued_items, source.queued_items),
+            ):
+                assert mine.next_position == theirs.next_position
+
     async def test_fork_conflicts_on_an_existing_thread_and_rejects_bad_input(
         self, lifecycle_store: ThreadStore, clock: ManualClock
     ) -> None:
