@@ -2,16 +2,20 @@
 
 32 workers on four guards (four clients: separate connections, and on SQLite
 separate writer connections racing for the database lock) contend for four
-resources. Every worker logs entering and leaving its critical section with
-its fencing token; from that log no resource ever has two holders, and on
-each resource the tokens strictly increase in the order the locks were held.
+resources; then two processes do the same on one database. Every worker logs
+entering and leaving its critical section with its fencing token; from that
+log no resource ever has two holders, and on each resource the tokens
+strictly increase in the order the locks were held.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import random
+import sys
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -65,19 +69,105 @@ async def test_contending_workers_never_share_a_lock(target: Target) -> None:
             await guard.close()
 
     assert len(log) == 2 * WORKERS * ROUNDS
-    holders: dict[str, tuple[int, int] | None] = {f"sandbox-{i}": None for i in range(RESOURCES)}
+    check_log(log)
+
+
+def check_log(log: list[tuple[str, str, int, Any]]) -> None:
+    """No resource has two holders at once; tokens grow per resource, unique store-wide."""
+    holders: dict[str, tuple[int, Any] | None] = {}
     last_token: dict[str, int] = {}
-    for event, resource, token, n in log:
+    for event, resource, token, who in log:
         if event == "enter":
-            assert holders[resource] is None, f"{resource}: two holders at once"
+            assert holders.get(resource) is None, f"{resource}: two holders at once"
             assert token > last_token.get(resource, 0), f"{resource}: fencing went backwards"
-            holders[resource] = (token, n)
+            holders[resource] = (token, who)
             last_token[resource] = token
         else:
-            assert holders[resource] == (token, n)
+            assert holders[resource] == (token, who)
             holders[resource] = None
+    assert all(holder is None for holder in holders.values())
     tokens = [token for event, _, token, _ in log if event == "enter"]
     assert len(set(tokens)) == len(tokens)  # one token per acquisition, store-wide
+
+
+PROCESS = """
+import asyncio, json, os, sys
+from datetime import timedelta
+from pai_storage_sql.guard import SqlExecutionGuard
+
+async def main(url, options, name, log_path, workers, rounds, resources):
+    guard = SqlExecutionGuard(
+        url, **json.loads(options), busy_timeout=60, lock_timeout=timedelta(minutes=5),
+        retry_interval=timedelta(milliseconds=5),
+    )
+    await guard.initialize()
+    fd = os.open(log_path, os.O_WRONLY | os.O_APPEND)
+    print("ready", flush=True)
+    sys.stdin.readline()  # every process starts together
+
+    async def worker(n):
+        for r in range(rounds):
+            resource = f"sandbox-{(n + r) % resources}"
+            async with guard.hold(resource, owner=f"{name}-{n}") as lock:
+                os.write(fd, f"enter {resource} {lock.fencing_token} {name}-{n}\\n".encode())
+                await asyncio.sleep(0.001 * (n % 3))
+                os.write(fd, f"leave {resource} {lock.fencing_token} {name}-{n}\\n".encode())
+
+    try:
+        await asyncio.gather(*(worker(n) for n in range(workers)))
+    finally:
+        os.close(fd)
+        await guard.close()
+    print("done", flush=True)
+
+asyncio.run(main(*sys.argv[1:5], *map(int, sys.argv[5:8])))
+"""
+
+
+async def test_two_processes_never_share_a_lock(target: Target, tmp_path: Path) -> None:
+    script = tmp_path / "worker.py"
+    script.write_text(PROCESS)
+    log_path = tmp_path / "holders.log"
+    log_path.write_text("")
+    workers, rounds = 8, 3
+    async with SqlExecutionGuard(target.url, **target.options):
+        pass  # the tables exist before the processes start
+    procs = [
+        await asyncio.create_subprocess_exec(
+            sys.executable,
+            str(script),
+            target.url,
+            json.dumps(target.options),
+            name,
+            str(log_path),
+            str(workers),
+            str(rounds),
+            str(RESOURCES),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        for name in ("p1", "p2")
+    ]
+    for proc in procs:
+        assert proc.stdout is not None
+        assert proc.stderr is not None
+        if (await proc.stdout.readline()).strip() != b"ready":
+            pytest.fail((await proc.stderr.read()).decode())
+    for proc in procs:
+        assert proc.stdin is not None
+        proc.stdin.write(b"go\n")
+        await proc.stdin.drain()
+    outputs = [await proc.communicate() for proc in procs]
+    for proc, (_, err) in zip(procs, outputs, strict=True):
+        assert proc.returncode == 0, err.decode()
+    log = []
+    for line in log_path.read_text().splitlines():
+        event, resource, token, who = line.split(" ")
+        log.append((event, resource, int(token), who))
+    assert len(log) == 2 * 2 * workers * rounds
+    assert {who.split("-")[0] for _, _, _, who in log} == {"p1", "p2"}
+    check_log(log)
 
 
 async def test_fencing_counter_survives_lock_deletion(target: Target) -> None:
