@@ -405,3 +405,21 @@ async def test_import_of_one_string_keeps_line_separators_inside_values() -> Non
         await target.import_threads(text)
         await target.import_threads(text.encode("utf-8"))  # skipped: it exists
         assert await target.thread_digest("s", "t") == await source.thread_digest("s", "t")
+
+
+@pytest.mark.parametrize("name", ["memory", "postgres", "mongo", "sql"])
+def test_built_in_backends_with_the_lifecycle_copy_forks_in_their_database(name: str) -> None:
+    """The generic fork loads the whole thread into Python; a built-in backend that
+    declares the lifecycle capability must override it with an in-database copy."""
+    import importlib
+
+    module = importlib.import_module(f"pai_storage_{name}.store")
+    stores = [
+        value
+        for value in vars(module).values()
+        if isinstance(value, type) and issubclass(value, ThreadStore) and value is not ThreadStore
+    ]
+    assert stores, f"no thread store class in pai_storage_{name}.store"
+    for store in stores:
+        if LIFECYCLE in store.capabilities:
+            assert store._fork_copy is not ThreadStore._fork_copy, store.__name__

@@ -39,6 +39,9 @@ _OLD = datetime(2001, 1, 1, tzinfo=UTC)
 """Sweep tests run their clock here, long before any other test's threads, so a
 sweep of every scope never touches another test's threads on a shared store."""
 
+_OLDEST = datetime(1990, 1, 1, tzinfo=UTC)
+"""The one test that sweeps every scope runs its clock here, before even ``_OLD``."""
+
 
 async def _commit(store: ThreadStore, commit: dict[str, Any]) -> ThreadRecord:
     result = await store.commit_thread(commit)
@@ -558,7 +561,7 @@ class LifecycleTests:
     ) -> None:
         store = lifecycle_store
         scopes = [new_scope("prune-all"), new_scope("prune-all")]
-        clock.set(_OLD)
+        clock.set(_OLDEST)
         created = []
         for i in range(130):
             clock.advance(ms=1)
@@ -577,7 +580,7 @@ class LifecycleTests:
         with pytest.raises(ThreadStoreInvariantError, match="limit"):
             await store.prune_threads(updated_before=cutoff, limit=0)
         with pytest.raises(ThreadStoreInvariantError, match="aware"):
-            await store.prune_threads(updated_before=datetime(2001, 1, 1))
+            await store.prune_threads(updated_before=datetime(1990, 1, 1))
         with pytest.raises(ThreadStoreInvariantError):
             await store.prune_threads("", updated_before=cutoff)
 
