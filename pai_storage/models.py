@@ -532,6 +532,10 @@ class _Opaque:
         return "<json>" if value is not None else "None"
 
 
+_new = object.__new__
+_set = object.__setattr__
+
+
 class StoreModel(BaseModel):
     """Base of every model: immutable, strict, camelCase JSON, absent fields omitted."""
 
@@ -567,11 +571,11 @@ class StoreModel(BaseModel):
         model. Several times cheaper than ``model_construct``; the result is
         the same frozen model (equal, serializable, unchangeable).
         """
-        model = cls.__new__(cls)
-        object.__setattr__(model, "__dict__", fields)
-        object.__setattr__(model, "__pydantic_fields_set__", set(fields))
-        object.__setattr__(model, "__pydantic_extra__", None)
-        object.__setattr__(model, "__pydantic_private__", None)
+        model = _new(cls)
+        _set(model, "__dict__", fields)
+        _set(model, "__pydantic_fields_set__", set(fields))
+        _set(model, "__pydantic_extra__", None)
+        _set(model, "__pydantic_private__", None)
         return model
 
     @classmethod

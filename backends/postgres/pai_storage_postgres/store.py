@@ -633,13 +633,13 @@ class _PgSnapshot(_ThreadRows, ReadSnapshot):
             args.append(enc(cast(str, plan.run_id)))
         args.extend(statuses)
         rows = await self._conn.fetch(sql, *args)
-        found = [(int(r["position"]), cast(str, r["doc"])) for r in rows]
         if len(statuses) > 1:
             # One bounded index range scan per status, merged here: the same
             # streaming merge MongoDB does for an $in on a leading index key.
-            found.sort(key=lambda item: item[0], reverse=window.order == "newest")
-            del found[window.fetch :]
-        return [(position, parse(spec.model, doc)) for position, doc in found]
+            rows = sorted(rows, key=lambda r: r[0], reverse=window.order == "newest")
+            del rows[window.fetch :]
+        validate = spec.model.model_validate_stored
+        return [(position, validate(doc)) for position, doc in rows]  # (position, doc) rows
 
 
 # ---------------------------------------------------------------- statements and rows
