@@ -136,18 +136,21 @@ async def export_lines(
     """
     from .maintenance import SWEEP_BATCH, ThreadHead, check_thread_key
 
-    yield header_line()
+    scope = None if scope_key is None else check_thread_key("scope_key", scope_key)
     if thread_ids is not None:
-        if scope_key is None:
+        if isinstance(thread_ids, str):
+            raise ThreadStoreInvariantError("thread_ids must be a sequence of ids, not a str")
+        if scope is None:
             raise ThreadStoreInvariantError("thread_ids needs a scope_key")
-        only = check_thread_key("scope_key", scope_key)
-        for thread_id in dict.fromkeys(thread_ids):
-            aggregate = await store._load_thread(only, check_thread_key("thread_id", thread_id))
+        chosen = [check_thread_key("thread_id", t) for t in dict.fromkeys(thread_ids)]
+        yield header_line()
+        for thread_id in chosen:
+            aggregate = await store._load_thread(scope, thread_id)
             if aggregate is not None:
                 for line in encode_thread(aggregate):
                     yield line
         return
-    scope = None if scope_key is None else check_thread_key("scope_key", scope_key)
+    yield header_line()
     seen: set[tuple[str, str]] = set()
     after: ThreadHead | None = None
     while True:

@@ -341,6 +341,13 @@ class LifecycleTests:
         chosen = await _decoded(await _export(store, scope, thread_ids=["c", "a", "missing"]))
         assert [a.root.thread_id for a in chosen] == ["c", "a"]
         assert await _export(store, new_scope("empty")) == [header_line()]
+        for bad in ({"thread_ids": "a"}, {"thread_ids": ["a", ""]}):
+            with pytest.raises(ThreadStoreInvariantError):
+                await _export(store, scope, **bad)
+        with pytest.raises(ThreadStoreInvariantError, match="needs a scope_key"):
+            await _export(store, None, thread_ids=["a"])
+        with pytest.raises(ThreadStoreInvariantError):
+            await _export(store, "")
 
     async def test_thread_digest_follows_the_content(
         self, lifecycle_store: ThreadStore, clock: ManualClock
