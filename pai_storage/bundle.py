@@ -140,6 +140,12 @@ class Stores:
         an interrupted erasure is finished by calling it again. A scope key
         that is not a valid runtime-store name (it holds U+0000 or U+001F)
         cannot key runtime data, so only threads are erased for it.
+
+        Raises
+        ------
+        ConfigurationError
+            The thread store does not provide the lifecycle capability
+            (nothing is erased).
         """
         from .runtime import check_name
 
