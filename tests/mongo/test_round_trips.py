@@ -115,8 +115,10 @@ async def test_an_append_is_three_commands(counted: tuple[AsyncMongoClient[Any],
     try:
         thread = Thread(store)
         await thread.commit()
-        await thread.open_turn(1)
         commands.take()
+        # Opening a turn: the hold, the message, the run, commit (no relationship query).
+        await thread.open_turn(1)
+        assert commands.take() == ["findAndModify", "insert", "insert", "commitTransaction"]
         await thread.output(1, 1)
         assert commands.take() == ["findAndModify", "insert", "commitTransaction"]
         # A lease renewal, a root change and several messages cost nothing more.
@@ -132,13 +134,14 @@ async def test_an_append_is_three_commands(counted: tuple[AsyncMongoClient[Any],
         with pytest.raises(ThreadStoreInvariantError, match="rule 5"):
             await thread.commit(standalone)
         assert commands.take() == ["findAndModify", "insert", "abortTransaction"]
+        # Closing the turn: the hold, the run's previous record, its replacement, commit.
         await thread.commit(
             {
                 "runs": [{"type": "replace", "record": b.run("r1", "completed", inputs=["u1"])}],
                 "lease": b.release("r1", "w"),
             }
         )
-        commands.take()
+        assert commands.take() == ["findAndModify", "find", "update", "commitTransaction"]
         await thread.commit(standalone)
         assert commands.take() == ["findAndModify", "insert", "commitTransaction"]
         read = await store.read_thread(

@@ -48,7 +48,14 @@ from pai_storage import (
     ThreadRecord,
     ThreadStoreInvariantError,
 )
-from pai_storage.backend import FAMILIES, FamilyName, FamilySpec, MessageRef, RunRef
+from pai_storage.backend import (
+    FAMILIES,
+    OPEN_STATUSES,
+    FamilyName,
+    FamilySpec,
+    MessageRef,
+    RunRef,
+)
 
 __all__ = [
     "CODEC_OPTIONS",
@@ -329,10 +336,10 @@ class OpenRunFacts:
 class RootFacts:
     """The ``_facts`` of a root: the thread's open runs and its last message, post-commit.
 
-    A commit that only appends messages (with any root or lease change)
-    derives the next facts from these and the messages it inserts
-    (:meth:`after_inserts`), so its relationship check needs no query; any
-    other commit reads them back from the children after its check.
+    A commit that inserts messages and inserts or replaces runs (with any
+    root or lease change) derives the next facts from these and its writes
+    (:meth:`after`), so its relationship check needs no query; any other
+    commit reads them back from the children after its check.
     """
 
     tail: MessageRef | None
@@ -355,29 +362,49 @@ class RootFacts:
             ],
         }
 
-    def after_inserts(self, inserted: Sequence[MessageRef]) -> RootFacts:
-        """The facts once ``inserted`` (new messages, in position order, after every
-        stored one) are appended; the open runs themselves are unchanged."""
-        if not inserted:
-            return self
-        runs: list[OpenRunFacts] = []
-        for facts in self.open:
-            run_id = facts.run.run_id
-            messages = list(facts.messages)
-            foreign = facts.foreign
-            # Whether some other message follows the run's last one (so far).
-            gap = bool(messages) and (
-                self.tail is None or self.tail.position != messages[-1].position
-            )
-            for ref in inserted:
-                if ref.run_id != run_id:
-                    gap = gap or bool(messages)
-                    continue
-                foreign = foreign or gap
-                messages = _relevant([*messages, ref])
-                gap = False
-            runs.append(OpenRunFacts(facts.run, tuple(messages), foreign))
-        return RootFacts(inserted[-1], tuple(runs))
+    def after(
+        self, runs: Sequence[tuple[RunRef, bool]], inserted: Sequence[MessageRef]
+    ) -> tuple[RootFacts, dict[str, OpenRunFacts]] | None:
+        """The facts after a commit that writes ``runs`` and appends ``inserted``.
+
+        ``runs`` are the commit's run writes in order, each ``(run, True)``
+        for an insert (a new run: no stored message or queued item names it
+        in a valid thread) or ``(run, False)`` for a replacement, which must
+        be of an open run (whose messages these facts know); ``inserted`` are
+        the new messages in position order, after every stored one. Returns
+        the new facts and the facts of every run they know (the open runs
+        before and after, the inserted ones), or ``None`` when a replaced run
+        was not open.
+        """
+        known: dict[str, OpenRunFacts] = {o.run.run_id: o for o in self.open}
+        for run, is_insert in runs:
+            before = known.get(run.run_id)
+            if before is not None:
+                known[run.run_id] = OpenRunFacts(run, before.messages, before.foreign)
+            elif is_insert:
+                known[run.run_id] = OpenRunFacts(run, (), False)
+            else:
+                return None
+        if inserted:
+            known = {run_id: self._appended(facts, inserted) for run_id, facts in known.items()}
+        tail = inserted[-1] if inserted else self.tail
+        still_open = tuple(f for f in known.values() if f.run.status in OPEN_STATUSES)
+        return RootFacts(tail, still_open), known
+
+    def _appended(self, facts: OpenRunFacts, inserted: Sequence[MessageRef]) -> OpenRunFacts:
+        run_id = facts.run.run_id
+        messages = list(facts.messages)
+        foreign = facts.foreign
+        # Whether some other message follows the run's last one (so far).
+        gap = bool(messages) and (self.tail is None or self.tail.position != messages[-1].position)
+        for ref in inserted:
+            if ref.run_id != run_id:
+                gap = gap or bool(messages)
+                continue
+            foreign = foreign or gap
+            messages = _relevant([*messages, ref])
+            gap = False
+        return OpenRunFacts(facts.run, tuple(messages), foreign)
 
 
 def _relevant(messages: list[MessageRef]) -> list[MessageRef]:

@@ -811,7 +811,6 @@ class MongoThreadStore(ThreadStore):
             try:
                 outcome = await self._apply(session, request, tx)
             except BaseException as exc:
-                self._roots.drop(key)
                 if not isinstance(exc, ServerSelectionTimeoutError):
                     await self._abort(session)
                 if isinstance(exc, _Mispredicted):
@@ -825,7 +824,7 @@ class MongoThreadStore(ThreadStore):
                 try:
                     await self._commit_transaction(session)
                 except BaseException:
-                    self._roots.drop(key)
+                    self._roots.drop(key)  # applied or not: the stored root is unknown
                     raise
                 entry = tx.stored(outcome)
                 if entry is None:
@@ -833,7 +832,6 @@ class MongoThreadStore(ThreadStore):
                 else:
                     self._roots.put(key, entry)
                 return outcome
-            self._roots.drop(key)
             await self._abort(session)
             if not tx.unverified:
                 return outcome
@@ -912,11 +910,17 @@ def _lease_shape(
     return None
 
 
-def _appends_only(changes: ThreadChanges | None) -> bool:
-    """Whether a commit's changes only insert messages (any root or lease change aside)."""
+def _facts_follow(changes: ThreadChanges | None) -> bool:
+    """Whether a commit's facts follow from its writes (see ``RootFacts.after``).
+
+    True when it only inserts messages and inserts or replaces runs, with any
+    root or lease change.
+    """
     if changes is None:
         return True
-    if changes.runs or changes.queued_items:
+    if changes.queued_items:
+        return False
+    if not all(isinstance(c, InsertChange | ReplaceChange) for c in changes.runs or ()):
         return False
     return all(isinstance(c, InsertChange) for c in changes.messages or ())
 
@@ -1052,7 +1056,7 @@ class _MongoCommit(CommitTransaction):
             or cached is None
             or cached.root.version != expected
             or isinstance(mutation, DeleteMutation)
-            or not _appends_only(self._changes)
+            or not _facts_follow(self._changes)
         ):
             return None
         previous = cached.root
@@ -1064,13 +1068,22 @@ class _MongoCommit(CommitTransaction):
             for i, c in enumerate(changes.messages or ())
             if isinstance(c, InsertChange)
         ]
-        facts = cached.facts.after_inserts(inserted)
+        runs = [
+            (RunRef.of(cast(Any, c.record)), isinstance(c, InsertChange))
+            for c in changes.runs or ()
+            if isinstance(c, InsertChange | ReplaceChange)
+        ]
+        after = cached.facts.after(runs, inserted)
+        if after is None:  # a run that was not open is replaced: its facts need queries
+            return None
+        facts = after[0]
         # Any time stands in for the commit time; the pipeline sets the real one.
         placeholder = previous.updated_at
         lease = _lease_shape(previous.lease, changes.lease, placeholder)
         root = apply_thread_root_update(previous, self._request, placeholder, lease)
         counters = {**cached.next_positions}
         counters["messages"] += len(inserted)
+        counters["runs"] += sum(1 for _, is_insert in runs if is_insert)
         base = {"_id": cached.raw["_id"], **root_document(root, counters, facts)}
         test_now = self._store.now()
         now: Any = (
@@ -1090,20 +1103,20 @@ class _MongoCommit(CommitTransaction):
                     }
                 }
             )
-        after = await threads.find_one_and_update(
+        stamped = await threads.find_one_and_update(
             {**self._key, "$expr": {"$eq": ["$$ROOT", {"$literal": cached.raw}]}},
             pipeline,
             return_document=ReturnDocument.AFTER,
             session=self._session,
         )
-        if after is None:  # the stored root is not the one this store knew
+        if stamped is None:  # the stored root is not the one this store knew
             return None
-        doc = decode_or_invalid(after, "thread")
+        doc = decode_or_invalid(stamped, "thread")
         record, next_positions = parse_root(doc)
         self._held_at = record.updated_at
         self._root_id = doc.get("_id")
         self._previous_facts = cached.facts
-        self._stamped = (after, record, next_positions)
+        self._stamped = (stamped, record, next_positions)
         self._facts = facts
         return HeldThread(previous, cached.next_positions)
 
@@ -1209,9 +1222,8 @@ class _MongoCommit(CommitTransaction):
 
     def relationship_reader(self, context: RelationshipContext) -> RelationshipReader:
         reader = self._reader(context)
-        if self._stamped is not None and self._facts is not None:
-            return _KnownFacts(self._facts, reader)
-        return reader
+        derived = self._derive(context)
+        return _KnownFacts(*derived, reader) if derived is not None else reader
 
     def _reader(self, context: RelationshipContext) -> _Reader:
         inserted = context.writes["messages"].inserts
@@ -1225,30 +1237,50 @@ class _MongoCommit(CommitTransaction):
             queue_unchanged=not changes.queued_items and not changes.runs,
         )
 
+    def _derive(
+        self, context: RelationshipContext
+    ) -> tuple[RootFacts, dict[str, OpenRunFacts]] | None:
+        """The facts after this commit from the previous ones and its writes, when they follow."""
+        previous = self._previous_facts
+        if previous is None or not _facts_follow(context.changes):
+            return None
+        final = context.writes["runs"].final
+        runs: list[tuple[RunRef, bool]] = []
+        for change in context.changes.runs or ():
+            if isinstance(change, InsertChange | ReplaceChange):
+                entry = final.get(change.record.run_id)
+                if entry is None:  # pragma: no cover - inserted or replaced runs exist
+                    return None
+                runs.append((RunRef.of(entry.record), isinstance(change, InsertChange)))
+        inserted = [MessageRef.of(e.position, e.record) for e in context.writes["messages"].inserts]
+        return previous.after(runs, inserted)
+
     async def check_relationships(self, context: RelationshipContext) -> None:
         """Check the rules, then write the root with the thread's facts after the commit.
 
-        A stamped root is written already; its facts must be the ones the
-        inserts the pipeline made give (they are, unless the stamp was wrong).
+        When the facts follow from the previous ones and this commit's writes,
+        they answer the rules' queries (only runs they do not know are
+        queried); otherwise the queries run and the facts are read back. A
+        root stamped in the hold is written already: its facts must be the
+        ones derived here (they are, unless the stamp was wrong).
         """
         reader = self._reader(context)
-        known = self._facts if self._stamped is not None else None
-        await context.plan.check(_KnownFacts(known, reader) if known is not None else reader)
+        derived = self._derive(context)
+        await context.plan.check(_KnownFacts(*derived, reader) if derived is not None else reader)
         if self._root is None:  # pragma: no cover - the pipeline writes the root first
             raise RuntimeError("the root was not written before the relationship check")
         root, next_positions = self._root
+        if derived is not None:
+            facts = derived[0]
+        elif self._previous_facts is not None and not context.plan.check_tail:
+            facts = self._previous_facts  # no message or run changed: nor did the facts
+        else:
+            facts = await _read_facts(reader)
         if self._stamped is not None:
-            assert self._previous_facts is not None
-            inserted = [
-                MessageRef.of(e.position, e.record) for e in context.writes["messages"].inserts
-            ]
-            if self._previous_facts.after_inserts(inserted) != self._facts:
+            if facts != self._facts:
                 raise _Mispredicted()
             self._stored = self._stamped[0]
             return
-        facts = self._previous_facts
-        if facts is None or context.plan.check_tail:
-            facts = await _read_facts(reader)
         document = root_document(root, next_positions, facts)
         await self._store._col("threads").replace_one(self._key, document, session=self._session)
         self._facts = facts
@@ -1270,16 +1302,19 @@ async def _read_facts(reader: _Reader) -> RootFacts:
 
 
 class _KnownFacts:
-    """The relationship queries of a commit that knows its thread's facts (stamped ahead).
+    """The relationship queries of a commit whose facts follow from its writes.
 
-    The open runs, the tail and each open run's facts come from the facts;
-    only other runs (which an append rarely names) are queried.
+    The open runs, the tail and the facts of every run the facts know (open
+    before or after the commit, or inserted by it) need no query; other runs
+    (which such a commit rarely names) are queried.
     """
 
-    def __init__(self, facts: RootFacts, reader: _Reader) -> None:
+    def __init__(
+        self, facts: RootFacts, known: Mapping[str, OpenRunFacts], reader: _Reader
+    ) -> None:
         self._facts = facts
+        self._known = known
         self._reader = reader
-        self._open = {o.run.run_id: o for o in facts.open}
 
     async def open_runs(self) -> Sequence[RunRef]:
         return [o.run for o in self._facts.open]
@@ -1289,13 +1324,14 @@ class _KnownFacts:
 
     async def run_facts(self, run_ids: Iterable[str]) -> Mapping[str, RunFacts]:
         ids = list(dict.fromkeys(run_ids))
-        others = [i for i in ids if i not in self._open]
+        others = [i for i in ids if i not in self._known]
         found: dict[str, RunFacts] = dict(await self._reader.run_facts(others)) if others else {}
         for run_id in ids:
-            if run_id in self._open:
-                known = self._open[run_id]
-                # An open run is admitted, so a valid thread has no queued item of it, and
-                # a commit that only appends messages adds none.
+            if run_id in self._known:
+                known = self._known[run_id]
+                # No queued item names it: an open run is admitted (a valid thread has
+                # none of its items), an inserted run is new, and the commit changes
+                # no queued item.
                 found[run_id] = RunFacts(known.run, list(known.messages), known.foreign, [])
         return found
 
