@@ -325,6 +325,7 @@ def define_runtime_tables(
         Column("sk_tail", _tail(), nullable=True),
         Column("expires_at", UtcMillis(), nullable=True),
         UniqueConstraint("sk_head", "sk_tail_hash", name=f"{state}_key"),
+        sqlite_autoincrement=True,  # an id is never reused, even after a purge
         **opts,
     )
     Index(f"{state}_expiry", sessions.c.expires_at)
@@ -346,6 +347,7 @@ def define_runtime_tables(
         Column("length", BigInteger(), nullable=True),
         Column("hash", _hash(), nullable=True),
         UniqueConstraint("session_id", "key_hash", name=f"{state}_values_key"),
+        sqlite_autoincrement=True,
         **opts,
     )
     items = Table(
