@@ -425,6 +425,13 @@ class Load:
                 attempt.version = lock.fencing_token
                 self.tokens.append((resource, lock.fencing_token, attempt.ended))
                 await asyncio.sleep(0.02)
+                # Who holds it right before the release: tells a lost lock from a release
+                # that answers wrongly.
+                try:
+                    before: LockInfo | None = await guard.inspect(resource)
+                    held_before: bool | None = before is not None and before.owner == owner
+                except StorageError:
+                    held_before = None
                 released_at = time.monotonic()
                 release = Attempt("guard", writer, f"release {resource} by {owner}", released_at)
                 done = await self._attempt(release, lock.release())
@@ -434,13 +441,18 @@ class Load:
                 elif done is False:
                     release.outcome = ACK
                     self._held(resource, attempt.ended, released_at, owner)
-                    release.resolution = "not held any more"
+                    release.resolution = (
+                        "answered not held for a lock it held"
+                        if held_before
+                        else "not held any more"
+                    )
                     info = await self._inspect(resource)
                     release.error = (
                         f"acquired {self._since_fault(attempt.started)}-"
                         f"{self._since_fault(attempt.ended)}, released "
                         f"{self._since_fault(released_at)}-{self._since_fault(release.ended)}, "
-                        f"lost flag {lock.lost.is_set()}, fencing {lock.fencing_token}, "
+                        f"held right before: {held_before}, lost flag {lock.lost.is_set()}, "
+                        f"fencing {lock.fencing_token}, "
                         f"now held by {info.owner if info else None}"
                     )
                 else:
@@ -645,11 +657,19 @@ class Load:
         for attempt in self.attempts:
             if attempt.store != "guard":
                 continue
-            if attempt.outcome == ACK and attempt.resolution != "not held any more":
+            if attempt.outcome == ACK and attempt.resolution not in (
+                "not held any more",
+                "answered not held for a lock it held",
+            ):
                 report.found["guard"] += 1  # checked below: no overlap, fencing order
             if attempt.resolution == "not held any more":
                 report.lost.append(
                     f"guard {attempt.key}: the acknowledged lock was gone ({attempt.error})"
+                )
+            if attempt.resolution == "answered not held for a lock it held":
+                report.violations.append(
+                    f"guard {attempt.key}: release answered False (not held) for a lock held "
+                    f"right before it ({attempt.error})"
                 )
             if attempt.resolution == "applied although reported unavailable":
                 report.violations.append(f"guard {attempt.key}: {attempt.resolution}")

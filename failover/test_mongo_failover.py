@@ -161,6 +161,12 @@ async def test_mongo_failover(replica_set: ReplicaSet, scenario: str) -> None:
             lambda entry: "AttributeError: 'RawBSONDocument' object has no attribute" in entry,
             "test_kv_write_concern_error_is_retried_or_unknown",
         )
+        # A lock release the driver retried answers "not held" for the lock it released:
+        # reproduced deterministically (strict xfail) by the same module.
+        report.set_aside(
+            lambda entry: "release answered False (not held) for a lock held" in entry,
+            "test_guard_release_retried_after_a_lost_reply_reports_the_release",
+        )
         # The same store objects, never reopened, work against the current primary.
         await commit_once_more(stores, load.thread_ids[0])
     await asyncio.to_thread(replica_set.wait_healthy)
