@@ -534,6 +534,8 @@ class _Opaque:
 
 _new = object.__new__
 _set = object.__setattr__
+_OPTIONAL_FIELDS: dict[type, tuple[tuple[str, str | None, bool], ...]] = {}
+"""Per model class: (name, alias, omitted only when unset) of each optional field."""
 
 
 class StoreModel(BaseModel):
@@ -620,19 +622,25 @@ class StoreModel(BaseModel):
         data = handler(self)
         if not isinstance(data, dict):
             return data
-        fields = type(self).model_fields
-        for name, field in fields.items():
-            if field.is_required():
-                continue
-            if name in self._json_optional:
-                absent = name not in self.model_fields_set
+        cls = type(self)
+        optional = _OPTIONAL_FIELDS.get(cls)
+        if optional is None:
+            optional = _OPTIONAL_FIELDS[cls] = tuple(
+                (name, field.alias, name in cls._json_optional)
+                for name, field in cls.model_fields.items()
+                if not field.is_required()
+            )
+        values = self.__dict__
+        for name, alias, json_optional in optional:
+            if json_optional:
+                absent = name not in self.__pydantic_fields_set__
             else:
-                absent = getattr(self, name) is None
+                absent = values[name] is None
             if absent:
                 # Keys are aliases or names depending on the call and the config.
                 data.pop(name, None)
-                if field.alias:
-                    data.pop(field.alias, None)
+                if alias:
+                    data.pop(alias, None)
         return data
 
     def __repr_args__(self) -> Any:
