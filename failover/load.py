@@ -192,6 +192,7 @@ class Load:
         self.tokens: list[tuple[str, int, float]] = []
         self._stop = asyncio.Event()
         self.fault_at: float | None = None
+        self.load_s = 0.0
 
     # ------------------------------------------------------------ setup
 
@@ -254,10 +255,14 @@ class Load:
             done, pending = await asyncio.wait(tasks, timeout=60)
             for task in pending:
                 task.cancel()
-            for task in done:
-                if task.exception() is not None:
-                    raise task.exception()  # type: ignore[misc]
+            if pending:
+                await asyncio.wait(pending)
             self.load_s = time.monotonic() - started
+        failed = [task.exception() for task in done if task.exception() is not None]
+        if failed:
+            raise failed[0]  # type: ignore[misc]
+        if pending:
+            raise AssertionError(f"{len(pending)} writers did not stop within 60 s")
 
     def first_ack_after_fault(self, store: str) -> float | None:
         if self.fault_at is None:
@@ -496,7 +501,7 @@ class Load:
 
     async def verify(self, report: Report) -> None:
         """Re-read everything through the same stores and judge every attempt."""
-        report.load_s = getattr(self, "load_s", 0.0)
+        report.load_s = self.load_s
         for attempt in self.attempts:
             if attempt.outcome == ACK and attempt.store != "read":
                 report.acknowledged[attempt.store] += 1
