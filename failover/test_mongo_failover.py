@@ -38,7 +38,10 @@ def replica_set() -> Iterator[ReplicaSet]:
 Fault = Callable[[], Awaitable[float | None]]
 
 
-def _faults(cluster: ReplicaSet, scenario: str, notes: list[str]) -> tuple[Fault, Fault | None]:
+def _faults(
+    cluster: ReplicaSet, scenario: str, notes: list[str], former_primaries: list[Member]
+) -> tuple[Fault, Fault | None]:
+    """The fault of ``scenario`` and its healing; killed primaries go to ``former_primaries``."""
     if scenario == "step-down":
 
         async def step_down() -> float | None:
@@ -54,6 +57,7 @@ def _faults(cluster: ReplicaSet, scenario: str, notes: list[str]) -> tuple[Fault
         async def kill() -> float | None:
             member = await asyncio.to_thread(cluster.primary)
             victim.append(member)
+            former_primaries.append(member)
             await asyncio.to_thread(member.kill)
             notes.append(f"member {member.index} (primary) killed with SIGKILL")
             return None
@@ -81,6 +85,7 @@ def _faults(cluster: ReplicaSet, scenario: str, notes: list[str]) -> tuple[Fault
             await asyncio.to_thread(primary.kill)
             killed_at = time.monotonic()
             killed.append(primary)
+            former_primaries.append(primary)
             # The secondaries crash too, losing whatever oplog they had received but not
             # applied; they restart and elect one of them. Only what a majority journaled
             # survives; the old primary rolls back the rest when it returns.
@@ -144,7 +149,8 @@ async def test_mongo_failover(replica_set: ReplicaSet, scenario: str) -> None:
     await asyncio.to_thread(replica_set.repair)
     await asyncio.to_thread(replica_set.wait_healthy)
     report = Report(scenario, "mongo, 3-member replica set")
-    fault, heal = _faults(replica_set, scenario, report.notes)
+    former_primaries: list[Member] = []
+    fault, heal = _faults(replica_set, scenario, report.notes, former_primaries)
     # The last scenario sets w=1 in the URL: the thread store must ignore it (its
     # commits are always majority); every store must keep what it acknowledged.
     url = replica_set.url + ("&w=1" if scenario.endswith("-w1") else "")
@@ -173,5 +179,7 @@ async def test_mongo_failover(replica_set: ReplicaSet, scenario: str) -> None:
     states = await asyncio.to_thread(replica_set.states)
     report.notes.append(f"afterwards: {sorted(states.values())}")
     record(report)
+    for member in former_primaries:  # a killed primary came back as a secondary
+        assert states[member.index] == "SECONDARY", states
     assert report.ok, report.render()
     assert sum(report.acknowledged.values()) > 0
