@@ -3,7 +3,11 @@
 SQLite: a fresh database file per store, beside the file the URL names (or in
 a temporary directory), removed afterwards; ``sqlite:///:memory:`` gives each
 store its own in-memory database. MySQL/MariaDB: a fresh table prefix per
-store in the URL's database, its tables dropped afterwards.
+store in the URL's database. Creating a prefix's tables costs MariaDB about
+half a second of DDL, so a prefix whose store is done is emptied (every row
+deleted, auto-increment counters reset) and handed to the next store: to that
+store it is indistinguishable from a fresh one. Every prefix is dropped when
+the harness closes.
 """
 
 from __future__ import annotations
@@ -41,6 +45,10 @@ class SqlHarness(TestHarness):
         self.memory = probe.memory
         self._directory: str | None = None
         self._server: str | None = None
+        self._free: list[str] = []
+        """MySQL prefixes whose tables exist and are empty, ready for the next store."""
+        self._made: list[str] = []
+        """Every MySQL prefix this harness created (dropped by :meth:`aclose`)."""
 
     @property
     def components(self) -> frozenset[str]:  # type: ignore[override]
@@ -66,6 +74,14 @@ class SqlHarness(TestHarness):
             await client.release()
 
     async def aclose(self) -> None:
+        made, self._made, self._free = self._made, [], []
+        for prefix in made:
+            client = SqlClient(self.url, table_prefix=prefix)
+            client.attach()
+            try:
+                await self._drop_prefix(client)
+            finally:
+                await client.release()
         if self._directory is not None:
             shutil.rmtree(self._directory, ignore_errors=True)
             self._directory = None
@@ -88,19 +104,40 @@ class SqlHarness(TestHarness):
         url = self._url()
         options: dict[str, Any] = {}
         if self.dialect == "mysql":
-            options["table_prefix"] = self._prefix()
+            if self._free:
+                options["table_prefix"] = self._free.pop()
+            else:
+                options["table_prefix"] = self._prefix()
+                self._made.append(options["table_prefix"])
         try:
             yield {"url": url, **options}
         finally:
             if self.dialect == "mysql":
-                client = SqlClient(url, **options)
-                client.attach()
-                try:
-                    await self._drop_prefix(client)
-                finally:
-                    await client.release()
+                await self._recycle(url, options["table_prefix"])
             elif url.path and url is not self.url:
                 _remove_database(url.path[1:])
+
+    async def _recycle(self, url: StoreURL, prefix: str) -> None:
+        """Empty a used prefix's tables and offer it to the next store."""
+        from sqlalchemy import delete, text
+
+        client = SqlClient(url, table_prefix=prefix)
+        client.attach()
+        try:
+            engines = await client.ready()
+            version = client.tables.version
+            async with engines.writer.begin() as conn:
+                for table in reversed(client.tables.metadata.sorted_tables):
+                    if table is version:
+                        continue
+                    await conn.execute(delete(table))
+                    if table.autoincrement_column is not None:
+                        await conn.execute(text(f"ALTER TABLE `{table.name}` AUTO_INCREMENT = 1"))
+        except Exception:
+            return  # left out of the pool (aclose drops it)
+        finally:
+            await client.release()
+        self._free.append(prefix)
 
     async def _drop_prefix(self, client: SqlClient) -> None:
         engines = await client.ready()
