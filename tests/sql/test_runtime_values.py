@@ -14,9 +14,11 @@ working. SQLite has no such bound: the same sizes round-trip there.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -186,3 +188,30 @@ async def test_sqlite_takes_values_beyond_a_mysql_packet(sqlite_target: Target) 
     finally:
         await kv.close()
         await snapshots.close()
+
+
+async def test_expiry_on_the_store_clock(target: Target) -> None:
+    """Without a test clock, reads compare with the server's clock (MariaDB) or the
+    process clock (SQLite), the same clock writes stamp with."""
+    client = SqlClient(target.url, **target.options)
+    kv = SqlKeyValueStore(client=client)
+    state = SqlAgentStateStore(client=client, session_ttl=timedelta(milliseconds=50))
+    try:
+        kept = await kv.put(("clock",), "kept", 1, ttl=timedelta(hours=1))
+        await kv.put(("clock",), "gone", 1, ttl=timedelta(milliseconds=50))
+        await state.save("u", "s", "k", 1)
+        assert kept.expires_at is not None
+        assert kept.expires_at - kept.updated_at == timedelta(hours=1)
+        for _ in range(500):  # bounded: the 50 ms pass long before
+            if await kv.get(("clock",), "gone") is None and not await state.exists("u", "s"):
+                break
+            await asyncio.sleep(0.01)
+        assert await kv.get(("clock",), "gone") is None
+        assert await state.get("u", "s", "k") is None
+        assert await kv.get(("clock",), "kept") is not None
+        assert (await kv.list_keys(("clock",))).items == ["kept"]
+        assert await kv.purge_expired() == 1
+        assert await state.purge_expired() == 1
+    finally:
+        await kv.close()
+        await state.close()

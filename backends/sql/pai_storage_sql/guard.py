@@ -139,12 +139,14 @@ class SqlExecutionGuard(ExecutionGuard):
                         set_={c: lite.excluded[c] for c in changed},
                     )
                 )
-            return LockInfo.model_construct(
-                resource=resource,
-                owner=owner,
-                fencing_token=fencing,
-                acquired_at=now,
-                expires_at=expires,
+            return LockInfo.trusted(
+                {
+                    "resource": resource,
+                    "owner": owner,
+                    "fencing_token": fencing,
+                    "acquired_at": now,
+                    "expires_at": expires,
+                }
             )
 
         return await self._db.write(write)
@@ -182,7 +184,7 @@ class SqlExecutionGuard(ExecutionGuard):
         t = self.table
 
         async def read(conn: AsyncConnection) -> Any:
-            now = await self._db.now(conn, self)
+            now = self._db.clock(self)
             query = select(
                 t.c.resource, t.c.owner, t.c.fencing_token, t.c.acquired_at, t.c.expires_at
             ).where(self._key(resource), t.c.expires_at > now)
@@ -191,12 +193,14 @@ class SqlExecutionGuard(ExecutionGuard):
         row = await self._db.read(read)
         if row is None or bytes(row.resource) != resource.encode():
             return None
-        return LockInfo.model_construct(
-            resource=resource,
-            owner=bytes(row.owner).decode(),
-            fencing_token=int(row.fencing_token),
-            acquired_at=row.acquired_at,
-            expires_at=row.expires_at,
+        return LockInfo.trusted(
+            {
+                "resource": resource,
+                "owner": bytes(row.owner).decode(),
+                "fencing_token": int(row.fencing_token),
+                "acquired_at": row.acquired_at,
+                "expires_at": row.expires_at,
+            }
         )
 
     async def _purge_expired(self) -> int:

@@ -132,7 +132,7 @@ class SqlKeyValueStore(KeyValueStore):
         t = self.table
         return and_(t.c.sk_head == head, t.c.sk_tail_hash == tail_hash)
 
-    def _live(self, now: datetime) -> ColumnElement[bool]:
+    def _live(self, now: Any) -> ColumnElement[bool]:
         t = self.table
         return or_(t.c.expires_at.is_(None), t.c.expires_at > now)
 
@@ -247,7 +247,7 @@ class SqlKeyValueStore(KeyValueStore):
         t = self.table
 
         async def read(conn: AsyncConnection) -> list[KVRecord]:
-            now = await self._db.now(conn, self)
+            now = self._db.clock(self)
             pairs = [split_key(sk, self._db.head_bytes) for sk in sks]
             wanted = tuple_(t.c.sk_head, t.c.sk_tail_hash).in_([(h, th) for h, _, th in pairs])
             rows = await conn.execute(self._select().where(wanted, self._live(now)))
@@ -360,7 +360,7 @@ class SqlKeyValueStore(KeyValueStore):
                 low, inclusive = position, False
 
         async def read(conn: AsyncConnection) -> list[KVRecord]:
-            now = await self._db.now(conn, self)
+            now = self._db.clock(self)
             where = self._live(now)
             if key_prefix:
                 first = key_prefix.encode()
@@ -397,7 +397,7 @@ class SqlKeyValueStore(KeyValueStore):
         t = self.table
 
         async def read(conn: AsyncConnection) -> list[str]:
-            now = await self._db.now(conn, self)
+            now = self._db.clock(self)
             query = select(t.c.sk_head, t.c.sk_tail, t.c.key)
             rows = await ordered_scan(
                 conn,
@@ -429,7 +429,7 @@ class SqlKeyValueStore(KeyValueStore):
         t = self.table
 
         async def read(conn: AsyncConnection) -> list[tuple[str, ...]]:
-            now = await self._db.now(conn, self)
+            now = self._db.clock(self)
             query = select(t.c.sk_head, t.c.sk_tail, t.c.ns)
             found: list[tuple[str, ...]] = []
             position = low

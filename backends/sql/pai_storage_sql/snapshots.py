@@ -101,7 +101,7 @@ class SqlSnapshotStore(SnapshotStore):
             t.c.id_tail_hash == tail_hash,
         )
 
-    def _live(self, now: datetime) -> ColumnElement[bool]:
+    def _live(self, now: Any) -> ColumnElement[bool]:
         t = self.table
         return or_(t.c.expires_at.is_(None), t.c.expires_at > now)
 
@@ -182,7 +182,7 @@ class SqlSnapshotStore(SnapshotStore):
 
     async def _get(self, scope: str, snapshot_id: str) -> Snapshot | None:
         async def read(conn: AsyncConnection) -> Row[Any] | None:
-            now = await self._db.now(conn, self)
+            now = self._db.clock(self)
             query = select(*self._columns(True)).where(
                 self._key(scope, snapshot_id), self._live(now)
             )
@@ -231,7 +231,7 @@ class SqlSnapshotStore(SnapshotStore):
         """
         t = self.table
         split = self._db.id_head_bytes
-        now = await self._db.now(conn, self)
+        now = self._db.clock(self)
         base = select(*self._columns(data)).where(
             t.c.scope_hash == digest(scope.encode()), self._live(now)
         )

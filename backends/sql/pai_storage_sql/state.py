@@ -114,7 +114,7 @@ class SqlAgentStateStore(AgentStateStore):
         s = self.sessions
         return and_(s.c.sk_head == head, s.c.sk_tail_hash == tail_hash)
 
-    def _live(self, now: datetime) -> ColumnElement[bool]:
+    def _live(self, now: Any) -> ColumnElement[bool]:
         s = self.sessions
         return or_(s.c.expires_at.is_(None), s.c.expires_at > now)
 
@@ -162,9 +162,7 @@ class SqlAgentStateStore(AgentStateStore):
         )
         return (await conn.execute(query)).first()
 
-    async def _joined(
-        self, conn: AsyncConnection, session: SessionKey, key: str, now: datetime
-    ) -> Any:
+    async def _joined(self, conn: AsyncConnection, session: SessionKey, key: str, now: Any) -> Any:
         """The live state row of ``key`` in the session (with its value and list head)."""
         s, v = self.sessions, self.values
         query = (
@@ -228,7 +226,7 @@ class SqlAgentStateStore(AgentStateStore):
 
     async def _get_value(self, session: SessionKey, key: str) -> VersionedState | StoredKind | None:
         async def read(conn: AsyncConnection) -> Any:
-            return await self._joined(conn, session, key, await self._db.now(conn, self))
+            return await self._joined(conn, session, key, self._db.clock(self))
 
         row = await self._db.read(read)
         if row is None:
@@ -244,7 +242,7 @@ class SqlAgentStateStore(AgentStateStore):
 
     async def _list_head(self, session: SessionKey, key: str) -> ListHead | StoredKind | None:
         async def read(conn: AsyncConnection) -> Any:
-            return await self._joined(conn, session, key, await self._db.now(conn, self))
+            return await self._joined(conn, session, key, self._db.clock(self))
 
         row = await self._db.read(read)
         if row is None:
@@ -320,7 +318,7 @@ class SqlAgentStateStore(AgentStateStore):
         it = self.items
 
         async def read(conn: AsyncConnection) -> Any:
-            row = await self._joined(conn, session, key, await self._db.now(conn, self))
+            row = await self._joined(conn, session, key, self._db.clock(self))
             if row is None or not row.is_list:
                 return row, []
             query = select(it.c.value).where(it.c.value_id == row.id).order_by(it.c.position)
@@ -339,7 +337,7 @@ class SqlAgentStateStore(AgentStateStore):
         s, v = self.sessions, self.values
 
         async def read(conn: AsyncConnection) -> bool:
-            now = await self._db.now(conn, self)
+            now = self._db.clock(self)
             query = select(s.c.id).where(
                 self._session_where(session),
                 self._live(now),
@@ -399,7 +397,7 @@ class SqlAgentStateStore(AgentStateStore):
             low, inclusive = base + after.encode(), False
 
         async def read(conn: AsyncConnection) -> list[str]:
-            now = await self._db.now(conn, self)
+            now = self._db.clock(self)
             rows = await ordered_scan(
                 conn,
                 select(s.c.sk_head, s.c.sk_tail),
