@@ -23,8 +23,9 @@ Writes are one transaction each and one conditional statement each:
 
 The row is then read back inside the same transaction (it is locked by the
 write). Expiry is exact at read time: every statement compares
-``expires_at`` with the store's clock (MariaDB/MySQL ``UTC_TIMESTAMP``, read
-once per transaction; SQLite the process clock; or the test clock).
+``expires_at`` with the store's clock (MariaDB/MySQL ``UTC_TIMESTAMP(6)``,
+read once per write transaction and evaluated inside each read statement;
+SQLite the process clock; or the test clock).
 """
 
 from __future__ import annotations
