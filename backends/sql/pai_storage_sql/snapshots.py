@@ -232,8 +232,11 @@ class SqlSnapshotStore(SnapshotStore):
         t = self.table
         split = self._db.id_head_bytes
         now = self._db.clock(self)
-        base = select(*self._columns(data)).where(
-            t.c.scope_hash == digest(scope.encode()), self._live(now)
+        # Named: on a small table MariaDB may prefer a scan and a sort.
+        base = (
+            select(*self._columns(data))
+            .with_hint(t, f"FORCE INDEX ({t.name}_newest)", "mysql")
+            .where(t.c.scope_hash == digest(scope.encode()), self._live(now))
         )
 
         async def group(created: datetime, head: bytes) -> builtins.list[Row[Any]]:

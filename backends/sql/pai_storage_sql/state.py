@@ -396,11 +396,17 @@ class SqlAgentStateStore(AgentStateStore):
         if after is not None:
             low, inclusive = base + after.encode(), False
 
+        # A page is a range of the unique key in key order with a LIMIT; on a
+        # small table MariaDB may prefer a scan and a sort, so the key is named.
+        query = select(s.c.sk_head, s.c.sk_tail).with_hint(
+            s, f"FORCE INDEX ({s.name}_key)", "mysql"
+        )
+
         async def read(conn: AsyncConnection) -> list[str]:
             now = self._db.clock(self)
             rows = await ordered_scan(
                 conn,
-                select(s.c.sk_head, s.c.sk_tail),
+                query,
                 s,
                 "sk",
                 self._db.head_bytes,
