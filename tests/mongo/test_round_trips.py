@@ -457,3 +457,29 @@ async def test_a_store_opened_alone_closes_its_client_but_never_a_given_one(
 
     with pytest.raises(InvalidOperation):
         await made.admin.command("ping")
+
+
+async def test_connect_with_an_application_client_serves_every_store_on_it(
+    counted: tuple[AsyncMongoClient[Any], Commands],
+) -> None:
+    from pai_storage import connect
+
+    client, commands = counted
+    prefix = f"pai_test_{uuid.uuid4().hex}_"
+    stores = connect("mongodb://", client=client, db_name=DB, collection_prefix=prefix)
+    try:
+        async with stores:
+            threads = stores.threads
+            assert isinstance(threads, MongoThreadStore)
+            assert threads._client is client
+            commands.take()
+            await Thread(threads).commit()
+            await stores.kv.put(("n",), "k", 1)
+            # Both went through the application's client (its listener saw them).
+            assert "commitTransaction" in commands.names
+            assert "findAndModify" in commands.names
+        assert (await client.admin.command("ping"))["ok"] == 1  # never closed by pai-storage
+    finally:
+        names = await client[DB].list_collection_names(filter={"name": {"$regex": f"^{prefix}"}})
+        for name in names:
+            await client[DB].drop_collection(name)
