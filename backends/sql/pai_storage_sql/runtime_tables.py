@@ -25,8 +25,9 @@ Ordered keys with a head and a tail
     SHA-256 of the rest (``*_tail_hash``, empty when there is no tail), which
     makes ``(head, tail_hash)`` unique. Comparing heads orders keys exactly,
     except among keys longer than the head that share it; the stores read
-    such a group whole and order it by the full key (``ordered.py``). On
-    SQLite nothing is split: the head is the whole key.
+    such a group whole and order it by the full key
+    (:func:`~pai_storage_sql.runtime_support.ordered_scan`). On SQLite nothing
+    is split: the head is the whole key.
 
 Unordered keys
     Keys only ever looked up (a state key, a lock resource, a snapshot
