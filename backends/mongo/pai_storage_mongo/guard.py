@@ -47,6 +47,7 @@ from pai_storage.guard import ExecutionGuard, LockInfo
 
 from .client import closed_error
 from .errors import is_duplicate_key
+from .kv import decoded, guarded, modify_collection, runtime_collection
 
 if TYPE_CHECKING:
     from pymongo.asynchronous.collection import AsyncCollection
@@ -114,6 +115,7 @@ class MongoExecutionGuard(ExecutionGuard):
         self._holder: MongoClientHolder = MongoClientHolder.attached(url, client, **holder_options)
         self.url = self._holder.url
         self._collection: AsyncCollection[Doc] | None = None
+        self._modify_col: AsyncCollection[Doc] | None = None
 
     def __repr__(self) -> str:
         return (
@@ -122,10 +124,12 @@ class MongoExecutionGuard(ExecutionGuard):
         )
 
     async def _initialize(self) -> None:
-        self._collection = await self._holder.collection(self.component, indexes())
+        collection = await self._holder.collection(self.component, indexes())
+        self._collection = runtime_collection(collection)
+        self._modify_col = modify_collection(self._collection)
 
     async def _close(self) -> None:
-        self._collection = None
+        self._collection = self._modify_col = None
         await self._holder.release()
 
     @property
@@ -134,6 +138,13 @@ class MongoExecutionGuard(ExecutionGuard):
         if self._collection is None:
             raise closed_error()
         return self._collection
+
+    @property
+    def _modify(self) -> AsyncCollection[Doc]:
+        """The collection for ``findAndModify`` (see :func:`.kv.modify_collection`)."""
+        if self._modify_col is None:
+            raise closed_error()
+        return self._modify_col
 
     # ------------------------------------------------------------ queries
 
@@ -176,9 +187,9 @@ class MongoExecutionGuard(ExecutionGuard):
                 }
             }
         ]
-        with self._holder.errors("write"):
+        with guarded(self._holder, "write"):
             try:
-                doc = await self.collection.find_one_and_update(
+                doc = await self._modify.find_one_and_update(
                     {"_id": resource},
                     take,
                     projection={"token": 1, "acquiredAt": 1, "expiresAt": 1},
@@ -189,6 +200,7 @@ class MongoExecutionGuard(ExecutionGuard):
                 if is_duplicate_key(exc):
                     return None  # a racing acquisition inserted the lock first
                 raise
+            doc = decoded(doc)
         if doc is None or doc.get("token") != token:
             return None  # a live lock holds the resource
         try:
@@ -210,19 +222,21 @@ class MongoExecutionGuard(ExecutionGuard):
 
     async def _stamp(self, resource: str, token: str) -> int | None:
         """Draw the next fencing token and put it on our lock; ``None`` if the lock is gone."""
-        with self._holder.errors("write"):
-            counter = await self.collection.find_one_and_update(
-                {"_id": dict(COUNTER_ID)},
-                {"$inc": {"value": Int64(1)}},
-                projection={"_id": 0, "value": 1},
-                upsert=True,
-                return_document=ReturnDocument.AFTER,
+        with guarded(self._holder, "write"):
+            counter = decoded(
+                await self._modify.find_one_and_update(
+                    {"_id": dict(COUNTER_ID)},
+                    {"$inc": {"value": Int64(1)}},
+                    projection={"_id": 0, "value": 1},
+                    upsert=True,
+                    return_document=ReturnDocument.AFTER,
+                )
             )
         value = (counter or {}).get("value")
         if not isinstance(value, int):
             raise StorageError("the fencing counter document of the lock collection is damaged")
         fencing = int(value)
-        with self._holder.errors("write"):
+        with guarded(self._holder, "write"):
             result = await self.collection.update_one(
                 {"_id": resource, "token": token}, {"$set": {"fencingToken": Int64(fencing)}}
             )
@@ -231,20 +245,24 @@ class MongoExecutionGuard(ExecutionGuard):
     async def _renew(self, resource: str, token: str, lease_ttl: timedelta) -> datetime | None:
         query = {**self.live_filter(resource), "token": token}
         renew = [{"$set": {"expiresAt": {"$add": [self._now(), _millis(lease_ttl)]}}}]
-        with self._holder.errors("write"):
-            doc = await self.collection.find_one_and_update(
-                query,
-                renew,
-                projection={"_id": 0, "expiresAt": 1},
-                return_document=ReturnDocument.AFTER,
+        with guarded(self._holder, "write"):
+            doc = decoded(
+                await self._modify.find_one_and_update(
+                    query,
+                    renew,
+                    projection={"_id": 0, "expiresAt": 1},
+                    return_document=ReturnDocument.AFTER,
+                )
             )
         return None if doc is None else _date(doc.get("expiresAt"))
 
     async def _release(self, resource: str, token: str) -> bool:
         live = {"$gt": ["$expiresAt", self._now()]}
-        with self._holder.errors("write"):
-            doc = await self.collection.find_one_and_delete(
-                {"_id": resource, "token": token}, projection={"_id": 0, "live": live}
+        with guarded(self._holder, "write"):
+            doc = decoded(
+                await self._modify.find_one_and_delete(
+                    {"_id": resource, "token": token}, projection={"_id": 0, "live": live}
+                )
             )
         return doc is not None and doc.get("live") is True
 
@@ -269,7 +287,7 @@ class MongoExecutionGuard(ExecutionGuard):
         )
 
     async def _read_lock(self, resource: str) -> Doc | None:
-        with self._holder.errors("read"):
+        with guarded(self._holder, "read"):
             return await self.collection.find_one(
                 self.live_filter(resource),
                 projection={"owner": 1, "fencingToken": 1, "acquiredAt": 1, "expiresAt": 1},
@@ -282,7 +300,7 @@ class MongoExecutionGuard(ExecutionGuard):
             if now is not None
             else {"expiresAt": {"$exists": True}, "$expr": {"$lte": ["$expiresAt", "$$NOW"]}}
         )
-        with self._holder.errors("write"):
+        with guarded(self._holder, "write"):
             result = await self.collection.delete_many(expired)
         return int(result.deleted_count)
 

@@ -13,17 +13,34 @@ never a regex. Expiry is exact at read time: every read filters on
 ``{expiresAt: 1}`` (``expireAfterSeconds: 0``, partial on ``expiresAt``
 existing) removes expired items in the background. Every write is one
 single-document operation. See ``docs/mongodb.md``.
+
+This module also holds what the four runtime stores share beyond the client
+holder: their collection handles (:func:`runtime_collection`: majority write
+and read concern whatever the URL says; :func:`modify_collection`:
+``findAndModify`` replies decoded without type decoders, then
+:func:`decoded`) and the error guard every operation runs under
+(:func:`guarded`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal
 
+import bson
+from bson.codec_options import CodecOptions
 from bson.int64 import Int64
 from pymongo import ASCENDING, IndexModel, ReturnDocument
-from pymongo.errors import DuplicateKeyError
+from pymongo.errors import (
+    DuplicateKeyError,
+    PyMongoError,
+    ServerSelectionTimeoutError,
+    WriteConcernError,
+)
+from pymongo.read_concern import ReadConcern
+from pymongo.write_concern import WriteConcern
 
 from pai_storage import Clock, StoreURL, WarningCallback
 from pai_storage.backend import (
@@ -34,14 +51,124 @@ from pai_storage.backend import (
     namespace_path,
     prefix_upper_bound,
 )
+from pai_storage.errors import OutcomeUnknownError, StorageError
 from pai_storage.runtime import DEFAULT_MAX_VALUE_BYTES
 
 from .client import Doc, MongoClientHolder
+from .documents import CODEC_OPTIONS
 
 if TYPE_CHECKING:
     from pymongo.asynchronous.collection import AsyncCollection
 
-__all__ = ["INDEXES", "MongoKeyValueStore"]
+__all__ = [
+    "INDEXES",
+    "MODIFY_CODEC_OPTIONS",
+    "MongoKeyValueStore",
+    "decoded",
+    "guarded",
+    "modify_collection",
+    "runtime_collection",
+]
+
+# ---------------------------------------------------------------- shared by the runtime stores
+
+MODIFY_CODEC_OPTIONS: Final[CodecOptions[Doc]] = CodecOptions(document_class=dict, tz_aware=True)
+"""The codec of ``findAndModify`` replies: plain dicts, no type decoders.
+
+With type decoders PyMongo decodes only the reply's ``value`` and leaves every
+other field raw BSON, and its own handling of a ``writeConcernError`` (the
+answer of a primary stepping down while a write waits for a majority) then
+fails on it instead of retrying the write. The returned document gets the
+backend's decoding afterwards (:func:`decoded`)."""
+
+_MAJORITY_WRITES: Final = WriteConcern("majority")
+_MAJORITY_READS: Final = ReadConcern("majority")
+
+
+def runtime_collection(collection: AsyncCollection[Doc]) -> AsyncCollection[Doc]:
+    """A runtime store's collection: majority write and read concern, whatever the URL says.
+
+    An acknowledged write is then on a majority of the replica set and survives
+    a failover, and a read never returns a write a failover could roll back.
+    The URL's ``w``, ``journal``, ``wTimeoutMS`` and ``readConcernLevel`` only
+    shape index creation.
+    """
+    return collection.with_options(write_concern=_MAJORITY_WRITES, read_concern=_MAJORITY_READS)
+
+
+def modify_collection(collection: AsyncCollection[Doc]) -> AsyncCollection[Doc]:
+    """The same collection for ``findAndModify`` (see :data:`MODIFY_CODEC_OPTIONS`)."""
+    return collection.with_options(codec_options=MODIFY_CODEC_OPTIONS)
+
+
+def decoded(doc: Doc | None) -> Doc | None:
+    """A document ``findAndModify`` returned, decoded as every other result is.
+
+    Int64 as ``int``, and an object shaped like a DBRef refused
+    (:data:`~pai_storage_mongo.documents.CODEC_OPTIONS`). Run it inside the
+    operation's :func:`guarded` block.
+    """
+    return None if doc is None else bson.decode(bson.encode(doc), codec_options=CODEC_OPTIONS)
+
+
+@contextlib.contextmanager
+def guarded(holder: MongoClientHolder, phase: Literal["read", "write"]) -> Iterator[None]:
+    """The holder's error mapping, made exact for writes, and nothing else escaping.
+
+    Every runtime write is a retryable write: PyMongo sends it again once after
+    a lost connection or a ``RetryableWriteError``, and raises the last
+    attempt's error. So in a write, beyond the holder's mapping:
+
+    - a ``writeConcernError`` (the write was applied on a primary that could not
+      confirm a majority: a failover may roll it back) and any error labelled
+      ``RetryableWriteError`` (an earlier attempt may have been applied) are
+      :class:`~pai_storage.errors.OutcomeUnknownError`, never "nothing was
+      applied";
+    - whatever else escapes the mapping (an exception the driver raised from
+      inside its own error handling, say) is
+      :class:`~pai_storage.errors.OutcomeUnknownError` as well; in a read, a
+      :class:`~pai_storage.errors.StorageError`.
+    """
+    try:
+        with holder.errors(phase):
+            yield
+    except OutcomeUnknownError:
+        raise
+    except StorageError as exc:
+        cause = exc.__cause__
+        if phase == "write" and _maybe_applied(cause):
+            raise OutcomeUnknownError(
+                f"MongoDB did not confirm a write ({_name(cause)}); it may or may not have "
+                "been applied: read it back before retrying"
+            ) from cause
+        raise
+    except Exception as exc:
+        if phase == "write":
+            raise OutcomeUnknownError(
+                f"a MongoDB write failed unexpectedly ({type(exc).__name__}); it may or may "
+                "not have been applied: read it back before retrying"
+            ) from exc
+        raise StorageError(f"a MongoDB read failed unexpectedly ({type(exc).__name__})") from exc
+
+
+def _maybe_applied(exc: BaseException | None) -> bool:
+    """A write error after which the write may nevertheless be stored.
+
+    Not a server selection timeout: PyMongo raises the error of the attempt
+    before when selecting a server for the retry fails, so that one means the
+    write was never sent.
+    """
+    if isinstance(exc, WriteConcernError):
+        return True
+    if isinstance(exc, ServerSelectionTimeoutError):
+        return False
+    return isinstance(exc, PyMongoError) and exc.has_error_label("RetryableWriteError")
+
+
+def _name(exc: BaseException | None) -> str:
+    code = getattr(exc, "code", None)
+    return type(exc).__name__ if code is None else f"{type(exc).__name__}, code {code}"
+
 
 SCHEMA_VERSION = 1
 
@@ -116,6 +243,7 @@ class MongoKeyValueStore(KeyValueStore):
         self.url = self._holder.url
         self.collection_name = self._holder.name("kv")
         self._col: AsyncCollection[Doc] | None = None
+        self._modify_col: AsyncCollection[Doc] | None = None
 
     def __repr__(self) -> str:
         return f"MongoKeyValueStore({self.url.render()!r}, collection={self.collection_name!r})"
@@ -127,11 +255,19 @@ class MongoKeyValueStore(KeyValueStore):
             raise self._closed_error()
         return self._col
 
+    @property
+    def _modify(self) -> AsyncCollection[Doc]:
+        """The collection for ``findAndModify`` (see :func:`modify_collection`)."""
+        if self._modify_col is None:
+            raise self._closed_error()
+        return self._modify_col
+
     async def _initialize(self) -> None:
-        self._col = await self._holder.collection("kv", INDEXES)
+        self._col = runtime_collection(await self._holder.collection("kv", INDEXES))
+        self._modify_col = modify_collection(self._col)
 
     async def _close(self) -> None:
-        self._col = None
+        self._col = self._modify_col = None
         await self._holder.release()
 
     # ------------------------------------------------------------ time
@@ -149,7 +285,7 @@ class MongoKeyValueStore(KeyValueStore):
 
     async def _get_many(self, namespace: tuple[str, ...], keys: list[str]) -> list[KVRecord]:
         query = {"ns": namespace_path(namespace), "key": {"$in": keys}, **self._live()}
-        with self._holder.errors("read"):
+        with guarded(self._holder, "read"):
             docs = await self.collection.find(query, FIELDS, hint=HINT).to_list(None)
         return [_record(d) for d in docs]
 
@@ -169,9 +305,11 @@ class MongoKeyValueStore(KeyValueStore):
             }
         ]
         query = {"ns": namespace_path(namespace), "key": key, **self._live()}
-        with self._holder.errors("write"):
-            doc = await self.collection.find_one_and_update(
-                query, update, FIELDS, hint=HINT, return_document=ReturnDocument.AFTER
+        with guarded(self._holder, "write"):
+            doc = decoded(
+                await self._modify.find_one_and_update(
+                    query, update, FIELDS, hint=HINT, return_document=ReturnDocument.AFTER
+                )
             )
         return None if doc is None else _record(doc)
 
@@ -206,13 +344,15 @@ class MongoKeyValueStore(KeyValueStore):
         query = {"ns": namespace_path(namespace), "key": key}
         # An upsert on exactly the unique index's fields: the server retries a
         # racing insert's duplicate key itself.
-        with self._holder.errors("write"):
-            doc = await self.collection.find_one_and_update(
-                query,
-                self._write(text, ttl, fresh=False),
-                FIELDS,
-                upsert=True,
-                return_document=ReturnDocument.AFTER,
+        with guarded(self._holder, "write"):
+            doc = decoded(
+                await self._modify.find_one_and_update(
+                    query,
+                    self._write(text, ttl, fresh=False),
+                    FIELDS,
+                    upsert=True,
+                    return_document=ReturnDocument.AFTER,
+                )
             )
         assert doc is not None  # an upsert returning the document after it always has one
         return _record(doc)
@@ -228,7 +368,7 @@ class MongoKeyValueStore(KeyValueStore):
         path = namespace_path(namespace)
         doc: Doc | None
         try:
-            with self._holder.errors("write"):
+            with guarded(self._holder, "write"):
                 if expected_version is None:
                     # Matches only an expired item; an absent one is inserted, and a
                     # live one makes the insert a duplicate key: nothing written. An
@@ -236,7 +376,7 @@ class MongoKeyValueStore(KeyValueStore):
                     # read first and used for the filter and the write alike.
                     now = self.now() or await self._holder.server_time()
                     query: Doc = {"ns": path, "key": key, "expiresAt": {"$lte": now}}
-                    doc = await self.collection.find_one_and_update(
+                    doc = await self._modify.find_one_and_update(
                         query,
                         self._write(text, ttl, fresh=True, now=now),
                         FIELDS,
@@ -247,13 +387,14 @@ class MongoKeyValueStore(KeyValueStore):
                 else:
                     query = {"ns": path, "key": key, "version": expected_version}
                     query.update(self._live())
-                    doc = await self.collection.find_one_and_update(
+                    doc = await self._modify.find_one_and_update(
                         query,
                         self._write(text, ttl, fresh=False),
                         FIELDS,
                         hint=HINT,
                         return_document=ReturnDocument.AFTER,
                     )
+                doc = decoded(doc)
         except Exception as exc:
             if not isinstance(exc.__cause__, DuplicateKeyError):
                 raise
@@ -269,7 +410,7 @@ class MongoKeyValueStore(KeyValueStore):
         query: Doc = {"ns": namespace_path(namespace), "key": key, **self._live()}
         if expected_version is not None:
             query["version"] = expected_version
-        with self._holder.errors("write"):
+        with guarded(self._holder, "write"):
             result = await self.collection.delete_one(query, hint=HINT)
         return result.deleted_count > 0
 
@@ -296,7 +437,7 @@ class MongoKeyValueStore(KeyValueStore):
             clauses.append({"ns": rest, **({"key": keys} if keys else {})})
         query: Doc = clauses[0] if len(clauses) == 1 else {"$or": clauses}
         query = {"$and": [query, self._live()]}
-        with self._holder.errors("read"):
+        with guarded(self._holder, "read"):
             docs = await self.collection.find(query, FIELDS, sort=SORT, limit=limit).to_list(None)
         return [_record(d) for d in docs]
 
@@ -308,7 +449,7 @@ class MongoKeyValueStore(KeyValueStore):
             keys["$gt"] = after
         query: Doc = {"ns": namespace_path(namespace), **({"key": keys} if keys else {})}
         query.update(self._live())
-        with self._holder.errors("read"):
+        with guarded(self._holder, "read"):
             docs = await self.collection.find(
                 query, {"_id": 0, "key": 1}, sort=SORT, limit=limit, hint=HINT
             ).to_list(None)
@@ -330,7 +471,7 @@ class MongoKeyValueStore(KeyValueStore):
         # at or after the position the previous one skipped to.
         while len(found) < limit:
             query: Doc = {"ns": _range(low, high) or dict(_EVERY_PATH), **self._live()}
-            with self._holder.errors("read"):
+            with guarded(self._holder, "read"):
                 docs = await self.collection.find(
                     query, {"_id": 0, "ns": 1}, sort=SORT, limit=1, hint=HINT
                 ).to_list(None)
@@ -345,7 +486,7 @@ class MongoKeyValueStore(KeyValueStore):
 
     async def _purge_expired(self) -> int:
         now = self.now() or await self._holder.server_time()
-        with self._holder.errors("write"):
+        with guarded(self._holder, "write"):
             result = await self.collection.delete_many({"expiresAt": {"$lte": now}})
         return result.deleted_count
 

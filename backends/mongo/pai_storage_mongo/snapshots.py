@@ -39,6 +39,7 @@ from pai_storage.runtime import parse_json_text
 from pai_storage.snapshots import Snapshot, SnapshotDraft, SnapshotInfo, SnapshotStore
 
 from .client import closed_error
+from .kv import decoded, guarded, modify_collection, runtime_collection
 
 if TYPE_CHECKING:
     from pymongo.asynchronous.collection import AsyncCollection
@@ -115,6 +116,7 @@ class MongoSnapshotStore(SnapshotStore):
         self._holder: MongoClientHolder = MongoClientHolder.attached(url, client, **holder_options)
         self.url = self._holder.url
         self._collection: AsyncCollection[Doc] | None = None
+        self._modify_col: AsyncCollection[Doc] | None = None
         ttl = self.snapshot_ttl
         self._ttl_ms: int | None = None if ttl is None else ttl // timedelta(milliseconds=1)
 
@@ -143,10 +145,11 @@ class MongoSnapshotStore(SnapshotStore):
                 "drop that index, use the same snapshot_ttl, or choose another collection "
                 "name (option names or collection_prefix)"
             )
-        self._collection = collection
+        self._collection = runtime_collection(collection)
+        self._modify_col = modify_collection(self._collection)
 
     async def _close(self) -> None:
-        self._collection = None
+        self._collection = self._modify_col = None
         await self._holder.release()
 
     @property
@@ -155,6 +158,13 @@ class MongoSnapshotStore(SnapshotStore):
         if self._collection is None:
             raise closed_error()
         return self._collection
+
+    @property
+    def _modify(self) -> AsyncCollection[Doc]:
+        """The collection for ``findAndModify`` (see :func:`.kv.modify_collection`)."""
+        if self._modify_col is None:
+            raise closed_error()
+        return self._modify_col
 
     # ------------------------------------------------------------ queries
 
@@ -204,26 +214,28 @@ class MongoSnapshotStore(SnapshotStore):
             {"$replaceWith": {"$literal": document}},
             {"$set": {"createdAt": self._now()}},
         ]
-        with self._holder.errors("write"):
-            stored = await self.collection.find_one_and_update(
-                {"_id": key},
-                pipeline,
-                projection={"_id": 0, "createdAt": 1},
-                upsert=True,
-                return_document=ReturnDocument.AFTER,
+        with guarded(self._holder, "write"):
+            stored = decoded(
+                await self._modify.find_one_and_update(
+                    {"_id": key},
+                    pipeline,
+                    projection={"_id": 0, "createdAt": 1},
+                    upsert=True,
+                    return_document=ReturnDocument.AFTER,
+                )
             )
         created_at = _date(stored.get("createdAt") if stored else None)
         return draft.info(created_at, self.snapshot_expiry(created_at))
 
     async def _get(self, scope: str, snapshot_id: str) -> Snapshot | None:
-        with self._holder.errors("read"):
+        with guarded(self._holder, "read"):
             doc = await self.collection.find_one(
                 {"_id": self.key(scope, snapshot_id), **self.live_filter()}
             )
         return None if doc is None else await self._snapshot(scope, doc)
 
     async def _latest(self, scope: str) -> Snapshot | None:
-        with self._holder.errors("read"):
+        with guarded(self._holder, "read"):
             cursor = (
                 self.collection.find(self.list_query(scope, None))
                 .sort(_NEWEST_SORT)
@@ -236,7 +248,7 @@ class MongoSnapshotStore(SnapshotStore):
     async def _list(
         self, scope: str, after: tuple[datetime, str] | None, limit: int
     ) -> builtins.list[SnapshotInfo]:
-        with self._holder.errors("read"):
+        with guarded(self._holder, "read"):
             cursor = (
                 self.collection.find(self.list_query(scope, after), projection=_INFO_FIELDS)
                 .sort(_NEWEST_SORT)
@@ -255,14 +267,16 @@ class MongoSnapshotStore(SnapshotStore):
     async def _delete(self, scope: str, snapshot_id: str) -> bool:
         key = self.key(scope, snapshot_id)
         if self._ttl_ms is None:
-            with self._holder.errors("write"):
+            with guarded(self._holder, "write"):
                 result = await self.collection.delete_one({"_id": key})
             return result.deleted_count == 1
         # One command deletes it and says whether it was still live (on $$NOW).
         live = {"$gt": ["$createdAt", {"$subtract": [self._now(), self._ttl_ms]}]}
-        with self._holder.errors("write"):
-            deleted = await self.collection.find_one_and_delete(
-                {"_id": key}, projection={"_id": 0, "live": live}
+        with guarded(self._holder, "write"):
+            deleted = decoded(
+                await self._modify.find_one_and_delete(
+                    {"_id": key}, projection={"_id": 0, "live": live}
+                )
             )
         return deleted is not None and deleted.get("live") is True
 
@@ -274,7 +288,7 @@ class MongoSnapshotStore(SnapshotStore):
             query: Doc = {"createdAt": {"$lte": now - timedelta(milliseconds=self._ttl_ms)}}
         else:
             query = {"$expr": {"$lte": ["$createdAt", {"$subtract": ["$$NOW", self._ttl_ms]}]}}
-        with self._holder.errors("write"):
+        with guarded(self._holder, "write"):
             result = await self.collection.delete_many(query)
         return int(result.deleted_count)
 

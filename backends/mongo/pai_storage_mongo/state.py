@@ -41,6 +41,7 @@ from pai_storage.state import DEFAULT_SESSION_TTL, StoredKind, VersionedState
 
 from .client import Doc, MongoClientHolder
 from .errors import is_too_large
+from .kv import decoded, guarded, modify_collection, runtime_collection
 
 if TYPE_CHECKING:
     from pymongo.asynchronous.collection import AsyncCollection
@@ -122,6 +123,7 @@ class MongoAgentStateStore(AgentStateStore):
         self.url = self._holder.url
         self.collection_name = self._holder.name("state")
         self._col: AsyncCollection[Doc] | None = None
+        self._modify_col: AsyncCollection[Doc] | None = None
 
     def __repr__(self) -> str:
         return f"MongoAgentStateStore({self.url.render()!r}, collection={self.collection_name!r})"
@@ -133,11 +135,20 @@ class MongoAgentStateStore(AgentStateStore):
             raise self._closed_error()
         return self._col
 
+    @property
+    def _modify(self) -> AsyncCollection[Doc]:
+        """The collection for ``findAndModify`` (see :func:`.kv.modify_collection`)."""
+        if self._modify_col is None:
+            raise self._closed_error()
+        return self._modify_col
+
     async def _initialize(self) -> None:
-        self._col = await self._holder.collection("state", indexes(self.session_ttl))
+        collection = await self._holder.collection("state", indexes(self.session_ttl))
+        self._col = runtime_collection(collection)
+        self._modify_col = modify_collection(self._col)
 
     async def _close(self) -> None:
-        self._col = None
+        self._col = self._modify_col = None
         await self._holder.release()
 
     # ------------------------------------------------------------ time and liveness
@@ -225,13 +236,15 @@ class MongoAgentStateStore(AgentStateStore):
             {"$unset": "_live"},
         ]
         try:
-            with self._holder.errors("write"):
-                doc = await self.collection.find_one_and_update(
-                    query,
-                    update,
-                    {f"versions.{f}": 1},
-                    upsert=upsert,
-                    return_document=ReturnDocument.AFTER,
+            with guarded(self._holder, "write"):
+                doc = decoded(
+                    await self._modify.find_one_and_update(
+                        query,
+                        update,
+                        {f"versions.{f}": 1},
+                        upsert=upsert,
+                        return_document=ReturnDocument.AFTER,
+                    )
                 )
         except Exception as exc:
             self._too_large(exc)
@@ -266,13 +279,15 @@ class MongoAgentStateStore(AgentStateStore):
             {"$unset": ["_live", "_list"]},
         ]
         try:
-            with self._holder.errors("write"):
-                doc = await self.collection.find_one_and_update(
-                    {"_id": self._id(session)},
-                    update,
-                    {f"versions.{f}": 1, f"hashes.{f}": 1},
-                    upsert=True,
-                    return_document=ReturnDocument.AFTER,
+            with guarded(self._holder, "write"):
+                doc = decoded(
+                    await self._modify.find_one_and_update(
+                        {"_id": self._id(session)},
+                        update,
+                        {f"versions.{f}": 1, f"hashes.{f}": 1},
+                        upsert=True,
+                        return_document=ReturnDocument.AFTER,
+                    )
                 )
         except Exception as exc:
             self._too_large(exc)
@@ -285,7 +300,7 @@ class MongoAgentStateStore(AgentStateStore):
     async def _kind(self, session: SessionKey, f: str) -> StoredKind | None:
         """What the live session holds under field ``f`` (``None``: nothing)."""
         query = {"_id": self._id(session), **self._live()}
-        with self._holder.errors("read"):
+        with guarded(self._holder, "read"):
             doc = await self.collection.find_one(query, {f"versions.{f}": 1, f"hashes.{f}": 1})
         if doc is None:
             return None
@@ -298,7 +313,7 @@ class MongoAgentStateStore(AgentStateStore):
     async def _get_value(self, session: SessionKey, key: str) -> VersionedState | StoredKind | None:
         f = encode_field(key)
         query = {"_id": self._id(session), **self._live()}
-        with self._holder.errors("read"):
+        with guarded(self._holder, "read"):
             doc = await self.collection.find_one(
                 query, {f"versions.{f}": 1, f"hashes.{f}": 1, f"states.{f}": 1}
             )
@@ -338,7 +353,7 @@ class MongoAgentStateStore(AgentStateStore):
     async def _list_head(self, session: SessionKey, key: str) -> ListHead | StoredKind | None:
         f = encode_field(key)
         query = {"_id": self._id(session), **self._live()}
-        with self._holder.errors("read"):
+        with guarded(self._holder, "read"):
             doc = await self.collection.find_one(
                 query, {f"versions.{f}": 1, f"hashes.{f}": 1, f"lengths.{f}": 1}
             )
@@ -398,7 +413,7 @@ class MongoAgentStateStore(AgentStateStore):
             if "$currentDate" in touch:
                 update["$currentDate"] = touch["$currentDate"]
         try:
-            with self._holder.errors("write"):
+            with guarded(self._holder, "write"):
                 result = await self.collection.update_one(query, update, upsert=upsert)
         except Exception as exc:
             self._too_large(exc)
@@ -412,7 +427,7 @@ class MongoAgentStateStore(AgentStateStore):
     async def _get_list(self, session: SessionKey, key: str) -> list[Any] | StoredKind | None:
         f = encode_field(key)
         query = {"_id": self._id(session), **self._live()}
-        with self._holder.errors("read"):
+        with guarded(self._holder, "read"):
             doc = await self.collection.find_one(query, {f"versions.{f}": 1, f"states.{f}": 1})
         if doc is None:
             return None
@@ -432,12 +447,12 @@ class MongoAgentStateStore(AgentStateStore):
 
     async def _exists(self, session: SessionKey) -> bool:
         query = {"_id": self._id(session), **self._live()}
-        with self._holder.errors("read"):
+        with guarded(self._holder, "read"):
             doc = await self.collection.find_one(query, {"_id": 1})
         return doc is not None
 
     async def _delete(self, session: SessionKey) -> bool:
-        with self._holder.errors("write"):
+        with guarded(self._holder, "write"):
             live = await self.collection.delete_one({"_id": self._id(session), **self._live()})
             if live.deleted_count:
                 return True
@@ -451,7 +466,7 @@ class MongoAgentStateStore(AgentStateStore):
         update: Doc = {"$unset": {f"{part}.{f}": "" for part in _ALL}}
         touch = _touch(self.now())
         update.update(touch)
-        with self._holder.errors("write"):
+        with guarded(self._holder, "write"):
             result = await self.collection.update_one(query, update)
             if not result.matched_count:
                 return False
@@ -472,7 +487,7 @@ class MongoAgentStateStore(AgentStateStore):
             "_id.user": user,
             **self._live(),
         }
-        with self._holder.errors("read"):
+        with guarded(self._holder, "read"):
             docs = await self.collection.find(
                 query, {"_id": 1}, sort=[("_id", ASCENDING)], limit=limit, hint="_id_"
             ).to_list(None)
@@ -482,7 +497,7 @@ class MongoAgentStateStore(AgentStateStore):
         if self.session_ttl is None:
             return 0
         now = self.now() or await self._holder.server_time()
-        with self._holder.errors("write"):
+        with guarded(self._holder, "write"):
             result = await self.collection.delete_many(
                 {"_updated_at": {"$lte": now - self.session_ttl}}
             )
