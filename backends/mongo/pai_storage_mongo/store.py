@@ -383,6 +383,7 @@ class MongoThreadStore(ThreadStore):
         self._server_version: str | None = None
         self._topology = ""
         self._snapshot_reads = False
+        self._first_pages_with_root = True
         self._roots: _RootCache = _RootCache()
 
     def __repr__(self) -> str:
@@ -518,6 +519,8 @@ class MongoThreadStore(ThreadStore):
         hello = await client.admin.command("hello")
         if hello.get("msg") == "isdbgrid":
             self._topology = "sharded cluster (mongos)"
+            # A $lookup of a sharded collection is not served everywhere a snapshot is.
+            self._first_pages_with_root = False
         elif hello.get("setName"):
             self._topology = f"replica set {hello['setName']}"
         else:
@@ -1368,7 +1371,7 @@ class _MongoSnapshot(ReadSnapshot):
         """``$lookup`` stages reading each first page the plan asks for."""
         stages: list[Doc] = []
         families: list[FamilyName] = []
-        if self._plan is None:
+        if self._plan is None or not self._store._first_pages_with_root:
             return stages, families
         names = self._store.collection_names()
         for spec in FAMILIES:
