@@ -134,15 +134,8 @@ def _faults(
         "kill-9-primary",
         "lagging-secondary",
         "kill-9-primary-in-flight",
-        pytest.param(
-            "kill-9-primary-in-flight-w1",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="the MongoDB key-value, agent-state and lock writes take the URL's "
-                "write concern (w=1 here) instead of majority, so the writes a primary "
-                "acknowledged alone are rolled back when it dies",
-            ),
-        ),
+        # w=1 in the URL must not weaken any store: every one writes with majority.
+        "kill-9-primary-in-flight-w1",
     ],
 )
 async def test_mongo_failover(replica_set: ReplicaSet, scenario: str) -> None:
@@ -159,16 +152,9 @@ async def test_mongo_failover(replica_set: ReplicaSet, scenario: str) -> None:
         await load.setup()
         await load.run(fault, heal=heal)
         await load.verify(report)
-        # A write concern error in a findAndModify reply (a primary stepping down while a
-        # key-value or guard write waits for a majority) escapes as a raw AttributeError:
+        # A lock release the driver retried answers "not held" for the lock it released:
         # reproduced deterministically (strict xfail) by failover/test_mongo_outcomes.py;
         # listed in the report, not judged here.
-        report.set_aside(
-            lambda entry: "AttributeError: 'RawBSONDocument' object has no attribute" in entry,
-            "test_kv_write_concern_error_is_retried_or_unknown",
-        )
-        # A lock release the driver retried answers "not held" for the lock it released:
-        # reproduced deterministically (strict xfail) by the same module.
         report.set_aside(
             lambda entry: "release answered False (not held) for a lock held" in entry,
             "test_guard_release_retried_after_a_lost_reply_reports_the_release",
