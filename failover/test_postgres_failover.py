@@ -42,7 +42,7 @@ def standby_pair() -> Iterator[StandbyPair]:
 @pytest.mark.parametrize("in_flight", [False, True], ids=["stop-primary", "stop-primary-in-flight"])
 async def test_postgres_standby_promotion(standby_pair: StandbyPair, in_flight: bool) -> None:
     """``in_flight``: the standby is stopped (SIGSTOP) first, so the primary's commits wait
-    for it; the primary dies with all of them in flight (each is an unknown outcome)."""
+    for it; the primary dies with them in flight, and each of those is an unknown outcome."""
     report = Report(
         "primary stopped (immediate), standby promoted"
         + (", commits waiting for the standby" if in_flight else ""),
