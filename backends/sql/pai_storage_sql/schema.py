@@ -90,8 +90,9 @@ DEFAULT_PREFIX = "pai_threads"
 DIGEST_BYTES = 16
 """Size of the BLAKE2b digests that key identifiers in every index."""
 
-ORDER_BYTES = 2048
-"""On MySQL, how many leading bytes of a thread id ``thread_ord`` keeps."""
+ORDER_BYTES = 1024
+"""On MySQL, how many leading bytes of a scope key or thread id ``scope_ord`` and
+``thread_ord`` keep (the updated-at index holds both within 3,072 bytes)."""
 
 MAX_ID_BYTES = 4096
 """The largest identifier in UTF-8 bytes (1,024 characters of up to 4 bytes)."""
@@ -198,6 +199,7 @@ class Tables:
             _h("scope_h"),
             _id("scope_key"),
             _id("thread_id"),
+            Column("scope_ord", binary(ORDER_BYTES), nullable=False),
             Column("thread_ord", binary(ORDER_BYTES), nullable=False),
             Column("instance_id", String(64), nullable=False),
             Column("revision", BigInteger, nullable=False),
@@ -206,6 +208,7 @@ class Tables:
             _h("parent_h", nullable=True),
             _h("category_h", nullable=True),
             Column("sort_key", BigInteger, nullable=False),
+            Column("updated_ms", BigInteger, nullable=False),
             Column("messages_next", BigInteger, nullable=False),
             Column("runs_next", BigInteger, nullable=False),
             Column("queued_next", BigInteger, nullable=False),
@@ -265,6 +268,10 @@ class Tables:
             threads.c.sort_key,
             threads.c.thread_ord,
         )
+        # The updated-at index of retention sweeps and exports: oldest first,
+        # then scope key, then thread id (within one scope, or across all).
+        Index(f"{p}_updated", threads.c.updated_ms, threads.c.scope_ord, threads.c.thread_ord)
+        Index(f"{p}_scope_updated", threads.c.scope_h, threads.c.updated_ms, threads.c.thread_ord)
         messages = Table(
             f"{p}_messages",
             md,

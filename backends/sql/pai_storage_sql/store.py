@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
-from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, cast
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from sqlalchemy import (
     Select,
@@ -32,6 +32,7 @@ from sqlalchemy import (
     or_,
     select,
     true,
+    tuple_,
     update,
 )
 from sqlalchemy.exc import IntegrityError
@@ -63,6 +64,7 @@ from pai_storage.backend import (
     ChildPagePlan,
     CommitTransaction,
     Entry,
+    Family,
     FamilyName,
     FamilySpec,
     FamilyWrite,
@@ -76,7 +78,9 @@ from pai_storage.backend import (
     RelationshipReader,
     RunFacts,
     RunRef,
+    ThreadAggregate,
     ThreadConflict,
+    ThreadHead,
     Window,
     run_commit,
     run_read,
@@ -151,6 +155,10 @@ class SqlThreadStore(ThreadStore):
 
     backend_name = "sql"
     token_prefix = "pai-sql"
+    # The lifecycle primitives below are implemented and tested
+    # (tests/sql/test_lifecycle.py); the capability is declared once the shared
+    # prune-race test stamps its racing commits past the sweep's cutoff.
+    capabilities: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(
         self,
@@ -376,6 +384,173 @@ class SqlThreadStore(ThreadStore):
             return None
         return record
 
+    # ------------------------------------------------------------ lifecycle
+
+    async def _thread_heads(
+        self,
+        scope_key: str | None,
+        *,
+        updated_before: datetime | None,
+        after: ThreadHead | None,
+        limit: int,
+    ) -> Sequence[ThreadHead]:
+        """A bounded range scan of ``<p>_scope_updated`` (one scope) or ``<p>_updated``."""
+        t = self.tables.threads
+        cols = (t.c.scope_key, t.c.thread_id, t.c.instance_id, t.c.revision, t.c.updated_ms)
+        where: list[Any] = []
+        order: list[Any] = [t.c.updated_ms]
+        if scope_key is not None:
+            where.append(t.c.scope_h == digest(scope_key))
+        else:
+            order.append(t.c.scope_ord)
+        order.append(t.c.thread_ord)
+        if updated_before is not None:
+            where.append(t.c.updated_ms < timestamp_ms(updated_before))
+        tie: list[Any] = []
+        if after is not None and self._ord_bytes is None:
+            # SQLite keeps whole ids in the ord columns: a strict row-value bound.
+            at = timestamp_ms(after.updated_at)
+            bound = [
+                at,
+                *([enc(after.scope_key)] if scope_key is None else []),
+                enc(after.thread_id),
+            ]
+            columns = [
+                t.c.updated_ms,
+                *([t.c.scope_ord] if scope_key is None else []),
+                t.c.thread_ord,
+            ]
+            where.append(tuple_(*columns) > tuple_(*bound))
+        elif after is not None:
+            # Inclusive on the ord columns (they may be cut on MySQL); rows not
+            # strictly after `after` are dropped below by their full ids.
+            at = timestamp_ms(after.updated_at)
+            s_ord, t_ord = self._ord(enc(after.scope_key)), self._ord(enc(after.thread_id))
+            if scope_key is not None:
+                tie = [t.c.updated_ms == at, t.c.thread_ord == t_ord]
+                later = and_(t.c.updated_ms == at, t.c.thread_ord >= t_ord)
+            else:
+                tie = [t.c.updated_ms == at, t.c.scope_ord == s_ord]
+                later = and_(
+                    t.c.updated_ms == at,
+                    or_(
+                        t.c.scope_ord > s_ord,
+                        and_(t.c.scope_ord == s_ord, t.c.thread_ord >= t_ord),
+                    )
+                    if len(s_ord) == len(enc(after.scope_key))
+                    else t.c.scope_ord >= s_ord,
+                )
+            where.append(or_(t.c.updated_ms > at, later))
+        async with self._client.read() as conn:
+            fetch = limit
+            if tie:
+                count = select(func.count()).where(*where[: 1 if scope_key else 0], *tie)
+                fetch += int((await conn.execute(count)).scalar_one())
+            index = f"{t.name}_updated" if scope_key is None else f"{t.name}_scope_updated"
+            stmt = (
+                select(*cols, t.c.scope_ord, t.c.thread_ord)
+                .where(*where)
+                .order_by(*order)
+                .with_hint(t, f"FORCE INDEX ({index})", "mysql")
+            )
+            rows = list((await conn.execute(stmt.limit(fetch))).all())
+            if len(rows) == fetch and rows:
+                last = rows[-1]
+                if self._ord_bytes is not None and (
+                    len(last.thread_ord) == self._ord_bytes
+                    or len(last.scope_ord) == self._ord_bytes
+                ):
+                    # Ids longer than the ord columns tie on them: read the whole tie.
+                    same = [
+                        *where,
+                        t.c.updated_ms == last.updated_ms,
+                        t.c.scope_ord == last.scope_ord,
+                        t.c.thread_ord == last.thread_ord,
+                    ]
+                    rows += (
+                        await conn.execute(
+                            select(*cols, t.c.scope_ord, t.c.thread_ord).where(*same)
+                        )
+                    ).all()
+        after_key = (
+            None
+            if after is None
+            else (timestamp_ms(after.updated_at), enc(after.scope_key), enc(after.thread_id))
+        )
+        keyed = {(int(r.updated_ms), bytes(r.scope_key), bytes(r.thread_id)): r for r in rows}
+        heads = []
+        for key in sorted(k for k in keyed if after_key is None or k > after_key)[:limit]:
+            r = keyed[key]
+            heads.append(
+                ThreadHead(
+                    dec(r.scope_key),
+                    dec(r.thread_id),
+                    _version(r),
+                    _EPOCH + timedelta(milliseconds=int(r.updated_ms)),
+                )
+            )
+        return heads
+
+    async def _load_thread(self, scope_key: str, thread_id: str) -> ThreadAggregate | None:
+        """The root and every row of the thread, from one read snapshot."""
+        async with self._client.read() as conn:
+            rows = _ThreadRows(conn, self, scope_key, thread_id)
+            t = self.tables.threads
+            head = (
+                await conn.execute(
+                    select(t.c.doc, t.c.messages_next, t.c.runs_next, t.c.queued_next).where(
+                        t.c.tkey == rows.key
+                    )
+                )
+            ).first()
+            if head is None:
+                return None
+            root = rows.parse_root(head.doc)
+            positions = _ThreadRows._positions(head)
+            families: dict[FamilyName, Family[Any]] = {}
+            for spec in FAMILIES:
+                table = rows.table(spec.name)
+                found = (
+                    await conn.execute(
+                        select(table.c.position, table.c.doc)
+                        .where(table.c.tkey == rows.key)
+                        .order_by(table.c.position)
+                    )
+                ).all()
+                entries: dict[str, Entry[Any]] = {}
+                for r in found:
+                    record = parse(spec.model, r.doc)
+                    entries[spec.record_id(record)] = Entry(int(r.position), record)
+                families[spec.name] = Family(entries, positions[spec.name])
+        return ThreadAggregate(
+            root, families["messages"], families["runs"], families["queuedItems"]
+        )
+
+    async def _restore_thread(self, aggregate: ThreadAggregate) -> ThreadVersion | None:
+        """Insert the root and every row in one write transaction, if the thread is missing."""
+        return await self._client.retrying(lambda: self._restore_once(aggregate))
+
+    async def _restore_once(self, aggregate: ThreadAggregate) -> ThreadVersion | None:
+        root = aggregate.root
+        families: dict[FamilyName, Family[Any]] = {
+            "messages": aggregate.messages,
+            "runs": aggregate.runs,
+            "queuedItems": aggregate.queued_items,
+        }
+        try:
+            async with self._client.write() as conn:
+                tx = _Transaction(conn, self, root.scope_key, root.thread_id, _RESTORE)
+                await tx.hold()
+                positions = {name: fam.next_position for name, fam in families.items()}
+                await tx.write_root(root, positions, created=True)
+                for spec in FAMILIES:
+                    entries = list(families[spec.name])
+                    if entries:
+                        await tx.write_family(spec, FamilyWrite(inserts=entries))
+        except ThreadConflict as conflict:
+            return conflict.current
+        return None
+
     # ------------------------------------------------------------ commits
 
     async def _commit_thread(self, request: CommitThreadInput) -> CommittedResult | ConflictResult:
@@ -385,7 +560,9 @@ class SqlThreadStore(ThreadStore):
         """One attempt: the write transaction, the core's commit pipeline, commit or roll back."""
         try:
             async with self._client.write() as conn:
-                tx = _Transaction(conn, self, request)
+                tx = _Transaction(
+                    conn, self, request.scope_key, request.thread_id, request.mutation
+                )
                 result = await run_commit(tx, request, clock=self.now)
                 if isinstance(result, ConflictResult):
                     raise _Conflict(result)
@@ -410,6 +587,16 @@ class _ThreadRows:
         self._scope_key = scope_key
         self._thread_id = thread_id
         self._key = thread_key(scope_key, thread_id)
+
+    @property
+    def key(self) -> bytes:
+        return self._key
+
+    def table(self, family: FamilyName) -> Table:
+        return self._table(family)
+
+    def parse_root(self, doc: str) -> ThreadRecord:
+        return self._parse_root(doc)
 
     def _table(self, family: FamilyName) -> Table:
         t = self._t
@@ -460,15 +647,20 @@ class _Transaction(_ThreadRows, CommitTransaction):
     """The commit primitives inside the client's write transaction."""
 
     def __init__(
-        self, conn: AsyncConnection, store: SqlThreadStore, request: CommitThreadInput
+        self,
+        conn: AsyncConnection,
+        store: SqlThreadStore,
+        scope_key: str,
+        thread_id: str,
+        mutation: object = None,
     ) -> None:
-        super().__init__(conn, store, request.scope_key, request.thread_id)
-        self._mutation = request.mutation
+        super().__init__(conn, store, scope_key, thread_id)
+        self._mutation = mutation
 
     async def hold(self) -> HeldThread:
         t = self._t.threads
         row: Any
-        if isinstance(self._mutation, CreateMutation):
+        if isinstance(self._mutation, CreateMutation) or self._mutation is _RESTORE:
             # Nothing to lock yet: write_root inserts and a concurrent create's
             # row makes the insert fail on the primary key.
             stmt = self._store.statement(
@@ -504,6 +696,7 @@ class _Transaction(_ThreadRows, CommitTransaction):
             "hidden": 1 if root.list_visibility == "hidden" else 0,
             "category_h": _opt_digest(root.category),
             "sort_key": -timestamp_ms(root.updated_at),
+            "updated_ms": timestamp_ms(root.updated_at),
             "messages_next": next_positions["messages"],
             "runs_next": next_positions["runs"],
             "queued_next": next_positions["queuedItems"],
@@ -523,6 +716,7 @@ class _Transaction(_ThreadRows, CommitTransaction):
             scope_key=enc(self._scope_key),
             thread_id=thread,
             thread_ord=self._store._ord(thread),
+            scope_ord=self._store._ord(enc(self._scope_key)),
             instance_id=root.version.thread_instance_id,
             agent_h=digest(root.agent),
             parent_h=_opt_digest(root.parent_thread_id),
@@ -746,6 +940,12 @@ def _too_large(noun: str, need: int, limit: int) -> ThreadStoreInvariantError:
         f"max_allowed_packet of {limit:,} bytes; raise max_allowed_packet on the server "
         "(see docs/sql.md, 'Limits'); nothing was applied"
     )
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+_RESTORE = object()
+"""The mutation of a restore: held like a create (the key must be missing)."""
 
 
 def _version(row: Any) -> ThreadVersion:
