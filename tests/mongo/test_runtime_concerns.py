@@ -1,9 +1,10 @@
 """MongoDB runtime stores: write concern, read concern, and a write the server did not confirm.
 
 - Every runtime write carries ``writeConcern: {w: "majority"}`` and every
-  runtime read ``readConcern: {level: "majority"}``, whatever the URL says
-  (checked from the commands the driver sends, with ``w=1`` and
-  ``readConcernLevel=local`` in the URL).
+  runtime read ``readConcern: {level: "majority"}`` and goes to the primary,
+  whatever the URL says (checked from the commands the driver sends, with
+  ``w=1``, ``journal=false``, ``readConcernLevel=local`` and
+  ``readPreference=secondaryPreferred`` in the URL).
 - A primary stepping down while a write waits for a majority applies the write
   and answers with a ``writeConcernError`` labelled ``RetryableWriteError``.
   The server's ``failCommand`` fail point (a mongod started with
@@ -194,7 +195,9 @@ async def test_every_runtime_command_uses_majority_whatever_the_url_says(
     test_mongod: MongodProcess,
 ) -> None:
     clock = ManualClock()
-    url = test_mongod.url + "&w=1&journal=false&readConcernLevel=local"
+    url = test_mongod.url + (
+        "&w=1&journal=false&readConcernLevel=local&readPreference=secondaryPreferred"
+    )
     async with stores(url, clock) as s:
         await _every_operation(s, clock)
         sent = s.recorder.commands
@@ -205,6 +208,8 @@ async def test_every_runtime_command_uses_majority_whatever_the_url_says(
             assert command.get("writeConcern") == {"w": "majority"}, (name, command)
         else:
             assert command.get("readConcern") == {"level": "majority"}, (name, command)
+            preference = command.get("$readPreference", {"mode": "primary"})
+            assert preference["mode"] == "primary", (name, command)
 
 
 # --------------------------------------------------------------- unconfirmed writes

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal
 import bson
 from bson.codec_options import CodecOptions
 from bson.int64 import Int64
-from pymongo import ASCENDING, IndexModel, ReturnDocument
+from pymongo import ASCENDING, IndexModel, ReadPreference, ReturnDocument
 from pymongo.errors import (
     DuplicateKeyError,
     PyMongoError,
@@ -86,14 +86,20 @@ _MAJORITY_READS: Final = ReadConcern("majority")
 
 
 def runtime_collection(collection: AsyncCollection[Doc]) -> AsyncCollection[Doc]:
-    """A runtime store's collection: majority write and read concern, whatever the URL says.
+    """A runtime store's collection: majority write and read concern and primary
+    reads, whatever the URL says.
 
     An acknowledged write is then on a majority of the replica set and survives
-    a failover, and a read never returns a write a failover could roll back.
-    The URL's ``w``, ``journal``, ``wTimeoutMS`` and ``readConcernLevel`` only
-    shape index creation.
+    a failover, a read never returns a write a failover could roll back, and a
+    read sees the caller's own acknowledged writes. The URL's ``w``,
+    ``journal``, ``wTimeoutMS``, ``readConcernLevel`` and ``readPreference``
+    do not apply to these stores (the write concern shapes index creation).
     """
-    return collection.with_options(write_concern=_MAJORITY_WRITES, read_concern=_MAJORITY_READS)
+    return collection.with_options(
+        write_concern=_MAJORITY_WRITES,
+        read_concern=_MAJORITY_READS,
+        read_preference=ReadPreference.PRIMARY,
+    )
 
 
 def modify_collection(collection: AsyncCollection[Doc]) -> AsyncCollection[Doc]:
