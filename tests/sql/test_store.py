@@ -118,6 +118,12 @@ async def test_bad_options_are_refused(option: str, value: Any) -> None:
         SqlThreadStore("sqlite:///:memory:", **{option: value})
 
 
+async def test_a_missing_driver_names_what_to_install() -> None:
+    # aiomysql is accepted but installed by no extra of pai-storage.
+    with pytest.raises(ConfigurationError, match="pip install aiomysql"):
+        SqlThreadStore("mysql+aiomysql://root@127.0.0.1/test")
+
+
 async def test_password_never_in_messages() -> None:
     store = SqlThreadStore("mysql://root:s3cr3t-pw@127.0.0.1:1/test", connect_timeout=1)
     with pytest.raises(ThreadStoreUnavailableError) as caught:

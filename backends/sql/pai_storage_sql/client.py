@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -125,6 +126,14 @@ class SqlClient(SharedClient[Engines]):
             raise ThreadStoreConfigurationError(
                 "the sql backend serves sqlite://, sqlite+aiosqlite://, mysql://, mariadb:// "
                 f"(+asyncmy or +aiomysql) URLs, not {self.url.full_scheme}://"
+            )
+        self.driver = driver or ("aiosqlite" if self.dialect == "sqlite" else "asyncmy")
+        if importlib.util.find_spec(self.driver) is None:
+            extra = "sql" if self.dialect == "sqlite" else "mysql"
+            hint = "aiomysql" if self.driver == "aiomysql" else f"'pai-storage[{extra}]'"
+            raise ThreadStoreConfigurationError(
+                f"the {self.url.full_scheme}:// URL needs the {self.driver} driver: "
+                f"pip install {hint}"
             )
         _check_seconds("busy_timeout", busy_timeout)
         _check_seconds("connect_timeout", connect_timeout)
@@ -229,7 +238,7 @@ class SqlClient(SharedClient[Engines]):
             self._sqlite_hooks(writer, event)
             self._sqlite_hooks(reader, event)
             return Engines(writer, reader, None)
-        driver = self.url.driver or "asyncmy"
+        driver = self.driver
         query.setdefault("charset", "utf8mb4")
         sa_url = URL.create(
             f"mysql+{driver}",
