@@ -365,15 +365,29 @@ fall back to :func:`~pai_storage.strict_json.check_json` for those.
 def _stored_timestamp(value: Any) -> datetime:
     # The form this store writes ("2026-01-02T03:04:05.678Z") is already UTC and
     # whole milliseconds: fromisoformat alone gives the same value as
-    # _parse_timestamp. Anything else takes the full check.
+    # _parse_timestamp. Anything else takes the full check. Datetimes are
+    # immutable, so the most recent results are remembered and shared.
+    found = _TIMESTAMPS.get(value) if type(value) is str else None
+    if found is not None:
+        return found
+    moment = None
     if type(value) is str and len(value) == 24 and value[23] == "Z":
         try:
             moment = datetime.fromisoformat(value)
         except ValueError:
-            return _parse_timestamp(value)
-        if moment.tzinfo is UTC and moment.microsecond % 1000 == 0:
-            return moment
-    return _parse_timestamp(value)
+            moment = None
+        if moment is not None and (moment.tzinfo is not UTC or moment.microsecond % 1000):
+            moment = None
+    if moment is None:
+        return _parse_timestamp(value)
+    if len(_TIMESTAMPS) >= _TIMESTAMPS_KEPT:
+        _TIMESTAMPS.clear()  # atomic: safe when several threads validate
+    _TIMESTAMPS[value] = moment
+    return moment
+
+
+_TIMESTAMPS: dict[str, datetime] = {}
+_TIMESTAMPS_KEPT = 8192
 
 
 def _stored_schema(node: Any) -> Any:
