@@ -22,7 +22,7 @@ runs every algorithm, check order and batching loop here:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from .aggregate import Entry, Family, ThreadAggregate
@@ -164,7 +164,9 @@ def _check_limit(limit: object) -> int:
 def _check_cutoff(updated_before: object) -> datetime:
     if not isinstance(updated_before, datetime) or updated_before.tzinfo is None:
         raise ThreadStoreInvariantError("updated_before must be an aware datetime")
-    return truncate_ms(updated_before)
+    cutoff = truncate_ms(updated_before)
+    # Timestamps are whole milliseconds: "before 12:00:00.0005" includes 12:00:00.000.
+    return cutoff if cutoff == updated_before else cutoff + timedelta(milliseconds=1)
 
 
 async def prune_threads(

@@ -423,3 +423,12 @@ def test_built_in_backends_with_the_lifecycle_copy_forks_in_their_database(name:
     for store in stores:
         if LIFECYCLE in store.capabilities:
             assert store._fork_copy is not ThreadStore._fork_copy, store.__name__
+
+
+async def test_a_cutoff_between_milliseconds_includes_the_millisecond_before() -> None:
+    clock = ManualClock(datetime(2020, 1, 1, 12, tzinfo=UTC))
+    async with MemoryThreadStore(clock=clock) as store:
+        await _commit(store, b.create("s", "t"))
+        assert await store.prune_threads(updated_before=clock()) == []
+        cutoff = clock() + timedelta(microseconds=500)
+        assert [p.thread_id for p in await store.prune_threads(updated_before=cutoff)] == ["t"]
