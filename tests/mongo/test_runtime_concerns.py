@@ -31,7 +31,7 @@ from pai_storage_mongo.snapshots import MongoSnapshotStore
 from pai_storage_mongo.state import MongoAgentStateStore
 from pymongo import AsyncMongoClient, MongoClient, monitoring
 
-from pai_storage import Item, ManualClock, OutcomeUnknownError, StorageError
+from pai_storage import InvalidInputError, Item, ManualClock, OutcomeUnknownError, StorageError
 
 pytestmark = pytest.mark.asyncio
 
@@ -394,3 +394,23 @@ async def test_an_unexpected_error_inside_an_operation_is_a_storage_error(
         with pytest.raises(StorageError) as read, guarded(holder, "read"):
             raise KeyError("x")
         assert not isinstance(read.value, OutcomeUnknownError)
+
+
+async def test_a_findandmodify_result_is_decoded_like_every_other_result(
+    test_mongod: MongodProcess,
+) -> None:
+    """Int64 comes back as ``int``; a stored object shaped like a DBRef is refused alike
+    by a read and by a write that returns the document (``get(refresh_ttl=True)``)."""
+    async with stores(test_mongod.url) as s:
+        item = await s.kv.put(("ns",), "key", 1, ttl=timedelta(hours=1))
+        assert type(item.version) is int
+        refreshed = await s.kv.get(("ns",), "key", refresh_ttl=True)
+        assert refreshed is not None
+        assert type(refreshed.version) is int
+        raw = s.client[DB][s.kv.collection_name]
+        await raw.update_one({"key": "key"}, {"$set": {"value": {"$ref": "c", "$id": 1}}})
+        with pytest.raises(InvalidInputError, match="cannot be decoded") as read:
+            await s.kv.get(("ns",), "key")
+        with pytest.raises(InvalidInputError, match="cannot be decoded") as written:
+            await s.kv.get(("ns",), "key", refresh_ttl=True)
+        assert type(read.value) is type(written.value)

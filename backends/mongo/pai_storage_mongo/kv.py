@@ -111,10 +111,22 @@ def decoded(doc: Doc | None) -> Doc | None:
     """A document ``findAndModify`` returned, decoded as every other result is.
 
     Int64 as ``int``, and an object shaped like a DBRef refused
-    (:data:`~pai_storage_mongo.documents.CODEC_OPTIONS`). Run it inside the
-    operation's :func:`guarded` block.
+    (:data:`~pai_storage_mongo.documents.CODEC_OPTIONS`). Top-level values no
+    type decoder touches (strings, dates, ...) are kept as they are, so a large
+    value is not copied; the others are encoded and decoded again. Run it
+    inside the operation's :func:`guarded` block.
     """
-    return None if doc is None else bson.decode(bson.encode(doc), codec_options=CODEC_OPTIONS)
+    if doc is None:
+        return None
+    rest = {key: value for key, value in doc.items() if type(value) not in _UNDECODED}
+    if rest:
+        doc.update(bson.decode(bson.encode(rest), codec_options=CODEC_OPTIONS))
+    return doc
+
+
+_UNDECODED: Final = frozenset({str, int, float, bool, bytes, datetime, type(None)})
+"""Python types of decoded BSON values that the backend's type decoders leave alone
+(exact types: ``Int64`` is an ``int`` subclass and is decoded)."""
 
 
 @contextlib.contextmanager
