@@ -1080,21 +1080,20 @@ class _Reader:
         return facts
 
     async def open_runs(self) -> Sequence[RunRef]:
+        # Two is all the rules need: one bounded probe of (tkey, status) per status.
         r = self._t.runs
         stmt = self._store.statement(
             "open-runs",
             lambda: (
                 select(r.c.run_id, r.c.doc)
-                .where(r.c.tkey == bindparam("k"), r.c.status == bindparam("status"))
+                .where(r.c.tkey == bindparam("k"), r.c.status.in_(("running", "waiting")))
                 .limit(2)
             ),
         )
         out = []
-        for status in ("running", "waiting"):
-            rows = (await self._conn.execute(stmt, {"k": self._key, "status": status})).all()
-            for row in rows:
-                st, admitted, queue_item, inputs = run_ref_fields(row.doc)
-                out.append(RunRef(dec(row.run_id), st, admitted, queue_item, inputs))
+        for row in (await self._conn.execute(stmt, {"k": self._key})).all():
+            st, admitted, queue_item, inputs = run_ref_fields(row.doc)
+            out.append(RunRef(dec(row.run_id), st, admitted, queue_item, inputs))
         return out
 
     async def tail(self) -> MessageRef | None:
