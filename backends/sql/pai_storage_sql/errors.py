@@ -25,6 +25,7 @@ carry the error code and the driver's first line, never a password.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Literal
 
 from pai_storage import (
@@ -166,7 +167,7 @@ def is_driver_exception(exc: BaseException) -> bool:
 def is_driver_failure(exc: BaseException) -> bool:
     """Whether the connection that raised ``exc`` is suspect (a driver failure,
     raw or mapped): it is then closed rather than reused."""
-    return isinstance(exc, _DriverMapped) or is_driver_exception(exc)
+    return bool(getattr(exc, "driver_failure", False)) or is_driver_exception(exc)
 
 
 def _is_connection_loss(exc: BaseException) -> bool:
@@ -181,32 +182,23 @@ def _is_connection_loss(exc: BaseException) -> bool:
     ) or isinstance(exc, TimeoutError)
 
 
-class _DriverMapped:
-    """Marks a contract error made from a driver failure (the connection is suspect)."""
+def _driver(cls: type[ThreadStoreError]) -> Callable[[str], ThreadStoreError]:
+    """Makes ``cls`` errors marked as driver failures (their connection is suspect)."""
+
+    def make(message: str) -> ThreadStoreError:
+        error = cls(message)
+        error.driver_failure = True  # type: ignore[attr-defined]
+        return error
+
+    return make
 
 
-class _Unavailable(ThreadStoreUnavailableError, _DriverMapped):
-    pass
-
-
-class _Unknown(ThreadStoreCommitUnknownError, _DriverMapped):
-    pass
-
-
-class _Configuration(ThreadStoreConfigurationError, _DriverMapped):
-    pass
-
-
-class _Invariant(ThreadStoreInvariantError, _DriverMapped):
-    pass
-
-
-class _Other(ThreadStoreError, _DriverMapped):
-    pass
-
-
-class _Retryable(RetryableError, _DriverMapped):
-    pass
+_Unavailable = _driver(ThreadStoreUnavailableError)
+_Unknown = _driver(ThreadStoreCommitUnknownError)
+_Configuration = _driver(ThreadStoreConfigurationError)
+_Invariant = _driver(ThreadStoreInvariantError)
+_Other = _driver(ThreadStoreError)
+_Retryable = _driver(RetryableError)
 
 
 def map_error(exc: BaseException, phase: Phase, url: StoreURL | None) -> ThreadStoreError:
