@@ -391,16 +391,15 @@ _TIMESTAMPS_KEPT = 8192
 
 
 def _stored_schema(node: Any) -> Any:
-    """A copy of a model's core schema for stored JSON text that holds only strict JSON.
+    """A copy of a model's core schema for validating stored JSON text.
 
     The Python-level field checks become pydantic-core constraints with the
-    same meaning for such text: ids are strict strings of 1 to 1,024
-    characters, text is a strict string, opaque values are any JSON value and
-    JSON objects any JSON object (the text was screened by
-    :func:`_is_plain_json_text`, and pydantic's JSON parser never yields a lone
-    surrogate). Timestamps keep a Python check, with a shortcut for the form
-    this store writes. Every other schema (models, unions, literals, limits)
-    is kept as it is.
+    same meaning for JSON text (pydantic's JSON parser never yields a lone
+    surrogate): ids are strict strings of 1 to 1,024 characters, text is a
+    strict string, opaque values and JSON objects follow the strict-JSON
+    definitions of :func:`_json_definitions`. Timestamps keep a Python check,
+    with a shortcut for the form stores write. Every other schema (models,
+    unions, literals, limits) is kept as it is.
     """
     if isinstance(node, list):
         return [_stored_schema(item) for item in node]
@@ -617,11 +616,11 @@ class StoreModel(BaseModel):
         """Validate a record from the JSON text a store persisted.
 
         The result, and every error, is exactly that of
-        :meth:`model_validate_json`: invalid stored data raises. Text that can
-        hold only strict JSON (the form stores write) is checked by one
-        pydantic-core validator with no Python-level field checks, several
-        times faster; anything else, and anything that validator rejects, goes
-        through :meth:`model_validate_json`.
+        :meth:`model_validate_json`: invalid stored data raises. The text is
+        checked by a second validator of the model in which every field check
+        but the timestamps' is a pydantic-core constraint (about twice as
+        fast); whatever it refuses goes through :meth:`model_validate_json`,
+        which decides and names the problem.
         """
         validator = _STORED_VALIDATORS.get(cls)
         if validator is not None and len(text) < MAX_JSON_NODES:
