@@ -6,7 +6,7 @@ import asyncpg  # type: ignore[import-untyped]
 import pytest
 from pai_storage_postgres import PostgresThreadStore
 
-from pai_storage import StoreWarning, ThreadStoreInvariantError
+from pai_storage import Message, StoreWarning, ThreadStoreInvariantError
 from pai_storage import builders as b
 
 from .helpers import URL
@@ -56,3 +56,54 @@ async def test_commit_to_a_corrupt_root_is_an_invariant_error(
         # Nothing was applied: the stored row is untouched.
         revision = await pg_conn.fetchval(f'SELECT revision FROM "{pg_schema}".pai_threads')
         assert revision == 1
+
+
+# Edits of one stored message's JSON text (SQL replace on the doc), each of
+# which makes the record invalid: a read of a page holding it must raise the
+# error full validation gives, never return a coerced record.
+CORRUPTIONS = {
+    "NaN in metadata": ('"n":1,', '"n":NaN,'),
+    "negative zero in metadata": ('"n":1,', '"n":-0.0,'),
+    "integer beyond int64": ('"n":1,', '"n":9223372036854775808,'),
+    "escaped lone surrogate": ('"text":"hello"', '"text":"\\ud800"'),
+    "empty message id": ('"messageId":"m2"', '"messageId":""'),
+    "unknown field": ('"status":"complete"', '"status":"complete","extra":1'),
+    "timestamp without offset": ('Z"', '"'),
+}
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("corruption", CORRUPTIONS.values(), ids=CORRUPTIONS.keys())
+async def test_a_page_holding_an_invalid_message_is_rejected(
+    pg_schema: str, pg_conn: asyncpg.Connection, corruption: tuple[str, str]
+) -> None:
+    async with PostgresThreadStore(URL, schema=pg_schema) as store:
+        messages = [
+            b.insert(b.message(f"m{i}", "hello", metadata={"n": 1, "secret": "personal"}))
+            for i in range(1, 4)
+        ]
+        await store.commit_thread(b.create("s", "t", changes={"messages": messages}))
+        old, new = corruption
+        table = f'"{pg_schema}".pai_threads_messages'
+        before = await pg_conn.fetchval(f"SELECT doc FROM {table} WHERE message_id = $1", b"m2")
+        assert old in before
+        await pg_conn.execute(
+            f"UPDATE {table} SET doc = replace(doc, $1, $2) WHERE message_id = $3",
+            old,
+            new,
+            b"m2",
+        )
+        stored = await pg_conn.fetchval(f"SELECT doc FROM {table} WHERE message_id = $1", b"m2")
+        with pytest.raises(ThreadStoreInvariantError) as expected:
+            Message.model_validate_json(stored)
+        page = {"type": "page", "view": "raw", "order": "oldest", "page": {"limit": 10}}
+        with pytest.raises(ThreadStoreInvariantError) as caught:
+            await store.read_thread(b.read("s", "t", messages=page))
+        assert type(caught.value) is type(expected.value)
+        assert str(caught.value) == str(expected.value)
+        assert "personal" not in str(caught.value)
+        # The rows beside it still read.
+        others = {"type": "ids", "messageIds": ["m1", "m3"]}
+        result = await store.read_thread(b.read("s", "t", messages=others))
+        assert result.messages is not None
+        assert [m.message_id for m in result.messages.items] == ["m1", "m3"]
