@@ -272,6 +272,10 @@ async def bench_append(
             await t.build(size)
             kinds[kind] = (t, t.append if kind == "store" else RawAppender(client, store, t).append)
         samples: dict[str, list[float]] = {"store": [], "floor": []}
+        for t, op in kinds.values():  # warm-up, untimed
+            await t.open_turn()
+            await timed(op, 10)
+            await t.close_turn()
         for batch in range(0, reps, 10):
             for t, _ in kinds.values():
                 await t.open_turn()  # untimed: a new turn every 10 appends

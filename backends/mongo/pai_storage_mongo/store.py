@@ -385,6 +385,7 @@ class MongoThreadStore(ThreadStore):
         self._snapshot_reads = False
         self._first_pages_with_root = True
         self._roots: _RootCache = _RootCache()
+        self._collections: dict[tuple[str, str], Any] = {}
 
     def __repr__(self) -> str:
         return (
@@ -416,20 +417,25 @@ class MongoThreadStore(ThreadStore):
         Reads of commits and of ``read_thread`` go to the primary, whatever the
         URL's read preference.
         """
-        return self.database.get_collection(
-            self.collection_names()[collection], read_preference=ReadPreference.PRIMARY
-        )
+        key = (collection, "dict")
+        found = self._collections.get(key)
+        if found is None:
+            found = self._collections[key] = self.database.get_collection(
+                self.collection_names()[collection], read_preference=ReadPreference.PRIMARY
+            )
+        return cast("AsyncCollection[Doc]", found)
 
     def _raw(self, collection: str, *, primary: bool = True) -> AsyncCollection[RawBSONDocument]:
         """A collection whose results stay raw BSON (whole documents; see ``documents``)."""
-        return cast(
-            "AsyncCollection[RawBSONDocument]",
-            self.database.get_collection(
+        key = (collection, "raw" if primary else "raw, any member")
+        found = self._collections.get(key)
+        if found is None:
+            found = self._collections[key] = self.database.get_collection(
                 self.collection_names()[collection],
                 codec_options=RAW_CODEC_OPTIONS,
                 read_preference=ReadPreference.PRIMARY if primary else None,
-            ),
-        )
+            )
+        return cast("AsyncCollection[RawBSONDocument]", found)
 
     def _session(self) -> AsyncClientSession:
         if self._client is None:
@@ -514,6 +520,7 @@ class MongoThreadStore(ThreadStore):
             raise
         self._client = client
         self._db = client.get_database(self.db_name, codec_options=CODEC_OPTIONS)
+        self._collections.clear()
 
     async def _prepare(self, client: AsyncMongoClient[Doc]) -> None:
         hello = await client.admin.command("hello")
@@ -598,6 +605,7 @@ class MongoThreadStore(ThreadStore):
 
     async def _close(self) -> None:
         self._client, self._db = None, None
+        self._collections.clear()
         self._roots.clear()
         await self._holder.release()
 
@@ -961,7 +969,7 @@ class _MongoCommit(CommitTransaction):
         self._held_at: datetime | None = None
         self._root_id: Any = None
         self._previous_facts: RootFacts | None = None
-        self._stamped: tuple[RawBSONDocument, ThreadRecord, dict[FamilyName, int]] | None = None
+        self._stamped: RawBSONDocument | None = None
         self._facts: RootFacts | None = None
         self._root: tuple[ThreadRecord, Mapping[FamilyName, int]] | None = None
         self._stored: RawBSONDocument | None = None
@@ -1114,12 +1122,16 @@ class _MongoCommit(CommitTransaction):
         )
         if stamped is None:  # the stored root is not the one this store knew
             return None
-        doc = decode_or_invalid(stamped, "thread")
-        record, next_positions = parse_root(doc)
-        self._held_at = record.updated_at
-        self._root_id = doc.get("_id")
+        try:
+            written = stamped["updatedAt"]
+        except (BSONError, ValueError, KeyError):  # pragma: no cover - the stamp wrote it
+            written = None
+        if not isinstance(written, datetime):  # pragma: no cover - $max of two dates
+            raise ThreadStoreInvariantError("invalid stored thread: malformed updatedAt")
+        self._held_at = written if written.tzinfo else written.replace(tzinfo=UTC)
+        self._root_id = cached.raw["_id"]
         self._previous_facts = cached.facts
-        self._stamped = (stamped, record, next_positions)
+        self._stamped = stamped
         self._facts = facts
         return HeldThread(previous, cached.next_positions)
 
@@ -1150,8 +1162,9 @@ class _MongoCommit(CommitTransaction):
     ) -> None:
         """Check a root stamped in the hold; otherwise keep it for after the relationship check."""
         if self._stamped is not None:
-            _, stamped, counters = self._stamped
-            if stamped != root or counters != dict(next_positions):
+            # The stamped document is exactly this root's, or the stamp was wrong.
+            expected = {"_id": self._root_id, **root_document(root, next_positions, self._facts)}
+            if bson.encode(expected) != self._stamped.raw:
                 raise _Mispredicted()
         self._root = (root, next_positions)
 
@@ -1282,7 +1295,7 @@ class _MongoCommit(CommitTransaction):
         if self._stamped is not None:
             if facts != self._facts:
                 raise _Mispredicted()
-            self._stored = self._stamped[0]
+            self._stored = self._stamped
             return
         document = root_document(root, next_positions, facts)
         await self._store._col("threads").replace_one(self._key, document, session=self._session)
