@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -139,3 +140,16 @@ async def test_memory_database(tmp_path: object) -> None:
         assert isinstance(created, CommittedResult)
         read = await store.read_thread(b.read("s", "t"))
         assert read.thread is not None
+
+
+async def test_unopenable_sqlite_files_are_configuration_errors(tmp_path: Path) -> None:
+    missing = SqlThreadStore(f"sqlite:///{tmp_path}/no/such/dir/pai.db")
+    with pytest.raises(ThreadStoreConfigurationError, match="unable to open"):
+        await missing.read_thread(b.read("s", "t"))
+    await missing.close()
+    not_sqlite = tmp_path / "notes.txt"
+    not_sqlite.write_text("not a database " * 100)
+    wrong = SqlThreadStore(f"sqlite:///{not_sqlite}")
+    with pytest.raises(ThreadStoreConfigurationError, match="not a database"):
+        await wrong.read_thread(b.read("s", "t"))
+    await wrong.close()
