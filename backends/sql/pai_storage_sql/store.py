@@ -68,6 +68,7 @@ from pai_storage.backend import (
     FamilyName,
     FamilySpec,
     FamilyWrite,
+    ForkPlan,
     HeldThread,
     ListPlan,
     MessageRef,
@@ -78,6 +79,7 @@ from pai_storage.backend import (
     RelationshipReader,
     RunFacts,
     RunRef,
+    SourceChanged,
     ThreadAggregate,
     ThreadConflict,
     ThreadHead,
@@ -550,6 +552,53 @@ class SqlThreadStore(ThreadStore):
         except ThreadConflict as conflict:
             return conflict.current
         return None
+
+    async def _fork_copy(self, plan: ForkPlan) -> ThreadRecord:
+        """The fork in one write transaction; the copied rows never leave the database.
+
+        The source root is held (``FOR UPDATE`` on MySQL; SQLite's write
+        transaction holds the database), the fork's root inserted, then one
+        ``INSERT ... SELECT`` per family copies the rows the plan keeps.
+        """
+        return await self._client.retrying(lambda: self._fork_once(plan))
+
+    async def _fork_once(self, plan: ForkPlan) -> ThreadRecord:
+        async with self._client.write() as conn:
+            source = _Transaction(conn, self, plan.scope_key, plan.source_thread_id)
+            held = await source.hold()
+            if held.root is None or held.root.version != plan.source_version:
+                raise SourceChanged
+            now = None if plan.test_now is not None else await self._client.server_time(conn)
+            root = plan.root(now)
+            fork = _Transaction(conn, self, plan.scope_key, plan.thread_id, _RESTORE)
+            await fork.hold()
+            await fork.write_root(root, held.next_positions, created=True)
+            dropped = [digest(i) for i in sorted(plan.dropped_run_ids)]
+            m, r = self.tables.messages, self.tables.runs
+            keep_messages: list[Any] = [m.c.tkey == source.key]
+            if plan.through_message_id is not None:
+                cut = (
+                    await conn.execute(
+                        select(m.c.position).where(
+                            m.c.tkey == source.key, m.c.id_h == digest(plan.through_message_id)
+                        )
+                    )
+                ).scalar()
+                if cut is None:  # the plan was made from this very version
+                    raise SourceChanged
+                keep_messages.append(m.c.position <= int(cut))
+            keep_runs: list[Any] = [r.c.tkey == source.key]
+            if dropped:
+                keep_messages.append(or_(m.c.run_h.is_(None), m.c.run_h.not_in(dropped)))
+                keep_runs.append(r.c.id_h.not_in(dropped))
+            for table, keep in ((m, keep_messages), (r, keep_runs)):
+                names = [c.name for c in table.columns if c.name != "tkey"]
+                rows = select(
+                    literal(fork.key, type_=table.c.tkey.type).label("tkey"),
+                    *(table.c[n] for n in names),
+                ).where(*keep)
+                await conn.execute(insert(table).from_select(["tkey", *names], rows))
+            return root
 
     # ------------------------------------------------------------ commits
 
