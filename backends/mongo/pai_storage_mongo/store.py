@@ -3,8 +3,16 @@
 The judgement of every commit and read is the core's (:func:`run_commit`,
 :func:`run_read`, ``docs/commits.md``); this module supplies its primitives
 over MongoDB — a :class:`_MongoCommit` inside one multi-document transaction
-and a :class:`_MongoSnapshot` inside one read-only snapshot transaction — plus
-the collections, indexes, sessions, retries and error mapping.
+and a :class:`_MongoSnapshot` inside one snapshot (a snapshot session on
+MongoDB 5.0+, else a read-only snapshot transaction) — plus the collections,
+indexes, sessions, retries and error mapping. The store runs on a
+:class:`~pai_storage_mongo.client.MongoClientHolder`, its own or the one
+``connect()`` shares among every store it opens.
+
+Round trips are what a commit or read costs here, so the common ones are few:
+an append is three commands (a hold that writes the final root, the insert,
+the commit; see :meth:`_MongoCommit.hold`), and a read of a thread with the
+first page of a family is one aggregation (:class:`_MongoSnapshot`).
 """
 
 from __future__ import annotations
@@ -943,10 +951,10 @@ class _MongoCommit(CommitTransaction):
 
     The root is written once per commit, with the thread's relationship
     facts (``_facts``, see :class:`~pai_storage_mongo.documents.RootFacts`):
-    after the relationship check for most commits, but in the hold itself
-    when the store knows the stored root and the commit only appends
-    messages (see :meth:`hold`), which makes an append three round trips:
-    the hold, the insert and the commit.
+    after the relationship check, or in the hold itself when the store knows
+    the stored root and the commit's facts follow from its writes (it inserts
+    messages and inserts or replaces runs; see :meth:`hold`). That makes an
+    append three round trips: the hold, the insert and the commit.
     """
 
     def __init__(
@@ -989,13 +997,14 @@ class _MongoCommit(CommitTransaction):
         """Write the root first, so the transaction holds the thread against others.
 
         When the store knows the stored root at the expected version and the
-        commit only appends messages, the hold writes the final root at once:
+        commit's facts follow from its writes (:func:`_facts_follow`), the
+        hold writes the final root at once:
         one ``findAndModify`` filtered on the whole known document, whose
         update pipeline replaces it with the root the commit will produce —
         the commit time is ``$$NOW`` (never before the last commit) and the
         lease times follow from it on the server — and returns it. The
         pipeline then judges the commit from the known root, and
-        :meth:`write_root` checks that it produced exactly what was stamped
+        :meth:`write_root` checks that it produced exactly the stamped bytes
         (anything else is rolled back and judged again without stamping).
 
         Otherwise an update or delete marks the stored root (``_heldAt:
