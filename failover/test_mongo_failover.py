@@ -152,13 +152,6 @@ async def test_mongo_failover(replica_set: ReplicaSet, scenario: str) -> None:
         await load.setup()
         await load.run(fault, heal=heal)
         await load.verify(report)
-        # A lock release the driver retried answers "not held" for the lock it released:
-        # reproduced deterministically (strict xfail) by failover/test_mongo_outcomes.py;
-        # listed in the report, not judged here.
-        report.set_aside(
-            lambda entry: "release answered False (not held) for a lock held" in entry,
-            "test_guard_release_retried_after_a_lost_reply_reports_the_release",
-        )
         # The same store objects, never reopened, work against the current primary.
         await commit_once_more(stores, load.thread_ids[0])
     await asyncio.to_thread(replica_set.wait_healthy)

@@ -15,7 +15,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from typing import Any
 
 import pytest
@@ -34,6 +34,7 @@ from pai_storage import (
     OutcomeUnknownError,
     open_guard,
     open_kv_store,
+    open_snapshot_store,
 )
 
 pytestmark = pytest.mark.asyncio
@@ -105,43 +106,75 @@ async def test_kv_write_concern_error_is_retried_or_unknown(
         assert result.version == stored.version
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the MongoDB guard's release asks findAndModify for a computed 'live' field; "
-    "a retried findAndModify is answered with the recorded document without it, so a "
-    "release the driver retried reports False (not held) although it deleted the lock",
-)
-async def test_guard_release_retried_after_a_lost_reply_reports_the_release(
-    test_mongod: MongodProcess,
-) -> None:
+async def _through_a_lost_reply(
+    proxy: FaultProxy, marker: bytes, write: Awaitable[bool]
+) -> bool | None:
+    """``write``'s command (the first one containing ``marker``) reaches the server, its
+    reply is lost and the connection cut; connections are let through again at once so
+    the driver's retry gets an answer. ``None``: ``OutcomeUnknownError`` (also truthful)."""
+    proxy.cut_on(marker, forward=True)
+
+    async def reopen() -> None:
+        await proxy.triggered.wait()
+        # The cut comes with the server's (swallowed) reply; the proxy has no event for it.
+        while not proxy.refusing:  # noqa: ASYNC110
+            await asyncio.sleep(0.001)
+        proxy.restore()
+
+    reopened = asyncio.create_task(reopen())
+    try:
+        answer: bool | None = await write
+    except OutcomeUnknownError:
+        answer = None
+    await reopened
+    assert proxy.triggered.is_set()
+    return answer
+
+
+@pytest_asyncio.fixture
+async def proxy(test_mongod: MongodProcess) -> AsyncIterator[FaultProxy]:
     proxy = FaultProxy(test_mongod.port)
     await proxy.start()
-    guard = open_guard(
-        f"mongodb://127.0.0.1:{proxy.port}/?directConnection=true", db_name="failover_outcomes"
-    )
+    try:
+        yield proxy
+    finally:
+        await proxy.stop()
+
+
+def _proxied(proxy: FaultProxy) -> str:
+    return f"mongodb://127.0.0.1:{proxy.port}/?directConnection=true"
+
+
+async def test_guard_release_retried_after_a_lost_reply_reports_the_release(
+    proxy: FaultProxy,
+) -> None:
+    """A retried write is answered from the server's record of the first attempt (for a
+    findAndModify: the whole document, its projection not applied); the release must not
+    depend on anything but that record."""
+    guard = open_guard(_proxied(proxy), db_name="failover_outcomes")
     try:
         lock = await guard.try_acquire("resource", owner="me")
         assert lock is not None
-        # The server deletes the lock; its reply is lost; the connection is cut. Let the
-        # driver's retry through at once.
-        proxy.cut_on(b"findAndModify\x00", forward=True)
-
-        async def reopen() -> None:
-            await proxy.triggered.wait()
-            # The cut comes with the server's (swallowed) reply; the proxy has no event for it.
-            while not proxy.refusing:  # noqa: ASYNC110
-                await asyncio.sleep(0.001)
-            proxy.restore()
-
-        reopened = asyncio.create_task(reopen())
-        try:
-            released = await lock.release()
-        except OutcomeUnknownError:
-            released = None  # also truthful: the caller re-reads
-        await reopened
-        assert proxy.triggered.is_set()
+        released = await _through_a_lost_reply(proxy, lock.token.encode(), lock.release())
         assert await guard.inspect("resource") is None  # the first attempt deleted it
         assert released is not False, "release said 'not held' about a lock it released"
+        assert await lock.release() is False  # released once
     finally:
         await guard.close()
-        await proxy.stop()
+
+
+async def test_snapshot_delete_retried_after_a_lost_reply_reports_the_delete(
+    proxy: FaultProxy,
+) -> None:
+    snapshots = open_snapshot_store(_proxied(proxy), db_name="failover_outcomes")
+    try:
+        assert snapshots.snapshot_ttl is not None  # a delete that judges liveness
+        await snapshots.put("scope", "lost-reply", b"data")
+        deleted = await _through_a_lost_reply(
+            proxy, b"lost-reply", snapshots.delete("scope", "lost-reply")
+        )
+        assert await snapshots.get("scope", "lost-reply") is None
+        assert deleted is not False, "delete said 'absent' about a snapshot it deleted"
+        assert await snapshots.delete("scope", "lost-reply") is False  # deleted once
+    finally:
+        await snapshots.close()

@@ -31,7 +31,14 @@ from pai_storage_mongo.snapshots import MongoSnapshotStore
 from pai_storage_mongo.state import MongoAgentStateStore
 from pymongo import AsyncMongoClient, MongoClient, monitoring
 
-from pai_storage import InvalidInputError, Item, ManualClock, OutcomeUnknownError, StorageError
+from pai_storage import (
+    InvalidInputError,
+    Item,
+    KVConflict,
+    ManualClock,
+    OutcomeUnknownError,
+    StorageError,
+)
 
 pytestmark = pytest.mark.asyncio
 
@@ -221,7 +228,9 @@ async def _kv_put_if_version(s: Stores, url: str) -> Check:
     first = await s.kv.put(("ns",), "key", {"n": 1})
     _fail_next(url, "findAndModify")
     try:
-        result: Item | None = await s.kv.put_if_version(("ns",), "key", {"n": 2}, first.version)
+        result: Item | KVConflict | None = await s.kv.put_if_version(
+            ("ns",), "key", {"n": 2}, first.version
+        )
     except OutcomeUnknownError:
         result = None
 
@@ -326,14 +335,122 @@ async def _snapshot_put(s: Stores, url: str) -> Check:
     return check
 
 
+async def _kv_refresh_ttl(s: Stores, url: str) -> Check:
+    put = await s.kv.put(("ns",), "key", "one", ttl=timedelta(hours=1))
+    _fail_next(url, "findAndModify")
+    try:
+        result: Item | None = await s.kv.get(("ns",), "key", refresh_ttl=True)
+    except OutcomeUnknownError:
+        result = None
+
+    async def check(s: Stores) -> None:
+        stored = await s.kv.get(("ns",), "key")
+        assert isinstance(stored, Item)
+        assert stored.expires_at is not None
+        assert put.expires_at is not None
+        assert stored.expires_at >= put.expires_at  # refreshed (or at least not lost)
+        assert (stored.value, stored.version) == ("one", 1)
+        if result is not None:
+            assert (result.value, result.version) == ("one", 1)
+            assert result.expires_at == stored.expires_at
+
+    return check
+
+
+async def _state_save(s: Stores, url: str) -> Check:
+    await s.state.save("u", "s", "key", "one")
+    _fail_next(url, "findAndModify")
+    try:
+        result: int | None = await s.state.save("u", "s", "key", "two")
+    except OutcomeUnknownError:
+        result = None
+
+    async def check(s: Stores) -> None:
+        stored = await s.state.get_versioned("u", "s", "key")
+        assert stored is not None
+        assert (stored.value, stored.version) == ("two", 2)  # applied once
+        if result is not None:
+            assert result == 2
+
+    return check
+
+
+async def _guard_renew(s: Stores, url: str) -> Check:
+    lock = await s.guard.try_acquire("resource", owner="me", lease_ttl=timedelta(seconds=30))
+    assert lock is not None
+    before = lock.expires_at
+    _fail_next(url, "findAndModify")
+    try:
+        renewed: bool | None = await lock.renew()
+    except OutcomeUnknownError:
+        renewed = None
+    assert renewed is not False, "a renewal the server applied answered 'not held'"
+
+    async def check(s: Stores) -> None:
+        info = await s.guard.inspect("resource")
+        assert info is not None
+        assert info.owner == "me"
+        assert info.expires_at > before  # renewed
+        if renewed:
+            assert lock.expires_at == info.expires_at
+
+    return check
+
+
+async def _guard_release(s: Stores, url: str) -> Check:
+    lock = await s.guard.try_acquire("resource", owner="me")
+    assert lock is not None
+    _fail_next(url, "delete")
+    try:
+        released: bool | None = await lock.release()
+    except OutcomeUnknownError:
+        released = None
+    # The server deleted the live lock: "not held" would be a lie.
+    assert released is not False, "a release the server applied answered 'not held'"
+
+    async def check(s: Stores) -> None:
+        assert await s.guard.inspect("resource") is None
+        assert await s.guard.collection.count_documents({"_id": "resource"}) == 0
+        # Released once: the same acquisition is not held any more.
+        assert await s.guard._release("resource", lock.token) is False
+
+    return check
+
+
+async def _snapshot_delete(s: Stores, url: str) -> Check:
+    assert s.snapshots.snapshot_ttl is not None  # the path that judges liveness
+    await s.snapshots.put("scope", "one", b"data")
+    _fail_next(url, "delete")
+    try:
+        deleted: bool | None = await s.snapshots.delete("scope", "one")
+    except OutcomeUnknownError:
+        deleted = None
+    # The server deleted the live snapshot: "absent" would be a lie.
+    assert deleted is not False, "a delete the server applied answered 'absent'"
+
+    async def check(s: Stores) -> None:
+        assert await s.snapshots.get("scope", "one") is None
+        assert await s.snapshots.collection.count_documents({}) == 0
+        assert await s.snapshots.delete("scope", "one") is False  # deleted once
+
+    return check
+
+
 OPERATIONS: dict[str, Callable[[Stores, str], Awaitable[Check]]] = {
     "kv.put_if_version": _kv_put_if_version,
     "kv.put": _kv_put,
+    "kv.get_refresh_ttl": _kv_refresh_ttl,
     "guard.try_acquire": _guard_try_acquire,
+    "guard.renew": _guard_renew,
+    "guard.release": _guard_release,
     "state.save_if_version": _state_save_if_version,
+    "state.save": _state_save,
     "state.append_list": _state_append_list,
     "snapshots.put": _snapshot_put,
+    "snapshots.delete": _snapshot_delete,
 }
+RETRIED = {"state.append_list": "update", "guard.release": "delete", "snapshots.delete": "delete"}
+"""The command each operation's fail point hits (``findAndModify`` unless named here)."""
 
 
 @pytest.mark.parametrize("operation", list(OPERATIONS))
@@ -359,10 +476,89 @@ async def test_a_write_concern_error_is_retried_by_the_driver(
     url = test_mongod.url + "&heartbeatFrequencyMS=500"
     async with stores(url) as s:
         check = await OPERATIONS[operation](s, url)
-        name = "update" if operation == "state.append_list" else "findAndModify"
+        name = RETRIED.get(operation, "findAndModify")
         numbers = [command.get("txnNumber") for command in s.recorder.sent(name)]
         assert any(n is not None and numbers.count(n) == 2 for n in numbers), "no retry"
         await check(s)
+
+
+def _one_retried(commands: list[dict[str, Any]]) -> None:
+    """Exactly one command, sent twice (the driver's retry: the same transaction number)."""
+    numbers = [command.get("txnNumber") for command in commands]
+    assert len(numbers) == 2, commands
+    assert numbers[0] is not None
+    assert numbers[0] == numbers[1], commands
+
+
+async def test_a_release_the_driver_retried_answers_released_once(
+    test_mongod: MongodProcess,
+) -> None:
+    """The retry is answered from the server's record of the first attempt, which
+    deleted the live lock: the release is reported, once, and the lock is gone."""
+    url = test_mongod.url + "&heartbeatFrequencyMS=500"
+    async with stores(url) as s:
+        lock = await s.guard.try_acquire("resource", owner="me")
+        assert lock is not None
+        s.recorder.commands.clear()
+        _fail_next(url, "delete")
+        assert await lock.release() is True
+        _one_retried(s.recorder.sent("delete"))
+        assert await lock.release() is False
+        assert await s.guard._release("resource", lock.token) is False
+        assert await s.guard.inspect("resource") is None
+        assert await s.guard.collection.count_documents({"_id": "resource"}) == 0
+        again = await s.guard.try_acquire("resource", owner="next")
+        assert again is not None  # free
+        assert again.fencing_token > lock.fencing_token
+        assert await again.release() is True
+
+
+async def test_a_snapshot_delete_the_driver_retried_answers_deleted_once(
+    test_mongod: MongodProcess,
+) -> None:
+    url = test_mongod.url + "&heartbeatFrequencyMS=500"
+    async with stores(url) as s:
+        assert s.snapshots.snapshot_ttl is not None
+        await s.snapshots.put("scope", "one", b"data")
+        await s.snapshots.put("scope", "two", b"kept")
+        s.recorder.commands.clear()
+        _fail_next(url, "delete")
+        assert await s.snapshots.delete("scope", "one") is True
+        _one_retried(s.recorder.sent("delete"))
+        assert await s.snapshots.delete("scope", "one") is False
+        assert await s.snapshots.get("scope", "one") is None
+        kept = await s.snapshots.get("scope", "two")
+        assert kept is not None
+        assert kept.data == b"kept"
+        assert await s.snapshots.collection.count_documents({}) == 1
+
+
+async def test_an_expired_lock_or_snapshot_is_deleted_and_answers_false(
+    test_mongod: MongodProcess,
+) -> None:
+    """Not live: ``False``, and the leftover document goes (only ours: a newer
+    holder's lock, a snapshot put again, stay)."""
+    clock = ManualClock()
+    async with stores(test_mongod.url, clock) as s:
+        lock = await s.guard.try_acquire("resource", owner="me", lease_ttl=timedelta(seconds=5))
+        other = await s.guard.try_acquire("other", owner="me", lease_ttl=timedelta(seconds=5))
+        assert lock is not None
+        assert other is not None
+        clock.advance(timedelta(seconds=6))
+        newer = await s.guard.try_acquire("other", owner="next", lease_ttl=timedelta(hours=1))
+        assert newer is not None
+        assert await lock.release() is False
+        assert await s.guard.collection.count_documents({"_id": "resource"}) == 0
+        assert await other.release() is False
+        info = await s.guard.inspect("other")
+        assert info is not None
+        assert info.owner == "next"  # the expired holder's release left it alone
+        ttl = s.snapshots.snapshot_ttl
+        assert ttl is not None
+        await s.snapshots.put("scope", "old", b"old")
+        clock.advance(ttl + timedelta(seconds=1))
+        assert await s.snapshots.delete("scope", "old") is False
+        assert await s.snapshots.collection.count_documents({}) == 0
 
 
 async def test_an_unconfirmed_write_never_says_nothing_was_applied(

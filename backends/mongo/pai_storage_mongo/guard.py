@@ -25,7 +25,11 @@ Every primitive is judged on the server's clock (``$$NOW``) or the test clock:
   stamps it on its own lock, matched by token. Drawn
   while the lock is held, a fencing token is always greater than that of
   every earlier holder of the resource, whatever expired or was deleted.
-- renew and release: an update or delete matched by ``_id`` and token.
+- renew and release: an update or delete matched by ``_id``, token and an
+  unexpired lease. Release is a plain delete whose count is the answer (an
+  expired lock of ours is deleted by a second one and answers ``False``): a
+  delete the driver retried after a lost reply is answered from the server's
+  record of the first attempt, so the count holds whichever attempt applied.
 
 See ``docs/mongodb.md``.
 """
@@ -257,14 +261,17 @@ class MongoExecutionGuard(ExecutionGuard):
         return None if doc is None else _date(doc.get("expiresAt"))
 
     async def _release(self, resource: str, token: str) -> bool:
-        live = {"$gt": ["$expiresAt", self._now()]}
+        # Liveness is in the filter, never in the answer: a write the driver
+        # retries is answered from the server's record of the first attempt
+        # (for a delete, the count it deleted), whatever that reply computed.
         with guarded(self._holder, "write"):
-            doc = decoded(
-                await self._modify.find_one_and_delete(
-                    {"_id": resource, "token": token}, projection={"_id": 0, "live": live}
-                )
-            )
-        return doc is not None and doc.get("live") is True
+            live = await self.collection.delete_one({**self.live_filter(resource), "token": token})
+            if live.deleted_count:
+                return True
+            # Not live: an expired lock of ours may be left (the token keeps a
+            # newer holder's lock out of reach).
+            await self.collection.delete_one({"_id": resource, "token": token})
+        return False
 
     async def _inspect(self, resource: str) -> LockInfo | None:
         doc = await self._read_lock(resource)

@@ -115,6 +115,11 @@ def decoded(doc: Doc | None) -> Doc | None:
     type decoder touches (strings, dates, ...) are kept as they are, so a large
     value is not copied; the others are encoded and decoded again. Run it
     inside the operation's :func:`guarded` block.
+
+    A ``findAndModify`` the driver retried is answered with the server's record
+    of the first attempt: the whole document, the projection not applied. So
+    read only stored fields from the result, never a field the projection
+    computes (extra fields are ignored).
     """
     if doc is None:
         return None

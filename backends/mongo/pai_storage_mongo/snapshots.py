@@ -83,11 +83,12 @@ def indexes(snapshot_ttl: timedelta | None) -> list[IndexModel]:
 class MongoSnapshotStore(SnapshotStore):
     """Snapshots in a MongoDB collection, sharing the client of a ``connect()`` call.
 
-    Every operation is one command judged on the server's clock (``$$NOW``,
-    or the test ``clock``): ``put`` is one upserting ``findAndModify`` whose
-    pipeline stamps ``createdAt``; reads filter out expired snapshots
-    themselves. Snapshots over :data:`MAX_SNAPSHOT_BYTES` (15 MiB) are refused
-    before anything is sent.
+    Every operation is judged on the server's clock (``$$NOW``, or the test
+    ``clock``): ``put`` is one upserting ``findAndModify`` whose pipeline
+    stamps ``createdAt``; reads filter out expired snapshots themselves, and
+    so does ``delete`` (one more delete removes an expired leftover).
+    Snapshots over :data:`MAX_SNAPSHOT_BYTES` (15 MiB) are refused before
+    anything is sent.
 
     Parameters
     ----------
@@ -182,6 +183,14 @@ class MongoSnapshotStore(SnapshotStore):
             return {"createdAt": {"$gt": now - timedelta(milliseconds=self._ttl_ms)}}
         return {"$expr": {"$gt": ["$createdAt", {"$subtract": ["$$NOW", self._ttl_ms]}]}}
 
+    def _expired_filter(self) -> Doc:
+        """The filter clause that keeps expired snapshots only (with a ``snapshot_ttl``)."""
+        assert self._ttl_ms is not None
+        now = self.now()
+        if now is not None:
+            return {"createdAt": {"$lte": now - timedelta(milliseconds=self._ttl_ms)}}
+        return {"$expr": {"$lte": ["$createdAt", {"$subtract": ["$$NOW", self._ttl_ms]}]}}
+
     def list_query(self, scope: str, after: tuple[datetime, str] | None) -> Doc:
         """The filter of ``list`` (and ``latest`` with no ``after``); EXPLAIN tests use it."""
         query: Doc = {"_id.scope": scope, **self.live_filter()}
@@ -270,26 +279,21 @@ class MongoSnapshotStore(SnapshotStore):
             with guarded(self._holder, "write"):
                 result = await self.collection.delete_one({"_id": key})
             return result.deleted_count == 1
-        # One command deletes it and says whether it was still live (on $$NOW).
-        live = {"$gt": ["$createdAt", {"$subtract": [self._now(), self._ttl_ms]}]}
+        # Liveness is in the filter, never in the answer: a delete the driver
+        # retries is answered from the server's record of the first attempt.
         with guarded(self._holder, "write"):
-            deleted = decoded(
-                await self._modify.find_one_and_delete(
-                    {"_id": key}, projection={"_id": 0, "live": live}
-                )
-            )
-        return deleted is not None and deleted.get("live") is True
+            live = await self.collection.delete_one({"_id": key, **self.live_filter()})
+            if live.deleted_count:
+                return True
+            # Not live: an expired leftover goes too (never one put since: it is live).
+            await self.collection.delete_one({"_id": key, **self._expired_filter()})
+        return False
 
     async def _purge_expired(self) -> int:
         if self._ttl_ms is None:
             return 0
-        now = self.now()
-        if now is not None:
-            query: Doc = {"createdAt": {"$lte": now - timedelta(milliseconds=self._ttl_ms)}}
-        else:
-            query = {"$expr": {"$lte": ["$createdAt", {"$subtract": ["$$NOW", self._ttl_ms]}]}}
         with guarded(self._holder, "write"):
-            result = await self.collection.delete_many(query)
+            result = await self.collection.delete_many(self._expired_filter())
         return int(result.deleted_count)
 
     # ------------------------------------------------------------ documents
