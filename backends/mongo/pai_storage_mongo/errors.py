@@ -24,6 +24,7 @@ __all__ = [
     "check_url_options",
     "duplicate_key",
     "is_duplicate_key",
+    "is_retryable_read",
     "is_snapshot_unavailable",
     "is_transient",
     "is_unknown_commit",
@@ -56,6 +57,17 @@ def is_snapshot_unavailable(exc: BaseException) -> bool:
     """A snapshot read the server cannot serve yet (a collection created just now) or
     any more (history gone); a new snapshot may be tried."""
     return isinstance(exc, pm.OperationFailure) and exc.code in (239, 246)
+
+
+def is_retryable_read(exc: BaseException) -> bool:
+    """A read outside a transaction that may be tried again whole: a snapshot the
+    server cannot serve, a lost connection or a primary that stepped down (inside a
+    transaction these carry the ``TransientTransactionError`` label instead)."""
+    if isinstance(exc, pm.ServerSelectionTimeoutError):
+        return False  # no server to try again against
+    return is_snapshot_unavailable(exc) or isinstance(
+        exc, pm.ConnectionFailure | pm.NotPrimaryError
+    )
 
 
 def is_unknown_commit(exc: BaseException) -> bool:

@@ -120,7 +120,7 @@ from .errors import (
     Phase,
     duplicate_key,
     is_duplicate_key,
-    is_snapshot_unavailable,
+    is_retryable_read,
     is_transient,
     is_unknown_commit,
     is_write_conflict,
@@ -476,7 +476,7 @@ class MongoThreadStore(ThreadStore):
                 retryable = (
                     is_transient(exc)
                     or (phase == "write" and is_write_conflict(exc))
-                    or (phase == "read" and is_snapshot_unavailable(exc))
+                    or (phase == "read" and is_retryable_read(exc))
                 )
                 if isinstance(exc, ServerSelectionTimeoutError) or not retryable:
                     # No server to retry against: report it now (fast), not after the bound.
