@@ -61,6 +61,7 @@ from pai_storage import (
 )
 from pai_storage.backend import (
     FAMILIES,
+    LIFECYCLE,
     ChildPagePlan,
     CommitTransaction,
     Entry,
@@ -160,7 +161,7 @@ class SqlThreadStore(ThreadStore):
     # The lifecycle primitives below are implemented and tested
     # (tests/sql/test_lifecycle.py); the capability is declared once the shared
     # prune-race test stamps its racing commits past the sweep's cutoff.
-    capabilities: ClassVar[frozenset[str]] = frozenset()
+    capabilities: ClassVar[frozenset[str]] = frozenset({LIFECYCLE})
 
     def __init__(
         self,

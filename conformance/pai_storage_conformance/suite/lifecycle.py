@@ -598,6 +598,7 @@ class LifecycleTests:
         clock.set(_OLD)
         roots = [await _commit(store, b.create(scope, f"t{i}")) for i in range(20)]
         cutoff = clock() + timedelta(milliseconds=1)
+        clock.advance(ms=2)  # a commit that lands first makes its thread newer than the cutoff
 
         async def touch(root: ThreadRecord) -> bool:
             result = await store.commit_thread(
