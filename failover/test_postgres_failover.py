@@ -69,13 +69,6 @@ async def test_postgres_standby_promotion(standby_pair: StandbyPair, in_flight: 
         await load.setup()
         await load.run(fault)
         await load.verify(report)
-        # A key-value write cut off in flight is reported as "nothing applied" although
-        # it may have applied: reproduced deterministically (strict xfail) by
-        # failover/test_postgres_outcomes.py; listed in the report, not judged here.
-        report.set_aside(
-            lambda entry: entry.startswith("kv ") and "reported unavailable" in entry,
-            "test_kv_write_with_lost_reply_is_outcome_unknown",
-        )
         # The same store objects, never reopened, work against the promoted standby.
         await commit_once_more(stores, load.thread_ids[0])
     record(report)

@@ -240,19 +240,24 @@ class PgClient(SharedClient["asyncpg.Pool"]):
     def _dsn(self) -> str:
         return self.url.render(hide_password=False, scheme="postgresql")
 
-    def errors(self, phase: Phase) -> contextlib.AbstractContextManager[None]:
-        """Map every driver exception of the block to the contract's errors."""
-        return _MappedErrors(phase, self.url)
+    def errors(
+        self, phase: Phase, *, runtime: bool = False
+    ) -> contextlib.AbstractContextManager[None]:
+        """Map every driver exception of the block to the contract's errors.
+
+        ``runtime=True`` for a runtime store: the general error classes.
+        """
+        return _MappedErrors(phase, self.url, runtime)
 
     def connection(
-        self, pool: asyncpg.Pool | None = None
+        self, pool: asyncpg.Pool | None = None, *, runtime: bool = False
     ) -> contextlib.AbstractAsyncContextManager[asyncpg.Connection]:
         """A pooled connection for one operation.
 
         Released afterwards; terminated instead when the operation was
         cancelled (its state is then unknown, and closing must not wait for it).
         """
-        return _Lease(self, pool)
+        return _Lease(self, pool, runtime)
 
     # ------------------------------------------------------------ schema
 
@@ -341,26 +346,28 @@ class _MappedErrors(contextlib.AbstractContextManager[None]):
     """:func:`~pai_storage.backend.map_errors` with :func:`map_error`, as a plain class
     (it wraps every statement: no generator per use)."""
 
-    __slots__ = ("_phase", "_url")
+    __slots__ = ("_phase", "_runtime", "_url")
 
-    def __init__(self, phase: Phase, url: StoreURL) -> None:
+    def __init__(self, phase: Phase, url: StoreURL, runtime: bool) -> None:
         self._phase = phase
         self._url = url
+        self._runtime = runtime
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         if exc is None or not isinstance(exc, Exception) or isinstance(exc, StorageError):
             return
-        raise map_error(exc, self._phase, self._url) from exc
+        raise map_error(exc, self._phase, self._url, runtime=self._runtime) from exc
 
 
 class _Lease(contextlib.AbstractAsyncContextManager["asyncpg.Connection"]):
     """One pooled connection for one operation (see :meth:`PgClient.connection`)."""
 
-    __slots__ = ("_client", "_conn", "_pool")
+    __slots__ = ("_client", "_conn", "_pool", "_runtime")
 
-    def __init__(self, client: PgClient, pool: asyncpg.Pool | None) -> None:
+    def __init__(self, client: PgClient, pool: asyncpg.Pool | None, runtime: bool) -> None:
         self._client = client
         self._pool = pool
+        self._runtime = runtime
 
     async def __aenter__(self) -> asyncpg.Connection:
         client = self._client
@@ -372,7 +379,7 @@ class _Lease(contextlib.AbstractAsyncContextManager["asyncpg.Connection"]):
         except Exception as exc:
             if client.closed:
                 raise closed_error() from None
-            raise map_error(exc, "connect", client.url) from exc
+            raise map_error(exc, "connect", client.url, runtime=self._runtime) from exc
         return self._conn
 
     async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:

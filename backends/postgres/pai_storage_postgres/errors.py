@@ -14,6 +14,16 @@ serialization failure / deadlock              retried by the store, then
 anything else from the server                 ``ThreadStoreError``
 ============================================  =====================================
 
+A write statement outside an explicit transaction (autocommit) has no separate
+``COMMIT``: its lost reply is mapped under phase ``"commit"`` too, since the
+server may have applied it.
+
+The runtime stores (key-value, agent state, snapshots, execution guard) pass
+``runtime=True`` and get the general classes with neutral wording
+(``OutcomeUnknownError`` "the write may or may not have been applied",
+``UnavailableError``, ``ConfigurationError``, ``InvalidInputError``,
+``StorageError``); the thread store always gets the ``ThreadStore...`` classes.
+
 The original exception is always chained (``raise mapped from exc``). Messages
 carry the SQLSTATE and the server's primary message, never its ``DETAIL``
 (which may quote stored values) and never a password.
@@ -25,12 +35,17 @@ import asyncio
 from typing import Literal
 
 from pai_storage import (
+    ConfigurationError,
+    InvalidInputError,
+    OutcomeUnknownError,
+    StorageError,
     StoreURL,
     ThreadStoreCommitUnknownError,
     ThreadStoreConfigurationError,
     ThreadStoreError,
     ThreadStoreInvariantError,
     ThreadStoreUnavailableError,
+    UnavailableError,
     redact,
 )
 
@@ -75,9 +90,16 @@ def _is_connection_loss(exc: BaseException) -> bool:
     ) and not isinstance(exc, asyncpg.exceptions.InterfaceWarning)
 
 
-def map_error(exc: BaseException, phase: Phase, url: StoreURL | None) -> ThreadStoreError:
-    """The contract error for ``exc``, raised during ``phase`` (chain it yourself)."""
-    if isinstance(exc, ThreadStoreError):
+def map_error(
+    exc: BaseException, phase: Phase, url: StoreURL | None, *, runtime: bool = False
+) -> StorageError:
+    """The contract error for ``exc``, raised during ``phase`` (chain it yourself).
+
+    ``phase="commit"`` marks a statement whose effect may have reached the
+    server: an explicit transaction's ``COMMIT`` or an autocommit write. With
+    ``runtime=True`` (a runtime store) the general classes are raised.
+    """
+    if isinstance(exc, StorageError):
         return exc
     state = sqlstate(exc)
     text = redact(str(exc).splitlines()[0] if str(exc) else type(exc).__name__, url)
@@ -87,30 +109,44 @@ def map_error(exc: BaseException, phase: Phase, url: StoreURL | None) -> ThreadS
         if state.startswith(("22", "54")):
             # Data exception or program limit (e.g. ids whose combined UTF-8 size exceeds
             # the 2,704-byte b-tree entry limit): the input cannot be stored as given.
-            return ThreadStoreInvariantError(
+            invalid = InvalidInputError if runtime else ThreadStoreInvariantError
+            return invalid(
                 f"{detail}; PostgreSQL cannot store this input as given (see "
                 "docs/postgres.md, 'Limits'); nothing was applied"
             )
         if state.startswith(_CONFIG_CLASSES):
-            return ThreadStoreConfigurationError(f"{detail} (server {where})")
+            configuration = ConfigurationError if runtime else ThreadStoreConfigurationError
+            return configuration(f"{detail} (server {where})")
         if state.startswith(_UNAVAILABLE_CLASSES):
             if phase == "commit" and state.startswith(("08", "57")):
-                return ThreadStoreCommitUnknownError(
-                    f"the connection failed while COMMIT was pending; the commit may or "
-                    f"may not have been applied ({detail}); re-read the thread"
-                )
-            return ThreadStoreUnavailableError(f"{detail}; nothing was applied")
-        return ThreadStoreError(detail)
+                return _unknown(f"the connection failed ({detail})", runtime)
+            unavailable = UnavailableError if runtime else ThreadStoreUnavailableError
+            return unavailable(f"{detail}; nothing was applied")
+        return StorageError(detail) if runtime else ThreadStoreError(detail)
     if _is_client_configuration(exc):
-        return ThreadStoreConfigurationError(f"invalid connection settings for {where}: {text}")
+        configuration = ConfigurationError if runtime else ThreadStoreConfigurationError
+        return configuration(f"invalid connection settings for {where}: {text}")
     if _is_connection_loss(exc):
         if phase == "commit":
-            return ThreadStoreCommitUnknownError(
-                f"the connection to {where} was lost while COMMIT was pending; the commit "
-                f"may or may not have been applied ({type(exc).__name__}: {text}); "
-                "re-read the thread"
+            return _unknown(
+                f"the connection to {where} was lost ({type(exc).__name__}: {text})", runtime
             )
-        return ThreadStoreUnavailableError(
+        unavailable = UnavailableError if runtime else ThreadStoreUnavailableError
+        return unavailable(
             f"cannot reach {where} ({type(exc).__name__}: {text}); nothing was applied"
         )
-    return ThreadStoreError(f"unexpected PostgreSQL driver failure ({type(exc).__name__}: {text})")
+    detail = f"unexpected PostgreSQL driver failure ({type(exc).__name__}: {text})"
+    return StorageError(detail) if runtime else ThreadStoreError(detail)
+
+
+def _unknown(what: str, runtime: bool) -> OutcomeUnknownError:
+    """A lost reply to a statement that may have been applied."""
+    if runtime:
+        return OutcomeUnknownError(
+            f"{what} before the reply to a write arrived; the write may or may not "
+            "have been applied; read the value again to find out"
+        )
+    return ThreadStoreCommitUnknownError(
+        f"{what} while COMMIT was pending; the commit may or may not have been "
+        "applied; re-read the thread"
+    )

@@ -162,8 +162,8 @@ class PostgresExecutionGuard(ExecutionGuard):
 
     async def _one(self, sql: str, *args: Any) -> Any:
         """The first row of one autocommit statement (``None`` when there is none)."""
-        async with self._client.connection(self._pool) as conn:
-            with self._client.errors("commit"):
+        async with self._client.connection(self._pool, runtime=True) as conn:
+            with self._client.errors("commit", runtime=True):
                 return await conn.fetchrow(sql, self.now(), *args)
 
     # ------------------------------------------------------------ primitives
@@ -194,8 +194,8 @@ class PostgresExecutionGuard(ExecutionGuard):
         return row is not None and row[0] is True
 
     async def _inspect(self, resource: str) -> LockInfo | None:
-        async with self._client.connection(self._pool) as conn:
-            with self._client.errors("read"):
+        async with self._client.connection(self._pool, runtime=True) as conn:
+            with self._client.errors("read", runtime=True):
                 row = await conn.fetchrow(self._sql.inspect, self.now(), resource.encode())
         if row is None:
             return None
@@ -209,9 +209,9 @@ class PostgresExecutionGuard(ExecutionGuard):
 
     async def _purge_expired(self) -> int:
         total = 0
-        async with self._client.connection(self._pool) as conn:
+        async with self._client.connection(self._pool, runtime=True) as conn:
             while True:
-                with self._client.errors("commit"):
+                with self._client.errors("commit", runtime=True):
                     status = await conn.execute(self._sql.purge, self.now())
                 count = int(status.split()[-1])
                 total += count

@@ -290,8 +290,19 @@ class PostgresKeyValueStore(KeyValueStore):
         await self._client.release()
 
     async def _fetch(self, sql: str, *args: Any) -> list[Any]:
-        async with self._client.connection() as conn:
-            with self._client.errors("write"):
+        """Run a read statement (``$1`` is the store's time)."""
+        async with self._client.connection(runtime=True) as conn:
+            with self._client.errors("read", runtime=True):
+                return list(await conn.fetch(sql, self.now(), *args))
+
+    async def _write(self, sql: str, *args: Any) -> list[Any]:
+        """Run one autocommit write statement (``$1`` is the store's time).
+
+        Its reply is the commit's: a connection lost before the reply arrives
+        is an unknown outcome, never "nothing was applied".
+        """
+        async with self._client.connection(runtime=True) as conn:
+            with self._client.errors("commit", runtime=True):
                 return list(await conn.fetch(sql, self.now(), *args))
 
     # ------------------------------------------------------------ hooks
@@ -301,13 +312,13 @@ class PostgresKeyValueStore(KeyValueStore):
         return [_record(r) for r in rows]
 
     async def _refresh_ttl(self, namespace: tuple[str, ...], key: str) -> KVRecord | None:
-        rows = await self._fetch(self.sql.refresh, namespace_path(namespace), key)
+        rows = await self._write(self.sql.refresh, namespace_path(namespace), key)
         return _record(rows[0]) if rows else None
 
     async def _put(
         self, namespace: tuple[str, ...], key: str, text: str, ttl: timedelta | None
     ) -> KVRecord:
-        rows = await self._fetch(self.sql.put, namespace_path(namespace), key, text, _ms(ttl))
+        rows = await self._write(self.sql.put, namespace_path(namespace), key, text, _ms(ttl))
         return _record(rows[0])
 
     async def _put_if_version(
@@ -320,9 +331,9 @@ class PostgresKeyValueStore(KeyValueStore):
     ) -> KVRecord | VersionMismatch:
         path = namespace_path(namespace)
         if expected_version is None:
-            rows = await self._fetch(self.sql.create, path, key, text, _ms(ttl))
+            rows = await self._write(self.sql.create, path, key, text, _ms(ttl))
         else:
-            rows = await self._fetch(self.sql.update, path, key, text, _ms(ttl), expected_version)
+            rows = await self._write(self.sql.update, path, key, text, _ms(ttl), expected_version)
         if rows:
             return _record(rows[0])
         current = await self._fetch(self.sql.get_many, path, [key])
@@ -331,8 +342,8 @@ class PostgresKeyValueStore(KeyValueStore):
     async def _delete(
         self, namespace: tuple[str, ...], key: str, expected_version: int | None
     ) -> bool:
-        async with self._client.connection() as conn:
-            with self._client.errors("write"):
+        async with self._client.connection(runtime=True) as conn:
+            with self._client.errors("commit", runtime=True):  # one autocommit statement
                 status = await conn.execute(
                     self.sql.delete, self.now(), namespace_path(namespace), key, expected_version
                 )
@@ -382,9 +393,9 @@ class PostgresKeyValueStore(KeyValueStore):
 
     async def _purge_expired(self) -> int:
         total = 0
-        async with self._client.connection() as conn:
+        async with self._client.connection(runtime=True) as conn:
             while True:
-                with self._client.errors("write"):
+                with self._client.errors("commit", runtime=True):  # autocommit DELETE
                     count = _count(await conn.execute(self.sql.purge, self.now()))
                 total += count
                 if count < PURGE_BATCH:

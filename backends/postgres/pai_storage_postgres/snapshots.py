@@ -168,8 +168,8 @@ class PostgresSnapshotStore(SnapshotStore):
 
     async def _put(self, draft: SnapshotDraft) -> SnapshotInfo:
         ttl = None if self.snapshot_ttl is None else _micros(self.snapshot_ttl)
-        async with self._client.connection(self._pool) as conn:
-            with self._client.errors("write"):
+        async with self._client.connection(self._pool, runtime=True) as conn:
+            with self._client.errors("write", runtime=True):
                 tx = conn.transaction()
                 await tx.start()
                 try:
@@ -188,29 +188,29 @@ class PostgresSnapshotStore(SnapshotStore):
                     with contextlib.suppress(Exception):  # a lost connection rolls back anyway
                         await tx.rollback()
                     raise
-            with self._client.errors("commit"):
+            with self._client.errors("commit", runtime=True):
                 await tx.commit()
         return draft.info(created_at, self.snapshot_expiry(created_at))
 
     async def _get(self, scope: str, snapshot_id: str) -> Snapshot | None:
-        async with self._client.connection(self._pool) as conn:
-            with self._client.errors("read"):
+        async with self._client.connection(self._pool, runtime=True) as conn:
+            with self._client.errors("read", runtime=True):
                 row = await conn.fetchrow(
                     self._sql.get, self.now(), scope.encode(), snapshot_id.encode()
                 )
         return None if row is None else await self._snapshot(scope, row)
 
     async def _latest(self, scope: str) -> Snapshot | None:
-        async with self._client.connection(self._pool) as conn:
-            with self._client.errors("read"):
+        async with self._client.connection(self._pool, runtime=True) as conn:
+            with self._client.errors("read", runtime=True):
                 row = await conn.fetchrow(self._sql.latest, self.now(), scope.encode())
         return None if row is None else await self._snapshot(scope, row)
 
     async def _list(
         self, scope: str, after: tuple[datetime, str] | None, limit: int
     ) -> builtins.list[SnapshotInfo]:
-        async with self._client.connection(self._pool) as conn:
-            with self._client.errors("read"):
+        async with self._client.connection(self._pool, runtime=True) as conn:
+            with self._client.errors("read", runtime=True):
                 if after is None:
                     rows = await conn.fetch(self._sql.list_first, self.now(), scope.encode(), limit)
                 else:
@@ -230,8 +230,8 @@ class PostgresSnapshotStore(SnapshotStore):
         return infos
 
     async def _delete(self, scope: str, snapshot_id: str) -> bool:
-        async with self._client.connection(self._pool) as conn:
-            with self._client.errors("commit"):  # one autocommit statement
+        async with self._client.connection(self._pool, runtime=True) as conn:
+            with self._client.errors("commit", runtime=True):  # one autocommit statement
                 live = await conn.fetchval(
                     self._sql.delete, self.now(), scope.encode(), snapshot_id.encode()
                 )
@@ -239,9 +239,9 @@ class PostgresSnapshotStore(SnapshotStore):
 
     async def _purge_expired(self) -> int:
         total = 0
-        async with self._client.connection(self._pool) as conn:
+        async with self._client.connection(self._pool, runtime=True) as conn:
             while True:
-                with self._client.errors("commit"):
+                with self._client.errors("commit", runtime=True):
                     status = await conn.execute(self._sql.purge, self.now())
                 count = int(status.split()[-1])
                 total += count

@@ -261,8 +261,8 @@ class PostgresAgentStateStore(AgentStateStore):
         ``apply`` raises :class:`_Nothing` when its condition failed: the
         transaction is rolled back and the outcome returned.
         """
-        async with self._client.connection() as conn:
-            with self._client.errors("write"):
+        async with self._client.connection(runtime=True) as conn:
+            with self._client.errors("write", runtime=True):
                 tx = conn.transaction()
                 await tx.start()
                 try:
@@ -279,7 +279,7 @@ class PostgresAgentStateStore(AgentStateStore):
                     if not conn.is_closed():
                         await tx.rollback()
                     raise
-            with self._client.errors("commit"):
+            with self._client.errors("commit", runtime=True):
                 await tx.commit()
             return result
 
@@ -384,8 +384,8 @@ class PostgresAgentStateStore(AgentStateStore):
     # ------------------------------------------------------------ sessions
 
     async def _fetchrow(self, sql: str, session: SessionKey, *args: Any) -> Any:
-        async with self._client.connection() as conn:
-            with self._client.errors("read"):
+        async with self._client.connection(runtime=True) as conn:
+            with self._client.errors("read", runtime=True):
                 return await conn.fetchrow(sql, self.now(), session.user, session.session, *args)
 
     async def _exists(self, session: SessionKey) -> bool:
@@ -393,8 +393,8 @@ class PostgresAgentStateStore(AgentStateStore):
         return bool(row[0])
 
     async def _delete(self, session: SessionKey) -> bool:
-        async with self._client.connection() as conn:
-            with self._client.errors("write"):
+        async with self._client.connection(runtime=True) as conn:
+            with self._client.errors("commit", runtime=True):  # one autocommit statement
                 live = await conn.fetchval(
                     self.sql.delete, self.now(), session.user, session.session
                 )
@@ -402,21 +402,37 @@ class PostgresAgentStateStore(AgentStateStore):
 
     async def _delete_state(self, session: SessionKey, key: str) -> bool:
         user, sid = session
-        async with self._client.connection() as conn:
-            with self._client.errors("write"):
-                async with conn.transaction():
-                    live = await conn.fetchval(self.sql.lock, self.now(), user, sid)
-                    if not live:
-                        return False
-                    if await conn.execute(self.sql.delete_key, user, sid, key) == "DELETE 0":
-                        return False
-                    if await conn.execute(self.sql.drop_empty, user, sid) == "DELETE 0":
-                        await conn.execute(self.sql.refresh, self.now(), user, sid, self._ttl_ms)
-                    return True
+        async with self._client.connection(runtime=True) as conn:
+            with self._client.errors("write", runtime=True):
+                tx = conn.transaction()
+                await tx.start()
+                try:
+                    deleted = await self._delete_key(conn, user, sid, key)
+                except BaseException:
+                    if not conn.is_closed():
+                        await tx.rollback()
+                    raise
+                if not deleted:
+                    await tx.rollback()
+                    return False
+            with self._client.errors("commit", runtime=True):
+                await tx.commit()
+            return True
+
+    async def _delete_key(self, conn: asyncpg.Connection, user: str, sid: str, key: str) -> bool:
+        """The statements of :meth:`_delete_state`; ``False`` when nothing was deleted."""
+        live = await conn.fetchval(self.sql.lock, self.now(), user, sid)
+        if not live:
+            return False
+        if await conn.execute(self.sql.delete_key, user, sid, key) == "DELETE 0":
+            return False
+        if await conn.execute(self.sql.drop_empty, user, sid) == "DELETE 0":
+            await conn.execute(self.sql.refresh, self.now(), user, sid, self._ttl_ms)
+        return True
 
     async def _list_session_ids(self, user: str, after: str | None, limit: int) -> list[str]:
-        async with self._client.connection() as conn:
-            with self._client.errors("read"):
+        async with self._client.connection(runtime=True) as conn:
+            with self._client.errors("read", runtime=True):
                 if after is None:
                     rows = await conn.fetch(self.sql.sessions_first, self.now(), user, limit)
                 else:
@@ -425,9 +441,9 @@ class PostgresAgentStateStore(AgentStateStore):
 
     async def _purge_expired(self) -> int:
         total = 0
-        async with self._client.connection() as conn:
+        async with self._client.connection(runtime=True) as conn:
             while True:
-                with self._client.errors("write"):
+                with self._client.errors("commit", runtime=True):  # autocommit DELETE
                     status = await conn.execute(self.sql.purge, self.now())
                 count = int(status.rsplit(" ", 1)[-1])
                 total += count
