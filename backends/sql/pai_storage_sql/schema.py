@@ -365,6 +365,10 @@ async def prepare_schema(conn: AsyncConnection, dialect: str, tables: Tables) ->
         server = f"{'MariaDB' if mariadb else 'MySQL'} {shown.split('-')[0]}"
         await conn.rollback()
     stored = await _stored_version(conn, tables)
+    # End the transaction of that read: on MySQL the re-check below must see a
+    # fresh snapshot (REPEATABLE READ keeps the first one), or it would miss the
+    # tables another process created while this one waited for the lock.
+    await conn.rollback()
     if stored is None or stored < SCHEMA_VERSION:
         lock_name = f"pai_storage:{tables.prefix}"
         if dialect == "sqlite":
@@ -390,8 +394,6 @@ async def prepare_schema(conn: AsyncConnection, dialect: str, tables: Tables) ->
             if dialect != "sqlite":
                 await conn.exec_driver_sql(f"SELECT RELEASE_LOCK('{lock_name}')")
                 await conn.rollback()
-    else:
-        await conn.rollback()
     if stored > SCHEMA_VERSION:
         raise ThreadStoreConfigurationError(
             f"the tables {tables.prefix}* use schema version {stored}, newer than this "
