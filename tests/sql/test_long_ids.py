@@ -10,12 +10,12 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pytest
+from pai_storage_sql import SqlThreadStore
 
 from pai_storage import CommittedResult, ManualClock
 from pai_storage import builders as b
 
 from .conftest import Target
-from .test_lifecycle import LifecycleSqlStore
 
 pytestmark = pytest.mark.asyncio
 
@@ -25,7 +25,7 @@ IDS = [PREFIX + tail for tail in ("b", "a", "c", "\u00e9", "A", "a ", "ab", "\U0
 
 async def test_long_ids_tied_on_their_prefix_list_and_sweep_in_order(target: Target) -> None:
     clock = ManualClock(datetime(2030, 1, 1, tzinfo=UTC))
-    async with LifecycleSqlStore(target.url, clock=clock, **target.options) as store:
+    async with SqlThreadStore(target.url, clock=clock, **target.options) as store:
         for thread_id in IDS:
             created = await store.commit_thread(b.create("long", thread_id))
             assert isinstance(created, CommittedResult)
