@@ -9,6 +9,11 @@ commit judgement and read loop over them. Keys never embed raw ids: the scope
 is a digest and ids are JSON-encoded, so a ``/`` or any other character in an
 id cannot reach into another thread's keys.
 
+The thread lifecycle (prune, erase, fork, export, import) runs in the core
+over four primitives at the end of :class:`KeyValueThreadStore`: an
+updated-at index the server keeps sorted, a whole-thread load, an atomic
+only-if-missing restore, and a fork copied inside one server transaction.
+
 For brevity it scans a thread's rows where a real database would use an index
 (a page here costs O(thread), not O(page)); everything else is what a
 production backend does.
@@ -32,18 +37,22 @@ from pai_storage import (
     ThreadReadResult,
     ThreadRecord,
     ThreadStore,
+    ThreadVersion,
     system_clock,
     truncate_ms,
 )
 from pai_storage.backend import (
     FAMILIES,
+    LIFECYCLE,
     OPEN_STATUSES,
     ChildPagePlan,
     CommitTransaction,
     Entry,
+    Family,
     FamilyName,
     FamilySpec,
     FamilyWrite,
+    ForkPlan,
     HeldThread,
     MessageRef,
     QueueRef,
@@ -53,6 +62,10 @@ from pai_storage.backend import (
     RelationshipReader,
     RunFacts,
     RunRef,
+    SourceChanged,
+    ThreadAggregate,
+    ThreadConflict,
+    ThreadHead,
     Window,
     default_scope_digest,
     run_commit,
@@ -130,10 +143,11 @@ class _Transaction(CommitTransaction, RelationshipReader):
 
     def __init__(self, view: _View) -> None:
         self.view = view
+        self.held: ThreadRecord | None = None  # the root before the commit
 
     async def hold(self) -> HeldThread:  # the server lock is already held
-        root, positions = self.view.root()
-        return HeldThread(root, positions)
+        self.held, positions = self.view.root()
+        return HeldThread(self.held, positions)
 
     async def server_time(self) -> datetime:
         return truncate_ms(system_clock())
@@ -229,6 +243,7 @@ class KeyValueThreadStore(ThreadStore):
 
     backend_name = "examplekv"
     token_prefix = "pai-kv"
+    capabilities = frozenset({LIFECYCLE})
 
     def __init__(self, *, server: Server | None = None, **options: Any) -> None:
         super().__init__(**options)
@@ -254,7 +269,84 @@ class KeyValueThreadStore(ThreadStore):
             result = await run_commit(tx, request, clock=self.now)
             if isinstance(result, CommittedResult):
                 tx.view.commit()  # nothing staged reaches the map unless the commit holds
+                self.server.updated.move(tx.held, result.thread)  # same transaction
             return result
+
+    # ------------------------------------------------------------ lifecycle primitives
+
+    async def _thread_heads(
+        self,
+        scope_key: str | None,
+        *,
+        updated_before: datetime | None,
+        after: ThreadHead | None,
+        limit: int,
+    ) -> Sequence[ThreadHead]:
+        low = None if after is None else after.sort_key()
+        async with self.server.lock:  # a range read of the index, then each entry's root
+            found = self.server.updated.range(scope_key, low, updated_before, limit)
+            roots = [_View(self.server, s, t).root()[0] for _, s, t in found]
+        return [ThreadHead.of(root) for root in roots if root is not None]
+
+    async def _load_thread(self, scope_key: str, thread_id: str) -> ThreadAggregate | None:
+        async with self.server.lock:  # one consistent view of the root and every row
+            view = _View(self.server, scope_key, thread_id)
+            root, positions = view.root()
+            if root is None:
+                return None
+            messages, runs, queued = (
+                Family({spec.record_id(e.record): e for e in view.rows(spec)}, positions[spec.name])
+                for spec in FAMILIES
+            )
+        return ThreadAggregate(root, messages, runs, queued)
+
+    async def _restore_thread(self, aggregate: ThreadAggregate) -> ThreadVersion | None:
+        root = aggregate.root
+        async with self.server.lock:  # check and write in one transaction: only if missing
+            view = _View(self.server, root.scope_key, root.thread_id)
+            existing, _ = view.root()
+            if existing is not None:
+                return existing.version
+            families = [(spec, getattr(aggregate, spec.attr)) for spec in FAMILIES]
+            view.put_root(root, {spec.name: family.next_position for spec, family in families})
+            for spec, family in families:
+                for entry in family:
+                    view.put_row(spec, spec.record_id(entry.record), entry)
+            view.commit()
+            self.server.updated.move(None, root)
+            return None
+
+    async def _fork_copy(self, plan: ForkPlan) -> ThreadRecord:
+        messages, runs, _ = FAMILIES
+        # The plan runs in one transaction: check the source's version, then copy
+        # its rows. A real key-value database does the same in one transaction
+        # (or one server-side script); the core never sees the rows.
+        async with self.server.lock:
+            source = _View(self.server, plan.scope_key, plan.source_thread_id)
+            held, positions = source.root()
+            if held is None or held.version != plan.source_version:
+                raise SourceChanged  # the core plans the fork again
+            fork = _View(self.server, plan.scope_key, plan.thread_id)
+            existing, _ = fork.root()
+            if existing is not None:
+                raise ThreadConflict(existing.version)
+            cut = None
+            if plan.through_message_id is not None:
+                through = source.row(messages, plan.through_message_id)
+                if through is None:
+                    raise SourceChanged
+                cut = through.position
+            root = plan.root(truncate_ms(system_clock()))  # the server's time
+            fork.put_root(root, positions)  # the source's counters, unchanged
+            for entry in source.rows(messages):
+                if plan.copies_message(entry.record, cut, entry.position):
+                    fork.put_row(messages, entry.record.message_id, entry)
+            for entry in source.rows(runs):
+                if plan.copies_run(entry.record):
+                    fork.put_row(runs, entry.record.run_id, entry)
+            fork.commit()  # queued items are never copied; the plan's root holds no lease
+            self.server.updated.move(None, root)
+            return root
 
     async def _info(self) -> StoreInfo:
         return StoreInfo(backend="examplekv", server_version="dict", transactions=True)
