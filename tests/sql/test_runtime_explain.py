@@ -111,7 +111,7 @@ async def explain_all(
 
 async def test_runtime_statements_use_indexes(target: Target) -> None:
     clock = ManualClock()
-    client = SqlClient(target.url, **target.options)
+    client = SqlClient.shared(target.url, **target.options)
     kv = SqlKeyValueStore(client=client, clock=clock)
     state = SqlAgentStateStore(client=client, clock=clock, session_ttl=timedelta(hours=1))
     snapshots = SqlSnapshotStore(client=client, clock=clock, snapshot_ttl=timedelta(hours=1))
@@ -255,7 +255,7 @@ async def guard_workload(guard: SqlExecutionGuard, clock: ManualClock) -> None:
 async def test_reads_on_the_store_clock_use_indexes(target: Target) -> None:
     """Without a test clock, reads compare with the clock inside the statement
     (MariaDB's ``UTC_TIMESTAMP(6)``): the same index ranges."""
-    client = SqlClient(target.url, **target.options)
+    client = SqlClient.shared(target.url, **target.options)
     kv = SqlKeyValueStore(client=client)
     state = SqlAgentStateStore(client=client)
     snapshots = SqlSnapshotStore(client=client)

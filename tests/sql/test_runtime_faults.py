@@ -42,7 +42,7 @@ conn.execute("ROLLBACK")
 
 async def test_sqlite_locked_past_busy_timeout(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/locked.db"
-    client = SqlClient(url, busy_timeout=0.2)
+    client = SqlClient.shared(url, busy_timeout=0.2)
     kv = SqlKeyValueStore(client=client)
     state = SqlAgentStateStore(client=client)
     snapshots = SqlSnapshotStore(client=client)
@@ -105,7 +105,7 @@ async def test_sqlite_locked_past_busy_timeout(tmp_path: Path) -> None:
 
 
 async def test_mysql_write_killed_while_waiting(mysql_target: Target) -> None:
-    client = SqlClient(mysql_target.url, **mysql_target.options)
+    client = SqlClient.shared(mysql_target.url, **mysql_target.options)
     kv = SqlKeyValueStore(client=client)
     table = client.tables.runtime.kv.name
     blocker = mysql_engine()

@@ -214,7 +214,7 @@ async def test_busy_acquisition_uses_no_token(target: Target) -> None:
 
 
 async def test_mysql_leases_run_on_the_server_clock(mysql_target: Target) -> None:
-    client = SqlClient(mysql_target.url, **mysql_target.options)
+    client = SqlClient.shared(mysql_target.url, **mysql_target.options)
     guard = SqlExecutionGuard(client=client, lease_ttl=timedelta(minutes=10))
     try:
         lock = await guard.try_acquire("r", owner="a")

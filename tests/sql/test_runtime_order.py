@@ -78,7 +78,7 @@ def namespace_order(name: str) -> str:
 @pytest_asyncio.fixture
 async def stores(target: Target) -> AsyncIterator[dict[str, Any]]:
     clock = ManualClock()
-    client = SqlClient(target.url, **target.options)
+    client = SqlClient.shared(target.url, **target.options)
     opened = {
         "kv": SqlKeyValueStore(client=client, clock=clock),
         "state": SqlAgentStateStore(client=client, clock=clock),

@@ -68,7 +68,7 @@ def same(got: Any, expected: Any) -> None:
 
 @pytest_asyncio.fixture
 async def stores(target: Target) -> AsyncIterator[dict[str, Any]]:
-    client = SqlClient(target.url, **target.options)
+    client = SqlClient.shared(target.url, **target.options)
     opened: dict[str, Any] = {
         "kv": SqlKeyValueStore(client=client, max_value_bytes=64 * MIB),
         "state": SqlAgentStateStore(client=client, max_value_bytes=64 * MIB),
@@ -122,7 +122,7 @@ async def server_packet(client: SqlClient) -> int:
 
 
 async def test_mysql_max_allowed_packet_is_a_typed_error(mysql_target: Target) -> None:
-    client = SqlClient(mysql_target.url, **mysql_target.options)
+    client = SqlClient.shared(mysql_target.url, **mysql_target.options)
     kv = SqlKeyValueStore(client=client, max_value_bytes=256 * MIB)
     state = SqlAgentStateStore(client=client, max_value_bytes=256 * MIB)
     snapshots = SqlSnapshotStore(client=client)
@@ -171,7 +171,7 @@ async def test_mysql_max_allowed_packet_is_a_typed_error(mysql_target: Target) -
 
 
 async def test_sqlite_takes_values_beyond_a_mysql_packet(sqlite_target: Target) -> None:
-    client = SqlClient(sqlite_target.url)
+    client = SqlClient.shared(sqlite_target.url)
     kv = SqlKeyValueStore(client=client, max_value_bytes=64 * MIB)
     snapshots = SqlSnapshotStore(client=client)
     try:
@@ -193,7 +193,7 @@ async def test_sqlite_takes_values_beyond_a_mysql_packet(sqlite_target: Target) 
 async def test_expiry_on_the_store_clock(target: Target) -> None:
     """Without a test clock, reads compare with the server's clock (MariaDB) or the
     process clock (SQLite), the same clock writes stamp with."""
-    client = SqlClient(target.url, **target.options)
+    client = SqlClient.shared(target.url, **target.options)
     kv = SqlKeyValueStore(client=client)
     state = SqlAgentStateStore(client=client, session_ttl=timedelta(milliseconds=50))
     try:

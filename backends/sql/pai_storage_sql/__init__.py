@@ -22,11 +22,31 @@ if TYPE_CHECKING:
     from pai_storage import ThreadStore
 
     from .client import SqlClient
+    from .guard import SqlExecutionGuard
+    from .kv import SqlKeyValueStore
+    from .snapshots import SqlSnapshotStore
+    from .state import SqlAgentStateStore
     from .store import SqlThreadStore
 
-__all__ = ["SqlBackend", "SqlClient", "SqlThreadStore", "backend"]
+__all__ = [
+    "SqlAgentStateStore",
+    "SqlBackend",
+    "SqlClient",
+    "SqlExecutionGuard",
+    "SqlKeyValueStore",
+    "SqlSnapshotStore",
+    "SqlThreadStore",
+    "backend",
+]
 
-_LAZY = {"SqlThreadStore": "store", "SqlClient": "client"}
+_LAZY = {
+    "SqlThreadStore": "store",
+    "SqlClient": "client",
+    "SqlKeyValueStore": "kv",
+    "SqlAgentStateStore": "state",
+    "SqlSnapshotStore": "snapshots",
+    "SqlExecutionGuard": "guard",
+}
 
 
 def __getattr__(name: str) -> Any:
@@ -39,7 +59,14 @@ def __getattr__(name: str) -> Any:
 
 _COMMON = ("clock", "on_warning", "token_secret")
 
-CLIENT_OPTIONS = ("table_prefix", "busy_timeout", "pool_size", "connect_timeout", "retry_attempts")
+CLIENT_OPTIONS = (
+    "table_prefix",
+    "names",
+    "busy_timeout",
+    "pool_size",
+    "connect_timeout",
+    "retry_attempts",
+)
 """The options of the shared client (every SQL store takes them)."""
 
 _COMPONENTS: dict[str, tuple[str, str, tuple[str, ...]]] = {
@@ -111,25 +138,12 @@ class SqlBackend(Backend):
 
 
 def _shared_client(url: StoreURL, given: object, options: dict[str, Any]) -> Any:
-    """The client the components share: the application's ``client=`` (a
-    :class:`~pai_storage_sql.client.SqlClient`) or a new one; each store attaches itself."""
-    from pai_storage import ThreadStoreConfigurationError
-
+    """The client the components share: made here (closed by the last store), over
+    the application's own ``AsyncEngine`` (never disposed), or the application's
+    :class:`~pai_storage_sql.client.SqlClient` (never closed by the stores)."""
     from .client import SqlClient
 
-    chosen = {k: v for k, v in options.items() if v is not None}
-    if given is None:
-        return SqlClient(url, **chosen)
-    if not isinstance(given, SqlClient):
-        raise ThreadStoreConfigurationError(
-            f"option client must be a pai_storage_sql SqlClient, not {type(given).__qualname__}"
-        )
-    if chosen:
-        raise ThreadStoreConfigurationError(
-            f"option(s) {', '.join(sorted(chosen))} cannot be combined with a shared client; "
-            "give them where the client is made"
-        )
-    return given
+    return SqlClient.shared(url, given, **options)
 
 
 backend = SqlBackend()

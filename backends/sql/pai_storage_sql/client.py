@@ -14,7 +14,14 @@ stores using it:
   ``await client.retrying(fn)`` runs ``fn`` again after a deadlock or a lock
   wait timeout; ``with client.errors(phase):`` maps driver exceptions;
 - a store calls ``await client.release()`` from its ``_close``; the last user
-  disposes of the engines.
+  disposes of the engines the client made.
+
+Who closes what: a client a store or ``connect()`` makes for itself is closed
+by its last store. A :class:`SqlClient` an application makes counts the
+application as one more user, so its stores never close it: the application
+does, with ``await client.close()`` (or ``async with SqlClient(url) as
+client:``). An application's own SQLAlchemy ``AsyncEngine`` given as
+``client=`` is used, never disposed.
 
 SQLite (``sqlite:///path/file.db``, driver aiosqlite): WAL journal,
 ``busy_timeout``, ``foreign_keys=ON``; one writer connection whose
@@ -57,9 +64,20 @@ T = TypeVar("T")
 Dialect = Literal["sqlite", "mysql"]
 
 CLIENT_OPTIONS = frozenset(
-    {"table_prefix", "busy_timeout", "pool_size", "connect_timeout", "retry_attempts"}
+    {"table_prefix", "names", "busy_timeout", "pool_size", "connect_timeout", "retry_attempts"}
 )
 """The options that shape a :class:`SqlClient` (every SQL store takes them)."""
+
+_ENGINE_OPTIONS = ("pool_size", "connect_timeout")
+"""Options of the engines a client makes (an application's engine keeps its own)."""
+
+_ACCEPTED_CLIENTS = (
+    "a SQLAlchemy AsyncEngine (sqlite+aiosqlite, mysql+asyncmy or mysql+aiomysql) "
+    "or a pai_storage_sql SqlClient"
+)
+
+_STORES = object()
+"""Marks a client made by a store or ``connect()`` (closed by its last store)."""
 
 _SQLITE_SCHEMES = {"sqlite": ("aiosqlite",)}
 _MYSQL_SCHEMES = {"mysql": ("asyncmy", "aiomysql"), "mariadb": ("asyncmy", "aiomysql")}
@@ -87,34 +105,59 @@ class SqlClient(SharedClient[Engines]):
         ``mysql://user:password@host:port/database`` (also ``mariadb://``,
         ``mysql+asyncmy://``, ``mysql+aiomysql://``); query parameters go to the
         driver.
+    engine:
+        An application's own SQLAlchemy ``AsyncEngine`` (``sqlite+aiosqlite``,
+        ``mysql+asyncmy`` or ``mysql+aiomysql``) to use instead of making
+        engines; ``url`` may then be left out. pai-storage never disposes of
+        it. Its pool serves reads and writes; on SQLite each of its
+        connections gets ``PRAGMA foreign_keys=ON`` (and ``busy_timeout`` when
+        given) the first time a store uses it, and the file keeps its journal
+        mode; on MySQL the stores' transactions run at ``REPEATABLE READ`` and
+        the engine must connect with ``charset=utf8mb4``.
     table_prefix:
         Base name of the thread tables (default ``"pai_threads"``); the
         runtime tables use ``pai_`` under the default and ``<prefix>_`` otherwise.
+    names:
+        Base names of runtime components' tables, e.g. ``{"kv": "my_kv"}``
+        (components ``kv``, ``state``, ``snapshots``, ``guard``; the same
+        rules as ``table_prefix``).
     busy_timeout:
         SQLite: seconds a writer waits for another connection's write lock
         before failing with ``UnavailableError`` (default 5).
     pool_size:
         SQLite: reader connections (default 4); MySQL: pooled connections
-        (default 10).
+        (default 10). Not with ``engine``.
     connect_timeout:
-        MySQL: seconds to wait for a connection (default 10).
+        MySQL: seconds to wait for a connection (default 10). Not with ``engine``.
     retry_attempts:
         Attempts of a write that hits a deadlock or lock wait timeout (default 3).
+
+    A client made this way belongs to the application: the stores it is given
+    to never close it; ``await client.close()`` does once they are closed (or
+    ``async with SqlClient(url) as client:``).
     """
 
     def __init__(
         self,
         url: str | StoreURL | None = None,
         *,
+        engine: AsyncEngine | None = None,
         table_prefix: str = DEFAULT_PREFIX,
-        busy_timeout: float = 5.0,
+        names: object = None,
+        busy_timeout: float | None = None,
         pool_size: int | None = None,
         connect_timeout: float = 10.0,
         retry_attempts: int = 3,
+        _maker: object = None,
     ) -> None:
+        if engine is not None:
+            _check_engine(engine)
+            # The engine says which database it is; its password stays out of messages.
+            url = url or engine.url.render_as_string(hide_password=True)
         if url is None:
             raise ThreadStoreConfigurationError(
-                "a SQL store needs a sqlite:// or mysql:// URL (e.g. sqlite:///pai.db)"
+                "a SQL store needs a sqlite:// or mysql:// URL (e.g. sqlite:///pai.db) "
+                "or client= an AsyncEngine"
             )
         self.url: StoreURL = make_url(url)
         scheme, driver = self.url.scheme, self.url.driver
@@ -128,6 +171,14 @@ class SqlClient(SharedClient[Engines]):
                 f"(+asyncmy or +aiomysql) URLs, not {self.url.full_scheme}://"
             )
         self.driver = driver or ("aiosqlite" if self.dialect == "sqlite" else "asyncmy")
+        if engine is not None:
+            given_dialect = "sqlite" if engine.dialect.name == "sqlite" else "mysql"
+            if given_dialect != self.dialect:
+                raise ThreadStoreConfigurationError(
+                    f"the URL ({self.url.full_scheme}://) and the engine "
+                    f"({engine.dialect.name}+{engine.dialect.driver}) name different databases"
+                )
+            self.driver = engine.dialect.driver
         if importlib.util.find_spec(self.driver) is None:
             extra = "sql" if self.dialect == "sqlite" else "mysql"
             hint = "aiomysql" if self.driver == "aiomysql" else f"'pai-storage[{extra}]'"
@@ -135,25 +186,59 @@ class SqlClient(SharedClient[Engines]):
                 f"the {self.url.full_scheme}:// URL needs the {self.driver} driver: "
                 f"pip install {hint}"
             )
-        _check_seconds("busy_timeout", busy_timeout)
+        if busy_timeout is not None:
+            _check_seconds("busy_timeout", busy_timeout)
         _check_seconds("connect_timeout", connect_timeout)
         if pool_size is None:
             pool_size = 4 if self.dialect == "sqlite" else 10
         _check_int("pool_size", pool_size, 1)
         _check_int("retry_attempts", retry_attempts, 1)
-        self.busy_timeout = float(busy_timeout)
+        self._busy_given = busy_timeout is not None
+        self.busy_timeout = float(busy_timeout) if busy_timeout is not None else 5.0
         self.pool_size = pool_size
         self.connect_timeout = float(connect_timeout)
         self.retry_attempts = retry_attempts
+        self._engine = engine
         self.memory = self.dialect == "sqlite" and self._sqlite_path() == ":memory:"
-        self.tables: Tables = Tables.define(table_prefix)
+        self.tables: Tables = Tables.define(table_prefix, names)
         """Every table (thread tables and ``tables.runtime``) on one metadata."""
         self.server_version: str | None = None
         """``"SQLite 3.x"`` or ``"MariaDB 10.11.x"`` / ``"MySQL 8.x"`` once connected."""
         self.is_mariadb = False
         self.max_packet: int | None = None
         """MySQL: the server's ``max_allowed_packet`` (bytes one statement may carry)."""
-        super().__init__(owned=True)
+        super().__init__(owned=engine is None)
+        self._held = _maker is not _STORES
+        if self._held:
+            self.attach()  # the application's hold, released by close()
+
+    @classmethod
+    def shared(cls, url: str | StoreURL | None, client: object = None, **options: Any) -> SqlClient:
+        """The client for the stores of one ``connect()`` call (not yet counted as used).
+
+        ``client`` is a :class:`SqlClient` (then no client option may be given:
+        the client already has them), an application's ``AsyncEngine`` (used,
+        never disposed), or ``None`` for new engines from ``url``; options
+        given as ``None`` take their defaults. A client made here is closed by
+        the last store that releases it.
+        """
+        given = {k: v for k, v in options.items() if v is not None}
+        if isinstance(client, SqlClient):
+            if given:
+                raise ThreadStoreConfigurationError(
+                    f"option(s) {', '.join(sorted(given))} cannot be combined with a shared "
+                    "client; give them where the client is made"
+                )
+            return client
+        if client is not None:
+            _check_engine(client)
+            fixed = sorted(k for k in given if k in _ENGINE_OPTIONS)
+            if fixed:
+                raise ThreadStoreConfigurationError(
+                    f"option(s) {', '.join(fixed)} cannot be combined with an application's "
+                    "engine (it keeps its own pool settings)"
+                )
+        return cls(url, engine=cast("AsyncEngine | None", client), _maker=_STORES, **given)
 
     @classmethod
     def attached(
@@ -161,30 +246,35 @@ class SqlClient(SharedClient[Engines]):
     ) -> SqlClient:
         """The client a store uses, counted as one more user of it.
 
-        ``client`` is a shared :class:`SqlClient` (then no client option may be
-        given: the client already has them) or ``None`` for a new client from
-        ``url``; options given as ``None`` take their defaults.
+        ``client`` and ``options`` as for :meth:`shared`.
         """
-        given = {k: v for k, v in options.items() if v is not None}
-        if client is not None:
-            if not isinstance(client, SqlClient):
-                raise ThreadStoreConfigurationError(
-                    f"option client must be a pai_storage_sql SqlClient, not "
-                    f"{type(client).__qualname__}"
-                )
-            if given:
-                raise ThreadStoreConfigurationError(
-                    f"option(s) {', '.join(sorted(given))} cannot be combined with a shared "
-                    "client; give them where the client is made"
-                )
-            client.attach()
-            return client
-        made = cls(url, **given)
+        made = cls.shared(url, client, **options)
         made.attach()
         return made
 
+    async def close(self) -> None:
+        """Release the application's hold on a client it made (once; later calls do
+        nothing). Its engines are disposed of when its last store is closed too."""
+        if self._held:
+            self._held = False
+            await self.release()
+
+    async def __aenter__(self) -> SqlClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @property
+    def owns_engine(self) -> bool:
+        """Whether the client made its engines (and so disposes of them)."""
+        return self._owned
+
     def __repr__(self) -> str:
-        return f"SqlClient({str(self.url)!r}, table_prefix={self.tables.prefix!r})"
+        return (
+            f"SqlClient({str(self.url)!r}, table_prefix={self.tables.prefix!r}, "
+            f"own_engine={self.owns_engine})"
+        )
 
     # ------------------------------------------------------------ engines
 
@@ -193,6 +283,9 @@ class SqlClient(SharedClient[Engines]):
         return await self._ready()
 
     def _sqlite_path(self) -> str:
+        if self._engine is not None:
+            database = self._engine.url.database
+            return database if database not in (None, "") else ":memory:"
         path = self.url.path
         if path in ("", "/", "/:memory:"):
             return ":memory:"
@@ -204,6 +297,8 @@ class SqlClient(SharedClient[Engines]):
         from sqlalchemy.ext.asyncio import create_async_engine
         from sqlalchemy.pool import StaticPool
 
+        if self._engine is not None:
+            return self._given_engines(self._engine, event)
         query = dict(self.url.query)
         if self.dialect == "sqlite":
             path = self._sqlite_path()
@@ -259,6 +354,33 @@ class SqlClient(SharedClient[Engines]):
         )
         return Engines(engine, engine, None)
 
+    def _given_engines(self, engine: AsyncEngine, event: Any) -> Engines:
+        """The application's engine, through a proxy of its own (same pool) that
+        carries this client's settings; nothing is changed on ``engine`` itself."""
+        if self.dialect == "mysql":
+            return Engines(engine, engine, None)  # isolation checked by _connect
+        own = engine.execution_options()
+        settings = ["PRAGMA foreign_keys=ON"]
+        if self._busy_given:
+            settings.append(f"PRAGMA busy_timeout={int(self.busy_timeout * 1000)}")
+        key = f"pai_storage_sql:{';'.join(settings)}"
+
+        def on_engine_connect(conn: Any) -> None:
+            # Once per driver connection (the pool keeps ``info`` with it).
+            info = conn.connection.info
+            if info.get(key):
+                return
+            cursor = conn.connection.dbapi_connection.cursor()
+            try:
+                for statement in settings:
+                    cursor.execute(statement)
+            finally:
+                cursor.close()
+            info[key] = True
+
+        event.listen(own.sync_engine, "engine_connect", on_engine_connect)
+        return Engines(own, own, asyncio.Lock() if self.memory else None)
+
     def _sqlite_hooks(self, engine: AsyncEngine, event: Any) -> None:
         busy_ms = int(self.busy_timeout * 1000)
         memory = self.memory
@@ -279,6 +401,8 @@ class SqlClient(SharedClient[Engines]):
         event.listen(engine.sync_engine, "connect", on_connect)
 
     async def _connect(self, made: Engines) -> None:
+        if self._engine is not None and self.dialect == "mysql":
+            await self._check_given_mysql(made)
         with self.errors("connect"):
             async with made.writer.connect() as conn:
                 self.server_version, self.is_mariadb = await prepare_schema(
@@ -288,6 +412,27 @@ class SqlClient(SharedClient[Engines]):
                     packet = await conn.exec_driver_sql("SELECT @@global.max_allowed_packet")
                     self.max_packet = int(packet.scalar_one())
                     await conn.rollback()
+
+    async def _check_given_mysql(self, made: Engines) -> None:
+        """An application's MySQL engine: ``utf8mb4`` connections, and transactions
+        at ``REPEATABLE READ`` (through a proxy of the engine when it uses another level)."""
+        with self.errors("connect"):
+            async with made.writer.connect() as conn:
+                result = await conn.exec_driver_sql(
+                    "SELECT @@character_set_client, @@character_set_connection, "
+                    "@@character_set_results"
+                )
+                charsets = list(result.one())
+                isolation = await conn.get_isolation_level()
+                await conn.rollback()
+        if any(str(c).lower() != "utf8mb4" for c in charsets):
+            raise ThreadStoreConfigurationError(
+                f"the application's engine connects with character set {charsets[0]}; "
+                "pai-storage needs utf8mb4 (add ?charset=utf8mb4 to the engine's URL)"
+            )
+        if isolation != "REPEATABLE READ":
+            own = made.writer.execution_options(isolation_level="REPEATABLE READ")
+            made.writer = made.reader = own
 
     async def _disconnect(self, made: Engines, *, failed: bool) -> None:
         for engine in {id(made.writer): made.writer, id(made.reader): made.reader}.values():
@@ -424,6 +569,28 @@ class SqlClient(SharedClient[Engines]):
     @property
     def schema_version(self) -> int:
         return SCHEMA_VERSION
+
+
+def _check_engine(engine: object) -> None:
+    """An application's engine must be a SQLAlchemy ``AsyncEngine`` of a driver this
+    backend speaks."""
+    from sqlalchemy.ext.asyncio import AsyncEngine
+
+    if not isinstance(engine, AsyncEngine):
+        raise ThreadStoreConfigurationError(
+            f"option client must be {_ACCEPTED_CLIENTS}, not {type(engine).__qualname__}"
+        )
+    name, driver = engine.dialect.name, engine.dialect.driver
+    if (name, driver) not in (
+        ("sqlite", "aiosqlite"),
+        ("mysql", "asyncmy"),
+        ("mysql", "aiomysql"),
+        ("mariadb", "asyncmy"),
+        ("mariadb", "aiomysql"),
+    ):
+        raise ThreadStoreConfigurationError(
+            f"option client must be {_ACCEPTED_CLIENTS}, not an engine for {name}+{driver}"
+        )
 
 
 def _check_int(name: str, value: object, minimum: int) -> None:

@@ -40,7 +40,7 @@ class SqlHarness(TestHarness):
 
     def __init__(self, url: str | None = None) -> None:
         self.url: StoreURL = make_url(url or DEFAULT_TEST_URL)
-        probe = SqlClient(self.url)
+        probe = SqlClient.shared(self.url)
         self.dialect = probe.dialect
         self.memory = probe.memory
         self._directory: str | None = None
@@ -76,8 +76,7 @@ class SqlHarness(TestHarness):
     async def aclose(self) -> None:
         made, self._made, self._free = self._made, [], []
         for prefix in made:
-            client = SqlClient(self.url, table_prefix=prefix)
-            client.attach()
+            client = SqlClient.attached(self.url, table_prefix=prefix)
             try:
                 await self._drop_prefix(client)
             finally:
@@ -121,8 +120,7 @@ class SqlHarness(TestHarness):
         """Empty a used prefix's tables and offer it to the next store."""
         from sqlalchemy import delete, text
 
-        client = SqlClient(url, table_prefix=prefix)
-        client.attach()
+        client = SqlClient.attached(url, table_prefix=prefix)
         try:
             engines = await client.ready()
             version = client.tables.version

@@ -32,7 +32,8 @@ identifiers are ``VARBINARY``/``BINARY`` (compared byte by byte, no padding),
 so ``"a"``, ``"A"`` and ``"a "`` are three different ids.
 
 The runtime stores' tables come from :mod:`pai_storage_sql.runtime_tables`
-(``define_runtime_tables(metadata, prefix)``) on the same metadata.
+(``define_runtime_tables(metadata, prefix, names=...)``) on the same metadata;
+``names`` gives a component's tables a base name of their own.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -61,6 +63,7 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 from sqlalchemy.dialects import mysql
+from sqlalchemy.exc import InvalidRequestError
 from sqlalchemy.types import TypeEngine
 
 if TYPE_CHECKING:
@@ -78,6 +81,7 @@ __all__ = [
     "json_text",
     "prepare_schema",
     "runtime_prefix",
+    "validate_names",
     "validate_prefix",
 ]
 
@@ -97,8 +101,16 @@ ORDER_BYTES = 1024
 MAX_ID_BYTES = 4096
 """The largest identifier in UTF-8 bytes (1,024 characters of up to 4 bytes)."""
 
-MAX_PREFIX_LENGTH = 40
-"""MySQL names are at most 64 characters; the longest suffix adds 24."""
+MAX_PREFIX_LENGTH = 38
+"""MySQL names are at most 64 characters; the longest suffix adds 26
+(``<prefix>_agent_sessions_values_key``)."""
+
+MAX_NAME_LENGTH = 53
+"""The longest base name ``names`` may give a component (the longest suffix
+after it adds 11: ``<name>_values_key``)."""
+
+RUNTIME_COMPONENTS = ("kv", "state", "snapshots", "guard")
+"""The components whose tables ``names`` may rename."""
 
 _PREFIX = re.compile(r"[a-z_][a-z0-9_]*\Z")
 
@@ -120,6 +132,32 @@ def validate_prefix(value: object) -> str:
             "letters, digits and '_', not starting with a digit"
         )
     return value
+
+
+def validate_names(value: object) -> dict[str, str] | None:
+    """Check the ``names`` option: runtime component -> base table name."""
+    from pai_storage import ThreadStoreConfigurationError
+
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise ThreadStoreConfigurationError(
+            'option names must be a dict from component name to table name, e.g. {"kv": "my_kv"}'
+        )
+    chosen: dict[str, str] = {}
+    for component, name in value.items():
+        if component not in RUNTIME_COMPONENTS:
+            raise ThreadStoreConfigurationError(
+                f"option names: unknown component {component!r}; valid: "
+                f"{', '.join(RUNTIME_COMPONENTS)} (the thread tables use table_prefix)"
+            )
+        if not isinstance(name, str) or not _PREFIX.match(name) or len(name) > MAX_NAME_LENGTH:
+            raise ThreadStoreConfigurationError(
+                f"option names: the table name of {component} must be 1 to {MAX_NAME_LENGTH} "
+                "characters of lower-case letters, digits and '_', not starting with a digit"
+            )
+        chosen[component] = name
+    return chosen
 
 
 def runtime_prefix(table_prefix: str) -> str:
@@ -178,11 +216,15 @@ class Tables:
     runs: Table
     queued: Table
     runtime: Any
+    renamed: bool = False
+    """Whether ``names`` renamed a component's tables (then every connect makes
+    sure they exist, whatever names created the schema first)."""
 
     @classmethod
-    def define(cls, prefix: str = DEFAULT_PREFIX) -> Tables:
-        """Define the tables of ``prefix`` on a new metadata."""
+    def define(cls, prefix: str = DEFAULT_PREFIX, names: object = None) -> Tables:
+        """Define the tables of ``prefix`` (and ``names``) on a new metadata."""
         validate_prefix(prefix)
+        chosen = validate_names(names)
         md = MetaData()
         p = prefix
         version = Table(
@@ -323,23 +365,49 @@ class Tables:
             **MYSQL_TABLE_ARGS,
         )
         Index(f"{p}_queued_run", queued.c.tkey, queued.c.run_h, queued.c.position)
-        runtime = _runtime_tables(md, runtime_prefix(p))
-        return cls(p, md, version, threads, messages, runs, queued, runtime)
+        try:
+            runtime = _runtime_tables(md, runtime_prefix(p), chosen)
+        except InvalidRequestError:  # a table defined twice
+            runtime = None
+        if chosen and (runtime is None or not _distinct(md)):
+            from pai_storage import ThreadStoreConfigurationError
+
+            raise ThreadStoreConfigurationError(
+                "option names: the tables of two components (or of a component and the "
+                "thread tables) would have the same name"
+            )
+        return cls(p, md, version, threads, messages, runs, queued, runtime, bool(chosen))
 
     @property
     def thread_tables(self) -> tuple[Table, ...]:
         return (self.threads, self.messages, self.runs, self.queued)
 
 
-def _runtime_tables(metadata: MetaData, prefix: str) -> Any:
+def _distinct(metadata: MetaData) -> bool:
+    """Whether every table, index and constraint of ``metadata`` has its own name."""
+    seen: list[str] = []
+    for table in metadata.tables.values():
+        seen.append(table.name)
+        seen.extend(str(i.name) for i in table.indexes)
+        seen.extend(str(c.name) for c in table.constraints if isinstance(c.name, str))
+    return len(seen) == len(set(seen))
+
+
+def _runtime_tables(metadata: MetaData, prefix: str, names: dict[str, str] | None) -> Any:
     """The runtime stores' tables, when this installation ships them."""
     try:
         module = importlib.import_module(f"{__package__}.runtime_tables")
     except ModuleNotFoundError as exc:
         if exc.name != f"{__package__}.runtime_tables":
             raise
+        if names:
+            from pai_storage import ThreadStoreConfigurationError
+
+            raise ThreadStoreConfigurationError(
+                "option names: this installation ships no runtime stores"
+            ) from None
         return None
-    return module.define_runtime_tables(metadata, prefix)
+    return module.define_runtime_tables(metadata, prefix, names=names)
 
 
 async def prepare_schema(conn: AsyncConnection, dialect: str, tables: Tables) -> tuple[str, bool]:
@@ -365,11 +433,12 @@ async def prepare_schema(conn: AsyncConnection, dialect: str, tables: Tables) ->
         server = f"{'MariaDB' if mariadb else 'MySQL'} {shown.split('-')[0]}"
         await conn.rollback()
     stored = await _stored_version(conn, tables)
+    create = _needs_tables(stored, tables)
     # End the transaction of that read: on MySQL the re-check below must see a
     # fresh snapshot (REPEATABLE READ keeps the first one), or it would miss the
     # tables another process created while this one waited for the lock.
     await conn.rollback()
-    if stored is None or stored < SCHEMA_VERSION:
+    if create:
         lock_name = f"pai_storage:{tables.prefix}"
         if dialect == "sqlite":
             await conn.exec_driver_sql("BEGIN IMMEDIATE")
@@ -381,12 +450,12 @@ async def prepare_schema(conn: AsyncConnection, dialect: str, tables: Tables) ->
                 )
         try:
             stored = await _stored_version(conn, tables)
-            if stored is None or stored < SCHEMA_VERSION:
+            if _needs_tables(stored, tables):
                 await conn.run_sync(tables.metadata.create_all)
                 v = tables.version
                 if stored is None:
                     await conn.execute(v.insert().values(singleton=1, version=SCHEMA_VERSION))
-                else:
+                elif stored < SCHEMA_VERSION:
                     await conn.execute(v.update().values(version=SCHEMA_VERSION))
                 stored = SCHEMA_VERSION
             await conn.commit()
@@ -394,12 +463,20 @@ async def prepare_schema(conn: AsyncConnection, dialect: str, tables: Tables) ->
             if dialect != "sqlite":
                 await conn.exec_driver_sql(f"SELECT RELEASE_LOCK('{lock_name}')")
                 await conn.rollback()
-    if stored > SCHEMA_VERSION:
+    if stored is not None and stored > SCHEMA_VERSION:
         raise ThreadStoreConfigurationError(
             f"the tables {tables.prefix}* use schema version {stored}, newer than this "
             f"pai-storage understands ({SCHEMA_VERSION}); upgrade pai-storage"
         )
     return server, mariadb
+
+
+def _needs_tables(stored: int | None, tables: Tables) -> bool:
+    """Whether tables may be missing: a new or older schema, or renamed runtime
+    tables (``names``) that the process which created the schema may not have used."""
+    if stored is None or stored < SCHEMA_VERSION:
+        return True
+    return tables.renamed and stored == SCHEMA_VERSION
 
 
 async def _stored_version(conn: AsyncConnection, tables: Tables) -> int | None:
