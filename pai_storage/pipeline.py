@@ -376,12 +376,15 @@ async def run_read(
         elif selection is not None:
             high_water = head.next_positions[spec.name] - 1
             pages[spec.attr] = await _read_page(snapshot, spec, selection, version, high_water)
-    return ThreadReadResult.model_construct(
-        observed_at=observed,
-        thread=root,
-        messages=pages.get("messages"),
-        runs=pages.get("runs"),
-        queued_items=pages.get("queued_items"),
+    # Every part is validated or built here: no second validation of the result.
+    return ThreadReadResult.trusted(
+        {
+            "observed_at": observed,
+            "thread": root,
+            "messages": pages.get("messages"),
+            "runs": pages.get("runs"),
+            "queued_items": pages.get("queued_items"),
+        }
     )
 
 

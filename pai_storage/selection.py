@@ -93,7 +93,21 @@ class IdsPlan:
 
     def finish(self, found: Mapping[str, T], version: ThreadVersion) -> ThreadPage[T]:
         items = [found[i] for i in self.ids if i in found]
-        return ThreadPage[Any](items=items, version=version)
+        return _child_page(items, None, version)
+
+
+# Pages are built from records the backend validated (or the store built) and
+# from a token minted here: nothing in them needs a second validation. The
+# generic classes are parametrized once (each ``ThreadPage[Any]`` is a lookup).
+_CHILD_PAGE = ThreadPage[Any]
+_ROOT_PAGE = Page[ThreadRecord]
+
+
+def _child_page(items: list[T], token: str | None, version: ThreadVersion) -> ThreadPage[T]:
+    page: ThreadPage[T] = _CHILD_PAGE.trusted(
+        {"items": items, "next_page_token": token, "version": version}
+    )
+    return page
 
 
 # A decoded token is only a claim about a position: without a deployment
@@ -284,9 +298,7 @@ class ChildPagePlan:
                     "c": items[-1][0],
                 },
             )
-        return ThreadPage[Any](
-            items=[record for _, record in items], next_page_token=token, version=version
-        )
+        return _child_page([record for _, record in items], token, version)
 
     def select(self, family: FamilyView[R], version: ThreadVersion) -> ThreadPage[R]:
         """Run this plan over a family held in memory (aggregate backends)."""
@@ -415,7 +427,7 @@ class ListPlan:
                 self._query,
                 {"u": timestamp_ms(last.updated_at), "t": last.thread_id},
             )
-        return Page[ThreadRecord](items=items, next_page_token=token)
+        return _ROOT_PAGE.trusted({"items": items, "next_page_token": token})
 
     def select(self, roots: Iterable[ThreadRecord]) -> Page[ThreadRecord]:
         """Run the plan over roots held in memory (already limited to this scope).
