@@ -273,3 +273,85 @@ async def test_query_string_password_never_shown() -> None:
     with pytest.raises(ThreadStoreUnavailableError) as caught:
         await store.initialize()
     assert SECRET not in str(caught.value)
+
+
+UPDATED_INDEXES = {
+    "pai_threads_scope_updated": "(scope_key, updated_at, thread_id)",
+    "pai_threads_updated": "(updated_at, scope_key, thread_id)",
+}
+
+
+async def _indexes(conn: asyncpg.Connection, schema: str) -> dict[str, str]:
+    rows = await conn.fetch(
+        "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = $1", schema
+    )
+    return {r["indexname"]: r["indexdef"] for r in rows}
+
+
+@pytest.mark.asyncio
+async def test_version_2_database_is_migrated_in_place(
+    pg_schema: str, pg_conn: asyncpg.Connection
+) -> None:
+    """A database as schema version 2 left it (no updated-at indexes) gets them, keeps its data
+    and serves the lifecycle operations; concurrent openers migrate it once."""
+    assert SCHEMA_VERSION == 3
+    async with PostgresThreadStore(URL, schema=pg_schema) as store:
+        for i in range(5):
+            assert isinstance(
+                await store.commit_thread(b.create("scope", f"t{i}")), CommittedResult
+            )
+    # Back to version 2: the same tables without the version-3 indexes.
+    for name in UPDATED_INDEXES:
+        await pg_conn.execute(f'DROP INDEX "{pg_schema}"."{name}"')
+    await pg_conn.execute(
+        f'UPDATE "{pg_schema}".pai_threads_schema SET version = 2, '
+        "upgraded_at = now() - interval '1 day'"
+    )
+    assert not set(UPDATED_INDEXES) & set(await _indexes(pg_conn, pg_schema))
+
+    stores = [PostgresThreadStore(URL, schema=pg_schema) for _ in range(4)]
+    try:
+        await asyncio.gather(*(s.initialize() for s in stores))
+        rows = await pg_conn.fetch(
+            f"SELECT version, upgraded_at > now() - interval '1 hour' AS fresh FROM \"{pg_schema}\""
+            ".pai_threads_schema"
+        )
+        assert [(r["version"], r["fresh"]) for r in rows] == [(SCHEMA_VERSION, True)]
+        indexes = await _indexes(pg_conn, pg_schema)
+        for name, columns in UPDATED_INDEXES.items():
+            assert indexes[name].endswith(f"USING btree {columns}"), indexes[name]
+        # The old threads are there, and the lifecycle operations find them through the index.
+        exported = [line async for line in stores[0].export_threads("scope")]
+        assert sum('"kind":"thread"' in line for line in exported) == 5
+        assert await stores[1].erase_scope("scope") == 5
+        assert (await stores[2].read_thread(b.read("scope", "t0"))).thread is None
+    finally:
+        await asyncio.gather(*(s.close() for s in stores))
+
+
+@pytest.mark.asyncio
+async def test_version_1_database_is_migrated_to_the_current_version(
+    pg_schema: str, pg_conn: asyncpg.Connection
+) -> None:
+    """Version 1 (thread tables only, no updated-at indexes) gains the runtime tables and
+    the indexes in one step."""
+    async with PostgresThreadStore(URL, schema=pg_schema) as store:
+        assert isinstance(await store.commit_thread(b.create("scope", "old")), CommittedResult)
+    for name in UPDATED_INDEXES:
+        await pg_conn.execute(f'DROP INDEX "{pg_schema}"."{name}"')
+    runtime = await pg_conn.fetch(
+        "SELECT tablename FROM pg_tables WHERE schemaname = $1 AND tablename LIKE 'pai\\_%' "
+        "AND tablename NOT LIKE 'pai\\_threads%'",
+        pg_schema,
+    )
+    assert runtime
+    for r in runtime:
+        await pg_conn.execute(f'DROP TABLE "{pg_schema}"."{r["tablename"]}" CASCADE')
+    await pg_conn.execute(f'UPDATE "{pg_schema}".pai_threads_schema SET version = 1')
+    async with PostgresThreadStore(URL, schema=pg_schema) as store:
+        heads = await store._thread_heads(None, updated_before=None, after=None, limit=10)
+        assert [(h.scope_key, h.thread_id) for h in heads] == [("scope", "old")]
+    assert await pg_conn.fetchval(f'SELECT version FROM "{pg_schema}".pai_threads_schema') == 3
+    assert set(UPDATED_INDEXES) <= set(await _indexes(pg_conn, pg_schema))
+    tables = await pg_conn.fetch("SELECT tablename FROM pg_tables WHERE schemaname = $1", pg_schema)
+    assert {r["tablename"] for r in runtime} <= {r["tablename"] for r in tables}

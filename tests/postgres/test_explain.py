@@ -1,4 +1,4 @@
-"""Every list form and child page is an index range scan with no Sort node.
+"""Every list form, child page and lifecycle statement is an index range scan with no Sort node.
 
 The tables are filled in bulk (SQL, for speed) with a realistic spread of
 agents, visibilities, parents, categories and a thread holding 10,000
@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg  # type: ignore[import-untyped]
@@ -21,8 +22,11 @@ from pai_storage_postgres import PostgresThreadStore
 from pai_storage_postgres.store import (
     SESSION_SETTINGS,
     by_keys,
+    fork_statements,
+    heads_statement,
     open_runs_statement,
     tail_statement,
+    whole_family_statement,
 )
 
 from .helpers import URL
@@ -49,7 +53,7 @@ async def filled(pg_schema: str) -> AsyncIterator[tuple[PostgresThreadStore, asy
                CASE WHEN g % 6 = 0 THEN 'hidden' ELSE 'visible' END,
                CASE WHEN g % 3 = 0 THEN convert_to('p' || (g % 40), 'UTF8') END,
                CASE WHEN g % 7 = 0 THEN convert_to('c' || (g % 9), 'UTF8') END,
-               now(), -1700000000000 - g * 1000, '{{}}'
+               to_timestamp(1700000000 + g), -1700000000000 - g * 1000, '{{}}'
         FROM generate_series(1, 40000) g""",
         SCOPE,
     )
@@ -189,3 +193,106 @@ async def test_commit_lookups_probe_one_key_at_a_time(
         scans = [n for n in _nodes(json.loads(raw)[0]["Plan"]) if "Relation Name" in n]
         assert all("message_id = k.id" in n.get("Index Cond", "") for n in scans), scans
     await conn.execute("RESET plan_cache_mode")
+
+
+async def _plans(conn: asyncpg.Connection, sql: str, args: list[Any]) -> list[dict[str, Any]]:
+    """The custom and the generic plan of ``sql``."""
+    plans = []
+    for mode in ("force_custom_plan", "force_generic_plan"):
+        await conn.execute(f"SET plan_cache_mode = {mode}")
+        raw = await conn.fetchval(f"EXPLAIN (FORMAT JSON) {sql}", *args)
+        plans.append(json.loads(raw)[0]["Plan"])
+    await conn.execute("RESET plan_cache_mode")
+    return plans
+
+
+HEAD_FORMS = list(itertools.product((False, True), repeat=3))
+
+
+@pytest.mark.asyncio
+async def test_every_thread_heads_form_is_an_updated_at_index_scan(
+    filled: tuple[PostgresThreadStore, asyncpg.Connection],
+) -> None:
+    """The sweep's index walk: one range of the scope's or the global updated-at index,
+    read in index order (no Sort) up to its LIMIT; the start is an index bound.
+
+    One scope of many (1,000 of the 40,000 threads) is a range of the scope's index:
+    walking the global one would step over every other scope's threads.
+    """
+    store, conn = filled
+    threads = store.tables.threads
+    assert (
+        await conn.fetchval(f"SELECT count(*) FROM {threads} WHERE scope_key = 'other4'::bytea")
+        == 1000
+    )
+    for scoped, before, after in HEAD_FORMS:
+        sql = heads_statement(threads, scoped, before, after)
+        args: list[Any] = [100]
+        if scoped:
+            args.append(b"other4")
+        if before:
+            args.append(datetime.fromtimestamp(1700030000, UTC))
+        if after:
+            args.append(datetime.fromtimestamp(1700020000, UTC))
+            if not scoped:
+                args.append(b"other4")
+            args.append(b"t20004")
+        index = f"{store.tables.prefix}_{'scope_updated' if scoped else 'updated'}"
+        for plan in await _plans(conn, sql, args):
+            nodes = list(_nodes(plan))
+            types = [n["Node Type"] for n in nodes]
+            assert types[0] == "Limit", (sql, types)
+            assert "Sort" not in types, (sql, types)
+            assert "Incremental Sort" not in types, (sql, types)
+            scans = [n for n in nodes if "Relation Name" in n]
+            assert len(scans) == 1, (sql, types)
+            assert scans[0]["Node Type"] in INDEX_SCANS, (sql, types)
+            assert scans[0]["Index Name"] == index, (sql, scans)
+            cond = scans[0].get("Index Cond", "")
+            if scoped:
+                assert "scope_key =" in cond, (sql, cond)
+            if before:
+                assert "updated_at <" in cond, (sql, cond)
+            if after:
+                assert "ROW(" in cond, (sql, cond)
+                assert "thread_id" in cond, (sql, cond)
+
+
+@pytest.mark.asyncio
+async def test_load_and_fork_statements_are_index_range_scans(
+    filled: tuple[PostgresThreadStore, asyncpg.Connection],
+) -> None:
+    """A whole-thread load reads each family by primary-key range; a fork holds the source
+    root by key and copies each family with ``INSERT ... SELECT`` over one thread's range
+    of its primary key (the messages' range bounded by the cut's position)."""
+    store, conn = filled
+    t = store.tables
+    thread = [SCOPE, b"t1"]
+    for table in (t.messages, t.runs, t.queued):
+        await _check_plan(conn, whole_family_statement(table), thread)
+    sql = fork_statements(t)
+    await _check_plan(conn, sql.hold, thread)
+    await _check_plan(conn, sql.cut, [*thread, b"m10500"])
+    copies = (
+        (sql.copy_messages, [*thread, b"fork", 600, [b"r5001", b"r5002"]]),
+        (sql.copy_runs, [*thread, b"fork", [b"r5001", b"r5002"]]),
+    )
+    for statement, args in copies:
+        assert statement.startswith("INSERT INTO")
+        assert " SELECT " in statement
+        for plan in await _plans(conn, statement, args):
+            nodes = list(_nodes(plan))
+            assert plan["Node Type"] == "ModifyTable", plan
+            types = [n["Node Type"] for n in nodes]
+            assert "Sort" not in types, (statement, types)
+            scans = [n for n in nodes[1:] if "Relation Name" in n]
+            assert len(scans) == 1, (statement, types)
+            # Rows are copied in any order: a bitmap over the same index range will do.
+            assert scans[0]["Node Type"] in {*INDEX_SCANS, "Bitmap Heap Scan"}, types
+            conds = [n["Index Cond"] for n in nodes[1:] if "Index Cond" in n]
+            assert len(conds) == 1, (statement, types)
+            cond = conds[0]
+            assert "scope_key =" in cond, (statement, cond)
+            assert "thread_id =" in cond, (statement, cond)
+            if statement == sql.copy_messages:
+                assert '"position" <=' in cond, (statement, cond)

@@ -213,7 +213,7 @@ async def test_client_must_be_a_pool() -> None:
     assert "asyncpg.Pool" in str(caught.value)
 
 
-async def test_version_1_database_is_migrated_to_version_2(
+async def test_version_1_database_gains_the_runtime_tables(
     pg_schema: str, pg_conn: asyncpg.Connection
 ) -> None:
     async with PostgresThreadStore(URL, schema=pg_schema):
@@ -232,8 +232,12 @@ async def test_version_1_database_is_migrated_to_version_2(
     async with PostgresKeyValueStore(URL, schema=pg_schema) as kv:
         item = await kv.put(("a",), "k", [1.0, 2])
         assert item.version == 1
-    assert await pg_conn.fetchval(f'SELECT version FROM "{pg_schema}".pai_threads_schema') == 2
-    assert SCHEMA_VERSION == 2
+    # Migrated to the current version (2 added the runtime tables) by a runtime store.
+    assert (
+        await pg_conn.fetchval(f'SELECT version FROM "{pg_schema}".pai_threads_schema')
+        == SCHEMA_VERSION
+    )
+    assert SCHEMA_VERSION == 3
     assert await pg_conn.fetchval(f"SELECT to_regclass('\"{pg_schema}\".pai_agent_sessions')")
 
 

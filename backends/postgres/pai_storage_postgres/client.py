@@ -285,8 +285,8 @@ class PgClient(SharedClient["asyncpg.Pool"]):
                 )
                 stored = await self._schema_version(conn)
                 if stored is None or stored < SCHEMA_VERSION:
-                    # Every statement is idempotent: a version-1 database gets the
-                    # tables it lacks, in this one transaction.
+                    # Every statement is idempotent: an older database gets the
+                    # tables and indexes it lacks, in this one transaction.
                     for statement in all_ddl(self.tables):
                         await conn.execute(statement)
                     await conn.execute(

@@ -26,8 +26,12 @@ another ``table_prefix`` ``p`` they are ``p_kv``, ``p_agent_sessions``, ...;
 
 ``<prefix>_schema`` records the schema version. :data:`SCHEMA_VERSION` is
 what this code writes: version 1 held the thread tables, version 2 adds the
-runtime tables. A version-1 database is migrated in one transaction under the
-advisory lock; a database with a newer version is refused.
+runtime tables, version 3 the two updated-at indexes of the thread roots
+(``<prefix>_scope_updated`` and ``<prefix>_updated``) that retention sweeps,
+scope erasure and export walk. Every statement is idempotent (``IF NOT
+EXISTS``), so a database at any older version is migrated by running them all
+in one transaction under the advisory lock; a database with a newer version
+is refused.
 """
 
 from __future__ import annotations
@@ -47,8 +51,9 @@ __all__ = [
     "validate_names",
 ]
 
-SCHEMA_VERSION = 2
-"""The schema version this package creates and understands (1: threads only)."""
+SCHEMA_VERSION = 3
+"""The schema version this package creates and understands (1: threads only;
+2: the runtime tables; 3: the thread roots' updated-at indexes)."""
 
 DEFAULT_PREFIX = "pai_threads"
 """The default ``table_prefix`` (the thread tables' base name)."""
@@ -203,7 +208,7 @@ class Tables:
         return f"pai_storage:{self.schema or ''}.{self.prefix}"
 
     def ddl(self) -> list[str]:
-        """Idempotent DDL for the thread tables (schema version 1), run under the advisory lock."""
+        """Idempotent DDL for the thread tables and their indexes, run under the advisory lock."""
         p = self.prefix
         t, m, r, q, v = self.threads, self.messages, self.runs, self.queued, self.version_table
         idx = quote_ident
@@ -252,6 +257,13 @@ class Tables:
             f"CREATE INDEX IF NOT EXISTS {idx(p + '_list_category')} ON {t} "
             "(scope_key, list_visibility, category, sort_key, thread_id) "
             "WHERE category IS NOT NULL",
+            # The updated-at index of the lifecycle operations (schema version 3):
+            # ascending updated_at, then scope key, then thread id, within one
+            # scope or across every scope.
+            f"CREATE INDEX IF NOT EXISTS {idx(p + '_scope_updated')} ON {t} "
+            "(scope_key, updated_at, thread_id)",
+            f"CREATE INDEX IF NOT EXISTS {idx(p + '_updated')} ON {t} "
+            "(updated_at, scope_key, thread_id)",
             f"""CREATE TABLE IF NOT EXISTS {m} (
                 {key},
                 position bigint NOT NULL,
@@ -294,7 +306,8 @@ class Tables:
 
 
 def all_ddl(tables: Tables) -> list[str]:
-    """Idempotent DDL of schema version 2: the thread tables, then every runtime store's.
+    """Idempotent DDL of the current schema version: the thread tables, then every
+    runtime store's.
 
     Each runtime module (``kv``, ``state``, ``snapshots``, ``guard``) supplies
     ``ddl(tables)`` for its own tables.

@@ -17,10 +17,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from pai_storage import (
     Clock,
@@ -49,12 +49,15 @@ from pai_storage import (
 )
 from pai_storage.backend import (
     FAMILIES,
+    LIFECYCLE,
     ChildPagePlan,
     CommitTransaction,
     Entry,
+    Family,
     FamilyName,
     FamilySpec,
     FamilyWrite,
+    ForkPlan,
     HeldThread,
     ListPlan,
     MessageRef,
@@ -65,7 +68,10 @@ from pai_storage.backend import (
     RelationshipReader,
     RunFacts,
     RunRef,
+    SourceChanged,
+    ThreadAggregate,
     ThreadConflict,
+    ThreadHead,
     Window,
     map_errors,
     run_commit,
@@ -87,6 +93,11 @@ COMMIT_ATTEMPTS = 3
 """Attempts for a commit that hits a serialization failure or deadlock."""
 
 _NOW_SQL = "SELECT date_trunc('milliseconds', clock_timestamp())"
+
+_LAST_POSITION = 2**63 - 1
+"""The cut of a fork that copies every message (the largest ``bigint``)."""
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +146,15 @@ class _Retry(Exception):
     """Internal: a serialization failure or deadlock; the attempt is rolled back and retried."""
 
 
+@dataclass(frozen=True, slots=True)
+class _Abort:
+    """What a transaction body returns to roll back: then ``error`` is raised, or
+    ``value`` returned."""
+
+    value: Any = None
+    error: Exception | None = None
+
+
 class PostgresThreadStore(ThreadStore):
     """Thread state in PostgreSQL 13+ (asyncpg).
 
@@ -169,6 +189,7 @@ class PostgresThreadStore(ThreadStore):
 
     backend_name = "postgres"
     token_prefix = "pai-pg"
+    capabilities = frozenset({LIFECYCLE})
 
     def __init__(
         self,
@@ -371,34 +392,47 @@ class PostgresThreadStore(ThreadStore):
     # ------------------------------------------------------------ commits
 
     async def _commit_thread(self, request: CommitThreadInput) -> CommittedResult | ConflictResult:
+        async def body(conn: asyncpg.Connection) -> CommittedResult | ConflictResult | _Abort:
+            tx = _PgTransaction(conn, self._layout, request.scope_key, request.thread_id)
+            tx.mutation = request.mutation
+            result = await run_commit(tx, request, clock=self.now)
+            return _Abort(result) if isinstance(result, ConflictResult) else result
+
+        return await self._transaction(body, "commit")
+
+    async def _transaction(
+        self, body: Callable[[asyncpg.Connection], Awaitable[T | _Abort]], what: str
+    ) -> T:
+        """Run ``body`` in one ``READ COMMITTED`` transaction, retried on a
+        serialization failure or deadlock (:data:`COMMIT_ATTEMPTS` attempts)."""
         last: BaseException | None = None
         for attempt in range(COMMIT_ATTEMPTS):
             try:
-                return await self._commit_once(request)
+                return await self._transaction_once(body)
             except _Retry as retry:
                 last = retry.__cause__
                 await asyncio.sleep(0.005 * (attempt + 1))
-        assert last is not None
         raise ThreadStoreUnavailableError(
-            f"the commit kept hitting serialization failures or deadlocks "
+            f"the {what} kept hitting serialization failures or deadlocks "
             f"({COMMIT_ATTEMPTS} attempts); nothing was applied"
         ) from last
 
-    async def _commit_once(self, request: CommitThreadInput) -> CommittedResult | ConflictResult:
-        """One attempt: ``BEGIN``, the core's commit pipeline, ``COMMIT`` or ``ROLLBACK``."""
+    async def _transaction_once(
+        self, body: Callable[[asyncpg.Connection], Awaitable[T | _Abort]]
+    ) -> T:
+        """One attempt: ``BEGIN``, ``body``, ``COMMIT`` (``ROLLBACK`` on :class:`_Abort`)."""
         attempt = _Attempt(self.url)
         async with self._connection() as conn:
             try:
                 with map_errors(attempt.translate):
                     await conn.execute("BEGIN")
-                    tx = _PgTransaction(conn, self._layout, request)
-                    result = await run_commit(tx, request, clock=self.now)
-                    if isinstance(result, ConflictResult):
+                    result = await body(conn)
+                    if isinstance(result, _Abort):
                         await conn.execute("ROLLBACK")
+                    else:
+                        attempt.phase = "commit"
+                        await conn.execute("COMMIT")
                         return result
-                    attempt.phase = "commit"
-                    await conn.execute("COMMIT")
-                    return result
             except _Retry:
                 await _rollback(conn)
                 raise
@@ -409,6 +443,115 @@ class PostgresThreadStore(ThreadStore):
                     await _rollback(conn)  # a judgement error: the connection is fine
                 raise
             # Cancelled mid-transaction: _connection terminates the connection.
+        assert isinstance(result, _Abort)
+        if result.error is not None:
+            raise result.error
+        return cast(T, result.value)
+
+    # ------------------------------------------------------------ lifecycle primitives
+
+    async def _thread_heads(
+        self,
+        scope_key: str | None,
+        *,
+        updated_before: datetime | None,
+        after: ThreadHead | None,
+        limit: int,
+    ) -> Sequence[ThreadHead]:
+        """A bounded range scan of ``<p>_scope_updated`` (one scope) or ``<p>_updated``."""
+        sql = heads_statement(
+            self.tables.threads,
+            scope_key is not None,
+            updated_before is not None,
+            after is not None,
+        )
+        args: list[Any] = [limit]
+        if scope_key is not None:
+            args.append(enc(scope_key))
+        if updated_before is not None:
+            args.append(updated_before)
+        if after is not None:
+            args.append(after.updated_at)
+            if scope_key is None:
+                args.append(enc(after.scope_key))
+            args.append(enc(after.thread_id))
+        async with self._connection() as conn:
+            with self._errors("read"):
+                rows = await conn.fetch(sql, *args)
+        return [
+            ThreadHead(dec(r["scope_key"]), dec(r["thread_id"]), _version(r), r["updated_at"])
+            for r in rows
+        ]
+
+    async def _load_thread(self, scope_key: str, thread_id: str) -> ThreadAggregate | None:
+        """The root and every row of the thread, from one ``REPEATABLE READ`` snapshot."""
+        async with self._connection() as conn:
+            with self._errors("read"):
+                async with conn.transaction(isolation="repeatable_read", readonly=True):
+                    rows = _ThreadRows(conn, self._layout, scope_key, thread_id)
+                    return await rows.load_all()
+
+    async def _restore_thread(self, aggregate: ThreadAggregate) -> ThreadVersion | None:
+        """Insert the root and every row in one transaction, only if the thread is missing."""
+        root = aggregate.root
+        families: dict[FamilyName, Family[Any]] = {
+            "messages": aggregate.messages,
+            "runs": aggregate.runs,
+            "queuedItems": aggregate.queued_items,
+        }
+
+        async def body(conn: asyncpg.Connection) -> ThreadVersion | _Abort | None:
+            tx = _PgTransaction(conn, self._layout, root.scope_key, root.thread_id)
+            positions = {name: family.next_position for name, family in families.items()}
+            try:
+                await tx.write_root(root, positions, created=True)
+            except ThreadConflict as conflict:
+                if conflict.current is None:  # the holder was deleted meanwhile: again
+                    return _Abort(error=_Retry())
+                return _Abort(conflict.current)
+            for spec in FAMILIES:
+                entries = list(families[spec.name])
+                if entries:
+                    await tx.write_family(spec, FamilyWrite(inserts=entries))
+            return None
+
+        return await self._transaction(body, "restore")
+
+    async def _fork_copy(self, plan: ForkPlan) -> ThreadRecord:
+        """The fork in one transaction; the copied rows never leave the database.
+
+        The source root is held (``FOR SHARE``: commits to it wait, other
+        forks of it do not), the fork's root inserted, then one ``INSERT ...
+        SELECT`` per family copies the rows the plan keeps.
+        """
+        scope = enc(plan.scope_key)
+        source, target = enc(plan.source_thread_id), enc(plan.thread_id)
+        dropped = [enc(i) for i in sorted(plan.dropped_run_ids)]
+        sql = fork_statements(self._layout.tables)
+
+        async def body(conn: asyncpg.Connection) -> ThreadRecord | _Abort:
+            held = await conn.fetchrow(sql.hold, scope, source)
+            if held is None or _version(held) != plan.source_version:
+                return _Abort(error=SourceChanged())
+            now = None if plan.test_now is not None else await conn.fetchval(_NOW_SQL)
+            root = plan.root(now)
+            fork = _PgTransaction(conn, self._layout, plan.scope_key, plan.thread_id)
+            positions = {name: int(held[t.next_col]) for name, t in self._layout.families.items()}
+            try:
+                await fork.write_root(root, positions, created=True)
+            except ThreadConflict as conflict:
+                return _Abort(error=conflict)
+            cut = _LAST_POSITION
+            if plan.through_message_id is not None:
+                found = await conn.fetchval(sql.cut, scope, source, enc(plan.through_message_id))
+                if found is None:  # the plan was made from this very version
+                    return _Abort(error=SourceChanged())
+                cut = int(found)
+            await conn.execute(sql.copy_messages, scope, source, target, cut, dropped)
+            await conn.execute(sql.copy_runs, scope, source, target, dropped)
+            return root
+
+        return await self._transaction(body, "fork")
 
 
 class _Attempt:
@@ -458,6 +601,32 @@ class _ThreadRows:
     def _positions(self, row: Any) -> dict[FamilyName, int]:
         return {name: int(row[table.next_col]) for name, table in self._families.items()}
 
+    async def load_all(self) -> ThreadAggregate | None:
+        """The root and every row of the thread (run it in one snapshot)."""
+        head = await self._conn.fetchrow(
+            f"SELECT messages_next, runs_next, queued_next, doc FROM {self._tables.threads} "
+            "WHERE scope_key = $1 AND thread_id = $2",
+            self._scope,
+            self._thread,
+        )
+        if head is None:
+            return None
+        root = self._parse_root(head["doc"])
+        positions = self._positions(head)
+        families: dict[FamilyName, Family[Any]] = {}
+        for spec in FAMILIES:
+            rows = await self._conn.fetch(
+                whole_family_statement(self._families[spec.name].table), self._scope, self._thread
+            )
+            entries: dict[str, Entry[Any]] = {}
+            for position, doc in rows:
+                record = parse(spec.model, doc)
+                entries[spec.record_id(record)] = Entry(int(position), record)
+            families[spec.name] = Family(entries, positions[spec.name])
+        return ThreadAggregate(
+            root, families["messages"], families["runs"], families["queuedItems"]
+        )
+
     async def load_rows(self, spec: FamilySpec, ids: Sequence[str]) -> Mapping[str, Entry[Any]]:
         wanted = [enc(i) for i in ids]
         if not wanted:
@@ -482,16 +651,18 @@ class _ThreadRows:
 
 
 class _PgTransaction(_ThreadRows, CommitTransaction):
-    """The commit primitives inside the attempt's ``READ COMMITTED`` transaction."""
+    """The commit primitives inside the attempt's ``READ COMMITTED`` transaction.
 
-    def __init__(self, conn: asyncpg.Connection, layout: _Layout, request: CommitThreadInput):
-        super().__init__(conn, layout, request.scope_key, request.thread_id)
-        self._mutation = request.mutation
+    ``mutation`` is the commit's (a restore or a fork only writes a new root
+    and rows, and never holds).
+    """
+
+    mutation: object = None
 
     async def hold(self) -> HeldThread:
         t = self._tables.threads
         key = "WHERE scope_key = $1 AND thread_id = $2"
-        if isinstance(self._mutation, CreateMutation):
+        if isinstance(self.mutation, CreateMutation):
             # Nothing to lock yet: write_root inserts with ON CONFLICT DO NOTHING.
             row = await self._conn.fetchrow(
                 f"SELECT instance_id, revision FROM {t} {key}", self._scope, self._thread
@@ -708,6 +879,87 @@ def page_statement(
         return base + " AND status = $6" + tail
     branches = [f"({base} AND status = ${6 + i}{tail})" for i in range(statuses)]
     return " UNION ALL ".join(branches)
+
+
+@functools.lru_cache(maxsize=64)
+def heads_statement(threads: str, scoped: bool, before: bool, after: bool) -> str:
+    """Entries of the updated-at index: ``$1`` the row count, then the scope key
+    (``scoped``), the ``updated_at`` bound (``before``), and the exclusive start
+    (``after``: its updated_at, scope key unless ``scoped``, thread id).
+
+    One scope is a range of ``<p>_scope_updated``, every scope one of
+    ``<p>_updated``; the row-value comparison is the index order, so the
+    start is an index bound, not a filter. (For a scope holding most of the
+    threads the planner may walk ``<p>_updated`` instead, checking the scope
+    key in the index: then too the walk is about what it returns.)
+    """
+    order = ["updated_at", "thread_id"] if scoped else ["updated_at", "scope_key", "thread_id"]
+    where: list[str] = []
+    n = 2
+    if scoped:
+        where.append(f"scope_key = ${n}")
+        n += 1
+    if before:
+        where.append(f"updated_at < ${n}")
+        n += 1
+    if after:
+        bound = ", ".join(f"${n + i}" for i in range(len(order)))
+        where.append(f"({', '.join(order)}) > ({bound})")
+    condition = f" WHERE {' AND '.join(where)}" if where else ""
+    return (
+        f"SELECT scope_key, thread_id, instance_id, revision, updated_at FROM {threads}"
+        f"{condition} ORDER BY {', '.join(order)} LIMIT $1"
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def whole_family_statement(table: str) -> str:
+    """Every row of one thread in one family (``$1`` scope, ``$2`` thread), by position."""
+    return (
+        f"SELECT position, doc FROM {table} WHERE scope_key = $1 AND thread_id = $2 "
+        "ORDER BY position"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ForkStatements:
+    """The statements of a fork (``$1`` scope, ``$2`` source thread, ``$3`` the fork).
+
+    ``hold``: the source root's version and counters, ``FOR SHARE``;
+    ``cut``: the cut message's position; ``copy_messages`` (``$4`` the cut
+    position, ``$5`` the dropped run ids) and ``copy_runs`` (``$4`` the
+    dropped run ids): ``INSERT ... SELECT`` from the source's rows.
+    """
+
+    hold: str
+    cut: str
+    copy_messages: str
+    copy_runs: str
+
+
+@functools.lru_cache(maxsize=16)
+def fork_statements(tables: Tables) -> ForkStatements:
+    t, m, r = tables.threads, tables.messages, tables.runs
+    key = "scope_key = $1 AND thread_id = $2"
+    message_cols = "position, message_id, run_id, relation, transcript, context, doc"
+    run_cols = "position, run_id, status, doc"
+    return ForkStatements(
+        hold=(
+            f"SELECT instance_id, revision, messages_next, runs_next, queued_next FROM {t} "
+            f"WHERE {key} FOR SHARE"
+        ),
+        cut=f"SELECT position FROM {m} WHERE {key} AND message_id = $3",
+        copy_messages=(
+            f"INSERT INTO {m} (scope_key, thread_id, {message_cols}) "
+            f"SELECT scope_key, $3, {message_cols} FROM {m} WHERE {key} AND position <= $4 "
+            "AND (run_id IS NULL OR run_id <> ALL($5::bytea[]))"
+        ),
+        copy_runs=(
+            f"INSERT INTO {r} (scope_key, thread_id, {run_cols}) "
+            f"SELECT scope_key, $3, {run_cols} FROM {r} WHERE {key} "
+            "AND run_id <> ALL($4::bytea[])"
+        ),
+    )
 
 
 def _version(row: Any) -> ThreadVersion:
