@@ -9,6 +9,7 @@ real MariaDB.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
@@ -16,7 +17,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from pai_storage_sql.client import SqlClient
-from pai_storage_sql.schema import Tables
+from pai_storage_sql.schema import MAX_PREFIX_LENGTH, Tables
 from sqlalchemy import create_engine, inspect, text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
@@ -260,7 +261,7 @@ async def test_names_rename_a_components_tables(
         ("my_kv", "must be a dict"),
         ({"threads": "x"}, "unknown component 'threads'"),
         ({"kv": "My-KV"}, "table name of kv"),
-        ({"kv": "k" * 54}, "1 to 53 characters"),
+        ({"kv": "k" * 50}, "1 to 49 characters"),
         ({"kv": 3}, "table name of kv"),
         ({"kv": "same", "snapshots": "same"}, "same name"),
         ({"kv": "pai_threads_messages"}, "same name"),
@@ -269,3 +270,16 @@ async def test_names_rename_a_components_tables(
 async def test_bad_names_are_refused(tmp_path: Any, names: object, message: str) -> None:
     with pytest.raises(ConfigurationError, match=message):
         pai_storage.connect(f"sqlite:///{tmp_path}/x.db", names=names)
+
+
+async def test_longest_table_prefix_names_every_mysql_table_and_index() -> None:
+    from .conftest import MYSQL_URL
+
+    prefix = ("p" + uuid.uuid4().hex)[:MAX_PREFIX_LENGTH].ljust(MAX_PREFIX_LENGTH, "_")
+    try:
+        async with pai_storage.connect(MYSQL_URL, table_prefix=prefix) as stores:
+            await use_every_store(stores)
+    finally:
+        await drop_tables(prefix)
+    with pytest.raises(ConfigurationError, match=f"1 to {MAX_PREFIX_LENGTH} characters"):
+        pai_storage.connect(MYSQL_URL, table_prefix=prefix + "x")

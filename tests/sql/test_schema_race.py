@@ -22,6 +22,7 @@ PROCESSES = 3
 
 WORKER = """
 import asyncio, sys
+from pai_storage_sql.client import SqlClient
 
 async def main(url, prefix):
     client = SqlClient.attached(url, table_prefix=prefix, busy_timeout=60)

@@ -101,13 +101,14 @@ ORDER_BYTES = 1024
 MAX_ID_BYTES = 4096
 """The largest identifier in UTF-8 bytes (1,024 characters of up to 4 bytes)."""
 
-MAX_PREFIX_LENGTH = 38
-"""MySQL names are at most 64 characters; the longest suffix adds 26
-(``<prefix>_agent_sessions_values_key``)."""
+MAX_PREFIX_LENGTH = 34
+"""MySQL names are shorter than 64 characters (InnoDB refuses a foreign key
+name of 64); the longest suffix adds 29 (``<prefix>_agent_sessions_values_ibfk_1``,
+the name InnoDB gives the values table's foreign key)."""
 
-MAX_NAME_LENGTH = 53
+MAX_NAME_LENGTH = 49
 """The longest base name ``names`` may give a component (the longest suffix
-after it adds 11: ``<name>_values_key``)."""
+after it adds 14: ``<name>_values_ibfk_1``)."""
 
 RUNTIME_COMPONENTS = ("kv", "state", "snapshots", "guard")
 """The components whose tables ``names`` may rename."""
