@@ -42,8 +42,12 @@ _B64URL = re.compile(r"[A-Za-z0-9_-]*\Z")
 _KIND = re.compile(r"[A-Za-z]{1,32}\Z")
 
 
+_URLSAFE = bytes.maketrans(b"+/", b"-_")
+
+
 def _b64(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+    # base64.urlsafe_b64encode without its two Python-level calls.
+    return binascii.b2a_base64(data, newline=False).translate(_URLSAFE).rstrip(b"=").decode()
 
 
 def _unb64(text: str) -> bytes:
@@ -58,6 +62,20 @@ def _canonical(value: Any) -> bytes:
 
 
 @lru_cache(maxsize=4096)
+def _payload_frame(kind: str, scope: str, query: str) -> tuple[str, str]:
+    """The canonical payload of a token around its position, remembered per query.
+
+    Keys sort as ``k, p, q, s, v``: the text is ``{"k":<kind>,"p":`` + the
+    canonical position + ``,"q":<query>,"s":<scope>,"v":1}``, exactly
+    :func:`_canonical` of the whole payload.
+    """
+    return (
+        f'{{"k":{_ENCODE(kind)},"p":',
+        f',"q":{_ENCODE(query)},"s":{_ENCODE(scope)},"v":1}}',
+    )
+
+
+@lru_cache(maxsize=4096)
 def default_scope_digest(scope_key: str) -> str:
     """SHA-256 of the JSON-encoded scope key, base64url, 128 bits.
 
@@ -69,7 +87,13 @@ def default_scope_digest(scope_key: str) -> str:
 
 def query_digest(query: Any) -> str:
     """A digest of a canonical query description (a JSON-able value)."""
-    return _b64(hashlib.sha256(_canonical(query)).digest()[:16])
+    return _digest(_canonical(query))
+
+
+@lru_cache(maxsize=4096)
+def _digest(canonical: bytes) -> str:
+    # Remembered: a thread's reads repeat a handful of queries.
+    return _b64(hashlib.sha256(canonical).digest()[:16])
 
 
 class PageTokenCodec:
@@ -123,8 +147,8 @@ class PageTokenCodec:
 
     def encode(self, kind: str, scope_key: str, query: str, position: dict[str, Any]) -> str:
         """Mint a token for page ``kind`` of ``query`` in ``scope_key`` at ``position``."""
-        payload = {"v": 1, "k": kind, "s": self.scope_digest(scope_key), "q": query, "p": position}
-        body = _b64(_canonical(payload))
+        head, tail = _payload_frame(kind, self.scope_digest(scope_key), query)
+        body = _b64(f"{head}{_ENCODE(position)}{tail}".encode())
         return f"{self.prefix}.{body}.{self._mac(body)}"
 
     def decode(self, token: str, kind: str, scope_key: str, query: str) -> dict[str, Any]:

@@ -46,6 +46,24 @@ def test_round_trip(kind: str, scope: str, query: str, position: dict[str, Any])
     assert codec.decode(token, kind, scope, query) == position
 
 
+@settings(max_examples=150, deadline=None)
+@given(
+    kind=st.sampled_from(["messages", "runs", "queuedItems", "threads"]),
+    scope=s.ids,
+    query=st.text(max_size=20),
+    position=s.json_objects,
+)
+def test_payload_is_the_canonical_json_of_the_whole_payload(
+    kind: str, scope: str, query: str, position: dict[str, Any]
+) -> None:
+    codec = PageTokenCodec("pai-test")
+    body = codec.encode(kind, scope, query, position).split(".")[1]
+    payload = {"v": 1, "k": kind, "s": codec.scope_digest(scope), "q": query, "p": position}
+    canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    assert base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)) == canonical.encode()
+    assert "=" not in body
+
+
 def _token(codec: PageTokenCodec | None = None) -> tuple[PageTokenCodec, str]:
     codec = codec or PageTokenCodec("pai-test")
     return codec, codec.encode("messages", "scope", query_digest({"q": 1}), {"c": 3, "a": 9})
