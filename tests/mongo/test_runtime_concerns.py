@@ -24,20 +24,26 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from pai_storage_mongo.client import runtime_error
+from pai_storage_mongo.errors import Phase
 from pai_storage_mongo.guard import MongoExecutionGuard
 from pai_storage_mongo.harness import MongodProcess
-from pai_storage_mongo.kv import MongoKeyValueStore, guarded
+from pai_storage_mongo.kv import MongoKeyValueStore
 from pai_storage_mongo.snapshots import MongoSnapshotStore
 from pai_storage_mongo.state import MongoAgentStateStore
 from pymongo import AsyncMongoClient, MongoClient, monitoring
+from pymongo import errors as pm
 
 from pai_storage import (
+    ConfigurationError,
     InvalidInputError,
     Item,
     KVConflict,
     ManualClock,
     OutcomeUnknownError,
     StorageError,
+    ThreadStoreError,
+    UnavailableError,
 )
 
 pytestmark = pytest.mark.asyncio
@@ -583,11 +589,11 @@ async def test_an_unexpected_error_inside_an_operation_is_a_storage_error(
         holder = s.kv._holder
         with (
             pytest.raises(OutcomeUnknownError, match="may or may not") as raised,
-            guarded(holder, "write"),
+            holder.errors("write"),
         ):
             raise AttributeError("'RawBSONDocument' object has no attribute 'update'")
         assert isinstance(raised.value.__cause__, AttributeError)
-        with pytest.raises(StorageError) as read, guarded(holder, "read"):
+        with pytest.raises(StorageError) as read, holder.errors("read"):
             raise KeyError("x")
         assert not isinstance(read.value, OutcomeUnknownError)
 
@@ -610,3 +616,38 @@ async def test_a_findandmodify_result_is_decoded_like_every_other_result(
         with pytest.raises(InvalidInputError, match="cannot be decoded") as written:
             await s.kv.get(("ns",), "key", refresh_ttl=True)
         assert type(read.value) is type(written.value)
+
+
+@pytest.mark.parametrize(
+    ("exc", "phase", "expected"),
+    [
+        (pm.ServerSelectionTimeoutError("no server"), "read", UnavailableError),
+        (pm.ServerSelectionTimeoutError("no server"), "write", UnavailableError),
+        (pm.ServerSelectionTimeoutError("no server"), "connect", UnavailableError),
+        (pm.AutoReconnect("lost"), "read", UnavailableError),
+        (pm.AutoReconnect("lost"), "write", OutcomeUnknownError),
+        (pm.WriteConcernError("no majority", 64, {}), "write", OutcomeUnknownError),
+        (pm.OperationFailure("refused", 18), "connect", ConfigurationError),
+        (pm.OperationFailure("odd", 9999), "read", StorageError),
+        (pm.DocumentTooLarge("big"), "write", InvalidInputError),
+    ],
+)
+async def test_runtime_errors_are_the_general_classes(
+    exc: pm.PyMongoError, phase: Phase, expected: type[StorageError]
+) -> None:
+    """A runtime store's error is the general class, worded for a value, not a thread."""
+    mapped = runtime_error(exc, phase, None)
+    assert isinstance(mapped, expected)
+    assert not isinstance(mapped, ThreadStoreError)
+    assert "thread" not in str(mapped)
+
+
+async def test_an_unreachable_server_is_unavailable_for_every_runtime_store() -> None:
+    url = "mongodb://127.0.0.1:9/?serverSelectionTimeoutMS=200&directConnection=true"
+    store = MongoKeyValueStore(url)
+    try:
+        with pytest.raises(UnavailableError) as raised:
+            await store.get(("ns",), "key")
+        assert not isinstance(raised.value, ThreadStoreError)
+    finally:
+        await store.close()

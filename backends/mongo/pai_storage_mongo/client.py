@@ -9,16 +9,21 @@ stores using it:
   an application's own ``AsyncMongoClient`` wrapped, or the shared holder the
   backend's opener gives every component), which counts it as a user;
 - ``await holder.collection(component, indexes)`` connects on first call (one
-  ``hello`` proves a server is selectable) and creates the component's indexes
-  once; concurrent callers share one attempt, a cancelled caller does not
-  cancel it, and a failed attempt is forgotten (the client it made is closed)
-  so the next call retries with a fresh client;
+  ``hello`` proves a server is selectable), creates the component's indexes
+  once and returns the collection as every runtime store uses it: majority
+  write and read concern and primary reads, whatever the URL says;
+  concurrent callers share one attempt, a cancelled caller does not cancel
+  it, and a failed attempt is forgotten (the client it made is closed) so the
+  next call retries with a fresh client;
 - a store calls ``await holder.release()`` from its ``_close``; when the last
   user has released it the holder closes the client it created (an
   application's client is never closed) and cancels a connection attempt still
   running;
-- ``with holder.errors(phase):`` maps every PyMongo exception of a block to the
-  contract's errors (:func:`runtime_error`).
+- ``with holder.errors(phase):`` maps every exception of a runtime store's
+  operation to the contract's general errors (:func:`runtime_error`; in a
+  write, anything after which the write may have been applied is
+  :class:`~pai_storage.errors.OutcomeUnknownError`). It is the one error
+  mapping of the runtime stores.
 
 The counting, the shared connect and the close are
 :class:`pai_storage.backend.SharedClient`'s; this module supplies only what
@@ -41,8 +46,10 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final, cast
 
 from bson.errors import BSONError
-from pymongo import IndexModel
+from pymongo import IndexModel, ReadPreference
 from pymongo import errors as pm
+from pymongo.read_concern import ReadConcern
+from pymongo.write_concern import WriteConcern
 
 from pai_storage import (
     ConfigurationError,
@@ -61,7 +68,7 @@ from pai_storage.backend import (
 )
 from pai_storage.shared import closed_error as closed_error
 
-from .documents import CODEC_OPTIONS
+from .documents import CODEC_OPTIONS, PLAIN_CODEC_OPTIONS
 from .errors import Phase, check_url_options, is_too_large, map_error
 
 if TYPE_CHECKING:
@@ -75,6 +82,7 @@ __all__ = [
     "DEFAULT_PREFIX",
     "Doc",
     "MongoClientHolder",
+    "plain",
     "runtime_error",
 ]
 
@@ -108,12 +116,25 @@ _INDEXED: weakref.WeakKeyDictionary[Any, dict[tuple[str, str], asyncio.Future[No
 def runtime_error(exc: BaseException, phase: Phase, url: StoreURL | None) -> StorageError:
     """The contract error of a runtime store for a PyMongo or BSON exception.
 
-    ``phase`` ``"write"`` marks a single-document write: a connection lost
-    after it was sent leaves its outcome unknown (PyMongo already retried it
-    once where it could), whereas a server that could not be selected means it
-    was never sent. Everything else is the thread store's mapping
-    (:func:`~pai_storage_mongo.errors.map_error`); its messages name the
-    failure class and code only, never a stored value or a password.
+    The general classes (``UnavailableError``, ``OutcomeUnknownError``,
+    ``ConfigurationError``, ``InvalidInputError``, ``StorageError``) with
+    neutral wording, never the thread store's. ``phase`` ``"write"`` marks a
+    single-document write. Every runtime write is a retryable write: PyMongo
+    sends it again once after a lost connection or a ``RetryableWriteError``
+    and raises the last attempt's error. So in a write:
+
+    - a server that could not be selected means the write was never sent
+      (PyMongo raises the error of the attempt before when selecting a server
+      for the retry fails): :class:`~pai_storage.errors.UnavailableError`;
+    - a ``writeConcernError`` (the write was applied on a primary that could
+      not confirm a majority: a failover may roll it back), a lost connection
+      and any error labelled ``RetryableWriteError`` (an earlier attempt may
+      have been applied) are :class:`~pai_storage.errors.OutcomeUnknownError`,
+      never "nothing was applied".
+
+    Everything else is :func:`~pai_storage_mongo.errors.map_error`'s mapping;
+    its messages name the failure class and code only, never a stored value
+    or a password.
     """
     if isinstance(exc, StorageError):
         return exc
@@ -123,16 +144,37 @@ def runtime_error(exc: BaseException, phase: Phase, url: StoreURL | None) -> Sto
                 "MongoDB is unreachable: no suitable server was found in time "
                 "(ServerSelectionTimeoutError); nothing was written"
             )
-        if isinstance(exc, pm.ConnectionFailure) or (
-            isinstance(exc, pm.PyMongoError)
-            and exc.has_error_label("RetryableWriteError")
-            and not isinstance(exc, pm.OperationFailure)
+        if isinstance(exc, pm.WriteConcernError) or (
+            isinstance(exc, pm.PyMongoError) and exc.has_error_label("RetryableWriteError")
         ):
+            return OutcomeUnknownError(
+                f"MongoDB did not confirm a write ({_name(exc)}); it may or may not have "
+                "been applied: read it back before retrying"
+            )
+        if isinstance(exc, pm.ConnectionFailure):
             return OutcomeUnknownError(
                 f"the connection to MongoDB was lost during a write ({type(exc).__name__}); "
                 "it may or may not have been applied: read it back before retrying"
             )
-    return map_error(exc, "read" if phase == "write" else phase, url)
+    return map_error(exc, "read" if phase == "write" else phase, url, runtime=True)
+
+
+def _name(exc: BaseException) -> str:
+    code = getattr(exc, "code", None)
+    return type(exc).__name__ if code is None else f"{type(exc).__name__}, code {code}"
+
+
+_MAJORITY_WRITES: Final = WriteConcern("majority")
+_MAJORITY_READS: Final = ReadConcern("majority")
+
+
+def plain(collection: AsyncCollection[Doc]) -> AsyncCollection[Doc]:
+    """The same collection for ``findAndModify``: replies decoded without type decoders.
+
+    See :data:`~pai_storage_mongo.documents.PLAIN_CODEC_OPTIONS`; decode the
+    returned document with :func:`~pai_storage_mongo.documents.decoded`.
+    """
+    return collection.with_options(codec_options=PLAIN_CODEC_OPTIONS)
 
 
 class MongoClientHolder(SharedClient["AsyncMongoClient[Doc]"]):
@@ -322,14 +364,35 @@ class MongoClientHolder(SharedClient["AsyncMongoClient[Doc]"]):
         """The component's collection, connected, its ``indexes`` created.
 
         Each store declares its index list; ``create_indexes`` (idempotent on
-        the server) runs once per collection per client, shared by concurrent
-        callers and forgotten when it fails.
+        the server, with the URL's write concern) runs once per collection per
+        client, shared by concurrent callers and forgotten when it fails.
+
+        The collection returned has majority write and read concern and reads
+        from the primary, whatever the URL says: an acknowledged write is on a
+        majority of the replica set and survives a failover, a read never
+        returns a write a failover could roll back, and a read sees the
+        caller's own acknowledged writes. The URL's ``w``, ``journal``,
+        ``wTimeoutMS``, ``readConcernLevel`` and ``readPreference`` do not
+        apply to the runtime stores.
         """
         db = await self.database()
         name = self.name(component)
         collection = db.get_collection(name)
-        if not indexes:
-            return collection
+        if indexes:
+            await self._indexed(db, collection, indexes)
+        return collection.with_options(
+            write_concern=_MAJORITY_WRITES,
+            read_concern=_MAJORITY_READS,
+            read_preference=ReadPreference.PRIMARY,
+        )
+
+    async def _indexed(
+        self,
+        db: AsyncDatabase[Doc],
+        collection: AsyncCollection[Doc],
+        indexes: Sequence[IndexModel],
+    ) -> None:
+        name = collection.name
         made = _INDEXED.setdefault(cast(Any, db.client), {})
         key = (self.db_name, name)
         task = made.get(key)
@@ -343,7 +406,6 @@ class MongoClientHolder(SharedClient["AsyncMongoClient[Doc]"]):
 
             task.add_done_callback(forget)
         await asyncio.shield(task)
-        return collection
 
     async def _create(
         self, collection: AsyncCollection[Doc], indexes: Sequence[IndexModel]
@@ -362,7 +424,15 @@ class MongoClientHolder(SharedClient["AsyncMongoClient[Doc]"]):
             raise
 
     def errors(self, phase: Phase) -> contextlib.AbstractContextManager[None]:
-        """Map every PyMongo/BSON exception of the block to the contract's errors."""
+        """Map every exception of the block to the contract's general errors.
+
+        PyMongo and BSON exceptions through :func:`runtime_error`. Whatever
+        else escapes a read or a write (an exception the driver raised from
+        inside its own error handling, say) is
+        :class:`~pai_storage.errors.OutcomeUnknownError` in a write and
+        :class:`~pai_storage.errors.StorageError` in a read; after the holder
+        was closed under the operation, the closed-store error.
+        """
         return _mapping(self, phase)
 
     async def server_time(self) -> datetime:
@@ -385,9 +455,18 @@ def _mapping(holder: MongoClientHolder, phase: Phase) -> Iterator[None]:
                 "this store was closed while the operation ran"
             ) from exc
         raise runtime_error(exc, phase, holder.url) from exc
-    except (AttributeError, TypeError) as exc:
-        if holder.closed:  # the client went away under the operation
-            raise closed_error() from exc
+    except Exception as exc:
+        if holder.closed and isinstance(exc, AttributeError | TypeError):
+            raise closed_error() from exc  # the client went away under the operation
+        if phase == "write":
+            raise OutcomeUnknownError(
+                f"a MongoDB write failed unexpectedly ({type(exc).__name__}); it may or may "
+                "not have been applied: read it back before retrying"
+            ) from exc
+        if phase == "read":
+            raise StorageError(
+                f"a MongoDB read failed unexpectedly ({type(exc).__name__})"
+            ) from exc
         raise
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import bson
@@ -59,6 +60,7 @@ from pai_storage.backend import (
 
 __all__ = [
     "CODEC_OPTIONS",
+    "PLAIN_CODEC_OPTIONS",
     "RAW_CODEC_OPTIONS",
     "ROOT_SCHEMA_VERSION",
     "SCHEMA_VERSION",
@@ -66,6 +68,7 @@ __all__ = [
     "RootFacts",
     "child_document",
     "decode_document",
+    "decoded",
     "parse_child",
     "parse_root",
     "root_document",
@@ -124,6 +127,42 @@ CODEC_OPTIONS: CodecOptions[dict[str, Any]] = CodecOptions(
     type_registry=TypeRegistry([*_DECODERS, _DBRefDecoder()]),
 )
 """Decoding of query results: plain dicts; an object shaped like a ``DBRef`` is an error."""
+
+PLAIN_CODEC_OPTIONS: CodecOptions[dict[str, Any]] = CodecOptions(document_class=dict, tz_aware=True)
+"""The codec of ``findAndModify`` replies: plain dicts, no type decoders.
+
+With type decoders PyMongo decodes only the reply's ``value`` and leaves every
+other field raw BSON, and its own handling of a ``writeConcernError`` (the
+answer of a primary stepping down while a write waits for a majority) then
+fails on it instead of retrying the write. The returned document gets the
+backend's decoding afterwards (:func:`decoded`)."""
+
+_UNDECODED = frozenset({str, int, float, bool, bytes, datetime, type(None)})
+"""Python types of decoded BSON values that the backend's type decoders leave alone
+(exact types: ``Int64`` is an ``int`` subclass and is decoded)."""
+
+
+def decoded(doc: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A document read with :data:`PLAIN_CODEC_OPTIONS`, decoded as every other result is.
+
+    Int64 as ``int``, and an object shaped like a DBRef refused
+    (:data:`CODEC_OPTIONS`). Top-level values no type decoder touches
+    (strings, dates, ...) are kept as they are, so a large value is not
+    copied; the others are encoded and decoded again. Run it inside the
+    operation's error mapping (``with holder.errors(...)``).
+
+    A ``findAndModify`` the driver retried is answered with the server's record
+    of the first attempt: the whole document, the projection not applied. So
+    read only stored fields from the result, never a field the projection
+    computes (extra fields are ignored).
+    """
+    if doc is None:
+        return None
+    rest = {key: value for key, value in doc.items() if type(value) not in _UNDECODED}
+    if rest:
+        doc.update(bson.decode(bson.encode(rest), codec_options=CODEC_OPTIONS))
+    return doc
+
 
 RAW_CODEC_OPTIONS: CodecOptions[RawBSONDocument] = CodecOptions(document_class=RawBSONDocument)
 """Whole documents stay raw BSON until :func:`decode_document` decodes them."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any, Literal
+from typing import Any, Literal, overload
 from urllib.parse import quote
 
 from bson.errors import BSONError, InvalidBSON
@@ -11,11 +11,16 @@ from pymongo import errors as pm
 from pymongo.uri_parser import split_options
 
 from pai_storage import (
+    ConfigurationError,
+    InvalidInputError,
+    OutcomeUnknownError,
+    StorageError,
     ThreadStoreCommitUnknownError,
     ThreadStoreConfigurationError,
     ThreadStoreError,
     ThreadStoreInvariantError,
     ThreadStoreUnavailableError,
+    UnavailableError,
 )
 from pai_storage.backend import StoreURL, redact
 
@@ -138,52 +143,74 @@ def _describe(exc: BaseException) -> str:
     return type(exc).__name__
 
 
-def map_error(exc: BaseException, phase: Phase, url: StoreURL | None) -> ThreadStoreError:
+@overload
+def map_error(
+    exc: BaseException, phase: Phase, url: StoreURL | None, *, runtime: Literal[False] = False
+) -> ThreadStoreError: ...
+@overload
+def map_error(
+    exc: BaseException, phase: Phase, url: StoreURL | None, *, runtime: bool
+) -> StorageError: ...
+def map_error(
+    exc: BaseException, phase: Phase, url: StoreURL | None, *, runtime: bool = False
+) -> StorageError:
     """The typed error for a PyMongo or BSON exception (chain it: ``raise ... from exc``).
 
-    Messages name the failure class and code only: server messages can quote
-    key values, and nothing may echo stored contents or a password.
+    The thread store always gets the ``ThreadStore...`` classes; a runtime
+    store (``runtime=True``, through
+    :func:`~pai_storage_mongo.client.runtime_error`) gets the general classes
+    (``UnavailableError``, ``OutcomeUnknownError``, ``ConfigurationError``,
+    ``InvalidInputError``, ``StorageError``) with neutral wording. Messages
+    name the failure class and code only: server messages can quote key
+    values, and nothing may echo stored contents or a password.
     """
+    invalid = InvalidInputError if runtime else ThreadStoreInvariantError
+    unavailable = UnavailableError if runtime else ThreadStoreUnavailableError
+    configuration = ConfigurationError if runtime else ThreadStoreConfigurationError
     if is_too_large(exc):
-        return ThreadStoreInvariantError(TOO_LARGE_MESSAGE)
+        return invalid(TOO_LARGE_MESSAGE)
     if isinstance(exc, InvalidBSON):
-        return ThreadStoreInvariantError(
+        return invalid(
             "invalid stored data: a stored document cannot be decoded "
             "(e.g. invalid UTF-8 or a corrupt escaped value)"
         )
     if isinstance(exc, BSONError) and not isinstance(exc, pm.PyMongoError):
-        return ThreadStoreInvariantError(
-            f"a value cannot be stored in MongoDB: {type(exc).__name__}"
-        )
+        return invalid(f"a value cannot be stored in MongoDB: {type(exc).__name__}")
     what = _describe(exc)
     if isinstance(exc, pm.ServerSelectionTimeoutError):
         if phase == "commit":
-            return ThreadStoreCommitUnknownError(
-                f"MongoDB became unreachable while committing ({what}); the commit was "
-                "applied whole or not at all: re-read the thread and re-plan"
-            )
-        return ThreadStoreUnavailableError(
+            return _unknown(f"MongoDB became unreachable while committing ({what})", runtime)
+        return unavailable(
             redact(f"MongoDB is unreachable: no suitable server was found in time ({what})", url)
         )
     if isinstance(exc, pm.ConfigurationError | pm.InvalidURI):
-        return ThreadStoreConfigurationError(redact(f"invalid MongoDB configuration: {exc}", url))
+        return configuration(redact(f"invalid MongoDB configuration: {exc}", url))
     if isinstance(exc, pm.OperationFailure) and exc.code in _AUTH_CODES:
-        return ThreadStoreConfigurationError(f"MongoDB refused the credentials or access: {what}")
+        return configuration(f"MongoDB refused the credentials or access: {what}")
     if phase == "commit":
-        return ThreadStoreCommitUnknownError(
-            f"the outcome of the MongoDB transaction commit is unknown ({what}); it was "
-            "applied whole or not at all: re-read the thread and re-plan"
+        return _unknown(
+            f"the outcome of the MongoDB transaction commit is unknown ({what})", runtime
         )
     if isinstance(exc, pm.ConnectionFailure | pm.WaitQueueTimeoutError):
-        return ThreadStoreUnavailableError(f"lost the connection to MongoDB ({what})")
+        return unavailable(f"lost the connection to MongoDB ({what})")
     if isinstance(exc, pm.OperationFailure) and exc.code in (91, 189, 10107, 11600, 11602, 13435):
         # ShutdownInProgress, PrimarySteppedDown, NotWritablePrimary, Interrupted...
-        return ThreadStoreUnavailableError(f"MongoDB is not accepting operations now ({what})")
+        return unavailable(f"MongoDB is not accepting operations now ({what})")
     if is_transient(exc):
-        return ThreadStoreUnavailableError(
-            f"MongoDB kept aborting the transaction ({what}); nothing was applied"
+        return unavailable(f"MongoDB kept aborting the transaction ({what}); nothing was applied")
+    detail = f"MongoDB operation failed: {what}"
+    return StorageError(detail) if runtime else ThreadStoreError(detail)
+
+
+def _unknown(what: str, runtime: bool) -> OutcomeUnknownError:
+    """A lost reply to a commit (or a write) that may have been applied."""
+    if runtime:
+        return OutcomeUnknownError(
+            f"{what}; the write may or may not have been applied: read it back before retrying"
         )
-    return ThreadStoreError(f"MongoDB operation failed: {what}")
+    return ThreadStoreCommitUnknownError(
+        f"{what}; the commit was applied whole or not at all: re-read the thread and re-plan"
+    )
 
 
 # --------------------------------------------------------------- URL options

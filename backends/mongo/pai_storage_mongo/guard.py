@@ -49,9 +49,9 @@ from pymongo.errors import PyMongoError
 from pai_storage.errors import StorageError
 from pai_storage.guard import ExecutionGuard, LockInfo
 
-from .client import closed_error
+from .client import closed_error, plain
+from .documents import decoded
 from .errors import is_duplicate_key
-from .kv import decoded, guarded, modify_collection, runtime_collection
 
 if TYPE_CHECKING:
     from pymongo.asynchronous.collection import AsyncCollection
@@ -129,8 +129,8 @@ class MongoExecutionGuard(ExecutionGuard):
 
     async def _initialize(self) -> None:
         collection = await self._holder.collection(self.component, indexes())
-        self._collection = runtime_collection(collection)
-        self._modify_col = modify_collection(self._collection)
+        self._collection = collection
+        self._modify_col = plain(collection)
 
     async def _close(self) -> None:
         self._collection = self._modify_col = None
@@ -145,7 +145,7 @@ class MongoExecutionGuard(ExecutionGuard):
 
     @property
     def _modify(self) -> AsyncCollection[Doc]:
-        """The collection for ``findAndModify`` (see :func:`.kv.modify_collection`)."""
+        """The collection for ``findAndModify`` (see :func:`.client.plain`)."""
         if self._modify_col is None:
             raise closed_error()
         return self._modify_col
@@ -191,7 +191,7 @@ class MongoExecutionGuard(ExecutionGuard):
                 }
             }
         ]
-        with guarded(self._holder, "write"):
+        with self._holder.errors("write"):
             try:
                 doc = await self._modify.find_one_and_update(
                     {"_id": resource},
@@ -226,7 +226,7 @@ class MongoExecutionGuard(ExecutionGuard):
 
     async def _stamp(self, resource: str, token: str) -> int | None:
         """Draw the next fencing token and put it on our lock; ``None`` if the lock is gone."""
-        with guarded(self._holder, "write"):
+        with self._holder.errors("write"):
             counter = decoded(
                 await self._modify.find_one_and_update(
                     {"_id": dict(COUNTER_ID)},
@@ -240,7 +240,7 @@ class MongoExecutionGuard(ExecutionGuard):
         if not isinstance(value, int):
             raise StorageError("the fencing counter document of the lock collection is damaged")
         fencing = int(value)
-        with guarded(self._holder, "write"):
+        with self._holder.errors("write"):
             result = await self.collection.update_one(
                 {"_id": resource, "token": token}, {"$set": {"fencingToken": Int64(fencing)}}
             )
@@ -249,7 +249,7 @@ class MongoExecutionGuard(ExecutionGuard):
     async def _renew(self, resource: str, token: str, lease_ttl: timedelta) -> datetime | None:
         query = {**self.live_filter(resource), "token": token}
         renew = [{"$set": {"expiresAt": {"$add": [self._now(), _millis(lease_ttl)]}}}]
-        with guarded(self._holder, "write"):
+        with self._holder.errors("write"):
             doc = decoded(
                 await self._modify.find_one_and_update(
                     query,
@@ -264,7 +264,7 @@ class MongoExecutionGuard(ExecutionGuard):
         # Liveness is in the filter, never in the answer: a write the driver
         # retries is answered from the server's record of the first attempt
         # (for a delete, the count it deleted), whatever that reply computed.
-        with guarded(self._holder, "write"):
+        with self._holder.errors("write"):
             live = await self.collection.delete_one({**self.live_filter(resource), "token": token})
             if live.deleted_count:
                 return True
@@ -294,7 +294,7 @@ class MongoExecutionGuard(ExecutionGuard):
         )
 
     async def _read_lock(self, resource: str) -> Doc | None:
-        with guarded(self._holder, "read"):
+        with self._holder.errors("read"):
             return await self.collection.find_one(
                 self.live_filter(resource),
                 projection={"owner": 1, "fencingToken": 1, "acquiredAt": 1, "expiresAt": 1},
@@ -307,7 +307,7 @@ class MongoExecutionGuard(ExecutionGuard):
             if now is not None
             else {"expiresAt": {"$exists": True}, "$expr": {"$lte": ["$expiresAt", "$$NOW"]}}
         )
-        with guarded(self._holder, "write"):
+        with self._holder.errors("write"):
             result = await self.collection.delete_many(expired)
         return int(result.deleted_count)
 

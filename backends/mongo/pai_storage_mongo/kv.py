@@ -13,34 +13,19 @@ never a regex. Expiry is exact at read time: every read filters on
 ``{expiresAt: 1}`` (``expireAfterSeconds: 0``, partial on ``expiresAt``
 existing) removes expired items in the background. Every write is one
 single-document operation. See ``docs/mongodb.md``.
-
-This module also holds what the four runtime stores share beyond the client
-holder: their collection handles (:func:`runtime_collection`: majority write
-and read concern whatever the URL says; :func:`modify_collection`:
-``findAndModify`` replies decoded without type decoders, then
-:func:`decoded`) and the error guard every operation runs under
-(:func:`guarded`).
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import bson
-from bson.codec_options import CodecOptions
 from bson.int64 import Int64
-from pymongo import ASCENDING, IndexModel, ReadPreference, ReturnDocument
+from pymongo import ASCENDING, IndexModel, ReturnDocument
 from pymongo.errors import (
     DuplicateKeyError,
-    PyMongoError,
-    ServerSelectionTimeoutError,
-    WriteConcernError,
 )
-from pymongo.read_concern import ReadConcern
-from pymongo.write_concern import WriteConcern
 
 from pai_storage import Clock, StoreURL, WarningCallback
 from pai_storage.backend import (
@@ -51,147 +36,18 @@ from pai_storage.backend import (
     namespace_path,
     prefix_upper_bound,
 )
-from pai_storage.errors import OutcomeUnknownError, StorageError
 from pai_storage.runtime import DEFAULT_MAX_VALUE_BYTES
 
-from .client import Doc, MongoClientHolder
-from .documents import CODEC_OPTIONS
+from .client import Doc, MongoClientHolder, plain
+from .documents import decoded
 
 if TYPE_CHECKING:
     from pymongo.asynchronous.collection import AsyncCollection
 
 __all__ = [
     "INDEXES",
-    "MODIFY_CODEC_OPTIONS",
     "MongoKeyValueStore",
-    "decoded",
-    "guarded",
-    "modify_collection",
-    "runtime_collection",
 ]
-
-# ---------------------------------------------------------------- shared by the runtime stores
-
-MODIFY_CODEC_OPTIONS: Final[CodecOptions[Doc]] = CodecOptions(document_class=dict, tz_aware=True)
-"""The codec of ``findAndModify`` replies: plain dicts, no type decoders.
-
-With type decoders PyMongo decodes only the reply's ``value`` and leaves every
-other field raw BSON, and its own handling of a ``writeConcernError`` (the
-answer of a primary stepping down while a write waits for a majority) then
-fails on it instead of retrying the write. The returned document gets the
-backend's decoding afterwards (:func:`decoded`)."""
-
-_MAJORITY_WRITES: Final = WriteConcern("majority")
-_MAJORITY_READS: Final = ReadConcern("majority")
-
-
-def runtime_collection(collection: AsyncCollection[Doc]) -> AsyncCollection[Doc]:
-    """A runtime store's collection: majority write and read concern and primary
-    reads, whatever the URL says.
-
-    An acknowledged write is then on a majority of the replica set and survives
-    a failover, a read never returns a write a failover could roll back, and a
-    read sees the caller's own acknowledged writes. The URL's ``w``,
-    ``journal``, ``wTimeoutMS``, ``readConcernLevel`` and ``readPreference``
-    do not apply to these stores (the write concern shapes index creation).
-    """
-    return collection.with_options(
-        write_concern=_MAJORITY_WRITES,
-        read_concern=_MAJORITY_READS,
-        read_preference=ReadPreference.PRIMARY,
-    )
-
-
-def modify_collection(collection: AsyncCollection[Doc]) -> AsyncCollection[Doc]:
-    """The same collection for ``findAndModify`` (see :data:`MODIFY_CODEC_OPTIONS`)."""
-    return collection.with_options(codec_options=MODIFY_CODEC_OPTIONS)
-
-
-def decoded(doc: Doc | None) -> Doc | None:
-    """A document ``findAndModify`` returned, decoded as every other result is.
-
-    Int64 as ``int``, and an object shaped like a DBRef refused
-    (:data:`~pai_storage_mongo.documents.CODEC_OPTIONS`). Top-level values no
-    type decoder touches (strings, dates, ...) are kept as they are, so a large
-    value is not copied; the others are encoded and decoded again. Run it
-    inside the operation's :func:`guarded` block.
-
-    A ``findAndModify`` the driver retried is answered with the server's record
-    of the first attempt: the whole document, the projection not applied. So
-    read only stored fields from the result, never a field the projection
-    computes (extra fields are ignored).
-    """
-    if doc is None:
-        return None
-    rest = {key: value for key, value in doc.items() if type(value) not in _UNDECODED}
-    if rest:
-        doc.update(bson.decode(bson.encode(rest), codec_options=CODEC_OPTIONS))
-    return doc
-
-
-_UNDECODED: Final = frozenset({str, int, float, bool, bytes, datetime, type(None)})
-"""Python types of decoded BSON values that the backend's type decoders leave alone
-(exact types: ``Int64`` is an ``int`` subclass and is decoded)."""
-
-
-@contextlib.contextmanager
-def guarded(holder: MongoClientHolder, phase: Literal["read", "write"]) -> Iterator[None]:
-    """The holder's error mapping, made exact for writes, and nothing else escaping.
-
-    Every runtime write is a retryable write: PyMongo sends it again once after
-    a lost connection or a ``RetryableWriteError``, and raises the last
-    attempt's error. So in a write, beyond the holder's mapping:
-
-    - a ``writeConcernError`` (the write was applied on a primary that could not
-      confirm a majority: a failover may roll it back) and any error labelled
-      ``RetryableWriteError`` (an earlier attempt may have been applied) are
-      :class:`~pai_storage.errors.OutcomeUnknownError`, never "nothing was
-      applied";
-    - whatever else escapes the mapping (an exception the driver raised from
-      inside its own error handling, say) is
-      :class:`~pai_storage.errors.OutcomeUnknownError` as well; in a read, a
-      :class:`~pai_storage.errors.StorageError`.
-    """
-    try:
-        with holder.errors(phase):
-            yield
-    except OutcomeUnknownError:
-        raise
-    except StorageError as exc:
-        cause = exc.__cause__
-        if phase == "write" and _maybe_applied(cause):
-            raise OutcomeUnknownError(
-                f"MongoDB did not confirm a write ({_name(cause)}); it may or may not have "
-                "been applied: read it back before retrying"
-            ) from cause
-        raise
-    except Exception as exc:
-        if phase == "write":
-            raise OutcomeUnknownError(
-                f"a MongoDB write failed unexpectedly ({type(exc).__name__}); it may or may "
-                "not have been applied: read it back before retrying"
-            ) from exc
-        raise StorageError(f"a MongoDB read failed unexpectedly ({type(exc).__name__})") from exc
-
-
-def _maybe_applied(exc: BaseException | None) -> bool:
-    """A write error after which the write may nevertheless be stored.
-
-    Not a server selection timeout: PyMongo raises the error of the attempt
-    before when selecting a server for the retry fails, so that one means the
-    write was never sent.
-    """
-    if isinstance(exc, WriteConcernError):
-        return True
-    if isinstance(exc, ServerSelectionTimeoutError):
-        return False
-    return isinstance(exc, PyMongoError) and exc.has_error_label("RetryableWriteError")
-
-
-def _name(exc: BaseException | None) -> str:
-    code = getattr(exc, "code", None)
-    return type(exc).__name__ if code is None else f"{type(exc).__name__}, code {code}"
-
 
 SCHEMA_VERSION = 1
 
@@ -280,14 +136,14 @@ class MongoKeyValueStore(KeyValueStore):
 
     @property
     def _modify(self) -> AsyncCollection[Doc]:
-        """The collection for ``findAndModify`` (see :func:`modify_collection`)."""
+        """The collection for ``findAndModify`` (see :func:`.client.plain`)."""
         if self._modify_col is None:
             raise self._closed_error()
         return self._modify_col
 
     async def _initialize(self) -> None:
-        self._col = runtime_collection(await self._holder.collection("kv", INDEXES))
-        self._modify_col = modify_collection(self._col)
+        self._col = await self._holder.collection("kv", INDEXES)
+        self._modify_col = plain(self._col)
 
     async def _close(self) -> None:
         self._col = self._modify_col = None
@@ -308,7 +164,7 @@ class MongoKeyValueStore(KeyValueStore):
 
     async def _get_many(self, namespace: tuple[str, ...], keys: list[str]) -> list[KVRecord]:
         query = {"ns": namespace_path(namespace), "key": {"$in": keys}, **self._live()}
-        with guarded(self._holder, "read"):
+        with self._holder.errors("read"):
             docs = await self.collection.find(query, FIELDS, hint=HINT).to_list(None)
         return [_record(d) for d in docs]
 
@@ -328,7 +184,7 @@ class MongoKeyValueStore(KeyValueStore):
             }
         ]
         query = {"ns": namespace_path(namespace), "key": key, **self._live()}
-        with guarded(self._holder, "write"):
+        with self._holder.errors("write"):
             doc = decoded(
                 await self._modify.find_one_and_update(
                     query, update, FIELDS, hint=HINT, return_document=ReturnDocument.AFTER
@@ -367,7 +223,7 @@ class MongoKeyValueStore(KeyValueStore):
         query = {"ns": namespace_path(namespace), "key": key}
         # An upsert on exactly the unique index's fields: the server retries a
         # racing insert's duplicate key itself.
-        with guarded(self._holder, "write"):
+        with self._holder.errors("write"):
             doc = decoded(
                 await self._modify.find_one_and_update(
                     query,
@@ -391,7 +247,7 @@ class MongoKeyValueStore(KeyValueStore):
         path = namespace_path(namespace)
         doc: Doc | None
         try:
-            with guarded(self._holder, "write"):
+            with self._holder.errors("write"):
                 if expected_version is None:
                     # Matches only an expired item; an absent one is inserted, and a
                     # live one makes the insert a duplicate key: nothing written. An
@@ -433,7 +289,7 @@ class MongoKeyValueStore(KeyValueStore):
         query: Doc = {"ns": namespace_path(namespace), "key": key, **self._live()}
         if expected_version is not None:
             query["version"] = expected_version
-        with guarded(self._holder, "write"):
+        with self._holder.errors("write"):
             result = await self.collection.delete_one(query, hint=HINT)
         return result.deleted_count > 0
 
@@ -460,7 +316,7 @@ class MongoKeyValueStore(KeyValueStore):
             clauses.append({"ns": rest, **({"key": keys} if keys else {})})
         query: Doc = clauses[0] if len(clauses) == 1 else {"$or": clauses}
         query = {"$and": [query, self._live()]}
-        with guarded(self._holder, "read"):
+        with self._holder.errors("read"):
             docs = await self.collection.find(query, FIELDS, sort=SORT, limit=limit).to_list(None)
         return [_record(d) for d in docs]
 
@@ -472,7 +328,7 @@ class MongoKeyValueStore(KeyValueStore):
             keys["$gt"] = after
         query: Doc = {"ns": namespace_path(namespace), **({"key": keys} if keys else {})}
         query.update(self._live())
-        with guarded(self._holder, "read"):
+        with self._holder.errors("read"):
             docs = await self.collection.find(
                 query, {"_id": 0, "key": 1}, sort=SORT, limit=limit, hint=HINT
             ).to_list(None)
@@ -494,7 +350,7 @@ class MongoKeyValueStore(KeyValueStore):
         # at or after the position the previous one skipped to.
         while len(found) < limit:
             query: Doc = {"ns": _range(low, high) or dict(_EVERY_PATH), **self._live()}
-            with guarded(self._holder, "read"):
+            with self._holder.errors("read"):
                 docs = await self.collection.find(
                     query, {"_id": 0, "ns": 1}, sort=SORT, limit=1, hint=HINT
                 ).to_list(None)
@@ -509,7 +365,7 @@ class MongoKeyValueStore(KeyValueStore):
 
     async def _purge_expired(self) -> int:
         now = self.now() or await self._holder.server_time()
-        with guarded(self._holder, "write"):
+        with self._holder.errors("write"):
             result = await self.collection.delete_many({"expiresAt": {"$lte": now}})
         return result.deleted_count
 

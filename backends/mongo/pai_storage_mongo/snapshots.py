@@ -38,8 +38,8 @@ from pai_storage.events import StoreWarning
 from pai_storage.runtime import parse_json_text
 from pai_storage.snapshots import Snapshot, SnapshotDraft, SnapshotInfo, SnapshotStore
 
-from .client import closed_error
-from .kv import decoded, guarded, modify_collection, runtime_collection
+from .client import closed_error, plain
+from .documents import decoded
 
 if TYPE_CHECKING:
     from pymongo.asynchronous.collection import AsyncCollection
@@ -146,8 +146,8 @@ class MongoSnapshotStore(SnapshotStore):
                 "drop that index, use the same snapshot_ttl, or choose another collection "
                 "name (option names or collection_prefix)"
             )
-        self._collection = runtime_collection(collection)
-        self._modify_col = modify_collection(self._collection)
+        self._collection = collection
+        self._modify_col = plain(collection)
 
     async def _close(self) -> None:
         self._collection = self._modify_col = None
@@ -162,7 +162,7 @@ class MongoSnapshotStore(SnapshotStore):
 
     @property
     def _modify(self) -> AsyncCollection[Doc]:
-        """The collection for ``findAndModify`` (see :func:`.kv.modify_collection`)."""
+        """The collection for ``findAndModify`` (see :func:`.client.plain`)."""
         if self._modify_col is None:
             raise closed_error()
         return self._modify_col
@@ -223,7 +223,7 @@ class MongoSnapshotStore(SnapshotStore):
             {"$replaceWith": {"$literal": document}},
             {"$set": {"createdAt": self._now()}},
         ]
-        with guarded(self._holder, "write"):
+        with self._holder.errors("write"):
             stored = decoded(
                 await self._modify.find_one_and_update(
                     {"_id": key},
@@ -237,14 +237,14 @@ class MongoSnapshotStore(SnapshotStore):
         return draft.info(created_at, self.snapshot_expiry(created_at))
 
     async def _get(self, scope: str, snapshot_id: str) -> Snapshot | None:
-        with guarded(self._holder, "read"):
+        with self._holder.errors("read"):
             doc = await self.collection.find_one(
                 {"_id": self.key(scope, snapshot_id), **self.live_filter()}
             )
         return None if doc is None else await self._snapshot(scope, doc)
 
     async def _latest(self, scope: str) -> Snapshot | None:
-        with guarded(self._holder, "read"):
+        with self._holder.errors("read"):
             cursor = (
                 self.collection.find(self.list_query(scope, None))
                 .sort(_NEWEST_SORT)
@@ -257,7 +257,7 @@ class MongoSnapshotStore(SnapshotStore):
     async def _list(
         self, scope: str, after: tuple[datetime, str] | None, limit: int
     ) -> builtins.list[SnapshotInfo]:
-        with guarded(self._holder, "read"):
+        with self._holder.errors("read"):
             cursor = (
                 self.collection.find(self.list_query(scope, after), projection=_INFO_FIELDS)
                 .sort(_NEWEST_SORT)
@@ -276,12 +276,12 @@ class MongoSnapshotStore(SnapshotStore):
     async def _delete(self, scope: str, snapshot_id: str) -> bool:
         key = self.key(scope, snapshot_id)
         if self._ttl_ms is None:
-            with guarded(self._holder, "write"):
+            with self._holder.errors("write"):
                 result = await self.collection.delete_one({"_id": key})
             return result.deleted_count == 1
         # Liveness is in the filter, never in the answer: a delete the driver
         # retries is answered from the server's record of the first attempt.
-        with guarded(self._holder, "write"):
+        with self._holder.errors("write"):
             live = await self.collection.delete_one({"_id": key, **self.live_filter()})
             if live.deleted_count:
                 return True
@@ -292,7 +292,7 @@ class MongoSnapshotStore(SnapshotStore):
     async def _purge_expired(self) -> int:
         if self._ttl_ms is None:
             return 0
-        with guarded(self._holder, "write"):
+        with self._holder.errors("write"):
             result = await self.collection.delete_many(self._expired_filter())
         return int(result.deleted_count)
 

@@ -39,9 +39,9 @@ from pai_storage.backend import (
 from pai_storage.runtime import DEFAULT_MAX_VALUE_BYTES, parse_json_text
 from pai_storage.state import DEFAULT_SESSION_TTL, StoredKind, VersionedState
 
-from .client import Doc, MongoClientHolder
+from .client import Doc, MongoClientHolder, plain
+from .documents import decoded
 from .errors import is_too_large
-from .kv import decoded, guarded, modify_collection, runtime_collection
 
 if TYPE_CHECKING:
     from pymongo.asynchronous.collection import AsyncCollection
@@ -137,15 +137,15 @@ class MongoAgentStateStore(AgentStateStore):
 
     @property
     def _modify(self) -> AsyncCollection[Doc]:
-        """The collection for ``findAndModify`` (see :func:`.kv.modify_collection`)."""
+        """The collection for ``findAndModify`` (see :func:`.client.plain`)."""
         if self._modify_col is None:
             raise self._closed_error()
         return self._modify_col
 
     async def _initialize(self) -> None:
         collection = await self._holder.collection("state", indexes(self.session_ttl))
-        self._col = runtime_collection(collection)
-        self._modify_col = modify_collection(self._col)
+        self._col = collection
+        self._modify_col = plain(collection)
 
     async def _close(self) -> None:
         self._col = self._modify_col = None
@@ -236,7 +236,7 @@ class MongoAgentStateStore(AgentStateStore):
             {"$unset": "_live"},
         ]
         try:
-            with guarded(self._holder, "write"):
+            with self._holder.errors("write"):
                 doc = decoded(
                     await self._modify.find_one_and_update(
                         query,
@@ -279,7 +279,7 @@ class MongoAgentStateStore(AgentStateStore):
             {"$unset": ["_live", "_list"]},
         ]
         try:
-            with guarded(self._holder, "write"):
+            with self._holder.errors("write"):
                 doc = decoded(
                     await self._modify.find_one_and_update(
                         {"_id": self._id(session)},
@@ -300,7 +300,7 @@ class MongoAgentStateStore(AgentStateStore):
     async def _kind(self, session: SessionKey, f: str) -> StoredKind | None:
         """What the live session holds under field ``f`` (``None``: nothing)."""
         query = {"_id": self._id(session), **self._live()}
-        with guarded(self._holder, "read"):
+        with self._holder.errors("read"):
             doc = await self.collection.find_one(query, {f"versions.{f}": 1, f"hashes.{f}": 1})
         if doc is None:
             return None
@@ -313,7 +313,7 @@ class MongoAgentStateStore(AgentStateStore):
     async def _get_value(self, session: SessionKey, key: str) -> VersionedState | StoredKind | None:
         f = encode_field(key)
         query = {"_id": self._id(session), **self._live()}
-        with guarded(self._holder, "read"):
+        with self._holder.errors("read"):
             doc = await self.collection.find_one(
                 query, {f"versions.{f}": 1, f"hashes.{f}": 1, f"states.{f}": 1}
             )
@@ -353,7 +353,7 @@ class MongoAgentStateStore(AgentStateStore):
     async def _list_head(self, session: SessionKey, key: str) -> ListHead | StoredKind | None:
         f = encode_field(key)
         query = {"_id": self._id(session), **self._live()}
-        with guarded(self._holder, "read"):
+        with self._holder.errors("read"):
             doc = await self.collection.find_one(
                 query, {f"versions.{f}": 1, f"hashes.{f}": 1, f"lengths.{f}": 1}
             )
@@ -413,7 +413,7 @@ class MongoAgentStateStore(AgentStateStore):
             if "$currentDate" in touch:
                 update["$currentDate"] = touch["$currentDate"]
         try:
-            with guarded(self._holder, "write"):
+            with self._holder.errors("write"):
                 result = await self.collection.update_one(query, update, upsert=upsert)
         except Exception as exc:
             self._too_large(exc)
@@ -427,7 +427,7 @@ class MongoAgentStateStore(AgentStateStore):
     async def _get_list(self, session: SessionKey, key: str) -> list[Any] | StoredKind | None:
         f = encode_field(key)
         query = {"_id": self._id(session), **self._live()}
-        with guarded(self._holder, "read"):
+        with self._holder.errors("read"):
             doc = await self.collection.find_one(query, {f"versions.{f}": 1, f"states.{f}": 1})
         if doc is None:
             return None
@@ -447,12 +447,12 @@ class MongoAgentStateStore(AgentStateStore):
 
     async def _exists(self, session: SessionKey) -> bool:
         query = {"_id": self._id(session), **self._live()}
-        with guarded(self._holder, "read"):
+        with self._holder.errors("read"):
             doc = await self.collection.find_one(query, {"_id": 1})
         return doc is not None
 
     async def _delete(self, session: SessionKey) -> bool:
-        with guarded(self._holder, "write"):
+        with self._holder.errors("write"):
             live = await self.collection.delete_one({"_id": self._id(session), **self._live()})
             if live.deleted_count:
                 return True
@@ -466,7 +466,7 @@ class MongoAgentStateStore(AgentStateStore):
         update: Doc = {"$unset": {f"{part}.{f}": "" for part in _ALL}}
         touch = _touch(self.now())
         update.update(touch)
-        with guarded(self._holder, "write"):
+        with self._holder.errors("write"):
             result = await self.collection.update_one(query, update)
             if not result.matched_count:
                 return False
@@ -487,7 +487,7 @@ class MongoAgentStateStore(AgentStateStore):
             "_id.user": user,
             **self._live(),
         }
-        with guarded(self._holder, "read"):
+        with self._holder.errors("read"):
             docs = await self.collection.find(
                 query, {"_id": 1}, sort=[("_id", ASCENDING)], limit=limit, hint="_id_"
             ).to_list(None)
@@ -497,7 +497,7 @@ class MongoAgentStateStore(AgentStateStore):
         if self.session_ttl is None:
             return 0
         now = self.now() or await self._holder.server_time()
-        with guarded(self._holder, "write"):
+        with self._holder.errors("write"):
             result = await self.collection.delete_many(
                 {"_updated_at": {"$lte": now - self.session_ttl}}
             )

@@ -55,6 +55,7 @@ from pai_storage import (
     ReleaseLease,
     RenewLease,
     ReplaceChange,
+    StorageError,
     StoreInfo,
     StoreWarning,
     ThreadChanges,
@@ -518,7 +519,15 @@ class MongoThreadStore(ThreadStore):
         stays with its holder. A ``close()`` during a lazy initialize cancels
         this at any await, and the holder's release closes what it made.
         """
-        client = await self._holder.client()
+        try:
+            client = await self._holder.client()
+        except StorageError as exc:
+            # The holder speaks for every store sharing it (the general classes);
+            # the thread store raises its own.
+            cause = exc.__cause__
+            if isinstance(exc, ThreadStoreError) or not isinstance(cause, Exception):
+                raise
+            raise self._connect_error(cause) from cause
         try:
             with map_errors(self._connect_error):
                 await self._prepare(client)
