@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Generic, TypeVar
 
@@ -506,6 +506,17 @@ class AggregateSnapshot(ReadSnapshot):
         self, spec: FamilySpec, plan: ChildPagePlan, window: Window
     ) -> Sequence[tuple[int, Any]]:
         return plan.scan(self._families[spec.name], window)
+
+    async def head_and_page(
+        self, spec: FamilySpec, plan: ChildPagePlan, window: Window
+    ) -> tuple[ReadHead, Sequence[tuple[int, Any]]] | None:
+        # The reference answer of the one-request primitive: the window capped
+        # by the family's counter in the same state as the head.
+        head = await self.head()
+        if head.root is None:
+            return head, ()
+        capped = replace(window, upper=min(window.upper, head.next_positions[spec.name]))
+        return head, plan.scan(self._families[spec.name], capped)
 
 
 def read_aggregate(

@@ -38,7 +38,7 @@ from typing import Any, TypeVar
 
 from .aggregate import Entry, FamilyName
 from .changes import FamilyWrite, apply_family_changes, change_ids
-from .families import FAMILIES, FamilySpec
+from .families import FAMILIES, FamilySpec, family
 from .leases import LeaseConflict, apply_lease_change
 from .models import (
     CommittedResult,
@@ -351,6 +351,21 @@ class ReadSnapshot(ABC):
         ``(position, record)`` in ``window.order``.
         """
 
+    async def head_and_page(
+        self, spec: FamilySpec, plan: ChildPagePlan, window: Window
+    ) -> tuple[ReadHead, Sequence[tuple[int, Any]]] | None:
+        """The head and one page in one request, or ``None`` when not supported.
+
+        Optional (the default answers ``None``, and :func:`run_read` calls
+        :meth:`head` and :meth:`scan`). Called only for a read whose one
+        selection is a page without anchors (:meth:`ReadPlan.single_page`),
+        with its :meth:`ChildPagePlan.prospective_window`: return the rows
+        :meth:`scan` would return for that window *and* below the family's
+        position counter in the same snapshot (``position < next``), with the
+        head. A missing thread's rows are ignored.
+        """
+        return None
+
 
 async def run_read(
     snapshot: ReadSnapshot, plan: ReadPlan, *, clock_now: datetime | None = None
@@ -361,6 +376,12 @@ async def run_read(
     carry the same version. ``clock_now`` replaces the snapshot's observation
     time on a test clock.
     """
+    single = plan.single_page()
+    if single is not None:
+        spec = family(single[0])
+        combined = await snapshot.head_and_page(spec, single[1], single[1].prospective_window())
+        if combined is not None:
+            return _single_page_result(spec, single[1], *combined, clock_now)
     head = await snapshot.head()
     observed = clock_now if clock_now is not None else truncate_ms(head.observed_at)
     root = head.root
@@ -385,6 +406,33 @@ async def run_read(
             "runs": pages.get("runs"),
             "queued_items": pages.get("queued_items"),
         }
+    )
+
+
+def _single_page_result(
+    spec: FamilySpec,
+    plan: ChildPagePlan,
+    head: ReadHead,
+    rows: Sequence[tuple[int, Any]],
+    clock_now: datetime | None,
+) -> ThreadReadResult:
+    observed = clock_now if clock_now is not None else truncate_ms(head.observed_at)
+    root = head.root
+    if root is None:
+        return ThreadReadResult(observed_at=observed, thread=None)
+    version = root.version
+    # The incarnation check; the rows already lie inside this window (below
+    # the counter the head carries).
+    window = plan.window(version, head.next_positions[spec.name] - 1)
+    return ThreadReadResult.trusted(
+        {
+            "observed_at": observed,
+            "thread": root,
+            "messages": None,
+            "runs": None,
+            "queued_items": None,
+        }
+        | {spec.attr: plan.finish(window, rows, version)}
     )
 
 

@@ -240,13 +240,32 @@ class ChildPagePlan:
         :meth:`missing_anchor`).
         """
         cursor = self._cursor
+        if cursor is not None and cursor.instance_id != version.thread_instance_id:
+            raise ThreadStorePageTokenError(
+                "page token belongs to an earlier incarnation of this thread "
+                "(it was deleted and re-created)"
+            )
+        return self._window(high_water, after_position, before_position)
+
+    def prospective_window(self) -> Window:
+        """The window of a page without anchors, before the thread's root is read.
+
+        For a backend that reads the root and the page in one request (see
+        :meth:`~pai_storage.backend.ReadSnapshot.head_and_page`). A
+        continuation's window is the one :meth:`window` gives; a first page's
+        upper bound is only a cap (the largest position), so the backend also
+        keeps the rows below the family's position counter in the same
+        snapshot. The thread's incarnation is checked afterwards, by
+        :meth:`window`.
+        """
+        return self._window(_MAX_POSITION, None, None)
+
+    def _window(
+        self, high_water: int, after_position: int | None, before_position: int | None
+    ) -> Window:
+        cursor = self._cursor
         position: int | None
         if cursor is not None:
-            if cursor.instance_id != version.thread_instance_id:
-                raise ThreadStorePageTokenError(
-                    "page token belongs to an earlier incarnation of this thread "
-                    "(it was deleted and re-created)"
-                )
             anchor, lower, bound_upper = cursor.anchor, cursor.lower, cursor.upper
             position = cursor.position
         else:
@@ -337,6 +356,26 @@ class ReadPlan:
     messages: IdsPlan | ChildPagePlan | None
     runs: IdsPlan | ChildPagePlan | None
     queued_items: IdsPlan | ChildPagePlan | None
+
+    def single_page(self) -> tuple[FamilyName, ChildPagePlan] | None:
+        """The read's one selection when it is a page that needs no anchor lookup.
+
+        ``None`` when the read selects nothing, an ``ids`` selection, more than
+        one family, or a first page bounded by ``afterMessageId`` /
+        ``beforeMessageId``. Such a read is the root and one bounded range
+        scan, which a backend may answer in one request (see
+        :meth:`~pai_storage.backend.ReadSnapshot.head_and_page`).
+        """
+        found: tuple[FamilyName, ChildPagePlan] | None = None
+        for selection in (self.messages, self.runs, self.queued_items):
+            if selection is None:
+                continue
+            if found is not None or not isinstance(selection, ChildPagePlan):
+                return None
+            if selection.bound_ids() != (None, None):
+                return None
+            found = (selection.family, selection)
+        return found
 
     def select(self, aggregate: ThreadAggregate) -> dict[str, ThreadPage[Any]]:
         """Run the plan over an aggregate; returns the pages keyed by attribute name."""
