@@ -6,11 +6,12 @@ One command, prints a table::
 
 Measured (median latency), each next to the *floor*: the very statements the
 store sent for the same operation, recorded once and replayed through a bare
-aiosqlite connection with the same pragmas (WAL, ``busy_timeout``), with
+aiosqlite connection with the same pragmas (WAL, ``busy_timeout``), one
+trip to the driver's thread per statement (``execute_fetchall``), with
 their parameters precomputed and ``json.loads`` of every document read instead
 of model validation; i.e. what the store costs beyond SQLite and the driver
 thread (input validation, strict parsing, stamping, planning, relationship
-rules, tokens, and SQLAlchemy):
+rules, tokens, the connection pool, and SQLAlchemy where it is still used):
 
 - a turn (one commit: a user message, an assistant message, the completed
   run) on a thread holding 10, 1,000 and 10,000 messages;
@@ -46,7 +47,6 @@ from typing import Any
 
 import aiosqlite
 from pai_storage_sql import SqlThreadStore
-from sqlalchemy import event
 
 from pai_storage import CommittedResult, ThreadVersion
 from pai_storage import builders as b
@@ -134,33 +134,44 @@ async def timed(
 
 
 class Recorder:
-    """Records every statement a store's engines send, and each commit or rollback."""
+    """Records every statement a store sends to aiosqlite, and each commit or rollback.
+
+    It listens at the driver (``aiosqlite.Connection._execute``, through which
+    every call to the database thread goes), so it sees the statements the
+    store runs through SQLAlchemy and those it runs on the driver connection
+    alike, and the transaction control of both.
+    """
 
     def __init__(self) -> None:
         self.log: list[Statement] = []
         self.on = False
+        self._original: Any = None
 
-    def attach(self, store: SqlThreadStore) -> None:
-        engines = store.client._made
-        assert engines is not None
-        for engine in {id(e): e for e in (engines.writer, engines.reader)}.values():
-            sync = engine.sync_engine
-            event.listen(sync, "before_cursor_execute", self._statement)
-            event.listen(sync, "commit", self._commit)
-            event.listen(sync, "rollback", self._rollback)
+    def attach(self) -> None:
+        self._original = original = aiosqlite.Connection._execute
+        call: Callable[..., Awaitable[Any]] = original
+        recorder = self
 
-    def _statement(
-        self, conn: Any, cursor: Any, sql: str, params: Any, ctx: Any, many: bool
-    ) -> None:
-        if self.on:
-            self.log.append((sql, params, many))
+        async def execute(conn: Any, fn: Any, *args: Any, **kwargs: Any) -> Any:
+            if recorder.on:
+                recorder._note(getattr(fn, "__name__", ""), args)
+            return await call(conn, fn, *args, **kwargs)
 
-    def _commit(self, conn: Any) -> None:
-        if self.on:
+        aiosqlite.Connection._execute = execute  # type: ignore[method-assign,assignment]
+
+    def detach(self) -> None:
+        if self._original is not None:
+            aiosqlite.Connection._execute = self._original  # type: ignore[method-assign]
+            self._original = None
+
+    def _note(self, name: str, args: tuple[Any, ...]) -> None:
+        if name in ("execute", "_execute_fetchall"):
+            self.log.append((args[0], args[1] if len(args) > 1 else (), False))
+        elif name == "executemany":
+            self.log.append((args[0], list(args[1]), True))
+        elif name == "commit":
             self.log.append(("COMMIT", None, False))
-
-    def _rollback(self, conn: Any) -> None:
-        if self.on:
+        elif name == "rollback":
             self.log.append(("ROLLBACK", None, False))
 
     async def record(self, fn: Callable[[], Awaitable[Any]]) -> list[Statement]:
@@ -209,8 +220,8 @@ class Floor:
             elif many:
                 await conn.executemany(sql, params)
             else:
-                async with conn.execute(sql, params) as cursor:
-                    rows = await cursor.fetchall()
+                # One trip to the driver's thread per statement (execute and fetch).
+                rows = await conn.execute_fetchall(sql, params)
                 # Like a store, decode what it read (json.loads, not model validation).
                 for row in rows:
                     for value in row:
@@ -486,15 +497,18 @@ async def run(
     async with SqlThreadStore(f"sqlite:///{work / 'record.db'}") as store:
         await store.initialize()
         recorder = Recorder()
-        recorder.attach(store)
-        for size in sizes:
-            recorded_turns[size] = await record_turns(
-                store, recorder, size, versions[size], turns + 10
-            )
-            recorded_reads[size] = await recorder.record(
-                functools.partial(store.read_thread, read_20(f"t{size}"))
-            )
-        recorded_list = await recorder.record(functools.partial(store.list_threads, LIST_20))
+        recorder.attach()
+        try:
+            for size in sizes:
+                recorded_turns[size] = await record_turns(
+                    store, recorder, size, versions[size], turns + 10
+                )
+                recorded_reads[size] = await recorder.record(
+                    functools.partial(store.read_thread, read_20(f"t{size}"))
+                )
+            recorded_list = await recorder.record(functools.partial(store.list_threads, LIST_20))
+        finally:
+            recorder.detach()
 
     rows: list[tuple[str, float, float]] = []
     floor = Floor(str(work / "floor.db"))

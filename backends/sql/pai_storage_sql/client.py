@@ -42,7 +42,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.util
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
@@ -57,7 +57,15 @@ from .schema import DEFAULT_PREFIX, SCHEMA_VERSION, Tables, prepare_schema
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-__all__ = ["CLIENT_OPTIONS", "Dialect", "Engines", "SqlClient"]
+__all__ = [
+    "CLIENT_OPTIONS",
+    "Dialect",
+    "Engines",
+    "Operation",
+    "SqlClient",
+    "Statement",
+    "is_unique_violation",
+]
 
 T = TypeVar("T")
 
@@ -477,17 +485,8 @@ class SqlClient(SharedClient[Engines]):
         wait timeout becomes :class:`~pai_storage_sql.errors.RetryableError`).
         A ``COMMIT`` whose connection fails gives ``OutcomeUnknownError``.
         """
-        engines = await self._ready()
-        async with self._lock(engines), self._connection(engines.writer) as conn:
-            with self.errors("write"):
-                if self.dialect == "sqlite":
-                    await conn.exec_driver_sql("BEGIN IMMEDIATE")
-                else:
-                    await conn.begin()
-            with self.errors("write"):
-                yield conn
-            with self.errors("commit"):
-                await conn.commit()
+        async with self.writing() as op:
+            yield op.conn
 
     @contextlib.asynccontextmanager
     async def read(self, *, snapshot: bool = True) -> AsyncIterator[AsyncConnection]:
@@ -499,29 +498,57 @@ class SqlClient(SharedClient[Engines]):
         transaction for an operation of one statement (which is its own
         snapshot).
         """
-        engines = await self._ready()
-        async with self._lock(engines), self._connection(engines.reader) as conn:
-            if snapshot:
-                with self.errors("read"):
-                    if self.dialect == "sqlite":
-                        await conn.exec_driver_sql("BEGIN")
-                    else:
-                        await conn.exec_driver_sql(
-                            "START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY"
-                        )
-            with self.errors("read"):
-                yield conn
+        async with self.reading(snapshot=snapshot) as op:
+            yield op.conn
 
     @contextlib.asynccontextmanager
-    async def _connection(self, engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
+    async def writing(self) -> AsyncIterator[Operation]:
+        """:meth:`write` as an :class:`Operation`: its statements may also run
+        precompiled on the driver connection (same transaction)."""
+        engines = await self._ready()
+        async with self._lock(engines), self._connection(engines.writer) as op:
+            with self.errors("write"):
+                if op.sqlite:
+                    await op.driver.execute_fetchall("BEGIN IMMEDIATE", ())
+                # MySQL: the driver connection is not in autocommit mode; its
+                # transaction begins with the first statement.
+            with self.errors("write"):
+                yield op
+            with self.errors("commit"):
+                await op.commit()
+
+    @contextlib.asynccontextmanager
+    async def reading(self, *, snapshot: bool = True) -> AsyncIterator[Operation]:
+        """:meth:`read` as an :class:`Operation` (see :meth:`writing`)."""
+        engines = await self._ready()
+        async with self._lock(engines), self._connection(engines.reader) as op:
+            if snapshot:
+                with self.errors("read"):
+                    await op.run_text(
+                        "BEGIN"
+                        if op.sqlite
+                        else "START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY"
+                    )
+            with self.errors("read"):
+                yield op
+            if op.sqlite:
+                # Ends the snapshot (the reader pool does not reset connections).
+                with self.errors("read"):
+                    await op.rollback()
+
+    @contextlib.asynccontextmanager
+    async def _connection(self, engine: AsyncEngine) -> AsyncIterator[Operation]:
         """A pooled connection for one operation; rolled back and returned afterwards,
         or invalidated (closed, never reused) when its state is unknown."""
         if self.closed:
             raise closed_error()
         with self.errors("connect"):
             conn = await engine.connect()
+        # The pooled connection is checked out: its driver connection is at hand.
+        driver = conn.sync_connection.connection.driver_connection  # type: ignore[union-attr]
+        op = Operation(conn, driver, self.dialect == "sqlite")
         try:
-            yield conn
+            yield op
         except BaseException as exc:
             if not isinstance(exc, Exception) or (
                 is_driver_failure(exc) and not isinstance(exc, RetryableError)
@@ -531,7 +558,7 @@ class SqlClient(SharedClient[Engines]):
                     await conn.invalidate()
             else:
                 with contextlib.suppress(Exception):
-                    await conn.rollback()
+                    await op.rollback()
             raise
         finally:
             with contextlib.suppress(Exception):
@@ -569,6 +596,160 @@ class SqlClient(SharedClient[Engines]):
     @property
     def schema_version(self) -> int:
         return SCHEMA_VERSION
+
+
+class Statement:
+    """A SQLAlchemy Core statement compiled once for the dialect of a connection.
+
+    Run by :class:`Operation` directly on the driver connection: the SQL text in
+    the driver's paramstyle and its parameters in order, taken by name from a
+    mapping (a name the statement bound a value for defaults to that value).
+    An expanding ``IN`` parameter takes a non-empty sequence.
+    """
+
+    __slots__ = ("_expanding", "_mark", "_names", "_texts", "defaults", "text")
+
+    def __init__(self, statement: Any, dialect: Any) -> None:
+        compiled = statement.compile(dialect=dialect)
+        binds = compiled.binds
+        self._names: tuple[str, ...] = tuple(compiled.positiontup or ())
+        self.defaults: dict[str, Any] = {n: binds[n].value for n in self._names}
+        self._expanding = frozenset(n for n in self._names if binds[n].expanding)
+        self.text: str = compiled.string
+        self._texts: dict[tuple[int, ...], str] = {}
+        self._mark = "?" if dialect.paramstyle == "qmark" else "%s"
+
+    def bind(self, params: Mapping[str, Any]) -> tuple[str, list[Any]]:
+        """The SQL text and positional parameters for ``params``."""
+        defaults = self.defaults
+        if not self._expanding:
+            return self.text, [params[n] if n in params else defaults[n] for n in self._names]
+        args: list[Any] = []
+        sizes: list[int] = []
+        for name in self._names:
+            value = params[name] if name in params else defaults[name]
+            if name in self._expanding:
+                values = list(value)
+                if not values:
+                    raise ValueError(f"expanding parameter {name} needs at least one value")
+                sizes.append(len(values))
+                args.extend(values)
+            else:
+                args.append(value)
+        key = tuple(sizes)
+        text = self._texts.get(key)
+        if text is None:
+            text = self.text
+            counts = iter(sizes)
+            for name in self._names:
+                if name in self._expanding:
+                    marks = ", ".join([self._mark] * next(counts))
+                    text = text.replace(f"__[POSTCOMPILE_{name}]", marks)
+            self._texts[key] = text
+        return text, args
+
+
+class Operation:
+    """One write transaction or read snapshot of a :class:`SqlClient`.
+
+    ``conn`` is its SQLAlchemy connection; :meth:`rows`, :meth:`execute` and
+    :meth:`executemany` run a precompiled :class:`Statement` on the same
+    connection's driver (aiosqlite or asyncmy) without SQLAlchemy's per-statement
+    work, inside the same transaction. Driver exceptions are left to the
+    client's error mapping around the operation. The engine's SQLAlchemy
+    ``before_cursor_execute`` listeners still see every such
+    statement (with ``cursor`` and ``context`` ``None``; their return value is
+    not used).
+    """
+
+    __slots__ = ("_events", "conn", "dialect", "driver", "sqlite")
+
+    def __init__(self, conn: AsyncConnection, driver: Any, sqlite: bool) -> None:
+        self.conn = conn
+        self.driver = driver
+        self.sqlite = sqlite
+        self.dialect = conn.dialect
+        events = conn.sync_engine.dispatch.before_cursor_execute
+        self._events: Any = events if events else None
+
+    def _announce(self, text: str, args: Any, many: bool) -> None:
+        self._events(self.conn.sync_connection, None, text, args, None, many)
+
+    def compile(self, statement: Any) -> Statement:
+        return Statement(statement, self.dialect)
+
+    async def rows(self, statement: Statement, params: Mapping[str, Any]) -> list[Any]:
+        """The rows (tuples) of a query."""
+        text, args = statement.bind(params)
+        if self._events is not None:
+            self._announce(text, args, False)
+        if self.sqlite:
+            return cast(list[Any], await self.driver.execute_fetchall(text, args))
+        async with self.driver.cursor() as cursor:
+            await cursor.execute(text, args)
+            return list(await cursor.fetchall())
+
+    async def execute(self, statement: Statement, params: Mapping[str, Any]) -> None:
+        """Run a statement that returns no rows."""
+        text, args = statement.bind(params)
+        if self._events is not None:
+            self._announce(text, args, False)
+        if self.sqlite:
+            await self.driver.execute_fetchall(text, args)
+            return
+        async with self.driver.cursor() as cursor:
+            await cursor.execute(text, args)
+
+    async def executemany(self, statement: Statement, params: Sequence[Mapping[str, Any]]) -> None:
+        """Run a statement once per parameter set (MySQL: one multi-row ``INSERT``)."""
+        if not params:
+            return
+        text = statement.text
+        rows = [statement.bind(p)[1] for p in params]
+        if self._events is not None:
+            self._announce(text, [tuple(r) for r in rows], True)
+        if self.sqlite:
+            await self.driver.executemany(text, rows)
+            return
+        async with self.driver.cursor() as cursor:
+            await cursor.executemany(text, rows)
+
+    async def run_text(self, sql: str) -> None:
+        """Run one SQL text without parameters or rows (transaction control)."""
+        if self._events is not None:
+            self._announce(sql, (), False)
+        if self.sqlite:
+            await self.driver.execute_fetchall(sql, ())
+            return
+        async with self.driver.cursor() as cursor:
+            await cursor.execute(sql)
+
+    async def commit(self) -> None:
+        """Commit the transaction (begun on the driver, or by SQLAlchemy statements)."""
+        if self.conn.in_transaction():
+            await self.conn.commit()
+        else:
+            await self.driver.commit()
+
+    async def rollback(self) -> None:
+        """Roll the transaction back, if one is open."""
+        if self.conn.in_transaction():
+            await self.conn.rollback()
+        elif not self.sqlite or self.driver.in_transaction:
+            await self.driver.rollback()
+
+
+def is_unique_violation(exc: BaseException) -> bool:
+    """Whether ``exc`` (raw or wrapped by SQLAlchemy) is a constraint violation."""
+    import sqlite3
+
+    from sqlalchemy.exc import IntegrityError
+
+    if isinstance(exc, IntegrityError | sqlite3.IntegrityError):
+        return True
+    return type(exc).__name__ == "IntegrityError" and type(exc).__module__.startswith(
+        ("asyncmy", "pymysql", "aiomysql")
+    )
 
 
 def _check_engine(engine: object) -> None:

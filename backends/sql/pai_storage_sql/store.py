@@ -35,7 +35,6 @@ from sqlalchemy import (
     tuple_,
     update,
 )
-from sqlalchemy.exc import IntegrityError
 
 from pai_storage import (
     Clock,
@@ -90,13 +89,12 @@ from pai_storage.backend import (
     timestamp_ms,
 )
 
-from .client import SqlClient
+from .client import Operation, SqlClient, Statement, is_unique_violation
 from .codec import dec, dump, enc, parse, run_ref_fields
 from .schema import ORDER_BYTES, SCHEMA_VERSION, Tables, digest
 
 if TYPE_CHECKING:
     from sqlalchemy import Table
-    from sqlalchemy.ext.asyncio import AsyncConnection
 
 __all__ = ["SqlThreadStore", "thread_key"]
 
@@ -191,6 +189,7 @@ class SqlThreadStore(ThreadStore):
         self.tables: Tables = self._client.tables
         self._ord_bytes: int | None = None if self._client.dialect == "sqlite" else ORDER_BYTES
         self._statements: dict[Hashable, Any] = {}
+        self._compiled: dict[Hashable, Statement] = {}
 
     def statement(self, key: Hashable, build: Callable[[], Any]) -> Any:
         """The statement ``key`` names, built once per store (SQLAlchemy then reuses
@@ -198,6 +197,14 @@ class SqlThreadStore(ThreadStore):
         found = self._statements.get(key)
         if found is None:
             found = self._statements[key] = build()
+        return found
+
+    def sql(self, op: Operation, key: Hashable, build: Callable[[], Any]) -> Statement:
+        """The statement ``key`` names, compiled once per store for its dialect and
+        run on the driver connection (the hot statements of commits and reads)."""
+        found = self._compiled.get(key)
+        if found is None:
+            found = self._compiled[key] = op.compile(build())
         return found
 
     def __repr__(self) -> str:
@@ -234,16 +241,16 @@ class SqlThreadStore(ThreadStore):
     async def _read_thread(self, request: ReadThreadInput) -> ThreadReadResult:
         plan = self.selections.plan_read(request)
         paged = any(getattr(plan, spec.attr) is not None for spec in FAMILIES)
-        async with self._client.read(snapshot=paged) as conn:
-            snapshot = _Snapshot(conn, self, request.scope_key, request.thread_id)
+        async with self._client.reading(snapshot=paged) as op:
+            snapshot = _Snapshot(op, self, request.scope_key, request.thread_id)
             return await run_read(snapshot, plan, clock_now=self.now())
 
     # ------------------------------------------------------------ listing
 
     async def _list_threads(self, request: ListThreadsInput) -> Page[ThreadRecord]:
         plan = self.selections.plan_list(request)
-        async with self._client.read(snapshot=plan.include_hidden) as conn:
-            return await self._list(conn, plan)
+        async with self._client.reading(snapshot=plan.include_hidden) as op:
+            return await self._list(op, plan)
 
     def _ord(self, thread_id: bytes) -> bytes:
         return thread_id if self._ord_bytes is None else thread_id[: self._ord_bytes]
@@ -282,8 +289,9 @@ class SqlThreadStore(ThreadStore):
             .limit(bindparam("fetch"))
         )
 
-    async def _list(self, conn: AsyncConnection, plan: ListPlan) -> Page[ThreadRecord]:
+    async def _list(self, op: Operation, plan: ListPlan) -> Page[ThreadRecord]:
         t = self.tables.threads
+        conn = op.conn
         params: dict[str, Any] = {"scope": digest(plan.scope_key), "fetch": plan.fetch}
         if plan.agent is not None:
             params["agent"] = digest(plan.agent)
@@ -319,28 +327,25 @@ class SqlThreadStore(ThreadStore):
                         plan.parent_thread_id is not None,
                         plan.category is not None,
                     )
-                    stmt = self.statement(
+                    stmt = self.sql(
+                        op,
                         ("list", *shape, hidden, cut),
                         functools.partial(self.list_statement, plan, hidden, cut),
                     )
-                    got = (await conn.execute(stmt, args)).all()
-                    if (
-                        got
-                        and len(got) == args["fetch"]
-                        and len(got[-1].thread_ord) == self._ord_bytes
-                    ):
+                    got: list[Any] = await op.rows(stmt, args)
+                    if got and len(got) == args["fetch"] and len(got[-1][1]) == self._ord_bytes:
                         # Ids longer than thread_ord tie on it: read the whole tie so
                         # that the exact order (full thread id) is known.
                         last = got[-1]
                         tie = select(t.c.sort_key, t.c.thread_ord, t.c.thread_id, t.c.doc).where(
                             t.c.scope_h == params["scope"],
                             t.c.hidden == hidden,
-                            t.c.sort_key == last.sort_key,
-                            t.c.thread_ord == last.thread_ord,
+                            t.c.sort_key == last[0],
+                            t.c.thread_ord == last[1],
                         )
                         more = (await conn.execute(tie)).all()
                         got = [*got, *more]
-                    rows.extend((int(r.sort_key), bytes(r.thread_id), r.doc) for r in got)
+                    rows.extend((int(r[0]), bytes(r[2]), r[3]) for r in got)
                 unique = {(s, tid): doc for s, tid, doc in rows}
                 keyed = sorted(
                     (k for k in unique if cursor is None or k > cursor),
@@ -496,8 +501,9 @@ class SqlThreadStore(ThreadStore):
 
     async def _load_thread(self, scope_key: str, thread_id: str) -> ThreadAggregate | None:
         """The root and every row of the thread, from one read snapshot."""
-        async with self._client.read() as conn:
-            rows = _ThreadRows(conn, self, scope_key, thread_id)
+        async with self._client.reading() as op:
+            conn = op.conn
+            rows = _ThreadRows(op, self, scope_key, thread_id)
             t = self.tables.threads
             head = (
                 await conn.execute(
@@ -541,8 +547,8 @@ class SqlThreadStore(ThreadStore):
             "queuedItems": aggregate.queued_items,
         }
         try:
-            async with self._client.write() as conn:
-                tx = _Transaction(conn, self, root.scope_key, root.thread_id, _RESTORE)
+            async with self._client.writing() as op:
+                tx = _Transaction(op, self, root.scope_key, root.thread_id, _RESTORE)
                 await tx.hold()
                 positions = {name: fam.next_position for name, fam in families.items()}
                 await tx.write_root(root, positions, created=True)
@@ -564,14 +570,15 @@ class SqlThreadStore(ThreadStore):
         return await self._client.retrying(lambda: self._fork_once(plan))
 
     async def _fork_once(self, plan: ForkPlan) -> ThreadRecord:
-        async with self._client.write() as conn:
-            source = _Transaction(conn, self, plan.scope_key, plan.source_thread_id)
+        async with self._client.writing() as op:
+            conn = op.conn
+            source = _Transaction(op, self, plan.scope_key, plan.source_thread_id)
             held = await source.hold()
             if held.root is None or held.root.version != plan.source_version:
                 raise SourceChanged
             now = None if plan.test_now is not None else await self._client.server_time(conn)
             root = plan.root(now)
-            fork = _Transaction(conn, self, plan.scope_key, plan.thread_id, _RESTORE)
+            fork = _Transaction(op, self, plan.scope_key, plan.thread_id, _RESTORE)
             await fork.hold()
             await fork.write_root(root, held.next_positions, created=True)
             dropped = [digest(i) for i in sorted(plan.dropped_run_ids)]
@@ -609,10 +616,8 @@ class SqlThreadStore(ThreadStore):
     async def _commit_once(self, request: CommitThreadInput) -> CommittedResult | ConflictResult:
         """One attempt: the write transaction, the core's commit pipeline, commit or roll back."""
         try:
-            async with self._client.write() as conn:
-                tx = _Transaction(
-                    conn, self, request.scope_key, request.thread_id, request.mutation
-                )
+            async with self._client.writing() as op:
+                tx = _Transaction(op, self, request.scope_key, request.thread_id, request.mutation)
                 result = await run_commit(tx, request, clock=self.now)
                 if isinstance(result, ConflictResult):
                     raise _Conflict(result)
@@ -628,9 +633,10 @@ class _ThreadRows:
     """Queries over one thread's rows on one connection (shared by commits and reads)."""
 
     def __init__(
-        self, conn: AsyncConnection, store: SqlThreadStore, scope_key: str, thread_id: str
+        self, op: Operation, store: SqlThreadStore, scope_key: str, thread_id: str
     ) -> None:
-        self._conn = conn
+        self._op = op
+        self._conn = op.conn
         self._store = store
         self._client = store.client
         self._t = store.tables
@@ -664,32 +670,37 @@ class _ThreadRows:
     def _positions(row: Any) -> dict[FamilyName, int]:
         return {name: int(getattr(row, col)) for name, col in _NEXT_COLUMN.items()}
 
+    @staticmethod
+    def _next(messages: Any, runs: Any, queued: Any) -> dict[FamilyName, int]:
+        return {"messages": int(messages), "runs": int(runs), "queuedItems": int(queued)}
+
     async def load_rows(self, spec: FamilySpec, ids: Sequence[str]) -> Mapping[str, Entry[Any]]:
         if not ids:
             return {}
         table = self._table(spec.name)
         id_col = table.c[_ID_COLUMN[spec.name]]
-        stmt = self._store.statement(
+        stmt = self._store.sql(
+            self._op,
             ("load", spec.name),
-            lambda: select(table.c.position, id_col.label("id"), table.c.doc).where(
+            lambda: select(table.c.position, id_col, table.c.doc).where(
                 table.c.tkey == bindparam("k"),
                 table.c.id_h.in_(bindparam("ids", expanding=True)),
             ),
         )
         params = {"k": self._key, "ids": [digest(i) for i in ids]}
-        rows = (await self._conn.execute(stmt, params)).all()
+        rows = await self._op.rows(stmt, params)
         wanted = set(ids)
         found: dict[str, Entry[Any]] = {}
-        for r in rows:
-            rid = dec(r.id)
+        for position, stored_id, doc in rows:
+            rid = dec(stored_id)
             if rid not in wanted:  # another id with the same digest
                 continue
-            record = parse(spec.model, r.doc)
+            record = parse(spec.model, doc)
             if spec.record_id(record) != rid:
                 raise ThreadStoreInvariantError(
                     f"stored {spec.noun} record does not match its id column"
                 )
-            found[rid] = Entry(int(r.position), record)
+            found[rid] = Entry(int(position), record)
         return found
 
 
@@ -698,30 +709,34 @@ class _Transaction(_ThreadRows, CommitTransaction):
 
     def __init__(
         self,
-        conn: AsyncConnection,
+        op: Operation,
         store: SqlThreadStore,
         scope_key: str,
         thread_id: str,
         mutation: object = None,
     ) -> None:
-        super().__init__(conn, store, scope_key, thread_id)
+        super().__init__(op, store, scope_key, thread_id)
         self._mutation = mutation
 
     async def hold(self) -> HeldThread:
         t = self._t.threads
-        row: Any
         if isinstance(self._mutation, CreateMutation) or self._mutation is _RESTORE:
             # Nothing to lock yet: write_root inserts and a concurrent create's
             # row makes the insert fail on the primary key.
-            stmt = self._store.statement(
+            stmt = self._store.sql(
+                self._op,
                 "hold-create",
                 lambda: select(t.c.instance_id, t.c.revision).where(t.c.tkey == bindparam("k")),
             )
-            row = (await self._conn.execute(stmt, {"k": self._key})).first()
-            if row is not None:
-                raise ThreadConflict(_version(row))
+            rows = await self._op.rows(stmt, {"k": self._key})
+            if rows:
+                instance_id, revision = rows[0]
+                raise ThreadConflict(
+                    ThreadVersion(thread_instance_id=instance_id, revision=int(revision))
+                )
             return HeldThread(None)
-        stmt = self._store.statement(
+        stmt = self._store.sql(
+            self._op,
             "hold",
             lambda: (
                 select(t.c.messages_next, t.c.runs_next, t.c.queued_next, t.c.doc)
@@ -729,13 +744,18 @@ class _Transaction(_ThreadRows, CommitTransaction):
                 .with_for_update()
             ),
         )
-        row = (await self._conn.execute(stmt, {"k": self._key})).first()
-        if row is None:
+        rows = await self._op.rows(stmt, {"k": self._key})
+        if not rows:
             return HeldThread(None)
-        return HeldThread(self._parse_root(row.doc), self._positions(row))
+        messages, runs, queued, doc = rows[0]
+        return HeldThread(self._parse_root(doc), self._next(messages, runs, queued))
 
     async def server_time(self) -> datetime:
-        return await self._client.server_time(self._conn)
+        if self._op.sqlite:
+            return datetime.now(UTC)
+        stmt = self._store.sql(self._op, "now", lambda: select(func.utc_timestamp(6)))
+        rows = await self._op.rows(stmt, {})
+        return cast(datetime, rows[0][0]).replace(tzinfo=UTC)
 
     async def write_root(
         self, root: ThreadRecord, next_positions: Mapping[FamilyName, int], *, created: bool
@@ -754,10 +774,17 @@ class _Transaction(_ThreadRows, CommitTransaction):
         }
         self._check_size("thread root", values["doc"])
         if not created:
-            stmt = self._store.statement(
-                "root-update", lambda: update(t).where(t.c.tkey == bindparam("k"))
+            names = list(values)
+            stmt = self._store.sql(
+                self._op,
+                "root-update",
+                lambda: (
+                    update(t)
+                    .where(t.c.tkey == bindparam("k"))
+                    .values({c: bindparam(f"b_{c}") for c in names})
+                ),
             )
-            await self._conn.execute(stmt, {"k": self._key, **values})
+            await self._op.execute(stmt, {"k": self._key, **{f"b_{c}": values[c] for c in names}})
             return
         thread = enc(self._thread_id)
         values.update(
@@ -772,10 +799,12 @@ class _Transaction(_ThreadRows, CommitTransaction):
             parent_h=_opt_digest(root.parent_thread_id),
         )
         try:
-            await self._conn.execute(
-                self._store.statement("root-insert", lambda: insert(t)), values
+            await self._op.execute(
+                self._store.sql(self._op, "root-insert", lambda: insert(t)), values
             )
-        except IntegrityError:
+        except Exception as exc:
+            if not is_unique_violation(exc):
+                raise
             # A concurrent create won the key (the insert waited for it to
             # commit); a locking read sees the winner's version.
             row = (
@@ -813,20 +842,27 @@ class _Transaction(_ThreadRows, CommitTransaction):
             for r in rows_:
                 self._check_size(spec.noun, r["doc"])
             names = [c for c in rows_[0] if c not in ("position", "id_h")]
-            stmt = (
-                update(table)
-                .where(
-                    table.c.tkey == key,
-                    table.c.position == bindparam("b_position"),
-                    table.c.id_h == bindparam("b_id_h"),
-                )
-                .values({c: bindparam(f"b_{c}") for c in names})
+            stmt = self._store.sql(
+                self._op,
+                ("update-rows", spec.name),
+                lambda: (
+                    update(table)
+                    .where(
+                        table.c.tkey == bindparam("b_tkey"),
+                        table.c.position == bindparam("b_position"),
+                        table.c.id_h == bindparam("b_id_h"),
+                    )
+                    .values({c: bindparam(f"b_{c}") for c in names})
+                ),
             )
-            await conn.execute(stmt, [{f"b_{c}": v for c, v in r.items()} for r in rows_])
+            await self._op.executemany(
+                stmt, [{"b_tkey": key, **{f"b_{c}": v for c, v in r.items()}} for r in rows_]
+            )
         if write.inserts:
             rows_ = [{"tkey": key, **_row(spec, e)} for e in write.inserts]
+            stmt = self._store.sql(self._op, ("insert-rows", spec.name), lambda: insert(table))
             for chunk in self._chunks(spec, rows_):
-                await conn.execute(insert(table), chunk)
+                await self._op.executemany(stmt, chunk)
         return truncated
 
     def _chunks(
@@ -869,7 +905,7 @@ class _Transaction(_ThreadRows, CommitTransaction):
             await self._conn.execute(delete(table).where(table.c.tkey == self._key))
 
     def relationship_reader(self, context: RelationshipContext) -> RelationshipReader:
-        return _Reader(self._conn, self._store, self._key)
+        return _Reader(self._op, self._store, self._key)
 
 
 class _Snapshot(_ThreadRows, ReadSnapshot):
@@ -879,37 +915,44 @@ class _Snapshot(_ThreadRows, ReadSnapshot):
         t = self._t.threads
         cols = (t.c.doc, t.c.messages_next, t.c.runs_next, t.c.queued_next)
         row: Any
-        if self._client.dialect == "sqlite":
+        if self._op.sqlite:
             now = datetime.now(UTC)
-            stmt = self._store.statement(
-                "head", lambda: select(*cols).where(t.c.tkey == bindparam("k"))
+            stmt = self._store.sql(
+                self._op, "head", lambda: select(*cols).where(t.c.tkey == bindparam("k"))
             )
-            row = (await self._conn.execute(stmt, {"k": self._key})).first()
-            doc = row.doc if row is not None else None
+            rows = await self._op.rows(stmt, {"k": self._key})
+            row = rows[0] if rows else None
         else:
 
             def build() -> Any:
                 one = select(literal(1).label("one")).subquery()
-                return select(func.utc_timestamp(6).label("now"), *cols).select_from(
+                return select(*cols, func.utc_timestamp(6).label("now")).select_from(
                     one.outerjoin(t, t.c.tkey == bindparam("k"))
                 )
 
-            stmt = self._store.statement("head", build)
-            row = (await self._conn.execute(stmt, {"k": self._key})).one()
-            now = cast(datetime, row.now).replace(tzinfo=UTC)
-            doc = row.doc
-        if row is None or doc is None:
+            stmt = self._store.sql(self._op, "head", build)
+            row = (await self._op.rows(stmt, {"k": self._key}))[0]
+            now = cast(datetime, row[4]).replace(tzinfo=UTC)
+        if row is None or row[0] is None:
             return ReadHead(now, None)
-        return ReadHead(now, self._parse_root(doc), self._positions(row))
+        doc, messages, runs, queued = row[:4]
+        return ReadHead(now, self._parse_root(doc), self._next(messages, runs, queued))
 
     async def anchor_positions(self, message_ids: Sequence[str]) -> Mapping[str, int]:
+        if not message_ids:
+            return {}
         m = self._t.messages
-        stmt = select(m.c.message_id, m.c.position).where(
-            m.c.tkey == self._key, m.c.id_h.in_(bindparam("ids", expanding=True))
+        stmt = self._store.sql(
+            self._op,
+            "anchors",
+            lambda: select(m.c.message_id, m.c.position).where(
+                m.c.tkey == bindparam("k"), m.c.id_h.in_(bindparam("ids", expanding=True))
+            ),
         )
-        rows = (await self._conn.execute(stmt, {"ids": [digest(i) for i in message_ids]})).all()
+        params = {"k": self._key, "ids": [digest(i) for i in message_ids]}
+        rows = await self._op.rows(stmt, params)
         wanted = set(message_ids)
-        out = {dec(r.message_id): int(r.position) for r in rows}
+        out = {dec(message_id): int(position) for message_id, position in rows}
         return {k: v for k, v in out.items() if k in wanted}
 
     async def scan(
@@ -928,16 +971,16 @@ class _Snapshot(_ThreadRows, ReadSnapshot):
         if run_filter:
             params["run"] = digest(cast(str, plan.run_id))
         shape = (spec.name, view, window.order, run_filter, bool(statuses))
-        stmt = self._store.statement(("scan", *shape), lambda: _page_statement(table, *shape))
+        stmt = self._store.sql(self._op, ("scan", *shape), lambda: _page_statement(table, *shape))
         if not statuses:
-            rows = (await self._conn.execute(stmt, params)).all()
-            found = [(int(r.position), cast(str, r.doc)) for r in rows]
+            rows = await self._op.rows(stmt, params)
+            found = [(int(position), cast(str, doc)) for position, doc in rows]
         else:
             # One bounded index range scan per status, merged here.
             found = []
             for status in statuses:
-                rows = (await self._conn.execute(stmt, {**params, "status": status})).all()
-                found.extend((int(r.position), cast(str, r.doc)) for r in rows)
+                rows = await self._op.rows(stmt, {**params, "status": status})
+                found.extend((int(position), cast(str, doc)) for position, doc in rows)
             found.sort(key=lambda item: item[0], reverse=window.order == "newest")
             del found[window.fetch :]
         return [(position, parse(spec.model, doc)) for position, doc in found]
@@ -1031,8 +1074,9 @@ def _row(spec: FamilySpec, entry: Entry[Any]) -> dict[str, Any]:
 class _Reader:
     """Post-commit relationship facts, queried inside the commit's transaction."""
 
-    def __init__(self, conn: AsyncConnection, store: SqlThreadStore, key: bytes) -> None:
-        self._conn = conn
+    def __init__(self, op: Operation, store: SqlThreadStore, key: bytes) -> None:
+        self._op = op
+        self._conn = op.conn
         self._store = store
         self._t = store.tables
         self._key = key
@@ -1043,67 +1087,65 @@ class _Reader:
         if not ids:
             return facts
         params = {"k": self._key, "ids": [digest(i) for i in ids]}
-        conn, key, t, stmt = self._conn, self._key, self._t, self._store.statement
+        conn, key, t, op = self._conn, self._key, self._t, self._op
+
+        def stmt(name: str, build: Callable[[], Any]) -> Statement:
+            return self._store.sql(op, name, build)
+
         m, q, r = t.messages, t.queued, t.runs
-        runs: Sequence[Any] = (
-            await conn.execute(
-                stmt(
-                    "facts-runs",
-                    lambda: select(r.c.run_id, r.c.doc).where(
-                        r.c.tkey == bindparam("k"), r.c.id_h.in_(bindparam("ids", expanding=True))
-                    ),
+        runs: Sequence[Any] = await op.rows(
+            stmt(
+                "facts-runs",
+                lambda: select(r.c.run_id, r.c.doc).where(
+                    r.c.tkey == bindparam("k"), r.c.id_h.in_(bindparam("ids", expanding=True))
                 ),
-                params,
-            )
-        ).all()
-        messages: Sequence[Any] = (
-            await conn.execute(
-                stmt(
-                    "facts-messages",
-                    lambda: (
-                        select(m.c.run_id, m.c.position, m.c.message_id, m.c.relation)
-                        .where(
-                            m.c.tkey == bindparam("k"),
-                            m.c.run_h.in_(bindparam("ids", expanding=True)),
-                        )
-                        .order_by(m.c.position)
-                    ),
+            ),
+            params,
+        )
+        messages: Sequence[Any] = await op.rows(
+            stmt(
+                "facts-messages",
+                lambda: (
+                    select(m.c.run_id, m.c.position, m.c.message_id, m.c.relation)
+                    .where(
+                        m.c.tkey == bindparam("k"),
+                        m.c.run_h.in_(bindparam("ids", expanding=True)),
+                    )
+                    .order_by(m.c.position)
                 ),
-                params,
-            )
-        ).all()
-        items: Sequence[Any] = (
-            await conn.execute(
-                stmt(
-                    "facts-queued",
-                    lambda: (
-                        select(q.c.run_id, q.c.queue_item_id, q.c.position)
-                        .where(
-                            q.c.tkey == bindparam("k"),
-                            q.c.run_h.in_(bindparam("ids", expanding=True)),
-                        )
-                        .order_by(q.c.position)
-                    ),
+            ),
+            params,
+        )
+        items: Sequence[Any] = await op.rows(
+            stmt(
+                "facts-queued",
+                lambda: (
+                    select(q.c.run_id, q.c.queue_item_id, q.c.position)
+                    .where(
+                        q.c.tkey == bindparam("k"),
+                        q.c.run_h.in_(bindparam("ids", expanding=True)),
+                    )
+                    .order_by(q.c.position)
                 ),
-                params,
-            )
-        ).all()
-        for r in runs:
-            rid = dec(r.run_id)
+            ),
+            params,
+        )
+        for run_id, doc in runs:
+            rid = dec(run_id)
             if rid in facts:
-                status, admitted, queue_item, inputs = run_ref_fields(r.doc)
+                status, admitted, queue_item, inputs = run_ref_fields(doc)
                 facts[rid].run = RunRef(rid, status, admitted, queue_item, inputs)
-        for r in messages:
-            rid = dec(r.run_id)
+        for run_id, position, message_id, relation in messages:
+            rid = dec(run_id)
             if rid in facts:
                 cast(list[MessageRef], facts[rid].messages).append(
-                    MessageRef(dec(r.message_id), int(r.position), rid, r.relation)
+                    MessageRef(dec(message_id), int(position), rid, relation)
                 )
-        for r in items:
-            rid = dec(r.run_id)
+        for run_id, queue_item_id, _position in items:
+            rid = dec(run_id)
             if rid in facts:
                 cast(list[QueueRef], facts[rid].queued_items).append(
-                    QueueRef(dec(r.queue_item_id), rid)
+                    QueueRef(dec(queue_item_id), rid)
                 )
         # Positions are dense as written: a run whose span has no gap cannot
         # hold a foreign message. Only spans with gaps need a look inside.
@@ -1132,7 +1174,8 @@ class _Reader:
     async def open_runs(self) -> Sequence[RunRef]:
         # Two is all the rules need: one bounded probe of (tkey, status) per status.
         r = self._t.runs
-        stmt = self._store.statement(
+        stmt = self._store.sql(
+            self._op,
             "open-runs",
             lambda: (
                 select(r.c.run_id, r.c.doc)
@@ -1141,14 +1184,15 @@ class _Reader:
             ),
         )
         out = []
-        for row in (await self._conn.execute(stmt, {"k": self._key})).all():
-            st, admitted, queue_item, inputs = run_ref_fields(row.doc)
-            out.append(RunRef(dec(row.run_id), st, admitted, queue_item, inputs))
+        for run_id, doc in await self._op.rows(stmt, {"k": self._key}):
+            st, admitted, queue_item, inputs = run_ref_fields(doc)
+            out.append(RunRef(dec(run_id), st, admitted, queue_item, inputs))
         return out
 
     async def tail(self) -> MessageRef | None:
         m = self._t.messages
-        stmt = self._store.statement(
+        stmt = self._store.sql(
+            self._op,
             "tail",
             lambda: (
                 select(m.c.position, m.c.message_id, m.c.run_id, m.c.relation)
@@ -1157,8 +1201,9 @@ class _Reader:
                 .limit(1)
             ),
         )
-        r = (await self._conn.execute(stmt, {"k": self._key})).first()
-        if r is None:
+        rows = await self._op.rows(stmt, {"k": self._key})
+        if not rows:
             return None
-        run_id = dec(r.run_id) if r.run_id is not None else None
-        return MessageRef(dec(r.message_id), int(r.position), run_id, r.relation)
+        position, message_id, stored_run, relation = rows[0]
+        run_id = dec(stored_run) if stored_run is not None else None
+        return MessageRef(dec(message_id), int(position), run_id, relation)
