@@ -1,13 +1,14 @@
 """Conformance provisioning for the SQL backend: every store in its own namespace.
 
 SQLite: a fresh database file per store, beside the file the URL names (or in
-a temporary directory), removed afterwards; ``sqlite:///:memory:`` gives each
-store its own in-memory database. MySQL/MariaDB: a fresh table prefix per
-store in the URL's database. Creating a prefix's tables costs MariaDB about
-half a second of DDL, so a prefix whose store is done is emptied (every row
-deleted, auto-increment counters reset) and handed to the next store: to that
-store it is indistinguishable from a fresh one. Every prefix is dropped when
-the harness closes.
+a temporary directory), removed afterwards; each is a copy of one file whose
+schema the harness created at start (creating it costs more than copying it);
+``sqlite:///:memory:`` gives each store its own in-memory database.
+MySQL/MariaDB: a fresh table prefix per store in the URL's database. Creating
+a prefix's tables costs MariaDB about half a second of DDL, so a prefix whose
+store is done is emptied (every row deleted, auto-increment counters reset)
+and handed to the next store: to that store it is indistinguishable from a
+fresh one. Every prefix is dropped when the harness closes.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ class SqlHarness(TestHarness):
         self.dialect = probe.dialect
         self.memory = probe.memory
         self._directory: str | None = None
+        self._template: str | None = None
+        """SQLite: a database file with a fresh schema, copied for each store."""
         self._server: str | None = None
         self._free: list[str] = []
         """MySQL prefixes whose tables exist and are empty, ready for the next store."""
@@ -58,7 +61,9 @@ class SqlHarness(TestHarness):
     async def start(self) -> None:
         if self.dialect == "sqlite" and not self.memory:
             self._directory = _scratch_directory(self.url.path[1:])
-        client = SqlClient.attached(self._url(), table_prefix=self._prefix())
+        url = self._url()
+        options = {"table_prefix": self._prefix()} if self.dialect == "mysql" else {}
+        client = SqlClient.attached(url, **options)
         try:
             await client.ready()
             self._server = client.server_version
@@ -72,6 +77,12 @@ class SqlHarness(TestHarness):
             ) from None
         finally:
             await client.release()
+        if self._directory is not None:
+            # The probe's file holds a fresh schema: each store gets a copy of it
+            # (its last connection closed, everything is in the main file).
+            path = url.path[1:]
+            if _settled(path):
+                self._template = path
 
     async def aclose(self) -> None:
         made, self._made, self._free = self._made, [], []
@@ -83,7 +94,7 @@ class SqlHarness(TestHarness):
                 await client.release()
         if self._directory is not None:
             shutil.rmtree(self._directory, ignore_errors=True)
-            self._directory = None
+            self._directory = self._template = None
 
     def describe(self) -> str:
         return f"{self._server or '?'} at {self.url}"
@@ -92,6 +103,8 @@ class SqlHarness(TestHarness):
         """A fresh database for one store (SQLite), or the server's database (MySQL)."""
         if self.dialect == "sqlite" and self._directory is not None:
             path = os.path.join(self._directory, f"{uuid.uuid4().hex[:16]}.db")
+            if self._template is not None:
+                shutil.copyfile(self._template, path)
             return make_url(f"sqlite:///{path}")
         return self.url
 
@@ -167,6 +180,12 @@ def _scratch_directory(path: str) -> str:
     parent = os.path.dirname(os.path.abspath(path))
     os.makedirs(parent, exist_ok=True)
     return tempfile.mkdtemp(prefix="pai-sql-", dir=parent)
+
+
+def _settled(path: str) -> bool:
+    """Whether a closed SQLite database is whole in its main file (no WAL left)."""
+    wal = path + "-wal"
+    return not os.path.exists(wal) or os.path.getsize(wal) == 0
 
 
 def _remove_database(path: str) -> None:
