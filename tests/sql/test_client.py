@@ -22,7 +22,7 @@ from sqlalchemy import create_engine, inspect, text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import pai_storage
-from pai_storage import ConfigurationError, make_url
+from pai_storage import CommittedResult, ConfigurationError, make_url
 from pai_storage import builders as b
 
 from .conftest import Target, drop_tables
@@ -283,3 +283,18 @@ async def test_longest_table_prefix_names_every_mysql_table_and_index() -> None:
         await drop_tables(prefix)
     with pytest.raises(ConfigurationError, match=f"1 to {MAX_PREFIX_LENGTH} characters"):
         pai_storage.connect(MYSQL_URL, table_prefix=prefix + "x")
+
+
+async def test_thread_store_alone_over_an_application_engine(
+    target: Target, engine: AsyncEngine
+) -> None:
+    async with pai_storage.open_store(target.url, client=engine, **target.options) as store:
+        created = await store.commit_thread(b.create("s", "alone", title="t"))
+        assert isinstance(created, CommittedResult)
+        read = await store.read_thread(b.read("s", "alone"))
+        assert read.thread is not None
+        assert read.thread.title == "t"
+    async with engine.connect() as conn:
+        assert (await conn.execute(text("SELECT 1"))).scalar_one() == 1
+    with pytest.raises(ConfigurationError, match="unknown option"):
+        pai_storage.open_store(target.url, names={"kv": "x"})

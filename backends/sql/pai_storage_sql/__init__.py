@@ -108,7 +108,9 @@ class SqlBackend(Backend):
     def _open(self, url: StoreURL, **options: Any) -> ThreadStore:
         from .store import SqlThreadStore
 
-        self.check_options(url, options, {*CLIENT_OPTIONS, "client", *_COMMON})
+        # ``names`` renames runtime tables only: a thread store alone has no use for it.
+        accepted = {*CLIENT_OPTIONS, "client", *_COMMON} - {"names"}
+        self.check_options(url, options, accepted)
         return SqlThreadStore(url, **options)
 
     def _open_components(
