@@ -32,8 +32,10 @@ LOG``) classifies each recorded command on a store collection as
   ``listIndexes``, ``drop`` ...) and cursor continuations (``getMore``,
   ``killCursors``, routed like the command that opened the cursor);
 - *cross-scope*: an operation documented to cover every scope
-  (:data:`CROSS_SCOPE`: the ``purge_expired`` sweeps, and key-value search
-  and namespace listing under the empty namespace prefix);
+  (:data:`CROSS_SCOPE`: the ``purge_expired`` sweeps, key-value search
+  and namespace listing under the empty namespace prefix, and the thread
+  store's updated-at index read across every scope by a retention sweep
+  without a scope, ``prune_threads(None, ...)``);
 - a *violation*: anything else.
 
 A command sent by a module of this package the audit does not map to a
@@ -115,6 +117,7 @@ CROSS_SCOPE: Final[Mapping[str, str]] = {
     "guard._purge_expired": "deletes expired locks of every resource",
     "kv._search": "search under the empty namespace prefix (the whole store)",
     "kv._list_namespaces": "namespace listing under the empty prefix (the whole store)",
+    "store._heads_of_every_scope": "the retention sweep's updated-at index of every scope",
 }
 """Operations documented to span every scope: allowed to reach every shard.
 

@@ -26,7 +26,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import suppress
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, TypeVar, cast
 
 import bson
 from bson.codec_options import CodecOptions, DatetimeConversion
@@ -73,13 +73,16 @@ from pai_storage import (
 )
 from pai_storage.backend import (
     FAMILIES,
+    LIFECYCLE,
     OPEN_STATUSES,
     ChildPagePlan,
     CommitTransaction,
     Entry,
+    Family,
     FamilyName,
     FamilySpec,
     FamilyWrite,
+    ForkPlan,
     HeldThread,
     ListPlan,
     MessageRef,
@@ -91,7 +94,11 @@ from pai_storage.backend import (
     RelationshipReader,
     RunFacts,
     RunRef,
+    SourceChanged,
     StoreURL,
+    ThreadAggregate,
+    ThreadConflict,
+    ThreadHead,
     Window,
     apply_thread_root_update,
     commit_time,
@@ -196,6 +203,10 @@ INDEXES: dict[str, dict[str, Index]] = {
         "scope_agent_visibility_category_updated": Index(
             [("scopeKey", _A), ("agent", _A), ("listVisibility", _A), ("category", _A), *_UPDATED]
         ),
+        # Beyond the reference layout: the updated-at index of the lifecycle sweeps
+        # (``_thread_heads``), one scope's and every scope's, in ascending order.
+        "scope_updated_asc": Index([("scopeKey", _A), ("updatedAt", _A), ("threadId", _A)]),
+        "updated_scope_asc": Index([("updatedAt", _A), ("scopeKey", _A), ("threadId", _A)]),
     },
     "messages": {
         "scope_thread_message_unique": Index(_thread_child("messageId"), unique=True),
@@ -258,6 +269,9 @@ class _Mispredicted(Exception):
 
 
 _EMPTY_FACTS = RootFacts(None, ())
+
+COPY_BATCH = 1000
+"""The most documents a fork or a restore inserts with one ``insert_many``."""
 
 
 class _Cached(NamedTuple):
@@ -362,6 +376,7 @@ class MongoThreadStore(ThreadStore):
 
     backend_name = "mongo"
     token_prefix = "pai-mongo"
+    capabilities: ClassVar[frozenset[str]] = frozenset({LIFECYCLE})
 
     def __init__(
         self,
@@ -797,6 +812,326 @@ class MongoThreadStore(ThreadStore):
 
         return await self._guard("read", attempt)
 
+    # ------------------------------------------------------------ lifecycle primitives
+
+    async def _thread_heads(
+        self,
+        scope_key: str | None,
+        *,
+        updated_before: datetime | None,
+        after: ThreadHead | None,
+        limit: int,
+    ) -> Sequence[ThreadHead]:
+        """Up to ``limit`` entries of the updated-at index, ascending, strictly after ``after``.
+
+        One scope: ``scope_updated_asc`` (``{scopeKey, updatedAt, threadId}``),
+        every query an equality on ``scopeKey``. Every scope (``None``):
+        ``updated_scope_asc``, an administrative sweep sent to every shard
+        (:meth:`_heads_of_every_scope`). The keyset bound is split into index
+        ranges read one after the other (the rest of ``after``'s millisecond,
+        then the later ones), so no query needs a blocking sort or examines an
+        entry it does not return.
+        """
+        return await self._guard(
+            "read",
+            lambda: (
+                self._heads_of_every_scope(updated_before, after, limit)
+                if scope_key is None
+                else self._heads_of_scope(scope_key, updated_before, after, limit)
+            ),
+        )
+
+    @staticmethod
+    def heads_queries(
+        scope_key: str | None, updated_before: datetime | None, after: ThreadHead | None
+    ) -> tuple[list[Doc], Keys, Keys]:
+        """The filters (read in turn), sort and index hint of one ``_thread_heads`` call.
+
+        The keyset bound "strictly after ``after``" is split into index ranges:
+        the rest of ``after``'s millisecond (its scope's later thread ids, then,
+        across scopes, the later scopes), then the later milliseconds up to the
+        cutoff. Each is one bounded range of the hinted index in its order.
+        """
+        ranges: list[Doc] = []
+        later: Doc = {}
+        if after is not None:
+            later["$gt"] = after.updated_at
+        if updated_before is not None:
+            later["$lt"] = updated_before
+        if scope_key is not None:
+            if after is not None:
+                ranges.append(
+                    {
+                        "scopeKey": scope_key,
+                        "updatedAt": after.updated_at,
+                        "threadId": {"$gt": after.thread_id},
+                    }
+                )
+            ranges.append({"scopeKey": scope_key, **({"updatedAt": later} if later else {})})
+            sort: Keys = [("updatedAt", _A), ("threadId", _A)]
+            return ranges, sort, _hint("threads", "scope_updated_asc")
+        if after is not None:
+            at = after.updated_at
+            ranges.append(
+                {"updatedAt": at, "scopeKey": after.scope_key, "threadId": {"$gt": after.thread_id}}
+            )
+            ranges.append({"updatedAt": at, "scopeKey": {"$gt": after.scope_key}})
+        ranges.append({"updatedAt": later} if later else {})
+        sort = [("updatedAt", _A), ("scopeKey", _A), ("threadId", _A)]
+        return ranges, sort, _hint("threads", "updated_scope_asc")
+
+    async def _heads_of_scope(
+        self,
+        scope_key: str,
+        updated_before: datetime | None,
+        after: ThreadHead | None,
+        limit: int,
+    ) -> list[ThreadHead]:
+        ranges, sort, hint = self.heads_queries(scope_key, updated_before, after)
+        return await self._heads(ranges, sort, hint, updated_before, limit)
+
+    async def _heads_of_every_scope(
+        self, updated_before: datetime | None, after: ThreadHead | None, limit: int
+    ) -> list[ThreadHead]:
+        """The cross-scope sweep: documented as administrative (it reaches every shard)."""
+        ranges, sort, hint = self.heads_queries(None, updated_before, after)
+        return await self._heads(ranges, sort, hint, updated_before, limit)
+
+    async def _heads(
+        self,
+        ranges: Sequence[Doc],
+        sort: Keys,
+        hint: Keys,
+        updated_before: datetime | None,
+        limit: int,
+    ) -> list[ThreadHead]:
+        heads: list[ThreadHead] = []
+        threads = self._col("threads")
+        projection = {"_id": 0, "scopeKey": 1, "threadId": 1, "version": 1, "updatedAt": 1}
+        for query in ranges:
+            if len(heads) >= limit:
+                break
+            at = query.get("updatedAt")
+            if updated_before is not None and isinstance(at, datetime) and at >= updated_before:
+                continue  # the rest of a millisecond at or after the cutoff
+            cursor = threads.find(
+                query, projection=projection, sort=sort, hint=hint, limit=limit - len(heads)
+            )
+            async for doc in cursor:
+                heads.append(_head(doc))
+        return heads
+
+    async def _load_thread(self, scope_key: str, thread_id: str) -> ThreadAggregate | None:
+        """The root and every child, from one snapshot (a snapshot session on 5.0+).
+
+        Each family is one query in ``_order`` order on its
+        ``scope_thread_order_unique`` index.
+        """
+        key = {"scopeKey": scope_key, "threadId": thread_id}
+
+        async def load(session: AsyncClientSession) -> ThreadAggregate | None:
+            raw = await self._raw("threads").find_one(key, session=session)
+            if raw is None:
+                return None
+            root, next_positions = parse_root(decode_or_invalid(raw, "thread"))
+            families: dict[FamilyName, Family[Any]] = {}
+            for spec in FAMILIES:
+                what = spec.model.__name__
+                entries: dict[str, Entry[Any]] = {}
+                cursor = self._raw(spec.name).find(
+                    key,
+                    sort=[("_order", _A)],
+                    hint=_hint(spec.name, "scope_thread_order_unique"),
+                    session=session,
+                )
+                async for child in cursor:
+                    order, record = parse_child(spec.model, decode_or_invalid(child, what))
+                    entries[spec.record_id(record)] = Entry(order, record)
+                families[spec.name] = Family(entries, next_positions[spec.name])
+            return ThreadAggregate(
+                root, families["messages"], families["runs"], families["queuedItems"]
+            )
+
+        async def attempt() -> ThreadAggregate | None:
+            if self._snapshot_reads:
+                async with self._snapshot_session() as session:
+                    return await load(session)
+            async with self._session() as session:
+                await session.start_transaction(**_TXN_OPTIONS)
+                try:
+                    return await load(session)
+                finally:
+                    await self._abort(session)
+
+        return await self._guard("read", attempt)
+
+    async def _restore_thread(self, aggregate: ThreadAggregate) -> ThreadVersion | None:
+        """Write a whole thread in one transaction, only when it does not exist.
+
+        The children first (``insert_many`` of at most :data:`COPY_BATCH`
+        documents), then the root with its ``_facts``, read back from the
+        children inside the transaction by the same bounded queries a commit
+        uses. A concurrent create of the same thread makes one of the two
+        transactions conflict; the retry then finds the thread.
+        """
+        root = aggregate.root
+        key: Doc = {"scopeKey": root.scope_key, "threadId": root.thread_id}
+        families: dict[FamilyName, Family[Any]] = {
+            "messages": aggregate.messages,
+            "runs": aggregate.runs,
+            "queuedItems": aggregate.queued_items,
+        }
+
+        async def write(session: AsyncClientSession) -> ThreadVersion | None:
+            existing = await self._raw("threads").find_one(key, session=session)
+            if existing is not None:
+                return parse_root(decode_or_invalid(existing, "thread"))[0].version
+            for spec in FAMILIES:
+                batch: list[Doc] = []
+                for entry in families[spec.name]:
+                    batch.append(
+                        child_document(
+                            spec, root.scope_key, root.thread_id, entry.position, entry.record
+                        )
+                    )
+                    if len(batch) == COPY_BATCH:
+                        await self._col(spec.name).insert_many(batch, session=session)
+                        batch = []
+                if batch:
+                    await self._col(spec.name).insert_many(batch, session=session)
+            positions = {name: family.next_position for name, family in families.items()}
+            await self._write_new_root(session, key, root, positions)
+            return None
+
+        result = await self._in_transaction(write)
+        self._roots.drop((root.scope_key, root.thread_id))
+        return result
+
+    async def _fork_copy(self, plan: ForkPlan) -> ThreadRecord:
+        """Execute a planned fork in one transaction, the transcript streamed in batches.
+
+        MongoDB cannot copy documents server-side inside a transaction
+        (``$out`` and ``$merge`` are refused there), so the kept children pass
+        through the client: one aggregation per family reads the source's
+        kept documents in ``_order`` order with their ``threadId`` rewritten
+        and no ``_id``, as raw BSON (never decoded), and they are inserted in
+        batches of at most :data:`COPY_BATCH` (``insert_many``), so the
+        client holds one batch at a time, never the transcript.
+
+        The source root is held first (a ``findAndModify`` filtered on the
+        planned version that sets ``_heldAt``, removed again before the end,
+        so the stored root is unchanged byte for byte): a concurrent commit of
+        the source conflicts with the fork. The fork's root, with its
+        ``_facts`` read back from the copied children, is inserted last; an
+        existing thread of the fork's id is a :class:`ThreadConflict`.
+        """
+        source_key: Doc = {"scopeKey": plan.scope_key, "threadId": plan.source_thread_id}
+        fork_key: Doc = {"scopeKey": plan.scope_key, "threadId": plan.thread_id}
+        expected = plan.source_version
+
+        async def copy(session: AsyncClientSession) -> ThreadRecord:
+            threads = self._raw("threads")
+            held = await threads.find_one_and_update(
+                {
+                    **source_key,
+                    "version.threadInstanceId": expected.thread_instance_id,
+                    "version.revision": expected.revision,
+                },
+                [{"$set": {"_heldAt": "$$NOW"}}],
+                return_document=ReturnDocument.AFTER,
+                session=session,
+            )
+            if held is None:
+                raise SourceChanged
+            doc = decode_or_invalid(held, "thread")
+            held_at = doc.pop("_heldAt")
+            source, next_positions = parse_root(doc)
+            if source.version != expected:
+                raise SourceChanged
+            existing = await threads.find_one(fork_key, session=session)
+            if existing is not None:
+                raise ThreadConflict(parse_root(decode_or_invalid(existing, "thread"))[0].version)
+            fork = plan.root(held_at)
+            dropped = sorted(plan.dropped_run_ids)
+            kept_messages: Doc = {**source_key}
+            if plan.through_message_id is not None:
+                cut = await self._col("messages").find_one(
+                    {**source_key, "messageId": plan.through_message_id},
+                    projection={"_id": 0, "_order": 1},
+                    session=session,
+                )
+                if cut is None:  # the plan was made from this very version
+                    raise SourceChanged
+                kept_messages["_order"] = {"$lte": cut["_order"]}
+            kept_runs: Doc = {**source_key}
+            if dropped:
+                kept_messages["association.runId"] = {"$nin": dropped}
+                kept_runs["runId"] = {"$nin": dropped}
+            for family, kept in (("messages", kept_messages), ("runs", kept_runs)):
+                await self._copy_children(session, family, kept, plan.thread_id)
+            await self._write_new_root(session, fork_key, fork, next_positions)
+            await threads.update_one(source_key, {"$unset": {"_heldAt": ""}}, session=session)
+            return fork
+
+        return await self._in_transaction(copy)
+
+    async def _copy_children(
+        self, session: AsyncClientSession, family: str, kept: Doc, thread_id: str
+    ) -> None:
+        """Copy the kept children of one family to ``thread_id``, a batch at a time."""
+        source = self._raw(family)
+        target = self._raw(family)
+        cursor = await source.aggregate(
+            [
+                {"$match": kept},
+                {"$sort": {"_order": 1}},
+                {"$set": {"threadId": {"$literal": thread_id}}},
+                {"$unset": "_id"},
+            ],
+            hint=dict(_hint(family, "scope_thread_order_unique")),
+            batchSize=COPY_BATCH,
+            session=session,
+        )
+        batch: list[RawBSONDocument] = []
+        async for doc in cursor:
+            batch.append(doc)
+            if len(batch) == COPY_BATCH:
+                await target.insert_many(batch, session=session)
+                batch = []
+        if batch:
+            await target.insert_many(batch, session=session)
+
+    async def _write_new_root(
+        self,
+        session: AsyncClientSession,
+        key: Doc,
+        root: ThreadRecord,
+        next_positions: Mapping[FamilyName, int],
+    ) -> None:
+        """Insert a new thread's root, its ``_facts`` read from its children (same transaction)."""
+        reader = _Reader(self, session, key, prefetch=set(), tail=None, queue_unchanged=False)
+        facts = await _read_facts(reader)
+        await self._col("threads").insert_one(
+            root_document(root, next_positions, facts), session=session
+        )
+
+    async def _in_transaction(self, op: Callable[[AsyncClientSession], Awaitable[T]]) -> T:
+        """``op`` in one transaction, committed when it returns (retried like a commit)."""
+
+        async def attempt() -> T:
+            async with self._session() as session:
+                await session.start_transaction(**_TXN_OPTIONS)
+                try:
+                    result = await op(session)
+                except BaseException as exc:
+                    if not isinstance(exc, ServerSelectionTimeoutError):
+                        await self._abort(session)
+                    raise
+                await self._commit_transaction(session)
+                return result
+
+        return await self._guard("write", attempt)
+
     # ------------------------------------------------------------ commits
 
     async def _commit_thread(self, request: CommitThreadInput) -> CommittedResult | ConflictResult:
@@ -888,6 +1223,21 @@ class MongoThreadStore(ThreadStore):
 
 
 # ------------------------------------------------------------------ commit primitives
+
+
+def _head(doc: Mapping[str, Any]) -> ThreadHead:
+    """One entry of the updated-at index from a root's projection."""
+    try:
+        version = ThreadVersion.model_validate(doc.get("version"))
+    except (ThreadStoreInvariantError, ValueError):
+        raise ThreadStoreInvariantError("invalid stored thread: malformed version") from None
+    updated = doc.get("updatedAt")
+    scope, thread = doc.get("scopeKey"), doc.get("threadId")
+    if not isinstance(updated, datetime) or not isinstance(scope, str):
+        raise ThreadStoreInvariantError("invalid stored thread: malformed updatedAt")
+    if not isinstance(thread, str):
+        raise ThreadStoreInvariantError("invalid stored thread: malformed threadId")
+    return ThreadHead(scope, thread, version, updated)
 
 
 def _assumed_new(spec: FamilySpec, changes: Sequence[Any] | None) -> set[str]:
