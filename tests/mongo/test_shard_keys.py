@@ -303,8 +303,19 @@ async def _thread_workload(harness: MongoHarness, clock: ManualClock) -> None:
         await store.list_threads(
             {"scopeKey": "scope", "limit": 1, "pageToken": listed.next_page_token}
         )
+        # The lifecycle: a fork, an export and import, sweeps of one scope and of all.
+        forked = await store.fork_thread("scope", "t1", "t1-fork", through_message_id="m0")
+        assert isinstance(forked, CommittedResult)
+        lines = [line async for line in store.export_threads("scope", thread_ids=["t1-fork"])]
+        later = clock.advance(timedelta(hours=1))
+        assert len(await store.prune_threads("scope", updated_before=later, limit=10)) == 2
+        report = await store.import_threads(lines)
+        assert report is not None
+        assert len(await store.prune_threads(None, updated_before=later, limit=10)) == 1
         deleted = await store.commit_thread(b.delete("scope", "t1", updated.thread.version))
         assert isinstance(deleted, CommittedResult)
+        await store.commit_thread(b.create("scope", "t3"))
+        assert await store.erase_scope("scope") == 1
 
 
 async def _runtime_workload(harness: MongoHarness) -> None:
@@ -398,6 +409,7 @@ async def test_every_store_command_is_routed_to_one_scope(
     assert excused <= set(shardaudit.CROSS_SCOPE)
     assert "kv._search" in excused
     assert {"kv._purge_expired", "guard._purge_expired"} <= excused
+    assert "store._heads_of_every_scope" in excused
     assert {f.verdict for f in findings} >= {"targeted", "range", "administrative"}
     assert SECRET not in json.dumps(lines)
     # Statement options stay as sent: they choose the routing rule.

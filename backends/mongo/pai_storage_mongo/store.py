@@ -887,39 +887,33 @@ class MongoThreadStore(ThreadStore):
         after: ThreadHead | None,
         limit: int,
     ) -> list[ThreadHead]:
+        heads: list[ThreadHead] = []
         ranges, sort, hint = self.heads_queries(scope_key, updated_before, after)
-        return await self._heads(ranges, sort, hint, updated_before, limit)
+        for query in _live_ranges(ranges, updated_before):
+            if len(heads) >= limit:
+                break
+            async for doc in self._heads_cursor(query, sort, hint, limit - len(heads)):
+                heads.append(_head(doc))
+        return heads
 
     async def _heads_of_every_scope(
         self, updated_before: datetime | None, after: ThreadHead | None, limit: int
     ) -> list[ThreadHead]:
         """The cross-scope sweep: documented as administrative (it reaches every shard)."""
-        ranges, sort, hint = self.heads_queries(None, updated_before, after)
-        return await self._heads(ranges, sort, hint, updated_before, limit)
-
-    async def _heads(
-        self,
-        ranges: Sequence[Doc],
-        sort: Keys,
-        hint: Keys,
-        updated_before: datetime | None,
-        limit: int,
-    ) -> list[ThreadHead]:
         heads: list[ThreadHead] = []
-        threads = self._col("threads")
-        projection = {"_id": 0, "scopeKey": 1, "threadId": 1, "version": 1, "updatedAt": 1}
-        for query in ranges:
+        ranges, sort, hint = self.heads_queries(None, updated_before, after)
+        for query in _live_ranges(ranges, updated_before):
             if len(heads) >= limit:
                 break
-            at = query.get("updatedAt")
-            if updated_before is not None and isinstance(at, datetime) and at >= updated_before:
-                continue  # the rest of a millisecond at or after the cutoff
-            cursor = threads.find(
-                query, projection=projection, sort=sort, hint=hint, limit=limit - len(heads)
-            )
-            async for doc in cursor:
+            async for doc in self._heads_cursor(query, sort, hint, limit - len(heads)):
                 heads.append(_head(doc))
         return heads
+
+    def _heads_cursor(self, query: Doc, sort: Keys, hint: Keys, limit: int) -> Any:
+        projection = {"_id": 0, "scopeKey": 1, "threadId": 1, "version": 1, "updatedAt": 1}
+        return self._col("threads").find(
+            query, projection=projection, sort=sort, hint=hint, limit=limit
+        )
 
     async def _load_thread(self, scope_key: str, thread_id: str) -> ThreadAggregate | None:
         """The root and every child, from one snapshot (a snapshot session on 5.0+).
@@ -1223,6 +1217,18 @@ class MongoThreadStore(ThreadStore):
 
 
 # ------------------------------------------------------------------ commit primitives
+
+
+def _live_ranges(ranges: Sequence[Doc], updated_before: datetime | None) -> list[Doc]:
+    """The ranges of ``_thread_heads`` left once the rest of a millisecond at or after
+    the cutoff is dropped."""
+    return [
+        query
+        for query in ranges
+        if updated_before is None
+        or not isinstance(query.get("updatedAt"), datetime)
+        or query["updatedAt"] < updated_before
+    ]
 
 
 def _head(doc: Mapping[str, Any]) -> ThreadHead:
