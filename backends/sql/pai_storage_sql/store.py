@@ -29,10 +29,12 @@ from sqlalchemy import (
     func,
     insert,
     literal,
+    null,
     or_,
     select,
     true,
     tuple_,
+    union_all,
     update,
 )
 
@@ -241,8 +243,14 @@ class SqlThreadStore(ThreadStore):
     async def _read_thread(self, request: ReadThreadInput) -> ThreadReadResult:
         plan = self.selections.plan_read(request)
         paged = any(getattr(plan, spec.attr) is not None for spec in FAMILIES)
-        async with self._client.reading(snapshot=paged) as op:
+        single = plan.single_page()
+        # SQLite answers the root and one page in one statement (its own snapshot).
+        combined = (
+            single is not None and self._client.dialect == "sqlite" and single[1].statuses is None
+        )
+        async with self._client.reading(snapshot=paged and not combined) as op:
             snapshot = _Snapshot(op, self, request.scope_key, request.thread_id)
+            snapshot.combined = combined
             return await run_read(snapshot, plan, clock_now=self.now())
 
     # ------------------------------------------------------------ listing
@@ -911,6 +919,52 @@ class _Transaction(_ThreadRows, CommitTransaction):
 class _Snapshot(_ThreadRows, ReadSnapshot):
     """The read primitives; the caller runs them in one read snapshot."""
 
+    combined = False
+    """Whether :meth:`head_and_page` answers (the read then has no explicit snapshot)."""
+
+    async def head_and_page(
+        self, spec: FamilySpec, plan: ChildPagePlan, window: Window
+    ) -> tuple[ReadHead, Sequence[tuple[int, Any]]] | None:
+        """The root and the page in one ``UNION ALL`` statement (SQLite).
+
+        Its second part reads the page's rows by position from a bounded index
+        range scan below the family's counter (a scalar subquery on the root).
+        """
+        if not self.combined:
+            return None
+        table = self._table(spec.name)
+        view = plan.view if spec.name == "messages" and plan.view in VIEWS else None
+        run_filter = spec.name == "queuedItems" and plan.run_id is not None
+        params: dict[str, Any] = {
+            "k": self._key,
+            "lo": window.lower,
+            "hi": window.upper,
+            "n": window.fetch,
+        }
+        if run_filter:
+            params["run"] = digest(cast(str, plan.run_id))
+        shape = (spec.name, view, window.order, run_filter)
+        threads = self._t.threads
+        stmt = self._store.sql(
+            self._op,
+            ("head-page", *shape),
+            lambda: _head_page_statement(threads, table, _NEXT_COLUMN[spec.name], *shape),
+        )
+        now = datetime.now(UTC)
+        head: Any = None
+        found: list[tuple[int, str]] = []
+        for doc, messages, runs, queued, position, row_doc in await self._op.rows(stmt, params):
+            if position is None:
+                head = (doc, messages, runs, queued)
+            else:
+                found.append((int(position), row_doc))
+        if head is None:
+            return ReadHead(now, None), []
+        found.sort(key=lambda item: item[0], reverse=window.order == "newest")
+        root = self._parse_root(head[0])
+        page = [(position, parse(spec.model, doc)) for position, doc in found]
+        return ReadHead(now, root, self._next(*head[1:])), page
+
     async def head(self) -> ReadHead:
         t = self._t.threads
         cols = (t.c.doc, t.c.messages_next, t.c.runs_next, t.c.queued_next)
@@ -993,7 +1047,7 @@ VIEWS = ("transcript", "context")
 
 
 def _page_statement(
-    table: Table, family: str, view: str | None, order: str, run_filter: bool, status: bool
+    table: Any, family: str, view: str | None, order: str, run_filter: bool, status: bool
 ) -> Any:
     """A child page: ``k`` thread key, ``lo``/``hi`` exclusive position bounds, ``n``
     rows, then ``run`` (a run id digest) or ``status`` when filtered."""
@@ -1015,6 +1069,40 @@ def _page_statement(
         .order_by(position.asc() if order == "oldest" else position.desc())
         .limit(bindparam("n"))
     )
+
+
+def _head_page_statement(
+    threads: Table,
+    table: Table,
+    next_column: str,
+    family: str,
+    view: str | None,
+    order: str,
+    run_filter: bool,
+) -> Any:
+    """The root (``k``) and one page of :func:`_page_statement`'s rows below the
+    family's counter, as ``doc, messages_next, runs_next, queued_next, position,
+    row_doc`` (the root's row has a ``NULL`` position, the page's rows ``NULL``
+    root columns)."""
+    cap = select(threads.c[next_column]).where(threads.c.tkey == bindparam("k"))
+    scanned = table.alias("scanned")
+    page = (
+        _page_statement(scanned, family, view, order, run_filter, False)
+        .with_only_columns(scanned.c.position)
+        .where(scanned.c.position < cap.scalar_subquery())
+    )
+    head = select(
+        threads.c.doc,
+        threads.c.messages_next,
+        threads.c.runs_next,
+        threads.c.queued_next,
+        null().label("position"),
+        null().label("row_doc"),
+    ).where(threads.c.tkey == bindparam("k"))
+    rows = select(
+        null(), null(), null(), null(), table.c.position, table.c.doc.label("row_doc")
+    ).where(table.c.tkey == bindparam("k"), table.c.position.in_(page))
+    return union_all(head, rows)
 
 
 STATEMENT_OVERHEAD = 64 * 1024
