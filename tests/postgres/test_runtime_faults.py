@@ -148,3 +148,19 @@ async def test_read_with_lost_reply_is_unavailable(fault_proxy: FaultProxy, stor
     fault_proxy.restore()
     item = await stores.kv.get(("ns",), "read-key")
     assert isinstance(item, Item)
+
+
+@pytest.mark.parametrize("opener", [open_kv_store, open_state_store], ids=["kv", "state"])
+async def test_unreachable_server_is_the_general_unavailable_error(
+    pg_schema: str, opener: Callable[..., Any]
+) -> None:
+    store = opener("postgresql://app:s3cr3t-pw@127.0.0.1:1/test", schema=pg_schema)
+    try:
+        with pytest.raises(StorageError) as caught:
+            await store.initialize()
+        assert type(caught.value) is UnavailableError, repr(caught.value)
+        assert "nothing was applied" in str(caught.value)
+        assert "s3cr3t-pw" not in str(caught.value)
+        assert caught.value.__cause__ is not None
+    finally:
+        await store.close()

@@ -31,12 +31,12 @@ import contextlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, cast
 
-from pai_storage import ThreadStoreConfigurationError
+from pai_storage import ThreadStoreConfigurationError, ThreadStoreError
 from pai_storage.backend import SharedClient, StoreURL, make_url
 from pai_storage.errors import StorageError
 from pai_storage.shared import closed_error
 
-from .errors import Phase, map_error
+from .errors import Phase, general_error, map_error
 from .schema import (
     DEFAULT_PREFIX,
     SCHEMA_VERSION,
@@ -203,13 +203,19 @@ class PgClient(SharedClient["asyncpg.Pool"]):
 
     # ------------------------------------------------------------ the pool
 
-    async def pool(self) -> asyncpg.Pool:
+    async def pool(self, *, runtime: bool = False) -> asyncpg.Pool:
         """The pool, connected and with the schema ready (on first call: connect, prepare).
 
         Concurrent callers share one attempt; a cancelled caller does not
         cancel it; a failed attempt is forgotten so the next call retries.
+        ``runtime=True`` (a runtime store): a failure raises the general class.
         """
-        return await self._ready()
+        if not runtime:
+            return await self._ready()
+        try:
+            return await self._ready()
+        except ThreadStoreError as exc:
+            raise general_error(exc) from exc
 
     def _make(self) -> asyncpg.Pool:
         import asyncpg

@@ -49,7 +49,7 @@ from pai_storage import (
     redact,
 )
 
-__all__ = ["Phase", "is_retryable", "map_error", "sqlstate"]
+__all__ = ["Phase", "general_error", "is_retryable", "map_error", "sqlstate"]
 
 Phase = Literal["connect", "read", "write", "commit"]
 
@@ -150,3 +150,19 @@ def _unknown(what: str, runtime: bool) -> OutcomeUnknownError:
         f"{what} while COMMIT was pending; the commit may or may not have been "
         "applied; re-read the thread"
     )
+
+
+def general_error(exc: StorageError) -> StorageError:
+    """The general class of a thread-store error, for a runtime store sharing the
+    client (a failed connect or schema set-up is raised to every store waiting)."""
+    if not isinstance(exc, ThreadStoreError):
+        return exc
+    for special, general in (
+        (ThreadStoreCommitUnknownError, OutcomeUnknownError),
+        (ThreadStoreUnavailableError, UnavailableError),
+        (ThreadStoreConfigurationError, ConfigurationError),
+        (ThreadStoreInvariantError, InvalidInputError),
+    ):
+        if isinstance(exc, special):
+            return general(str(exc))
+    return StorageError(str(exc))

@@ -149,7 +149,7 @@ class PostgresExecutionGuard(ExecutionGuard):
         return f"PostgresExecutionGuard({str(self.url)!r}, table={self.tables.locks})"
 
     async def _initialize(self) -> None:
-        self._pool = await self._client.pool()
+        self._pool = await self._client.pool(runtime=True)
 
     async def _close(self) -> None:
         self._pool = None

@@ -284,7 +284,7 @@ class PostgresKeyValueStore(KeyValueStore):
         return f"PostgresKeyValueStore({str(self.url)!r}, table={self.tables.kv!r})"
 
     async def _initialize(self) -> None:
-        await self._client.pool()
+        await self._client.pool(runtime=True)
 
     async def _close(self) -> None:
         await self._client.release()

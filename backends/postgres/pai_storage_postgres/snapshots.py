@@ -158,7 +158,7 @@ class PostgresSnapshotStore(SnapshotStore):
         return f"PostgresSnapshotStore({str(self.url)!r}, table={self.tables.snapshots})"
 
     async def _initialize(self) -> None:
-        self._pool = await self._client.pool()
+        self._pool = await self._client.pool(runtime=True)
 
     async def _close(self) -> None:
         self._pool = None

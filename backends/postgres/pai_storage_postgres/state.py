@@ -245,7 +245,7 @@ class PostgresAgentStateStore(AgentStateStore):
         return f"PostgresAgentStateStore({str(self.url)!r}, table={self.tables.state_sessions!r})"
 
     async def _initialize(self) -> None:
-        await self._client.pool()
+        await self._client.pool(runtime=True)
 
     async def _close(self) -> None:
         await self._client.release()
