@@ -496,6 +496,9 @@ async def run(
     recorded_reads: dict[int, list[Statement]] = {}
     async with SqlThreadStore(f"sqlite:///{work / 'record.db'}") as store:
         await store.initialize()
+        # Connections are opened (and their pragmas run) before recording: the
+        # recorded statements are those of the operations alone.
+        await store.read_thread(read_20(f"t{sizes[0]}"))
         recorder = Recorder()
         recorder.attach()
         try:
