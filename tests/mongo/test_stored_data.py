@@ -315,8 +315,13 @@ async def test_records_round_trip_exactly(
 
 # Beyond the @pai/storage-mongo set (docs/mongodb.md): status- and run-filtered child
 # pages need ``_order`` order after the filter key, which its ``{status, runId}`` and
-# ``{runId, queueItemId}`` indexes cannot give.
+# ``{runId, queueItemId}`` indexes cannot give; the lifecycle sweeps read the roots in
+# ascending ``updatedAt`` order, of one scope and of every scope.
 EXTRA_INDEXES: dict[str, list[tuple[list[tuple[str, int]], bool]]] = {
+    "threads": [
+        ([("scopeKey", 1), ("updatedAt", 1), ("threadId", 1)], False),
+        ([("updatedAt", 1), ("scopeKey", 1), ("threadId", 1)], False),
+    ],
     "runs": [([("scopeKey", 1), ("threadId", 1), ("status", 1), ("_order", 1)], False)],
     "queuedItems": [([("scopeKey", 1), ("threadId", 1), ("runId", 1), ("_order", 1)], False)],
 }
@@ -351,7 +356,7 @@ async def test_initialize_is_idempotent_on_existing_indexes(
         assert info.transactions is True
         assert info.server_version
     cols = raw_collections(mongo_store)
-    assert len(await cols["threads"].index_information()) == 7
+    assert len(await cols["threads"].index_information()) == 9
 
 
 async def test_delete_is_scoped(mongo_store: MongoThreadStore, clock: ManualClock) -> None:
