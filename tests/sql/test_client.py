@@ -9,6 +9,7 @@ real MariaDB.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -298,3 +299,28 @@ async def test_thread_store_alone_over_an_application_engine(
         assert (await conn.execute(text("SELECT 1"))).scalar_one() == 1
     with pytest.raises(ConfigurationError, match="unknown option"):
         pai_storage.open_store(target.url, names={"kv": "x"})
+
+
+async def test_concurrent_operations_over_an_application_sqlite_engine(tmp_path: Any) -> None:
+    # No dedicated writer connection: writers of the engine's pool queue on the
+    # database lock (BEGIN IMMEDIATE) while readers read.
+    url = f"sqlite:///{tmp_path}/app.db"
+    engine = create_async_engine(url.replace("sqlite://", "sqlite+aiosqlite://"))
+    try:
+        async with pai_storage.connect(url, client=engine) as stores:
+
+            async def work(i: int) -> None:
+                created = await stores.threads.commit_thread(b.create("s", f"t{i}"))
+                assert isinstance(created, CommittedResult)
+                await stores.kv.put(("ns",), f"k{i}", i)
+                item = await stores.kv.get(("ns",), f"k{i}")
+                assert item is not None
+                assert item.value == i
+                await stores.state.append_list("u", "s", "l", [i])
+
+            await asyncio.gather(*(work(i) for i in range(20)))
+            assert sorted(await stores.state.get_list("u", "s", "l")) == list(range(20))
+            page = await stores.threads.list_threads({"scopeKey": "s", "limit": 50})
+            assert len(page.items) == 20
+    finally:
+        await engine.dispose()
