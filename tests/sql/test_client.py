@@ -324,3 +324,15 @@ async def test_concurrent_operations_over_an_application_sqlite_engine(tmp_path:
             assert len(page.items) == 20
     finally:
         await engine.dispose()
+
+
+async def test_store_classes_are_exported_lazily() -> None:
+    import pai_storage_sql
+    from pai_storage_sql import guard, kv, snapshots, state
+
+    assert pai_storage_sql.SqlKeyValueStore is kv.SqlKeyValueStore
+    assert pai_storage_sql.SqlAgentStateStore is state.SqlAgentStateStore
+    assert pai_storage_sql.SqlSnapshotStore is snapshots.SqlSnapshotStore
+    assert pai_storage_sql.SqlExecutionGuard is guard.SqlExecutionGuard
+    with pytest.raises(AttributeError):
+        _ = pai_storage_sql.SqlNothing
