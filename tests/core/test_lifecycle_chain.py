@@ -1,8 +1,8 @@
 """A copy of 1,000 threads of 100 messages through every built-in backend:
 memory -> PostgreSQL -> MongoDB -> SQLite, each hop resumable and digest-verified.
 
-Runs once every backend of the chain declares the ``lifecycle`` capability (and
-is skipped, naming the first that does not, until then). Servers come from each
+Every backend of the chain must declare the ``lifecycle`` capability (the test
+fails, naming the first that does not). Servers come from each
 backend's test harness: ``PAI_TEST_<NAME>_URL`` or the harness's own default (a
 throwaway ``mongod``, an in-memory SQLite database).
 """
@@ -37,7 +37,7 @@ def _store_classes(name: str) -> list[type[ThreadStore]]:
 async def test_a_thousand_threads_copy_through_every_backend_with_equal_digests() -> None:
     for name in CHAIN:
         if not any(LIFECYCLE in cls.capabilities for cls in _store_classes(name)):
-            pytest.skip(f"capability {LIFECYCLE!r} not provided by the {name} backend")
+            pytest.fail(f"capability {LIFECYCLE!r} not provided by the {name} backend")
     clock = ManualClock()
     harnesses = [
         get_backend(n).test_harness(os.environ.get(f"PAI_TEST_{n.upper()}_URL")) for n in CHAIN
