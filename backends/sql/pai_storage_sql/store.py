@@ -158,9 +158,7 @@ class SqlThreadStore(ThreadStore):
 
     backend_name = "sql"
     token_prefix = "pai-sql"
-    # The lifecycle primitives below are implemented and tested
-    # (tests/sql/test_lifecycle.py); the capability is declared once the shared
-    # prune-race test stamps its racing commits past the sweep's cutoff.
+    # The lifecycle primitives below run inside the database (see docs/lifecycle.md).
     capabilities: ClassVar[frozenset[str]] = frozenset({LIFECYCLE})
 
     def __init__(
