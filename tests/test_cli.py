@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import io
 import re
 import subprocess
 import sys
@@ -367,3 +368,23 @@ def test_copy_never_prints_the_password(capsys: pytest.CaptureFixture[str]) -> N
     err = capsys.readouterr().err
     assert "s3cret" not in err
     assert "pai-storage: error:" in err
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_copy_progress_is_a_bar_on_a_terminal() -> None:
+    from pai_storage.cli import _Progress
+
+    stream = _Terminal()
+    progress = _Progress("copy", stream)
+    progress.start(3)
+    for _ in range(3):
+        progress.advance()
+    progress.close()
+    shown = stream.getvalue()
+    assert "copy" in shown
+    assert "3/3" in shown
+    assert "threads" not in shown  # not the plain line
