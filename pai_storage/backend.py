@@ -32,6 +32,10 @@ core runs the algorithms:
   :data:`LIFECYCLE` in ``capabilities`` (``docs/lifecycle.md``): the
   updated-at index (:class:`ThreadHead`), a whole-thread load, an atomic
   restore, and the in-database execution of a :class:`ForkPlan`.
+- A copy of the runtime stores (``pai-storage copy --all``) enumerates them
+  through three primitives (``_list_sessions`` and ``_session_keys`` of the
+  agent-state store, ``_list_scopes`` of the snapshot store) that a backend
+  declares with :data:`ENUMERATE` in their ``capabilities``.
 - :class:`SharedClient` holds the one pool or driver client the stores of a
   ``connect()`` call share: counted users, a shared lazy connect, and a close
   by the last user; a backend supplies create, connect and disconnect.
@@ -140,6 +144,7 @@ from .selection import (
 from .shared import SharedClient
 from .snapshots import SnapshotDraft, SnapshotStore
 from .state import (
+    ENUMERATE,
     AgentStateStore,
     ListHead,
     ListWrite,
@@ -153,6 +158,7 @@ from .url import StoreURL, make_url, redact
 
 __all__ = [
     "ENTRY_POINT_GROUP",
+    "ENUMERATE",
     "FAMILIES",
     "LEASE_CONFLICT",
     "LIFECYCLE",

@@ -35,6 +35,7 @@ from pydantic import ConfigDict, Field, StrictBytes, StrictInt, StrictStr
 
 from .clock import Clock
 from .errors import (
+    ConfigurationError,
     CorruptSnapshotError,
     InvalidInputError,
     PageTokenError,
@@ -149,6 +150,9 @@ class SnapshotStore(RuntimeStore):
 
     max_snapshot_bytes: ClassVar[int | None] = None
     """The largest snapshot this backend stores, in bytes (``None``: no limit)."""
+    capabilities: ClassVar[frozenset[str]] = frozenset()
+    """Optional features this store implements:
+    :data:`~pai_storage.state.ENUMERATE` when it provides :meth:`_list_scopes`."""
 
     def __init__(
         self,
@@ -340,6 +344,20 @@ class SnapshotStore(RuntimeStore):
             if found is not None:
                 return found
         return None  # deleted as fast as we looked: nothing stable to return
+
+    # ------------------------------------------------------------ enumeration
+
+    async def _list_scopes(self, after: str | None, limit: int) -> builtins.list[str]:
+        """Up to ``limit`` scopes holding at least one live snapshot, by code point.
+
+        Strictly after ``after``; served by an index, never a scan per page. A
+        backend that implements it declares
+        :data:`~pai_storage.state.ENUMERATE` in :attr:`capabilities`.
+        """
+        raise ConfigurationError(
+            f"the {self.backend_name} snapshot store does not enumerate its scopes, "
+            "so it cannot take part in a copy of the runtime stores (--all)"
+        )
 
     # ------------------------------------------------------------ internals
 

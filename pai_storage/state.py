@@ -36,7 +36,7 @@ from typing import Any, ClassVar, NamedTuple, TypeVar
 from pydantic import Field, StrictInt
 
 from .clock import Clock
-from .errors import InvalidInputError, StorageError, UnavailableError
+from .errors import ConfigurationError, InvalidInputError, StorageError, UnavailableError
 from .events import WarningCallback
 from .models import Json, Page, StoreModel
 from .runtime import (
@@ -57,6 +57,7 @@ __all__ = [
     "DEFAULT_MAX_VALUE_BYTES",
     "DEFAULT_SESSION_TTL",
     "EMPTY_LIST_HASH",
+    "ENUMERATE",
     "AgentStateStore",
     "ListHead",
     "ListWrite",
@@ -65,6 +66,12 @@ __all__ = [
     "VersionedState",
     "extend_list_hash",
 ]
+
+ENUMERATE = "enumerate"
+"""The capability of a runtime store that enumerates its whole content for a
+backend-to-backend copy (``pai-storage copy --all``; ``docs/lifecycle.md``):
+``_list_sessions`` and ``_session_keys`` on an :class:`AgentStateStore`,
+``_list_scopes`` on a :class:`~pai_storage.snapshots.SnapshotStore`."""
 
 DEFAULT_SESSION_TTL = timedelta(days=30)
 """How long a session lives after its last write, unless configured otherwise."""
@@ -182,6 +189,9 @@ class AgentStateStore(RuntimeStore):
 
     value_bytes_limit: ClassVar[int | None] = None
     """The backend's hard limit for ``max_value_bytes`` (``None``: no limit)."""
+    capabilities: ClassVar[frozenset[str]] = frozenset()
+    """Optional features this store implements: :data:`ENUMERATE` when it
+    provides :meth:`_list_sessions` and :meth:`_session_keys`."""
 
     def __init__(
         self,
@@ -499,6 +509,36 @@ class AgentStateStore(RuntimeStore):
     @abstractmethod
     async def _purge_expired(self) -> int:
         """Delete every expired session; return the count."""
+
+    # ------------------------------------------------------------ enumeration
+
+    async def _list_sessions(
+        self, after: tuple[str | None, str] | None, limit: int
+    ) -> list[tuple[str | None, str]]:
+        """Up to ``limit`` ``(user_id, session_id)`` pairs of live (unexpired) sessions.
+
+        In order: user id ``None`` first, then users by code point; within a
+        user, session ids by code point; strictly after ``after``. Served by
+        an index, never a scan per page. A backend that implements it (and
+        :meth:`_session_keys`) declares :data:`ENUMERATE` in
+        :attr:`capabilities`.
+        """
+        raise self._no_enumeration()
+
+    async def _session_keys(
+        self, user_id: str | None, session_id: str
+    ) -> tuple[list[str], list[str]]:
+        """``(value keys, list keys)`` of one live session, each sorted by code point.
+
+        ``([], [])`` for a missing or expired session.
+        """
+        raise self._no_enumeration()
+
+    def _no_enumeration(self) -> ConfigurationError:
+        return ConfigurationError(
+            f"the {self.backend_name} agent-state store does not enumerate its sessions, "
+            "so it cannot take part in a copy of the runtime stores (--all)"
+        )
 
     # ------------------------------------------------------------ internals
 
