@@ -20,6 +20,8 @@ from .plugin import harness_of
 from .provision import TestHarness
 
 __all__ = [
+    "enumerating_snapshot_store",
+    "enumerating_state_store",
     "guard",
     "kv_store",
     "lifecycle_store",
@@ -101,3 +103,27 @@ async def guard(request: pytest.FixtureRequest, clock: ManualClock) -> AsyncIter
     """An initialized execution guard in a fresh namespace, using ``clock``."""
     async for created in _component(request, "guard", clock):
         yield created
+
+
+def _require_enumerate(store: Any, component: str) -> None:
+    from pai_storage.backend import ENUMERATE
+
+    if ENUMERATE not in store.capabilities:
+        pytest.skip(
+            f"capability {ENUMERATE!r} not provided by the {store.backend_name} {component} "
+            "store: it does not declare it (capabilities, docs/lifecycle.md)"
+        )
+
+
+@pytest_asyncio.fixture
+async def enumerating_state_store(state_store: Any) -> AsyncIterator[Any]:
+    """The ``state_store``, when it declares the ``enumerate`` capability."""
+    _require_enumerate(state_store, "agent-state")
+    yield state_store
+
+
+@pytest_asyncio.fixture
+async def enumerating_snapshot_store(snapshot_store: Any) -> AsyncIterator[Any]:
+    """The ``snapshot_store``, when it declares the ``enumerate`` capability."""
+    _require_enumerate(snapshot_store, "snapshot")
+    yield snapshot_store

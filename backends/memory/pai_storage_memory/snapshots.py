@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any, ClassVar
 
 from pai_storage import truncate_ms
-from pai_storage.backend import system_clock
+from pai_storage.backend import ENUMERATE, system_clock
 from pai_storage.snapshots import Snapshot, SnapshotDraft, SnapshotInfo, SnapshotStore
 
 __all__ = ["MemorySnapshotStore"]
@@ -43,6 +43,7 @@ class MemorySnapshotStore(SnapshotStore):
     backend_name = "memory"
     token_prefix = "pai-memory"
     max_snapshot_bytes: ClassVar[int | None] = None
+    capabilities: ClassVar[frozenset[str]] = frozenset({ENUMERATE})
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
@@ -105,3 +106,13 @@ class MemorySnapshotStore(SnapshotStore):
                 if not snapshots:
                     del self._scopes[scope]
             return count
+
+    async def _list_scopes(self, after: str | None, limit: int) -> list[str]:
+        with self._lock:
+            now = self._clock()
+            scopes = sorted(
+                scope
+                for scope in self._scopes
+                if (after is None or scope > after) and self._live(scope, now)
+            )
+            return scopes[:limit]

@@ -6,11 +6,12 @@ import json
 import threading
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, ClassVar
 
 from pai_storage import truncate_ms
-from pai_storage.backend import system_clock
+from pai_storage.backend import ENUMERATE, system_clock
 from pai_storage.state import (
+    ANONYMOUS_USER,
     AgentStateStore,
     ListHead,
     ListWrite,
@@ -56,6 +57,7 @@ class MemoryAgentStateStore(AgentStateStore):
 
     backend_name = "memory"
     token_prefix = "pai-memory"
+    capabilities: ClassVar[frozenset[str]] = frozenset({ENUMERATE})
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
@@ -212,3 +214,48 @@ class MemoryAgentStateStore(AgentStateStore):
                 if not sessions:
                     del self._users[user]
             return count
+
+    # ------------------------------------------------------------ enumeration
+
+    async def _list_sessions(
+        self, after: tuple[str | None, str] | None, limit: int
+    ) -> list[tuple[str | None, str]]:
+        # The anonymous user first, then users by code point: a real user id
+        # may sort before the anonymous key ("\x01..."), so order by _order.
+        start = None if after is None else _order(after)
+        with self._lock:
+            now = self._clock()
+            found: list[tuple[str | None, str]] = []
+            for user in sorted(self._users, key=lambda u: _order((_user_id(u), ""))):
+                user_id = _user_id(user)
+                if start is not None and _order((user_id, "")) < start[:2]:
+                    continue
+                sessions = self._users[user]
+                for session_id in sorted(sessions):
+                    if start is not None and _order((user_id, session_id)) <= start:
+                        continue
+                    if self._live(sessions[session_id], now) is None:
+                        continue
+                    found.append((user_id, session_id))
+                    if len(found) >= limit:
+                        return found
+            return found
+
+    async def _session_keys(
+        self, user_id: str | None, session_id: str
+    ) -> tuple[list[str], list[str]]:
+        with self._lock:
+            user = ANONYMOUS_USER if user_id is None else user_id
+            current = self._read(SessionKey(user, session_id))
+            if current is None:
+                return [], []
+            return sorted(current.values), sorted(current.lists)
+
+
+def _user_id(user: str) -> str | None:
+    return None if user == ANONYMOUS_USER else user
+
+
+def _order(pair: tuple[str | None, str]) -> tuple[bool, str, str]:
+    """The enumeration order of a ``(user_id, session_id)`` pair: ``None`` first."""
+    return (pair[0] is not None, pair[0] or "", pair[1])

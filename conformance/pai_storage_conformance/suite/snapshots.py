@@ -75,6 +75,22 @@ async def _all(store: SnapshotStore, scope: str, limit: int = 100) -> list[Snaps
     raise AssertionError("pages never ended")
 
 
+async def _scopes_from(store: SnapshotStore, prefix: str, limit: int) -> list[str]:
+    """Every scope starting with ``prefix`` that holds a live snapshot, page by page."""
+    out: list[str] = []
+    after: str | None = prefix
+    for _ in range(10_000):
+        page = await store._list_scopes(after, limit)
+        assert len(page) <= limit
+        mine = [scope for scope in page if scope.startswith(prefix)]
+        out.extend(mine)
+        assert len(set(out)) == len(out), f"a page repeated a scope: {out}"
+        if len(page) < limit or len(mine) < len(page):
+            return out
+        after = page[-1]
+    raise AssertionError("pages never ended")
+
+
 class SnapshotStoreTests:
     """Round trips, replacement, order, expiry, pages, isolation, sizes, errors."""
 
@@ -455,6 +471,42 @@ class SnapshotStoreTests:
         for call in calls:
             with pytest.raises(ConfigurationError, match="closed"):
                 await call
+
+    # ------------------------------------------------------------ enumeration
+
+    async def test_snapshot_enumerates_scopes_in_code_point_order(
+        self, enumerating_snapshot_store: SnapshotStore
+    ) -> None:
+        store = enumerating_snapshot_store
+        prefix = f"enum-{uuid.uuid4().hex}"
+        scopes = [f"{prefix}-{tail}" for tail in ("A", "a", "\u00e9", "\uffee", "\U0001f600")]
+        for scope in reversed(scopes):
+            await store.put(scope, "one", b"1")
+            await store.put(scope, "two", b"2")  # a scope is listed once, however many it holds
+        for limit in (1, 2, 1000):
+            assert await _scopes_from(store, prefix, limit) == sorted(scopes), f"limit {limit}"
+        assert await store._list_scopes(scopes[1], 2) == scopes[2:4]
+        assert await store._list_scopes(scopes[-2], 1) == scopes[-1:]
+
+    async def test_snapshot_enumeration_skips_expired_and_deleted_scopes(
+        self, enumerating_snapshot_store: SnapshotStore, clock: ManualClock
+    ) -> None:
+        store = enumerating_snapshot_store
+        ttl = store.snapshot_ttl
+        prefix = f"enum-expiry-{uuid.uuid4().hex}"
+        old, young, gone = f"{prefix}-1", f"{prefix}-2", f"{prefix}-3"
+        await store.put(old, "s", b"old")
+        await store.put(gone, "s", b"gone")
+        assert await store.delete(gone, "s")
+        if ttl is None:
+            clock.advance(timedelta(days=3650))
+            assert await _scopes_from(store, prefix, 10) == [old]
+            return
+        clock.advance(ttl - MS)
+        await store.put(young, "s", b"young")
+        assert await _scopes_from(store, prefix, 10) == [old, young]
+        clock.advance(MS)  # exactly ttl after its creation: the old scope is empty
+        assert await _scopes_from(store, prefix, 10) == [young]
 
     # ------------------------------------------------------------ model-based
 

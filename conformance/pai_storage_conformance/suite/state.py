@@ -109,6 +109,24 @@ async def _all_sessions(store: AgentStateStore, user: str | None, limit: int = 1
     raise AssertionError("pages never ended")
 
 
+async def _enumerate_from(
+    store: AgentStateStore, after: tuple[str | None, str], prefix: str, limit: int
+) -> list[tuple[str | None, str]]:
+    """Every live session of the users starting with ``prefix``, one page at a time."""
+    out: list[tuple[str | None, str]] = []
+    position: tuple[str | None, str] | None = after
+    for _ in range(10_000):
+        page = await store._list_sessions(position, limit)
+        assert len(page) <= limit
+        mine = [(u, s) for u, s in page if u is not None and u.startswith(prefix)]
+        out.extend(mine)
+        assert len(set(out)) == len(out), f"a page repeated a session: {out}"
+        if len(page) < limit or len(mine) < len(page):
+            return out
+        position = page[-1]
+    raise AssertionError("pages never ended")
+
+
 def _ttl(store: AgentStateStore) -> timedelta | None:
     return store.session_ttl
 
@@ -738,6 +756,103 @@ class AgentStateStoreTests:
         for call in calls:
             with pytest.raises(ConfigurationError, match="closed"):
                 await call
+
+    # ------------------------------------------------------------ enumeration
+
+    async def test_state_enumerates_sessions_in_code_point_order(
+        self, enumerating_state_store: AgentStateStore
+    ) -> None:
+        store = enumerating_state_store
+        prefix = f"enum-{uuid.uuid4().hex}"
+        users = [f"{prefix}-{tail}" for tail in ("A", "a", "\u00e9", "\uffee", "\U0001f600")]
+        sessions = ("s-b", "s-a", "s-\U0001f600", "s-\uffee")
+        for user in reversed(users):
+            for session in sessions:
+                await store.save(user, session, "k", 1)
+        expected = sorted((user, session) for user in users for session in sessions)
+        for limit in (1, 3, 1000):
+            found = await _enumerate_from(store, (prefix, "s"), prefix, limit)
+            assert found == expected, f"limit {limit}"
+        # ``after`` is strictly after, also from inside a user's sessions.
+        after = expected[5]
+        assert await store._list_sessions(after, 2) == expected[6:8]
+        assert await store._list_sessions(expected[-2], 1) == expected[-1:]
+
+    async def test_state_enumeration_puts_the_anonymous_user_first(
+        self, enumerating_state_store: AgentStateStore
+    ) -> None:
+        store = enumerating_state_store
+        tag = uuid.uuid4().hex
+        anonymous = [f"anon-{tag}-1", f"anon-{tag}-2"]
+        # A real user id may sort before the stored key of the anonymous user.
+        early, late = f"\x01early-{tag}", f"zz-late-{tag}"
+        for session in anonymous:
+            await store.save(None, session, "k", "anonymous")
+        await store.save(early, "s", "k", "early")
+        await store.save(late, "s", "k", "late")
+        first = await store._list_sessions(None, 1)
+        assert len(first) == 1
+        assert first[0][0] is None, first
+        assert await store._list_sessions((None, f"anon-{tag}"), 2) == [
+            (None, anonymous[0]),
+            (None, anonymous[1]),
+        ]
+        # After every anonymous session come the named users.
+        named = await store._list_sessions((None, "\U0010ffff"), 1)
+        assert len(named) == 1
+        assert named[0][0] is not None, named
+        assert await store._list_sessions((f"\x01early-{tag}", ""), 1) == [(early, "s")]
+        assert (late, "s") in await _enumerate_from(store, (late, ""), late, 10)
+
+    async def test_state_enumeration_skips_expired_and_deleted_sessions(
+        self, enumerating_state_store: AgentStateStore, clock: ManualClock
+    ) -> None:
+        store = enumerating_state_store
+        ttl = _ttl(store)
+        prefix = f"enum-expiry-{uuid.uuid4().hex}"
+        old, young, gone = f"{prefix}-1", f"{prefix}-2", f"{prefix}-3"
+        await store.save(old, "s", "v", 1)
+        await store.save_list(old, "s", "l", [1])
+        await store.save(gone, "s", "v", 1)
+        assert await store.delete(gone, "s")
+        assert await store._session_keys(gone, "s") == ([], [])
+        if ttl is None:
+            clock.advance(timedelta(days=3650))
+            assert await _enumerate_from(store, (prefix, ""), prefix, 10) == [(old, "s")]
+            return
+        clock.advance(ttl - MS)
+        await store.save(young, "s", "v", 2)
+        assert await _enumerate_from(store, (prefix, ""), prefix, 10) == [(old, "s"), (young, "s")]
+        clock.advance(MS)  # exactly ttl after its last write: the old session is gone
+        assert await _enumerate_from(store, (prefix, ""), prefix, 10) == [(young, "s")]
+        assert await store._session_keys(old, "s") == ([], [])
+        assert await store._session_keys(young, "s") == (["v"], [])
+
+    async def test_state_session_keys_split_values_and_lists(
+        self, enumerating_state_store: AgentStateStore
+    ) -> None:
+        store = enumerating_state_store
+        user, session = _ids("keys")
+        for key in ("b", "a", "\U0001f600", "\uffee", "A"):
+            await store.save(user, session, key, key)
+        for key in ("y", "x", "\u00e9"):
+            await store.save_list(user, session, key, [key])
+        await store.append_list(user, session, "w", [])
+        assert await store._session_keys(user, session) == (
+            ["A", "a", "b", "\uffee", "\U0001f600"],
+            ["w", "x", "y", "\u00e9"],
+        )
+        assert await store.delete_state(user, session, "a")
+        assert await store.delete_state(user, session, "x")
+        assert await store._session_keys(user, session) == (
+            ["A", "b", "\uffee", "\U0001f600"],
+            ["w", "y", "\u00e9"],
+        )
+        assert await store._session_keys(user, "missing") == ([], [])
+        assert await store._session_keys(None, session) == ([], [])
+        await store.save_list(None, session, "l", [1])
+        assert await store._session_keys(None, session) == ([], ["l"])
+        assert await store.delete(None, session)
 
     # ------------------------------------------------------------ model-based
 
