@@ -132,6 +132,11 @@ async def test_every_runtime_statement_uses_an_index(
     await state.save("u", "s2", "v", 1)
     sessions = await state.list_session_ids("u", limit=1)
     await state.list_session_ids("u", limit=1, page_token=sessions.next_page_token)
+    await state.save(None, "s1", "v", 1)
+    await state.save("\x01", "s1", "v", 1)
+    await state._list_sessions(None, 10)  # the anonymous user, then the users around it
+    await state._list_sessions(("\x01", "s1"), 1)
+    await state._session_keys("u", "s1")
     await state.exists("u", "s1")
     await state.delete_state("u", "s1", "v")
     await state.delete("u", "s2")
@@ -141,6 +146,8 @@ async def test_every_runtime_statement_uses_an_index(
     await snapshots.put("scope", "two", b"2")
     await snapshots.get("scope", "one")
     await snapshots.latest("scope")
+    await snapshots.put("other", "one", b"1")
+    assert await snapshots._list_scopes(None, 10) == ["other", "scope"]
     listed = await snapshots.list("scope", limit=1)
     await snapshots.list("scope", limit=1, page_token=listed.next_page_token)
     await snapshots.delete("scope", "one")

@@ -350,6 +350,10 @@ async def _runtime_workload(harness: MongoHarness) -> None:
         assert page.next_page_token is not None
         await state.list_session_ids("u", limit=1, page_token=page.next_page_token)
         assert await state.exists("u", "s1")
+        await state.save(None, "s1", "v", 1)
+        # A copy of the store enumerates every user: documented cross-scope.
+        assert await state._list_sessions(None, 10) == [(None, "s1"), ("u", "s1"), ("u", "s2")]
+        assert await state._session_keys("u", "s1") == (["v"], ["log"])
         await state.delete_state("u", "s1", "v")
         await state.delete("u", "s2")
         await state.purge_expired()
@@ -358,6 +362,7 @@ async def _runtime_workload(harness: MongoHarness) -> None:
         await snapshots.put("scope", "two", b"data")
         await snapshots.get("scope", "one")
         await snapshots.latest("scope")
+        assert await snapshots._list_scopes(None, 10) == ["scope"]  # cross-scope
         page = await snapshots.list("scope", limit=1)
         assert page.next_page_token is not None
         await snapshots.list("scope", limit=1, page_token=page.next_page_token)
@@ -410,6 +415,7 @@ async def test_every_store_command_is_routed_to_one_scope(
     assert "kv._search" in excused
     assert {"kv._purge_expired", "guard._purge_expired"} <= excused
     assert "store._heads_of_every_scope" in excused
+    assert {"state._list_sessions", "snapshots._list_scopes"} <= excused
     assert {f.verdict for f in findings} >= {"targeted", "range", "administrative"}
     assert SECRET not in json.dumps(lines)
     # Statement options stay as sent: they choose the routing rule.

@@ -33,9 +33,10 @@ LOG``) classifies each recorded command on a store collection as
   ``killCursors``, routed like the command that opened the cursor);
 - *cross-scope*: an operation documented to cover every scope
   (:data:`CROSS_SCOPE`: the ``purge_expired`` sweeps, key-value search
-  and namespace listing under the empty namespace prefix, and the thread
+  and namespace listing under the empty namespace prefix, the thread
   store's updated-at index read across every scope by a retention sweep
-  without a scope, ``prune_threads(None, ...)``);
+  without a scope, ``prune_threads(None, ...)``, and the enumeration of
+  every session and every snapshot scope by a copy of the runtime stores);
 - a *violation*: anything else.
 
 A command sent by a module of this package the audit does not map to a
@@ -118,6 +119,8 @@ CROSS_SCOPE: Final[Mapping[str, str]] = {
     "kv._search": "search under the empty namespace prefix (the whole store)",
     "kv._list_namespaces": "namespace listing under the empty prefix (the whole store)",
     "store._heads_of_every_scope": "the retention sweep's updated-at index of every scope",
+    "state._list_sessions": "enumerates the sessions of every user (a copy of the store)",
+    "snapshots._list_scopes": "enumerates the scopes holding snapshots (a copy of the store)",
 }
 """Operations documented to span every scope: allowed to reach every shard.
 

@@ -11,6 +11,9 @@ names and prefixes). One document per snapshot::
 - index ``{_id.scope: 1, createdAt: -1, _id.snapshotId: -1}`` serves ``list``
   and ``latest`` newest first as one bounded index scan (strings compare in
   code-point order under MongoDB's simple collation);
+- the same index lists the scopes holding a live snapshot (a copy of the
+  store): a scope's first entry is its newest snapshot, so one probe per
+  scope, bounded below by the last scope found, finds the next one;
 - TTL index ``{createdAt: 1}`` with ``expireAfterSeconds`` = ``snapshot_ttl``
   (none when ``snapshot_ttl`` is ``None``): MongoDB's monitor removes expired
   snapshots in the background, while every read filters on the server clock
@@ -33,6 +36,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from bson import Binary, Int64
 from pymongo import ASCENDING, DESCENDING, IndexModel, ReturnDocument
 
+from pai_storage.backend import ENUMERATE
 from pai_storage.errors import ConfigurationError, CorruptSnapshotError
 from pai_storage.events import StoreWarning
 from pai_storage.runtime import parse_json_text
@@ -108,6 +112,7 @@ class MongoSnapshotStore(SnapshotStore):
     token_prefix = "pai-mongo"
     component = "snapshots"
     max_snapshot_bytes: ClassVar[int | None] = MAX_SNAPSHOT_BYTES
+    capabilities: ClassVar[frozenset[str]] = frozenset({ENUMERATE})
 
     def __init__(self, url: Any = None, *, client: object = None, **options: Any) -> None:
         from .client import CLIENT_OPTIONS, MongoClientHolder
@@ -295,6 +300,35 @@ class MongoSnapshotStore(SnapshotStore):
         with self._holder.errors("write"):
             result = await self.collection.delete_many(self._expired_filter())
         return int(result.deleted_count)
+
+    async def _list_scopes(self, after: str | None, limit: int) -> builtins.list[str]:
+        # One probe of scope_newest per scope: the first entry above the last
+        # scope found whose createdAt is live. The liveness bound is a plain
+        # date (the test clock, else the server's time read once per page), so
+        # it bounds the index scan: expired entries are skipped, not fetched,
+        # and the probe reads the index only (a covered plan).
+        live: Doc = {}
+        if self._ttl_ms is not None:
+            now = self.now() or await self._holder.server_time()
+            live = {"createdAt": {"$gt": now - timedelta(milliseconds=self._ttl_ms)}}
+        scopes: builtins.list[str] = []
+        last = after
+        while len(scopes) < limit:
+            bound = {"$gte": ""} if last is None else {"$gt": last}
+            query: Doc = {"_id.scope": bound, **live}
+            with self._holder.errors("read"):
+                docs = await (
+                    self.collection.find(query, projection={"_id.scope": 1})
+                    .sort(_NEWEST_KEYS)
+                    .hint(NEWEST_INDEX)
+                    .limit(1)
+                    .to_list(1)
+                )
+            if not docs:
+                break
+            last = str(docs[0]["_id"]["scope"])
+            scopes.append(last)
+        return scopes
 
     # ------------------------------------------------------------ documents
 

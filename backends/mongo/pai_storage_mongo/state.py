@@ -13,12 +13,15 @@ background. Appends are updates guarded by the stored hash and length that
 send only the new items (set at the positions after the stored length, or
 ``$push``-ed when there are many); a document that would exceed
 16 MiB is refused whole by the server. Session listing is a range on the
-``_id`` index. See ``docs/mongodb.md``.
+``_id`` index; so is the enumeration of every session (a copy of the store),
+in up to three ranges that put the anonymous user first. See
+``docs/mongodb.md``.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -30,6 +33,7 @@ from pymongo.errors import DuplicateKeyError
 
 from pai_storage import Clock, InvalidInputError, StoreURL, WarningCallback
 from pai_storage.backend import (
+    ENUMERATE,
     AgentStateStore,
     ListHead,
     ListWrite,
@@ -37,7 +41,7 @@ from pai_storage.backend import (
     StoreWarning,
 )
 from pai_storage.runtime import DEFAULT_MAX_VALUE_BYTES, parse_json_text
-from pai_storage.state import DEFAULT_SESSION_TTL, StoredKind, VersionedState
+from pai_storage.state import ANONYMOUS_USER, DEFAULT_SESSION_TTL, StoredKind, VersionedState
 
 from .client import Doc, MongoClientHolder, plain
 from .documents import decoded
@@ -46,7 +50,7 @@ from .errors import is_too_large
 if TYPE_CHECKING:
     from pymongo.asynchronous.collection import AsyncCollection
 
-__all__ = ["MongoAgentStateStore", "encode_field", "indexes"]
+__all__ = ["MongoAgentStateStore", "decode_field", "encode_field", "indexes"]
 
 _ALL = ("states", "versions", "hashes", "lengths")
 
@@ -54,6 +58,15 @@ _ALL = ("states", "versions", "hashes", "lengths")
 def encode_field(key: str) -> str:
     """The document field of a state key: ``%``, ``.`` and ``$`` percent-encoded."""
     return key.replace("%", "%25").replace(".", "%2E").replace("$", "%24")
+
+
+_ENCODED = re.compile("%(25|2E|24)")
+_DECODED = {"25": "%", "2E": ".", "24": "$"}
+
+
+def decode_field(field: str) -> str:
+    """The state key of a document field (the inverse of :func:`encode_field`)."""
+    return _ENCODED.sub(lambda m: _DECODED[m.group(1)], field)
 
 
 def indexes(session_ttl: timedelta | None) -> list[IndexModel]:
@@ -99,6 +112,7 @@ class MongoAgentStateStore(AgentStateStore):
     backend_name = "mongo"
     token_prefix = "pai-mongo"
     value_bytes_limit: ClassVar[int | None] = 15 * 1024 * 1024
+    capabilities: ClassVar[frozenset[str]] = frozenset({ENUMERATE})
 
     def __init__(
         self,
@@ -502,6 +516,70 @@ class MongoAgentStateStore(AgentStateStore):
                 {"_updated_at": {"$lte": now - self.session_ttl}}
             )
         return result.deleted_count
+
+    # ------------------------------------------------------------ enumeration
+
+    async def _list_sessions(
+        self, after: tuple[str | None, str] | None, limit: int
+    ) -> list[tuple[str | None, str]]:
+        # The anonymous user's key ("\x1fanonymous") sorts after real user ids
+        # that start with a lower control character, so the walk is up to three
+        # ranges of the _id index, each in index order: the anonymous user's
+        # sessions, then the users below its key, then those above it. Each
+        # range is read only from where the page starts, `limit` entries at most.
+        anon_low = {"user": ANONYMOUS_USER, "session": MinKey()}
+        anon_high = {"user": ANONYMOUS_USER, "session": MaxKey()}
+        ranges: list[Doc] = []
+        if after is None or after[0] is None:
+            low: Any = MinKey() if after is None else after[1]
+            # An equality on _id.user (the shard key) routes it to one user's chunks.
+            ranges.append(
+                {
+                    "_id": {"$gt": {"user": ANONYMOUS_USER, "session": low}, "$lt": anon_high},
+                    "_id.user": ANONYMOUS_USER,
+                }
+            )
+            ranges.append({"_id": {"$gt": MinKey(), "$lt": anon_low}})
+            ranges.append({"_id": {"$gt": anon_high}})
+        else:
+            start = {"user": after[0], "session": after[1]}
+            if after[0] < ANONYMOUS_USER:  # code point order, as BSON compares strings
+                ranges.append({"_id": {"$gt": start, "$lt": anon_low}})
+                ranges.append({"_id": {"$gt": anon_high}})
+            else:
+                ranges.append({"_id": {"$gt": start}})
+        found: list[tuple[str | None, str]] = []
+        for query in ranges:
+            remaining = limit - len(found)
+            if remaining <= 0:
+                break
+            with self._holder.errors("read"):
+                docs = await self.collection.find(
+                    {**query, **self._live()},
+                    {"_id": 1},
+                    sort=[("_id", ASCENDING)],
+                    limit=remaining,
+                    hint="_id_",
+                ).to_list(None)
+            for doc in docs:
+                user, session = doc["_id"]["user"], doc["_id"]["session"]
+                found.append((None if user == ANONYMOUS_USER else str(user), str(session)))
+        return found
+
+    async def _session_keys(
+        self, user_id: str | None, session_id: str
+    ) -> tuple[list[str], list[str]]:
+        # A single value has a version, a list a content hash (never both):
+        # these two small subdocuments name every key without reading a value.
+        session = SessionKey(ANONYMOUS_USER if user_id is None else user_id, session_id)
+        query = {"_id": self._id(session), **self._live()}
+        with self._holder.errors("read"):
+            doc = await self.collection.find_one(query, {"_id": 0, "versions": 1, "hashes": 1})
+        if doc is None:
+            return [], []
+        values = sorted(decode_field(f) for f in doc.get("versions") or {})
+        lists = sorted(decode_field(f) for f in doc.get("hashes") or {})
+        return values, lists
 
 
 _INVALID = object()
