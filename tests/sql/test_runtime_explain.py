@@ -137,6 +137,10 @@ async def test_runtime_statements_use_indexes(target: Target) -> None:
             await kv.put(("long",), LONG + "ABC"[k] * 100, k)
             await state.save("long-user", LONG + "ABC"[k], "k", k)
             await snapshots.put("long", LONG + "ABC"[k], b"x")
+            await snapshots.put(LONG + "ABC"[k], "s", b"x")
+        for name in ("a0", "a1", "a2"):
+            await state.save(None, name, "k", name)
+            await state.save("\x01low", name, "k", name)
         for i in range(40):
             await state.save(f"u{i % 4}", f"s{i:02}", "cursor", i)
             await state.append_list(f"u{i % 4}", f"s{i:02}", "log", [i, i + 1])
@@ -223,6 +227,12 @@ async def state_workload(state: SqlAgentStateStore) -> None:
     page = await state.list_session_ids("u3", limit=3)
     assert page.next_page_token is not None
     await state.list_session_ids("u3", limit=3, page_token=page.next_page_token)
+    # The enumeration of a copy: pages of every session (the anonymous user's,
+    # users below and above its stored key), one session's keys.
+    for after in (None, (None, "a0"), ("\x01low", "s"), ("u1", "s05"), ("long-user", LONG)):
+        assert await state._list_sessions(after, 3)
+    assert await state._session_keys("u1", "s01") != ([], [])
+    assert await state._session_keys(None, "a1") != ([], [])
 
 
 async def snapshot_workload(snapshots: SqlSnapshotStore, clock: ManualClock) -> None:
@@ -238,6 +248,11 @@ async def snapshot_workload(snapshots: SqlSnapshotStore, clock: ManualClock) -> 
     assert page.next_page_token is not None
     await snapshots.list("scope1", limit=3, page_token=page.next_page_token)
     await snapshots.put("scope1", "snap01", b"replaced")
+    # The scopes in order for a copy: first pages, a page after a scope, a
+    # page cut inside the group of long scopes that share an index head.
+    assert await snapshots._list_scopes(None, 2)
+    assert await snapshots._list_scopes("long", 2)
+    assert await snapshots._list_scopes(LONG + "A", 1)
     await snapshots.delete("scope2", "snap02")
     await snapshots.delete("scope2", "absent")
 

@@ -246,7 +246,9 @@ class RuntimeTables:
     ``snapshots``
         One row per snapshot, keyed by the SHA-256 of the scope and the split
         snapshot id; index ``(scope_hash, created_at, id_head, id_tail_hash)``
-        for newest-first pages; index on ``expires_at``.
+        for newest-first pages; index on ``expires_at``; index
+        ``(scope_head, expires_at)`` (the scope's first bytes, split like an
+        ordered key's head) for the scopes in order (schema version 2).
     ``locks``
         One row per held (or expired, not yet purged) lock, keyed by the
         SHA-256 of the resource; index on ``expires_at``.
@@ -373,6 +375,7 @@ def define_runtime_tables(
         Column("id_tail_hash", _hash(), nullable=False),
         Column("id_tail", _name(), nullable=True),
         Column("scope", _name(), nullable=False),
+        Column("scope_head", _head(), nullable=False),
         Column("created_at", UtcMillis(), nullable=False),
         Column("expires_at", UtcMillis(), nullable=True),
         Column("size", BigInteger(), nullable=False),
@@ -390,6 +393,7 @@ def define_runtime_tables(
         snapshots.c.id_tail_hash,
     )
     Index(f"{snap}_expiry", snapshots.c.expires_at)
+    Index(f"{snap}_scopes", snapshots.c.scope_head, snapshots.c.expires_at)
 
     guard = base["guard"]
     locks = Table(

@@ -85,8 +85,12 @@ __all__ = [
     "validate_prefix",
 ]
 
-SCHEMA_VERSION = 1
-"""The schema version this package creates and understands."""
+SCHEMA_VERSION = 2
+"""The schema version this package creates and understands.
+
+Version 2 adds the snapshot table's ``scope_head`` column and its
+``<snapshots>_scopes`` index (the scopes in order); a version 1 database gains
+them on its first connect (:func:`prepare_schema`)."""
 
 DEFAULT_PREFIX = "pai_threads"
 """The default ``table_prefix`` (the thread tables' base name)."""
@@ -453,6 +457,7 @@ async def prepare_schema(conn: AsyncConnection, dialect: str, tables: Tables) ->
             stored = await _stored_version(conn, tables)
             if _needs_tables(stored, tables):
                 await conn.run_sync(tables.metadata.create_all)
+                await _upgrade(conn, dialect, tables)
                 v = tables.version
                 if stored is None:
                     await conn.execute(v.insert().values(singleton=1, version=SCHEMA_VERSION))
@@ -470,6 +475,44 @@ async def prepare_schema(conn: AsyncConnection, dialect: str, tables: Tables) ->
             f"pai-storage understands ({SCHEMA_VERSION}); upgrade pai-storage"
         )
     return server, mariadb
+
+
+async def _upgrade(conn: AsyncConnection, dialect: str, tables: Tables) -> None:
+    """Bring tables an older version created up to this one (idempotent).
+
+    Version 1 to 2: the snapshot table gains ``scope_head`` (the scope, or on
+    MySQL its first bytes) filled from ``scope``, and the index on it.
+    """
+    from sqlalchemy import inspect
+    from sqlalchemy.schema import CreateIndex
+
+    if tables.runtime is None:
+        return
+    snapshots = tables.runtime.snapshots
+
+    def columns(sync: Any) -> set[str]:
+        return {c["name"] for c in inspect(sync).get_columns(snapshots.name)}
+
+    if "scope_head" in await conn.run_sync(columns):
+        return
+    name = conn.dialect.identifier_preparer.format_table(snapshots)
+    if dialect == "sqlite":
+        await conn.exec_driver_sql(
+            f"ALTER TABLE {name} ADD COLUMN scope_head BLOB NOT NULL DEFAULT x''"
+        )
+        await conn.exec_driver_sql(f"UPDATE {name} SET scope_head = scope")
+    else:
+        from .runtime_tables import MYSQL_HEAD_BYTES
+
+        await conn.exec_driver_sql(
+            f"ALTER TABLE {name} ADD COLUMN scope_head VARBINARY({MYSQL_HEAD_BYTES}) "
+            "NOT NULL DEFAULT '' AFTER scope"
+        )
+        await conn.exec_driver_sql(
+            f"UPDATE {name} SET scope_head = SUBSTRING(scope, 1, {MYSQL_HEAD_BYTES})"
+        )
+    index = next(i for i in snapshots.indexes if i.name == f"{snapshots.name}_scopes")
+    await conn.execute(CreateIndex(index))
 
 
 def _needs_tables(stored: int | None, tables: Tables) -> bool:

@@ -6,7 +6,9 @@ head and a hashed tail like every ordered key, ``runtime_tables``). The index
 ``(scope_hash, created_at, id_head, id_tail_hash)`` serves ``list`` and
 ``latest`` as one backward index range scan with a ``LIMIT`` (newest first,
 ties on the creation millisecond by snapshot id descending); an index on
-``expires_at`` serves ``purge_expired``. The scope is stored beside its hash
+``expires_at`` serves ``purge_expired``; an index on ``(scope_head,
+expires_at)`` (the scope, on MariaDB/MySQL its first bytes) lists the scopes
+in order for a copy of the store. The scope is stored beside its hash
 and checked on every read.
 
 The size limit is :data:`MAX_SNAPSHOT_BYTES` (256 MiB). On MariaDB/MySQL a
@@ -26,6 +28,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from sqlalchemy import ColumnElement, and_, delete, or_, select
 from sqlalchemy.dialects import mysql, sqlite
 
+from pai_storage.backend import ENUMERATE
 from pai_storage.errors import CorruptSnapshotError, SnapshotTooLargeError
 from pai_storage.events import StoreWarning
 from pai_storage.runtime import parse_json_text
@@ -73,6 +76,7 @@ class SqlSnapshotStore(SnapshotStore):
     backend_name = "sql"
     token_prefix = "pai-sql"
     max_snapshot_bytes: ClassVar[int | None] = MAX_SNAPSHOT_BYTES
+    capabilities: ClassVar[frozenset[str]] = frozenset({ENUMERATE})
 
     def __init__(self, url: Any = None, *, client: object = None, **options: Any) -> None:
         client_options = split_client_options(options)
@@ -154,6 +158,7 @@ class SqlSnapshotStore(SnapshotStore):
                 "id_tail_hash": tail_hash,
                 "id_tail": tail,
                 "scope": draft.scope.encode(),
+                "scope_head": split_key(draft.scope.encode(), self._db.head_bytes)[0],
                 "created_at": now,
                 "expires_at": self.snapshot_expiry(now),
                 "size": draft.size,
@@ -287,6 +292,50 @@ class SqlSnapshotStore(SnapshotStore):
 
     async def _purge_expired(self) -> int:
         return await self._db.purge(self.table, self)
+
+    async def _list_scopes(self, after: str | None, limit: int) -> builtins.list[str]:
+        """Scopes with a live snapshot, in order: one walk of the ``_scopes`` index.
+
+        ``SELECT DISTINCT scope_head ... WHERE scope_head > after ORDER BY
+        scope_head LIMIT n``, the live filter on the index's ``expires_at``. On
+        MariaDB/MySQL a head as long as the split may stand for several scopes
+        (a group): a group is read whole by its head (an index equality) and
+        ordered here, like the groups of an ordered key.
+        """
+        t = self.table
+        split = self._db.head_bytes
+        hint = f"FORCE INDEX ({t.name}_scopes)"
+
+        async def read(conn: AsyncConnection) -> builtins.list[bytes]:
+            live = self._live(self._db.clock(self))
+
+            async def group(head: bytes) -> builtins.list[bytes]:
+                query = select(t.c.scope).with_hint(t, hint, "mysql")
+                rows = await conn.execute(query.where(t.c.scope_head == head, live))
+                return sorted({bytes(r.scope) for r in rows})
+
+            found: builtins.list[bytes] = []
+            query = select(t.c.scope_head).distinct().with_hint(t, hint, "mysql").where(live)
+            if after is None:
+                # A range from the lowest key, not an unbounded walk.
+                query = query.where(t.c.scope_head >= b"")
+            else:
+                wanted = after.encode()
+                if split is not None and len(wanted) >= split:
+                    found += [s for s in await group(wanted[:split]) if s > wanted]
+                    wanted = wanted[:split]
+                query = query.where(t.c.scope_head > wanted)
+            heads = await conn.execute(query.order_by(t.c.scope_head).limit(limit))
+            for (head,) in list(heads):
+                if len(found) >= limit:
+                    break
+                if split is not None and len(head) >= split:
+                    found += await group(bytes(head))
+                else:
+                    found.append(bytes(head))
+            return found[:limit]
+
+        return [scope.decode() for scope in await self._db.read(read)]
 
     # ------------------------------------------------------------ rows
 

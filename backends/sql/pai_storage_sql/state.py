@@ -30,9 +30,9 @@ from sqlalchemy import ColumnElement, and_, delete, exists, insert, or_, select,
 from sqlalchemy.dialects import mysql, sqlite
 
 from pai_storage import Clock, InvalidInputError, StoreURL, WarningCallback
-from pai_storage.backend import AgentStateStore, ListHead, ListWrite, SessionKey
+from pai_storage.backend import ENUMERATE, AgentStateStore, ListHead, ListWrite, SessionKey
 from pai_storage.runtime import DEFAULT_MAX_VALUE_BYTES, parse_json_text
-from pai_storage.state import DEFAULT_SESSION_TTL, StoredKind, VersionedState
+from pai_storage.state import ANONYMOUS_USER, DEFAULT_SESSION_TTL, StoredKind, VersionedState
 
 from .runtime_support import RuntimeDb, escaped_size, ordered_scan
 from .runtime_tables import digest, join_key, split_key
@@ -71,6 +71,7 @@ class SqlAgentStateStore(AgentStateStore):
     backend_name = "sql"
     token_prefix = "pai-sql"
     value_bytes_limit: ClassVar[int | None] = MAX_VALUE_BYTES
+    capabilities: ClassVar[frozenset[str]] = frozenset({ENUMERATE})
 
     def __init__(
         self,
@@ -420,6 +421,90 @@ class SqlAgentStateStore(AgentStateStore):
             return [k[len(base) :].decode() for k in keys]
 
         return await self._db.read(read)
+
+    # ------------------------------------------------------------ enumeration
+
+    async def _list_sessions(
+        self, after: tuple[str | None, str] | None, limit: int
+    ) -> list[tuple[str | None, str]]:
+        """Live sessions in (user, session) order, the anonymous user first.
+
+        Ranges of the session key (``user || 0x00 || session``), each one index
+        range with a ``LIMIT`` (:func:`ordered_scan`): the anonymous user's
+        keys, then the keys below them, then the keys above them. The stored
+        key of ``user_id=None`` starts with U+001F, which no real user id
+        holds, so no real user's session falls inside its range; real user
+        ids below U+001F sort before it by bytes, hence the two ranges.
+        """
+        s = self.sessions
+        anonymous = ANONYMOUS_USER.encode() + b"\x00"
+        anonymous_end = ANONYMOUS_USER.encode() + b"\x01"
+        query = select(s.c.sk_head, s.c.sk_tail).with_hint(
+            s, f"FORCE INDEX ({s.name}_key)", "mysql"
+        )
+        # (low, inclusive, high) of each range still to read, in order.
+        ranges: list[tuple[bytes, bool, bytes | None]]
+        if after is None or after[0] is None:
+            if after is None:
+                first = (anonymous, True, anonymous_end)
+            else:
+                first = (anonymous + after[1].encode(), False, anonymous_end)
+            ranges = [first, (b"", True, anonymous), (anonymous_end, True, None)]
+        else:
+            low = after[0].encode() + b"\x00" + after[1].encode()
+            if low < anonymous:
+                ranges = [(low, False, anonymous), (anonymous_end, True, None)]
+            else:
+                ranges = [(low, False, None)]
+
+        async def read(conn: AsyncConnection) -> list[bytes]:
+            now = self._db.clock(self)
+            keys: list[bytes] = []
+            for low, inclusive, high in ranges:
+                rows = await ordered_scan(
+                    conn,
+                    query,
+                    s,
+                    "sk",
+                    self._db.head_bytes,
+                    low,
+                    inclusive,
+                    high,
+                    limit - len(keys),
+                    self._live(now),
+                )
+                keys += [join_key(r.sk_head, r.sk_tail) for r in rows]
+                if len(keys) >= limit:
+                    break
+            return keys
+
+        found: list[tuple[str | None, str]] = []
+        for key in await self._db.read(read):
+            user, _, session = key.partition(b"\x00")
+            name = user.decode()
+            found.append((None if name == ANONYMOUS_USER else name, session.decode()))
+        return found
+
+    async def _session_keys(
+        self, user_id: str | None, session_id: str
+    ) -> tuple[list[str], list[str]]:
+        """The session's keys: one lookup of the session by its key and one index
+        range of its state rows, ordered here (a session's keys come back whole)."""
+        s, v = self.sessions, self.values
+        session = SessionKey(ANONYMOUS_USER if user_id is None else user_id, session_id)
+
+        async def read(conn: AsyncConnection) -> list[Any]:
+            query = (
+                select(v.c.key, v.c.is_list)
+                .select_from(s.join(v, v.c.session_id == s.c.id))
+                .where(self._session_where(session), self._live(self._db.clock(self)))
+            )
+            return list(await conn.execute(query))
+
+        rows = sorted(await self._db.read(read), key=lambda r: bytes(r.key))
+        values = [bytes(r.key).decode() for r in rows if not r.is_list]
+        lists = [bytes(r.key).decode() for r in rows if r.is_list]
+        return values, lists
 
     async def _purge_expired(self) -> int:
         return await self._db.purge(self.sessions, self)
