@@ -39,7 +39,12 @@ from . import builders as b
 from .bundle import connect
 from .clock import ManualClock, system_clock
 from .demo_runtime import RuntimeDemo
-from .errors import StorageError, ThreadStoreConfigurationError, ThreadStoreError
+from .errors import (
+    ConfigurationError,
+    StorageError,
+    ThreadStoreConfigurationError,
+    ThreadStoreError,
+)
 from .models import (
     CommittedResult,
     ConflictResult,
@@ -55,6 +60,7 @@ from .models import (
 )
 from .registry import ENTRY_POINT_GROUP, available_backends, backend_for_url, get_backend
 from .store import ThreadStore
+from .transfer import CopyReport
 from .url import make_url, redact
 
 __all__ = ["main"]
@@ -639,9 +645,10 @@ def _cmd_bench(extra: Sequence[str]) -> int:
 class _Progress:
     """A progress bar on stderr: rich's or tqdm's when installed, else a plain line."""
 
-    def __init__(self, label: str, stream: TextIO) -> None:
+    def __init__(self, label: str, stream: TextIO, *, unit: str = "thread") -> None:
         self.label = label
         self.stream = stream
+        self.unit = unit
         self.total = 0
         self.done = 0
         self._bar: Any = None
@@ -658,7 +665,7 @@ class _Progress:
             self._bar = self._rich.add_task(self.label, total=total)
         elif interactive and importlib.util.find_spec("tqdm") is not None:
             tqdm = importlib.import_module("tqdm").tqdm
-            self._bar = tqdm(total=total, desc=self.label, file=self.stream, unit="thread")
+            self._bar = tqdm(total=total, desc=self.label, file=self.stream, unit=self.unit)
 
     def advance(self, _key: object = None) -> None:
         self.done += 1
@@ -667,7 +674,7 @@ class _Progress:
         elif self._bar is not None:
             self._bar.update(1)
         elif self.done == self.total or self.done % 100 == 0:
-            print(f"{self.label}: {self.done}/{self.total} threads", file=self.stream)
+            print(f"{self.label}: {self.done}/{self.total} {self.unit}s", file=self.stream)
 
     def close(self) -> None:
         if self._rich is not None:
@@ -685,10 +692,7 @@ async def _run_copy(args: argparse.Namespace) -> int:
     from .transfer import copy_threads
 
     if args.all:
-        raise ThreadStoreConfigurationError(
-            "--all (the runtime stores) is not available yet: the key-value, agent-state and "
-            "snapshot stores have no enumeration of every tenant to copy from"
-        )
+        return await _run_copy_all(args)
     progress = _Progress("copy", sys.stderr)
     async with _open_threads(args.source) as source, _open_threads(args.target) as target:
         try:
@@ -702,13 +706,66 @@ async def _run_copy(args: argparse.Namespace) -> int:
             )
         finally:
             progress.close()
+    _print_thread_report(report)
+    return EXIT_OK if report.ok else EXIT_ERROR
+
+
+def _print_thread_report(report: CopyReport) -> None:
     print(
         f"copied {len(report.copied)} thread(s), {len(report.present)} already present, "
         f"{report.verified} verified, {len(report.mismatched)} mismatched"
     )
     for scope_key, thread_id in report.mismatched:
         print(f"mismatch: scope {scope_key!r} thread {thread_id!r}", file=sys.stderr)
-    return EXIT_OK if report.ok else EXIT_ERROR
+
+
+async def _run_copy_all(args: argparse.Namespace) -> int:
+    from .transfer import copy_runtime, copy_threads, require_enumeration
+
+    if args.scope is not None:
+        raise ConfigurationError(
+            "--all copies every scope of every store; it cannot be combined with --scope"
+        )
+    async with connect(args.source) as source, connect(args.target) as target:
+        require_enumeration(source, target)  # refuse before anything is written
+        progress = _Progress("copy threads", sys.stderr)
+        try:
+            threads = await copy_threads(
+                source.threads,
+                target.threads,
+                verify=not args.no_verify,
+                on_total=progress.start,
+                on_thread=progress.advance,
+            )
+        finally:
+            progress.close()
+        _print_thread_report(threads)
+        progress = _Progress("copy runtime data", sys.stderr, unit="item")
+        try:
+            runtime = await copy_runtime(
+                source,
+                target,
+                verify=not args.no_verify,
+                on_total=progress.start,
+                on_item=progress.advance,
+            )
+        finally:
+            progress.close()
+    counts = ", ".join(
+        f"{runtime.count(component)} {noun}"
+        for component, noun in (
+            ("kv", "item(s)"),
+            ("state", "session(s)"),
+            ("snapshots", "snapshot(s)"),
+        )
+    )
+    print(
+        f"copied {len(runtime.copied)} runtime item(s), {len(runtime.present)} already present "
+        f"({counts} in all), {runtime.verified} verified, {len(runtime.mismatched)} mismatched"
+    )
+    for item in runtime.mismatched:
+        print(f"mismatch: {item}", file=sys.stderr)
+    return EXIT_OK if threads.ok and runtime.ok else EXIT_ERROR
 
 
 async def _run_export(args: argparse.Namespace, stream: TextIO) -> int:
@@ -817,13 +874,23 @@ def _parser() -> argparse.ArgumentParser:
             "Copy every thread (or those of --scope) from SRC_URL to DST_URL exactly "
             "(versions, timestamps, positions). Threads already in the target with the same "
             "content are skipped, so an interrupted copy resumes; afterwards each thread's "
-            "digest is compared on both sides. Exits 1 when any thread differs."
+            "digest is compared on both sides. With --all the key-value items, agent-state "
+            "sessions and snapshots follow, copied by value (versions restart, snapshots take "
+            "the target's creation time; locks are not copied) and compared the same way. "
+            "Exits 1 when anything differs."
         ),
     )
     copy.add_argument("source", metavar="SRC_URL", help="store to copy from")
     copy.add_argument("target", metavar="DST_URL", help="store to copy to")
     copy.add_argument("--scope", metavar="S", default=None, help="copy only this scope")
-    copy.add_argument("--all", action="store_true", help="also copy the runtime stores")
+    copy.add_argument(
+        "--all",
+        action="store_true",
+        help=(
+            "also copy the runtime stores (key-value items, agent-state sessions, snapshots) "
+            "by value; every scope"
+        ),
+    )
     copy.add_argument("--no-verify", action="store_true", help="skip the digest comparison")
 
     export = sub.add_parser(

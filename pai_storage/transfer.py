@@ -21,29 +21,45 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import (
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+)
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
 from .aggregate import Entry, Family, ThreadAggregate
+from .clock import system_clock
 from .errors import ThreadStoreError, ThreadStoreInvariantError
-from .models import Message, QueuedItem, RunRecord, ThreadRecord
+from .models import Message, QueuedItem, RunRecord, ThreadRecord, truncate_ms
 from .relationships import assert_relationships, facts_from_aggregate
+from .runtime import canonical_json
 
 if TYPE_CHECKING:
+    from .bundle import Stores
     from .store import ThreadStore
 
 __all__ = [
     "EXPORT_FORMAT",
     "EXPORT_VERSION",
+    "RUNTIME_COMPONENTS",
     "CopyReport",
     "ImportReport",
+    "RuntimeCopyReport",
+    "RuntimeItem",
     "ThreadExistsError",
+    "copy_runtime",
     "copy_threads",
     "decode_threads",
     "encode_thread",
     "export_lines",
     "import_lines",
+    "require_enumeration",
     "thread_digest",
 ]
 
@@ -463,3 +479,290 @@ async def copy_threads(
             else:
                 report.verified += 1
     return report
+
+
+# ------------------------------------------------------------------ runtime stores
+
+RUNTIME_COMPONENTS = ("kv", "state", "snapshots")
+"""The runtime stores ``copy_runtime`` copies (the execution guard's locks are not data)."""
+
+_RUNTIME_PAGE = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeItem:
+    """One unit of a runtime copy: a key-value item, a session or a snapshot.
+
+    ``where`` is ``(*namespace, key)`` of an item, ``(user_id, session_id)``
+    of a session (``user_id`` ``None`` for the anonymous user), ``(scope,
+    snapshot_id)`` of a snapshot.
+    """
+
+    component: Literal["kv", "state", "snapshots"]
+    where: tuple[str | None, ...]
+
+    def __str__(self) -> str:
+        return f"{self.component} {self.where!r}"
+
+
+@dataclass(slots=True)
+class RuntimeCopyReport:
+    """What :func:`copy_runtime` did, item by item."""
+
+    copied: list[RuntimeItem] = field(default_factory=list)
+    present: list[RuntimeItem] = field(default_factory=list)
+    """Already in the target with the same content (a resumed copy)."""
+    mismatched: list[RuntimeItem] = field(default_factory=list)
+    """In the target with another content, or read back differently."""
+    verified: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.mismatched
+
+    def count(self, component: str) -> int:
+        """How many items of ``component`` were copied or already present."""
+        return sum(item.component == component for item in (*self.copied, *self.present))
+
+
+def require_enumeration(source: Stores, target: Stores) -> None:
+    """Raise :class:`~pai_storage.ConfigurationError` unless both bundles can take part
+    in :func:`copy_runtime`: each holds the three runtime stores, and its agent-state and
+    snapshot stores declare :data:`~pai_storage.backend.ENUMERATE`."""
+    from .errors import ConfigurationError
+    from .state import ENUMERATE
+
+    for side, stores in (("source", source), ("target", target)):
+        for component in RUNTIME_COMPONENTS:
+            if component not in stores:
+                raise ConfigurationError(
+                    f"the {side} provides no {component} store, so its runtime stores "
+                    "cannot be copied (--all)"
+                )
+        for component, store in (("agent-state", stores.state), ("snapshot", stores.snapshots)):
+            if ENUMERATE not in store.capabilities:
+                raise ConfigurationError(
+                    f"the {side}'s {component} store ({store.backend_name} backend) does not "
+                    "enumerate its content, so the runtime stores cannot be copied (--all)"
+                )
+
+
+async def copy_runtime(
+    source: Stores,
+    target: Stores,
+    *,
+    verify: bool = True,
+    on_total: Callable[[int], None] | None = None,
+    on_item: Callable[[RuntimeItem], None] | None = None,
+) -> RuntimeCopyReport:
+    """Copy every key-value item, agent-state session and snapshot from one bundle to another.
+
+    Copied by value through the stores' public writes: an item keeps its
+    value and its remaining time to live, and its version restarts at 1; a
+    session gets each value and list (the target's session TTL applies); a
+    snapshot gets its data and metadata (its creation time, and so its
+    expiry, is the target's). Resumable: what is already in the target with
+    the same content counts as ``present``; what holds other content there
+    is ``mismatched`` and left alone. With ``verify``, every item is then
+    read back from both sides and its digest compared. ``on_total`` receives
+    the number of items once the source was enumerated; ``on_item`` is called
+    after each.
+
+    Raises
+    ------
+    ConfigurationError
+        A bundle lacks a runtime store, or its agent-state or snapshot store
+        does not enumerate (:func:`require_enumeration`); nothing is copied.
+    """
+    require_enumeration(source, target)
+    items = await _runtime_items(source)
+    if on_total is not None:
+        on_total(len(items))
+    report = RuntimeCopyReport()
+    for item in items:
+        outcome = await _COPIERS[item.component](source, target, item)
+        if outcome is not None:
+            getattr(report, outcome).append(item)
+        if on_item is not None:
+            on_item(item)
+    if verify:
+        for item in [*report.copied, *report.present]:
+            mine = await _DIGESTS[item.component](source, item)
+            if mine is None:
+                continue  # deleted (or expired) in the source since: nothing to compare
+            if mine != await _DIGESTS[item.component](target, item):
+                if item not in report.mismatched:
+                    report.mismatched.append(item)
+            else:
+                report.verified += 1
+    return report
+
+
+async def _runtime_items(source: Stores) -> list[RuntimeItem]:
+    """Every item of the source's runtime stores, walked by their enumeration."""
+    items: list[RuntimeItem] = []
+    kv, token = source.kv, None
+    while True:
+        page = await kv.search((), limit=_RUNTIME_PAGE, page_token=token)
+        items.extend(RuntimeItem("kv", (*i.namespace, i.key)) for i in page.items)
+        token = page.next_page_token
+        if token is None:
+            break
+    state = source.state
+    await state._ensure_ready()
+    after: tuple[str | None, str] | None = None
+    while True:
+        sessions = await state._list_sessions(after, _RUNTIME_PAGE)
+        items.extend(RuntimeItem("state", pair) for pair in sessions)
+        if len(sessions) < _RUNTIME_PAGE:
+            break
+        after = sessions[-1]
+    snapshots = source.snapshots
+    await snapshots._ensure_ready()
+    scope: str | None = None
+    while True:
+        scopes = await snapshots._list_scopes(scope, _RUNTIME_PAGE)
+        for scope in scopes:
+            listing: str | None = None
+            while True:
+                infos = await snapshots.list(scope, limit=_RUNTIME_PAGE, page_token=listing)
+                items.extend(RuntimeItem("snapshots", (scope, i.snapshot_id)) for i in infos.items)
+                listing = infos.next_page_token
+                if listing is None:
+                    break
+        if len(scopes) < _RUNTIME_PAGE:
+            break
+    return items
+
+
+def _sha256(*texts: str) -> str:
+    digest = hashlib.sha256()
+    for text in texts:
+        digest.update(text.encode("utf-8"))
+        digest.update(b"\x00")
+    return "sha256:" + digest.hexdigest()
+
+
+def _kv_where(item: RuntimeItem) -> tuple[tuple[str, ...], str]:
+    parts = [str(part) for part in item.where]
+    return tuple(parts[:-1]), parts[-1]
+
+
+async def _kv_digest(stores: Stores, item: RuntimeItem) -> str | None:
+    namespace, key = _kv_where(item)
+    found = await stores.kv.get(namespace, key)
+    if found is None:
+        return None
+    return _sha256(canonical_json(found.value), "expires" if found.expires_at else "forever")
+
+
+async def _copy_kv(source: Stores, target: Stores, item: RuntimeItem) -> str | None:
+    from .kv import KVConflict
+
+    namespace, key = _kv_where(item)
+    found = await source.kv.get(namespace, key)
+    if found is None:
+        return None  # deleted or expired since the walk
+    ttl = None
+    if found.expires_at is not None:
+        now = source.kv.now() or truncate_ms(system_clock())
+        ttl = timedelta(milliseconds=(found.expires_at - now) // timedelta(milliseconds=1))
+        if ttl < timedelta(milliseconds=1):
+            return None  # expires now: nothing to copy
+    written = await target.kv.put_if_version(namespace, key, found.value, None, ttl=ttl)
+    if not isinstance(written, KVConflict):
+        return "copied"
+    current = written.current
+    same = current is not None and canonical_json(current.value) == canonical_json(found.value)
+    return "present" if same else "mismatched"
+
+
+async def _session_digest(stores: Stores, item: RuntimeItem) -> str | None:
+    user_id, session_id = item.where[0], str(item.where[1])
+    state = stores.state
+    await state._ensure_ready()
+    values, lists = await state._session_keys(user_id, session_id)
+    if not values and not lists:
+        return None
+    texts: list[str] = []
+    for key in values:
+        texts += ["value", key, canonical_json(await state.get(user_id, session_id, key))]
+    for key in lists:
+        texts += ["list", key, canonical_json(await state.get_list(user_id, session_id, key))]
+    return _sha256(*texts)
+
+
+async def _copy_session(source: Stores, target: Stores, item: RuntimeItem) -> str | None:
+    from .errors import InvalidInputError
+
+    user_id, session_id = item.where[0], str(item.where[1])
+    mine, theirs = source.state, target.state
+    await theirs._ensure_ready()
+    values, lists = await mine._session_keys(user_id, session_id)
+    if not values and not lists:
+        return None  # deleted or expired since the walk
+    _, their_lists = await theirs._session_keys(user_id, session_id)
+    wrote = differs = False
+    try:
+        for key in values:
+            value = await mine.get_versioned(user_id, session_id, key)
+            if value is None:
+                continue
+            if await theirs.save_if_version(user_id, session_id, key, value.value, 0) is not None:
+                wrote = True
+            else:
+                stored = await theirs.get_versioned(user_id, session_id, key)
+                differs |= stored is None or _differ(stored.value, value.value)
+        for key in lists:
+            listed = await mine.get_list(user_id, session_id, key)
+            if await theirs.append_list(user_id, session_id, key, listed, expected_length=0) >= 0:
+                # An empty list "appends" to an equal empty list too: wrote only if absent.
+                wrote |= key not in their_lists
+            else:
+                differs |= _differ(await theirs.get_list(user_id, session_id, key), listed)
+    except InvalidInputError:
+        differs = True  # the target holds the other kind of state under a key
+    their_values, their_lists = await theirs._session_keys(user_id, session_id)
+    differs |= their_values != values or their_lists != lists
+    if differs:
+        return "mismatched"
+    return "copied" if wrote else "present"
+
+
+def _differ(a: Any, b: Any) -> bool:
+    return canonical_json(a) != canonical_json(b)
+
+
+async def _snapshot_digest(stores: Stores, item: RuntimeItem) -> str | None:
+    scope, snapshot_id = str(item.where[0]), str(item.where[1])
+    found = await stores.snapshots.get(scope, snapshot_id)
+    if found is None:
+        return None
+    return _sha256(found.info.sha256, canonical_json(found.info.metadata))
+
+
+async def _copy_snapshot(source: Stores, target: Stores, item: RuntimeItem) -> str | None:
+    scope, snapshot_id = str(item.where[0]), str(item.where[1])
+    found = await source.snapshots.get(scope, snapshot_id)
+    if found is None:
+        return None  # deleted or expired since the walk
+    theirs = await target.snapshots.get(scope, snapshot_id)
+    if theirs is None:
+        await target.snapshots.put(scope, snapshot_id, found.data, metadata=found.info.metadata)
+        return "copied"
+    same = theirs.info.sha256 == found.info.sha256 and not _differ(
+        theirs.info.metadata, found.info.metadata
+    )
+    return "present" if same else "mismatched"
+
+
+_COPIERS: dict[str, Callable[[Stores, Stores, RuntimeItem], Awaitable[str | None]]] = {
+    "kv": _copy_kv,
+    "state": _copy_session,
+    "snapshots": _copy_snapshot,
+}
+_DIGESTS: dict[str, Callable[[Stores, RuntimeItem], Awaitable[str | None]]] = {
+    "kv": _kv_digest,
+    "state": _session_digest,
+    "snapshots": _snapshot_digest,
+}
