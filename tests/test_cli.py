@@ -8,8 +8,9 @@ import re
 import subprocess
 import sys
 import types
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Sequence
+from datetime import timedelta
+from typing import Any, ClassVar
 
 import pytest
 from pai_storage_conformance.provision import TestHarness
@@ -308,11 +309,134 @@ def test_copy_one_scope_and_report_a_thread_that_differs(
     assert asyncio.run(_digests("cli-test-mem://dst", "b", 1)) == [None]
 
 
-def test_copy_all_is_refused_plainly(
+class _NamedMemoryBundle(_NamedMemory):
+    """Every memory component, each shared by URL host like the threads."""
+
+    name = "cli-test-all"
+    url_schemes = ("cli-test-all",)
+    components = frozenset({"threads", "kv", "state", "snapshots", "guard"})
+    _SHARED: ClassVar[dict[str, tuple[str, ...]]] = {
+        "kv": ("_entries", "_lock"),
+        "state": ("_users", "_lock"),
+        "snapshots": ("_scopes", "_lock"),
+        "guard": (),
+    }
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.runtime: dict[tuple[str, str], Any] = {}
+
+    def _open_components(
+        self, url: StoreURL, components: Sequence[str], **options: Any
+    ) -> dict[str, Any]:
+        import pai_storage_memory as memory
+
+        classes = {
+            "kv": memory.MemoryKeyValueStore,
+            "state": memory.MemoryAgentStateStore,
+            "snapshots": memory.MemorySnapshotStore,
+            "guard": memory.MemoryExecutionGuard,
+        }
+        opened: dict[str, Any] = {}
+        for component in components:
+            if component == "threads":
+                opened[component] = self._open(url, **options)
+                continue
+            store = classes[component](**options)
+            shared = self.runtime.setdefault((url.host or "", component), store)
+            for attribute in self._SHARED[component]:
+                setattr(store, attribute, getattr(shared, attribute))
+            opened[component] = store
+        return opened
+
+
+@pytest.fixture
+def named_bundle() -> Iterator[_NamedMemoryBundle]:
+    backend = _NamedMemoryBundle()
+    pai_storage.register_backend(backend)
+    try:
+        yield backend
+    finally:
+        pai_storage.unregister_backend(backend.name)
+
+
+async def _fill_runtime(url: str) -> None:
+    async with pai_storage.connect(url) as stores:
+        await stores.kv.put(("tenant", "docs"), "readme", {"b": 1, "a": 1.0})
+        await stores.kv.put(("tenant",), "short", "x", ttl=timedelta(hours=1))
+        await stores.state.save(None, "anon", "mood", "curious")
+        await stores.state.save_list("alice", "s1", "history", [1, {"two": 2.0}])
+        await stores.snapshots.put("scope-a", "snap", b"\x00tar", metadata={"k": [1.0]})
+
+
+async def _runtime_dump(url: str) -> list[Any]:
+    async with pai_storage.connect(url) as stores:
+        items = (await stores.kv.search((), limit=100)).items
+        return [
+            [(i.namespace, i.key, repr(i.value)) for i in items],
+            await stores.state.get(None, "anon", "mood"),
+            repr(await stores.state.get_list("alice", "s1", "history")),
+            await stores.state.get_list("alice", "missing", "history"),
+            (await stores.snapshots.get("scope-a", "snap") or _absent()).data,
+        ]
+
+
+def _absent() -> Any:
+    raise AssertionError("snapshot missing")
+
+
+def test_copy_all_copies_threads_then_runtime_data_and_resumes(
+    named_bundle: _NamedMemoryBundle, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import asyncio
+
+    asyncio.run(_fill("cli-test-all://src", {"a": 2}))
+    asyncio.run(_fill_runtime("cli-test-all://src"))
+    assert main(["copy", "cli-test-all://src", "cli-test-all://dst", "--all"]) == 0
+    captured = capsys.readouterr()
+    assert "copied 2 thread(s), 0 already present, 2 verified, 0 mismatched" in captured.out
+    assert (
+        "copied 5 runtime item(s), 0 already present (2 item(s), 2 session(s), 1 snapshot(s) "
+        "in all), 5 verified, 0 mismatched"
+    ) in captured.out
+    assert "copy runtime data: 5/5 items" in captured.err
+    source = asyncio.run(_runtime_dump("cli-test-all://src"))
+    assert asyncio.run(_runtime_dump("cli-test-all://dst")) == source
+    assert asyncio.run(_digests("cli-test-all://dst", "a", 2)) == asyncio.run(
+        _digests("cli-test-all://src", "a", 2)
+    )
+    # Run again: everything is present; then a differing item makes it exit 1.
+    assert main(["copy", "cli-test-all://src", "cli-test-all://dst", "--all"]) == 0
+    assert "copied 0 runtime item(s), 5 already present" in capsys.readouterr().out
+
+    async def differ() -> None:
+        async with pai_storage.connect("cli-test-all://dst") as stores:
+            await stores.state.save(None, "anon", "mood", "grumpy")
+
+    asyncio.run(differ())
+    assert main(["copy", "cli-test-all://src", "cli-test-all://dst", "--all"]) == 1
+    captured = capsys.readouterr()
+    assert "1 mismatched" in captured.out
+    assert "mismatch: state (None, 'anon')" in captured.err
+
+
+def test_copy_all_is_refused_when_a_store_cannot_enumerate(
     named_memory: _NamedMemory, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    import asyncio
+
+    asyncio.run(_fill("cli-test-mem://src", {"a": 1}))
     assert main(["copy", "cli-test-mem://src", "cli-test-mem://dst", "--all"]) == 1
-    assert "--all" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "the source provides no kv store" in err
+    assert "--all" in err
+    # Refused before anything was written.
+    assert asyncio.run(_digests("cli-test-mem://dst", "a", 1)) == [None]
+
+
+def test_copy_all_with_a_scope_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["copy", "memory://", "memory://", "--all", "--scope", "a"]) == 1
+    assert "cannot be combined with --scope" in capsys.readouterr().err
 
 
 def test_export_to_a_file_then_import(
