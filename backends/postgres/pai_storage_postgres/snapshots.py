@@ -3,7 +3,8 @@
 The table (``Tables.snapshots``, ``pai_snapshots`` by default) is keyed
 ``(scope, snapshot_id)``, both UTF-8 ``bytea`` (byte order is code-point order,
 the ``list`` tie-break). The index ``(scope, created_at DESC, snapshot_id
-DESC)`` serves ``list`` and ``latest`` as a bounded index range scan; a partial
+DESC)`` serves ``list`` and ``latest`` as a bounded index range scan; the
+scopes of a copy are a walk of the primary key, one probe per scope; a partial
 index on ``expires_at`` serves ``purge_expired``. The data column is stored
 uncompressed out of line (``STORAGE EXTERNAL``): snapshots are usually
 compressed archives already. The size limit is :data:`MAX_SNAPSHOT_BYTES`.
@@ -17,6 +18,7 @@ import contextlib
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
+from pai_storage.backend import ENUMERATE
 from pai_storage.errors import CorruptSnapshotError
 from pai_storage.events import StoreWarning
 from pai_storage.runtime import parse_json_text
@@ -109,6 +111,15 @@ class Statements:
             "ORDER BY created_at DESC, snapshot_id DESC LIMIT $5"
         )
         self.delete = f"DELETE FROM {table} WHERE scope = $2 AND snapshot_id = $3 RETURNING {_LIVE}"
+        # The scopes holding a live snapshot, after $2, one index probe each:
+        # each step jumps to the first live row of a greater scope.
+        step = f"SELECT scope FROM {table} WHERE scope > {{}} AND {_LIVE} ORDER BY scope LIMIT 1"
+        self.scopes = (
+            "WITH RECURSIVE w(scope, step) AS ("
+            f"(SELECT x.scope, 1 FROM ({step.format('$2')}) AS x) UNION ALL "
+            f"SELECT nx.scope, w.step + 1 FROM w CROSS JOIN LATERAL ({step.format('w.scope')}) "
+            "AS nx WHERE w.step < $3) SELECT scope FROM w"
+        )
         self.purge = f"""DELETE FROM {table} AS s USING (
                 SELECT scope, snapshot_id FROM {table}
                 WHERE expires_at <= (SELECT {_NOW})
@@ -141,6 +152,7 @@ class PostgresSnapshotStore(SnapshotStore):
 
     backend_name = "postgres"
     token_prefix = "pai-pg"
+    capabilities: ClassVar[frozenset[str]] = frozenset({ENUMERATE})
     max_snapshot_bytes: ClassVar[int | None] = MAX_SNAPSHOT_BYTES
 
     def __init__(self, url: Any = None, *, client: object = None, **options: Any) -> None:
@@ -247,6 +259,25 @@ class PostgresSnapshotStore(SnapshotStore):
                 total += count
                 if count < PURGE_BATCH:
                     return total
+
+    async def _list_scopes(self, after: str | None, limit: int) -> builtins.list[str]:
+        start = b"" if after is None else after.encode()  # every scope is longer
+        async with self._client.connection(self._pool, runtime=True) as conn:
+            with self._client.errors("read", runtime=True):
+                rows = await conn.fetch(self._sql.scopes, self.now(), start, limit)
+        scopes = []
+        for row in rows:
+            try:
+                scopes.append(bytes(row["scope"]).decode())
+            except UnicodeDecodeError:
+                await self.warn(
+                    StoreWarning(
+                        kind="invalid_record",
+                        reason="a stored snapshot scope does not decode",
+                        scope_key=None,
+                    )
+                )
+        return scopes
 
     # ------------------------------------------------------------ rows
 

@@ -15,6 +15,10 @@ conditional statement (``... WHERE version = $n``, ``ON CONFLICT DO NOTHING``,
 transaction is rolled back, so a failed condition changes nothing, the
 session's expiry included. Reads filter on the session's ``expires_at``
 against the same clock, so expiry is exact.
+
+Enumeration (the ``enumerate`` capability, for a copy of the runtime stores)
+walks the sessions' primary key in pages: the anonymous user first, then real
+user ids by code point, each page one to three ordered range scans.
 """
 
 from __future__ import annotations
@@ -23,9 +27,9 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from pai_storage import Clock, StoreURL, WarningCallback
-from pai_storage.backend import AgentStateStore, ListHead, ListWrite, SessionKey
+from pai_storage.backend import ENUMERATE, AgentStateStore, ListHead, ListWrite, SessionKey
 from pai_storage.runtime import DEFAULT_MAX_VALUE_BYTES, parse_json_text
-from pai_storage.state import DEFAULT_SESSION_TTL, StoredKind, VersionedState
+from pai_storage.state import ANONYMOUS_USER, DEFAULT_SESSION_TTL, StoredKind, VersionedState
 
 from .client import PgClient
 
@@ -179,6 +183,31 @@ class Statements:
             f"{head}SELECT s.session_id FROM {s} AS s, n WHERE s.user_key = $2 "
             f"AND {live} ORDER BY s.user_key, s.session_id LIMIT $3"
         )
+        # Enumeration (``copy --all``): every live session in the order the
+        # anonymous user first, then users by code point. The anonymous key
+        # (U+001F...) sits between real user keys below U+001F and those above
+        # it, so the walk is the anonymous user's range (``sessions`` above),
+        # then the range below its key, then the range above it: each one
+        # ordered, bounded range scan of the primary key.
+        order = "ORDER BY s.user_key, s.session_id"
+        self.all_below = (
+            f"{head}SELECT s.user_key, s.session_id FROM {s} AS s, n "
+            "WHERE (s.user_key, s.session_id) > ($2, $3) AND s.user_key < $4 "
+            f"AND {live} {order} LIMIT $5"
+        )
+        self.all_above_first = (
+            f"{head}SELECT s.user_key, s.session_id FROM {s} AS s, n "
+            f"WHERE s.user_key > $2 AND {live} {order} LIMIT $3"
+        )
+        self.all_above = (
+            f"{head}SELECT s.user_key, s.session_id FROM {s} AS s, n "
+            f"WHERE (s.user_key, s.session_id) > ($2, $3) AND {live} {order} LIMIT $4"
+        )
+        self.session_keys = (
+            f"{head}SELECT x.key, x.is_list FROM {s} AS s JOIN {v} AS x "
+            "ON x.user_key = s.user_key AND x.session_id = s.session_id, n "
+            f"WHERE s.user_key = $2 AND s.session_id = $3 AND {live} ORDER BY x.key"
+        )
         self.purge = (
             f"{head}, d AS (SELECT user_key, session_id FROM {s}, n WHERE expires_at <= n.t "
             f"ORDER BY expires_at LIMIT {PURGE_BATCH} FOR UPDATE SKIP LOCKED) "
@@ -215,6 +244,7 @@ class PostgresAgentStateStore(AgentStateStore):
 
     backend_name = "postgres"
     token_prefix = "pai-pg"
+    capabilities: ClassVar[frozenset[str]] = frozenset({ENUMERATE})
     value_bytes_limit: ClassVar[int | None] = 256 * 1024 * 1024
 
     def __init__(
@@ -438,6 +468,55 @@ class PostgresAgentStateStore(AgentStateStore):
                 else:
                     rows = await conn.fetch(self.sql.sessions, self.now(), user, after, limit)
         return [str(r["session_id"]) for r in rows]
+
+    # ------------------------------------------------------------ enumeration
+
+    async def _list_sessions(
+        self, after: tuple[str | None, str] | None, limit: int
+    ) -> list[tuple[str | None, str]]:
+        # Three ranges in order; a page continues into the next range when the
+        # current one runs out, so only a last page is short.
+        user, sid = (None, "") if after is None else after
+        found: list[tuple[str | None, str]] = []
+        async with self._client.connection(runtime=True) as conn:
+            with self._client.errors("read", runtime=True):
+                now = self.now()
+                if user is None:
+                    if after is None:
+                        rows = await conn.fetch(self.sql.sessions_first, now, ANONYMOUS_USER, limit)
+                    else:
+                        rows = await conn.fetch(self.sql.sessions, now, ANONYMOUS_USER, sid, limit)
+                    found += [(None, str(r["session_id"])) for r in rows]
+                    user, sid = "", ""  # every real user key is greater
+                if len(found) < limit and user < ANONYMOUS_USER:
+                    rows = await conn.fetch(
+                        self.sql.all_below, now, user, sid, ANONYMOUS_USER, limit - len(found)
+                    )
+                    found += [(str(r["user_key"]), str(r["session_id"])) for r in rows]
+                if len(found) < limit:
+                    if user < ANONYMOUS_USER:
+                        rows = await conn.fetch(
+                            self.sql.all_above_first, now, ANONYMOUS_USER, limit - len(found)
+                        )
+                    else:
+                        rows = await conn.fetch(
+                            self.sql.all_above, now, user, sid, limit - len(found)
+                        )
+                    found += [(str(r["user_key"]), str(r["session_id"])) for r in rows]
+        return found
+
+    async def _session_keys(
+        self, user_id: str | None, session_id: str
+    ) -> tuple[list[str], list[str]]:
+        session = SessionKey(ANONYMOUS_USER if user_id is None else user_id, session_id)
+        async with self._client.connection(runtime=True) as conn:
+            with self._client.errors("read", runtime=True):
+                rows = await conn.fetch(
+                    self.sql.session_keys, self.now(), session.user, session.session
+                )
+        values = [str(r["key"]) for r in rows if not r["is_list"]]
+        lists = [str(r["key"]) for r in rows if r["is_list"]]
+        return values, lists
 
     async def _purge_expired(self) -> int:
         total = 0
