@@ -24,7 +24,7 @@ from pai_storage_postgres.client import SESSION_SETTINGS
 from pai_storage_postgres.snapshots import PostgresSnapshotStore
 from pai_storage_postgres.snapshots import Statements as SnapshotStatements
 
-from pai_storage import ManualClock
+from pai_storage import ManualClock, StoreWarning
 from pai_storage.backend import ENUMERATE
 from pai_storage.state import ANONYMOUS_USER
 
@@ -164,6 +164,27 @@ async def test_scopes_skip_expired_ones_and_page_by_code_point(
     await snapshots.delete("b", "one")
     await snapshots.delete("b", "two")
     assert "b" not in await snapshots._list_scopes(None, 100)
+
+
+async def test_a_scope_that_does_not_decode_is_reported_and_skipped(
+    pg_schema: str, pg_conn: asyncpg.Connection, clock: ManualClock
+) -> None:
+    warnings: list[StoreWarning] = []
+    async with PostgresSnapshotStore(
+        URL, schema=pg_schema, clock=clock, on_warning=warnings.append
+    ) as store:
+        await store.put("a", "1", b"x")
+        await store.put("c", "1", b"x")
+        await pg_conn.execute(
+            f"""INSERT INTO {store.tables.snapshots} (scope, snapshot_id, created_at,
+                size, sha256, metadata, data) VALUES ('\\x62ff', 'x', $1, 1, 'x', '{{}}', 'x')""",
+            clock(),
+        )
+        assert await store._list_scopes(None, 10) == ["a", "c"]
+        assert [w.kind for w in warnings] == ["invalid_record"]
+        # The page still fills: only a last page is short.
+        assert await store._list_scopes(None, 2) == ["a", "c"]
+        assert await store._list_scopes("a", 1) == ["c"]
 
 
 # ---------------------------------------------------------------- EXPLAIN

@@ -262,22 +262,25 @@ class PostgresSnapshotStore(SnapshotStore):
 
     async def _list_scopes(self, after: str | None, limit: int) -> builtins.list[str]:
         start = b"" if after is None else after.encode()  # every scope is longer
+        scopes: builtins.list[str] = []
         async with self._client.connection(self._pool, runtime=True) as conn:
-            with self._client.errors("read", runtime=True):
-                rows = await conn.fetch(self._sql.scopes, self.now(), start, limit)
-        scopes = []
-        for row in rows:
-            try:
-                scopes.append(bytes(row["scope"]).decode())
-            except UnicodeDecodeError:
-                await self.warn(
-                    StoreWarning(
-                        kind="invalid_record",
-                        reason="a stored snapshot scope does not decode",
-                        scope_key=None,
-                    )
-                )
-        return scopes
+            while True:  # again past a scope that does not decode, so only a last page is short
+                wanted = limit - len(scopes)
+                with self._client.errors("read", runtime=True):
+                    rows = await conn.fetch(self._sql.scopes, self.now(), start, wanted)
+                for row in rows:
+                    start = bytes(row["scope"])
+                    try:
+                        scopes.append(start.decode())
+                    except UnicodeDecodeError:
+                        await self.warn(
+                            StoreWarning(
+                                kind="invalid_record",
+                                reason="a stored snapshot scope does not decode",
+                            )
+                        )
+                if len(rows) < wanted or len(scopes) == limit:
+                    return scopes
 
     # ------------------------------------------------------------ rows
 
