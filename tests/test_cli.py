@@ -420,6 +420,32 @@ def test_copy_all_copies_threads_then_runtime_data_and_resumes(
     assert "mismatch: state (None, 'anon')" in captured.err
 
 
+def test_copy_all_from_memory_to_sqlite_files(
+    named_bundle: _NamedMemoryBundle, capsys: pytest.CaptureFixture[str], tmp_path: Any
+) -> None:
+    import asyncio
+
+    pytest.importorskip("aiosqlite", reason="the sql extra is not installed")
+    first, second = f"sqlite:///{tmp_path}/first.db", f"sqlite:///{tmp_path}/second.db"
+    asyncio.run(_fill("cli-test-all://src", {"a": 2, "b": 1}))
+    asyncio.run(_fill_runtime("cli-test-all://src"))
+    source = asyncio.run(_runtime_dump("cli-test-all://src"))
+    threads = asyncio.run(_digests("cli-test-all://src", "a", 2))
+    assert main(["copy", "cli-test-all://src", first, "--all"]) == 0
+    assert "copied 5 runtime item(s), 0 already present" in capsys.readouterr().out
+    # SQLite to SQLite: what the first file holds is read from the database itself.
+    assert main(["copy", first, second, "--all"]) == 0
+    out = capsys.readouterr().out
+    assert "copied 3 thread(s), 0 already present, 3 verified, 0 mismatched" in out
+    assert "copied 5 runtime item(s), 0 already present" in out
+    assert "5 verified, 0 mismatched" in out
+    for url in (first, second):
+        assert asyncio.run(_runtime_dump(url)) == source
+        assert asyncio.run(_digests(url, "a", 2)) == threads
+    assert main(["copy", first, second, "--all"]) == 0
+    assert "copied 0 runtime item(s), 5 already present" in capsys.readouterr().out
+
+
 def test_copy_all_is_refused_when_a_store_cannot_enumerate(
     named_memory: _NamedMemory, capsys: pytest.CaptureFixture[str]
 ) -> None:
