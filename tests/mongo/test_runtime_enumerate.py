@@ -13,12 +13,14 @@ execution counted (keys, not documents, whatever the expired entries).
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import AsyncIterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest_asyncio
+from bson.int64 import Int64
 from pai_storage_mongo import backend as mongo_backend
 from pai_storage_mongo.snapshots import MongoSnapshotStore
 from pai_storage_mongo.state import MongoAgentStateStore, decode_field, encode_field
@@ -26,6 +28,7 @@ from pymongo import AsyncMongoClient, monitoring
 
 from pai_storage import ManualClock
 from pai_storage.backend import ENUMERATE, make_url
+from pai_storage.state import ANONYMOUS_USER
 
 DB = "pai_test"
 TTL = timedelta(hours=1)
@@ -54,10 +57,11 @@ class Finds(monitoring.CommandListener):
         pass
 
 
-@pytest_asyncio.fixture
-async def opened(
-    mongo_url: str, clock: ManualClock
-) -> AsyncIterator[tuple[MongoAgentStateStore, MongoSnapshotStore, Finds, AsyncMongoClient[Any]]]:
+Opened = tuple[MongoAgentStateStore, MongoSnapshotStore, Finds, AsyncMongoClient[Any]]
+
+
+@contextlib.asynccontextmanager
+async def _open(mongo_url: str, clock: ManualClock | None) -> AsyncIterator[Opened]:
     finds = Finds()
     client: AsyncMongoClient[Any] = AsyncMongoClient(
         mongo_url, event_listeners=[finds], tz_aware=True
@@ -87,6 +91,19 @@ async def opened(
             if name.startswith(prefix):
                 await client[DB].drop_collection(name)
         await client.close()
+
+
+@pytest_asyncio.fixture
+async def opened(mongo_url: str, clock: ManualClock) -> AsyncIterator[Opened]:
+    async with _open(mongo_url, clock) as stores:
+        yield stores
+
+
+@pytest_asyncio.fixture
+async def real_clock(mongo_url: str) -> AsyncIterator[Opened]:
+    """The stores on the server's clock (``$$NOW``, the server's time)."""
+    async with _open(mongo_url, None) as stores:
+        yield stores
 
 
 def _order(pair: tuple[str | None, str]) -> tuple[bool, list[int], list[int]]:
@@ -130,7 +147,7 @@ def test_field_names_decode_to_the_keys() -> None:
 
 
 async def test_sessions_come_anonymous_first_then_by_code_point(
-    opened: tuple[MongoAgentStateStore, MongoSnapshotStore, Finds, AsyncMongoClient[Any]],
+    opened: Opened,
     clock: ManualClock,
 ) -> None:
     state, _, finds, client = opened
@@ -179,7 +196,7 @@ async def test_sessions_come_anonymous_first_then_by_code_point(
 
 
 async def test_session_keys_split_values_from_lists(
-    opened: tuple[MongoAgentStateStore, MongoSnapshotStore, Finds, AsyncMongoClient[Any]],
+    opened: Opened,
     clock: ManualClock,
 ) -> None:
     state, _, finds, client = opened
@@ -221,7 +238,7 @@ async def test_session_keys_split_values_from_lists(
 
 
 async def test_scopes_with_a_live_snapshot_by_code_point(
-    opened: tuple[MongoAgentStateStore, MongoSnapshotStore, Finds, AsyncMongoClient[Any]],
+    opened: Opened,
     clock: ManualClock,
 ) -> None:
     _, snapshots, finds, client = opened
@@ -268,3 +285,44 @@ async def test_scopes_with_a_live_snapshot_by_code_point(
         assert stats["totalDocsExamined"] == 0, stats
         assert stats["totalKeysExamined"] <= 3, stats
         assert stats["nReturned"] == 1, stats
+
+
+async def test_on_the_server_clock_expired_documents_are_not_enumerated(
+    real_clock: Opened,
+) -> None:
+    # Documents written an hour and a second ago (the TTL is an hour), as a
+    # store would have left them, stand beside live ones: only the live count.
+    state, snapshots, _, _ = real_clock
+    await state.save("u", "live", "v", 1)
+    await snapshots.put("live", "one", b"1")
+    hello = await state.collection.database.command("hello")
+    old = hello["localTime"].astimezone(UTC) - TTL - timedelta(seconds=1)
+    assert isinstance(old, datetime)
+    for user in (ANONYMOUS_USER, "u", "\x01"):
+        await state.collection.insert_one(
+            {
+                "_id": {"user": user, "session": "old"},
+                "states": {"v": "1"},
+                "versions": {"v": Int64(1)},
+                "hashes": {},
+                "lengths": {},
+                "_updated_at": old,
+            }
+        )
+    for scope in ("a", "live", "z"):
+        await snapshots.collection.insert_one(
+            {
+                "_id": {"scope": scope, "snapshotId": "old"},
+                "createdAt": old,
+                "size": Int64(1),
+                "sha256": "0" * 64,
+                "metadata": "{}",
+                "data": b"1",
+                "_schemaVersion": 1,
+            }
+        )
+    assert await state._list_sessions(None, 10) == [("u", "live")]
+    assert await state._session_keys("u", "old") == ([], [])
+    assert await state._session_keys(None, "old") == ([], [])
+    assert await state._session_keys("u", "live") == (["v"], [])
+    assert await snapshots._list_scopes(None, 10) == ["live"]
