@@ -153,3 +153,14 @@ async def test_unopenable_sqlite_files_are_configuration_errors(tmp_path: Path) 
     with pytest.raises(ThreadStoreConfigurationError, match="not a database"):
         await wrong.read_thread(b.read("s", "t"))
     await wrong.close()
+
+
+async def test_unknown_mysql_url_parameters_are_a_configuration_error() -> None:
+    # Store options are keyword arguments; a URL parameter the driver does not take
+    # is named in a typed error before any connection is made (never a TypeError).
+    store = SqlThreadStore("mysql://root:secret@127.0.0.1/test?table_prefix=x&charset=utf8mb4")
+    with pytest.raises(ConfigurationError, match="table_prefix") as caught:
+        await store.read_thread(b.read("s", "t"))
+    assert "secret" not in str(caught.value)
+    assert "charset" not in str(caught.value)
+    await store.close()

@@ -360,7 +360,28 @@ class SqlClient(SharedClient[Engines]):
             isolation_level="REPEATABLE READ",
             connect_args={"connect_timeout": self.connect_timeout},
         )
+        self._check_driver_options(engine)
         return Engines(engine, engine, None)
+
+    def _check_driver_options(self, engine: AsyncEngine) -> None:
+        """Refuse URL query parameters the driver's ``connect()`` does not take
+        (a ConfigurationError naming them, not the driver's TypeError later)."""
+        import inspect
+
+        dialect = engine.sync_engine.dialect
+        _, given = dialect.create_connect_args(engine.sync_engine.url)
+        try:
+            accepted = inspect.signature(importlib.import_module(self.driver).connect).parameters
+        except (TypeError, ValueError):  # not introspectable: let the driver judge
+            return
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values()):
+            return
+        unknown = sorted(set(given) - set(accepted))
+        if unknown:
+            raise ThreadStoreConfigurationError(
+                f"unknown URL query parameter(s) for the {self.driver} driver: "
+                f"{', '.join(unknown)} (store options are keyword arguments, not URL parameters)"
+            )
 
     def _given_engines(self, engine: AsyncEngine, event: Any) -> Engines:
         """The application's engine, through a proxy of its own (same pool) that
