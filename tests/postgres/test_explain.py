@@ -23,11 +23,14 @@ from pai_storage_postgres.store import (
     SESSION_SETTINGS,
     by_keys,
     fork_statements,
+    head_statement,
     heads_statement,
     open_runs_statement,
     tail_statement,
     whole_family_statement,
 )
+
+from pai_storage.backend import FamilyName
 
 from .helpers import URL
 
@@ -296,3 +299,91 @@ async def test_load_and_fork_statements_are_index_range_scans(
             assert "thread_id =" in cond, (statement, cond)
             if statement == sql.copy_messages:
                 assert '"position" <=' in cond, (statement, cond)
+
+
+def _literal(value: Any) -> str:
+    if isinstance(value, bytes):
+        return f"'\\x{value.hex()}'::bytea"
+    if isinstance(value, str):
+        return "'" + value.replace("'", "''") + "'"
+    return str(int(value))
+
+
+async def _custom_and_generic(
+    conn: asyncpg.Connection, sql: str, args: list[Any]
+) -> list[dict[str, Any]]:
+    """The custom plan of ``sql`` and its generic plan, the one a prepared
+    statement switches to (``PREPARE`` + ``EXPLAIN EXECUTE``: parameters stay
+    ``$n`` in it)."""
+    raw = await conn.fetchval(f"EXPLAIN (FORMAT JSON) {sql}", *args)
+    plans = [json.loads(raw)[0]["Plan"]]
+    await conn.execute(f"PREPARE head_page AS {sql}")
+    try:
+        await conn.execute("SET plan_cache_mode = force_generic_plan")
+        values = ", ".join(_literal(a) for a in args)
+        raw = await conn.fetchval(f"EXPLAIN (FORMAT JSON) EXECUTE head_page({values})")
+        generic = json.loads(raw)[0]["Plan"]
+        assert any("$1" in n.get("Index Cond", "") for n in _nodes(generic)), generic
+        plans.append(generic)
+    finally:
+        await conn.execute("RESET plan_cache_mode")
+        await conn.execute("DEALLOCATE head_page")
+    return plans
+
+
+HEAD_PAGE_FORMS: list[tuple[FamilyName, str | None, bool, int, list[Any]]] = [
+    *[("messages", view, False, 0, []) for view in ("raw", "transcript", "context")],
+    ("runs", None, False, 0, []),
+    ("runs", None, False, 1, ["running"]),
+    ("queuedItems", None, False, 0, []),
+    ("queuedItems", None, True, 0, [b"r7"]),
+]
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("order", ["oldest", "newest"])
+@pytest.mark.parametrize(("family", "view", "run_filter", "statuses", "extra"), HEAD_PAGE_FORMS)
+async def test_root_and_page_statement_is_a_key_probe_and_one_range_scan(
+    filled: tuple[PostgresThreadStore, asyncpg.Connection],
+    order: str,
+    family: FamilyName,
+    view: str | None,
+    run_filter: bool,
+    statuses: int,
+    extra: list[Any],
+) -> None:
+    """The one-statement read of the root and a page: the root by its primary key,
+    the page one bounded index range scan in page order under a ``Limit``, its
+    upper bound both the window's and the root's counter (no Sort, no Seq Scan)."""
+    store, conn = filled
+    t = store.tables
+    sql = store.head_page_statement(family, order, view, run_filter, statuses)
+    assert head_statement(t.threads) in sql
+    counter = {"messages": "messages_next", "runs": "runs_next", "queuedItems": "queued_next"}
+    tables = {"messages": t.messages, "runs": t.runs, "queuedItems": t.queued}
+    page_table = tables[family].rsplit(".", 1)[-1].strip('"')
+    threads_table = t.threads.rsplit(".", 1)[-1].strip('"')
+    for first, upper in ((True, 2**63 - 1), (False, 200)):
+        args: list[Any] = [SCOPE, b"t1", 0 if first else 100, upper, 21, *extra]
+        for plan in await _custom_and_generic(conn, sql, args):
+            nodes = list(_nodes(plan))
+            types = [n["Node Type"] for n in nodes]
+            assert not {"Sort", "Incremental Sort", "Seq Scan", "Bitmap Heap Scan"} & set(types)
+            scans = {n["Relation Name"]: n for n in nodes if "Relation Name" in n}
+            assert set(scans) == {threads_table, page_table}, types
+            root = scans[threads_table]
+            assert root["Node Type"] == "Index Scan", root
+            assert root["Index Name"] == f"{threads_table}_pkey", root
+            assert "scope_key =" in root["Index Cond"], root
+            assert "thread_id =" in root["Index Cond"], root
+            page = scans[page_table]
+            assert page["Node Type"] in INDEX_SCANS, page
+            assert page["Scan Direction"] == ("Forward" if order == "oldest" else "Backward")
+            cond = page["Index Cond"]
+            assert "scope_key =" in cond, cond
+            assert "thread_id =" in cond, cond
+            assert '"position" >' in cond, cond
+            assert f".{counter[family]})" in cond, cond  # the root's counter bounds the scan
+            limits = [n for n in nodes if n["Node Type"] == "Limit"]
+            assert len(limits) == 1, types
+            assert page in list(_nodes(limits[0])), types

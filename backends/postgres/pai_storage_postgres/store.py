@@ -7,9 +7,11 @@ root row is held with ``SELECT ... FOR UPDATE`` (a create checks it is missing
 and later inserts it with ``ON CONFLICT DO NOTHING``), the server's clock is
 read after the hold, only the child rows the changes name are loaded, the net
 writes are ``unnest`` statements, and the relationship rules are checked with
-bounded queries inside the same transaction. Reads with pages run in one
-``REPEATABLE READ READ ONLY`` snapshot (:class:`_PgSnapshot`), so the root and
-every page agree. Every page and list is a bounded index range scan.
+bounded queries inside the same transaction. A read of the root alone, or of
+the root and one page without anchors, is one statement (its own snapshot);
+other reads with pages run in one ``REPEATABLE READ READ ONLY`` transaction
+(:class:`_PgSnapshot`), so the root and every page agree. Every page and list
+is a bounded index range scan.
 """
 
 from __future__ import annotations
@@ -275,10 +277,13 @@ class PostgresThreadStore(ThreadStore):
     async def _read_thread(self, request: ReadThreadInput) -> ThreadReadResult:
         plan = self.selections.plan_read(request)
         paged = any(getattr(plan, spec.attr) is not None for spec in FAMILIES)
+        single = plan.single_page()
         async with self._connection() as conn:
             with self._errors("read"):
                 snapshot = _PgSnapshot(conn, self._layout, request.scope_key, request.thread_id)
-                if not paged:  # the root alone: one statement, no transaction needed
+                if not paged or (single is not None and _one_statement(single[1])):
+                    # The root alone, or the root and one page (head_and_page):
+                    # one statement is its own snapshot, no transaction needed.
                     return await run_read(snapshot, plan, clock_now=self.now())
                 async with conn.transaction(isolation="repeatable_read", readonly=True):
                     return await run_read(snapshot, plan, clock_now=self.now())
@@ -295,6 +300,28 @@ class PostgresThreadStore(ThreadStore):
         exclusive position bounds, ``$5`` the row count, then the run id or statuses."""
         return page_statement(
             self._layout.families[family].table, family, order, view, run_filter, statuses
+        )
+
+    def head_page_statement(
+        self,
+        family: FamilyName,
+        order: str,
+        view: str | None = None,
+        run_filter: bool = False,
+        statuses: int = 0,
+    ) -> str:
+        """The SQL of a read of the root and one child page in one statement (the
+        arguments of :meth:`page_statement`); see :func:`head_page_statement`."""
+        table = self._layout.families[family]
+        return head_page_statement(
+            self._layout.tables.threads,
+            table.table,
+            table.next_col,
+            family,
+            order,
+            view,
+            run_filter,
+            statuses,
         )
 
     # ------------------------------------------------------------ listing
@@ -771,7 +798,8 @@ class _PgTransaction(_ThreadRows, CommitTransaction):
 
 
 class _PgSnapshot(_ThreadRows, ReadSnapshot):
-    """The read primitives; the caller runs them in one ``REPEATABLE READ`` snapshot."""
+    """The read primitives; the caller runs them in one ``REPEATABLE READ`` snapshot
+    (except :meth:`head_and_page`, one statement and so its own snapshot)."""
 
     async def head(self) -> ReadHead:
         row = await self._conn.fetchrow(
@@ -811,6 +839,58 @@ class _PgSnapshot(_ThreadRows, ReadSnapshot):
             del rows[window.fetch :]
         validate = spec.model.model_validate_stored
         return [(position, validate(doc)) for position, doc in rows]  # (position, doc) rows
+
+    async def head_and_page(
+        self, spec: FamilySpec, plan: ChildPagePlan, window: Window
+    ) -> tuple[ReadHead, Sequence[tuple[int, Any]]] | None:
+        """The root and the page in one statement (:func:`head_page_statement`).
+
+        One statement is its own snapshot: the page is bounded by the family's
+        counter on the root row it returns, so no transaction is needed.
+        """
+        if not _one_statement(plan):
+            return None  # several statuses: merged range scans, run in the read's transaction
+        table = self._families[spec.name]
+        statuses = sorted(plan.statuses) if plan.statuses is not None else []
+        run_filter = spec.name == "queuedItems" and plan.run_id is not None
+        sql = head_page_statement(
+            self._tables.threads,
+            table.table,
+            table.next_col,
+            spec.name,
+            window.order,
+            plan.view,
+            run_filter,
+            len(statuses),
+        )
+        args: list[Any] = [self._scope, self._thread, window.lower, window.upper, window.fetch]
+        if run_filter:
+            args.append(enc(cast(str, plan.run_id)))
+        args.extend(statuses)
+        head: Any = None
+        page: list[tuple[int, str]] = []
+        for row in await self._conn.fetch(sql, *args):
+            if row["position"] is None:
+                head = row
+            else:
+                page.append((row["position"], row["doc"]))
+        if head is None:  # unreachable: the root part always returns its one row
+            raise ThreadStoreInvariantError("a read returned no root row")
+        if head["doc"] is None:
+            return ReadHead(head["now"], None), ()
+        root = self._parse_root(head["doc"])
+        # UNION ALL promises no order across or within its parts: sort here
+        # (the rows come in order, so this is one linear pass).
+        page.sort(key=lambda r: r[0], reverse=window.order == "newest")
+        validate = spec.model.model_validate_stored
+        return ReadHead(head["now"], root, self._positions(head)), [
+            (position, validate(doc)) for position, doc in page
+        ]
+
+
+def _one_statement(plan: ChildPagePlan) -> bool:
+    """Whether the root and this page are one statement (at most one status filter)."""
+    return plan.statuses is None or len(plan.statuses) <= 1
 
 
 # ---------------------------------------------------------------- statements and rows
@@ -853,6 +933,37 @@ def head_statement(threads: str) -> str:
 
 
 @functools.lru_cache(maxsize=512)
+def head_page_statement(
+    threads: str,
+    table: str,
+    next_col: str,
+    family: FamilyName,
+    order: str,
+    view: str | None,
+    run_filter: bool,
+    statuses: int,
+) -> str:
+    """The root row and one child page in one statement: one snapshot, one round trip.
+
+    The root is :func:`head_statement` (always one row, its ``position`` NULL),
+    materialized once; the page is :func:`page_statement` run ``LATERAL`` to it
+    with a second upper bound, ``position < <family counter>``, so a first page
+    (whose ``$4`` is only a cap) stays inside what the root's version had
+    committed and a missing thread (a NULL counter) yields no rows. The page's
+    rows carry NULL root columns. ``UNION ALL`` promises no order: the caller
+    sorts the page by position.
+    """
+    page = page_statement(table, family, order, view, run_filter, statuses, f"h.{next_col}")
+    return (
+        f"WITH h AS MATERIALIZED ({head_statement(threads)}) "
+        "SELECT h.now, h.doc, h.messages_next, h.runs_next, h.queued_next, "
+        "NULL::bigint AS position FROM h "
+        "UNION ALL (SELECT NULL, p.doc, NULL, NULL, NULL, p.position "
+        f"FROM h, LATERAL ({page}) AS p)"
+    )
+
+
+@functools.lru_cache(maxsize=512)
 def page_statement(
     table: str,
     family: FamilyName,
@@ -860,13 +971,17 @@ def page_statement(
     view: str | None = None,
     run_filter: bool = False,
     statuses: int = 0,
+    counter: str | None = None,
 ) -> str:
-    """The SQL of a child page of ``table`` (see :meth:`PostgresThreadStore.page_statement`)."""
+    """The SQL of a child page of ``table`` (see :meth:`PostgresThreadStore.page_statement`);
+    ``counter``, when given, is a second exclusive upper bound (the family's counter)."""
     direction = "ASC" if order == "oldest" else "DESC"
     base = (
         f"SELECT position, doc FROM {table} WHERE scope_key = $1 AND thread_id = $2 "
         "AND position > $3 AND position < $4"
     )
+    if counter is not None:
+        base += f" AND position < {counter}"
     tail = f" ORDER BY position {direction} LIMIT $5"
     if family == "messages":
         views = {"transcript": " AND transcript", "context": " AND context"}
