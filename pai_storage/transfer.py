@@ -693,38 +693,45 @@ async def _session_digest(stores: Stores, item: RuntimeItem) -> str | None:
 
 
 async def _copy_session(source: Stores, target: Stores, item: RuntimeItem) -> str | None:
-    from .errors import InvalidInputError
-
     user_id, session_id = item.where[0], str(item.where[1])
     mine, theirs = source.state, target.state
     await theirs._ensure_ready()
     values, lists = await mine._session_keys(user_id, session_id)
     if not values and not lists:
         return None  # deleted or expired since the walk
-    _, their_lists = await theirs._session_keys(user_id, session_id)
-    wrote = differs = False
-    try:
-        for key in values:
-            value = await mine.get_versioned(user_id, session_id, key)
-            if value is None:
-                continue
-            if await theirs.save_if_version(user_id, session_id, key, value.value, 0) is not None:
-                wrote = True
-            else:
-                stored = await theirs.get_versioned(user_id, session_id, key)
-                differs |= stored is None or _differ(stored.value, value.value)
-        for key in lists:
-            listed = await mine.get_list(user_id, session_id, key)
-            if await theirs.append_list(user_id, session_id, key, listed, expected_length=0) >= 0:
-                # An empty list "appends" to an equal empty list too: wrote only if absent.
-                wrote |= key not in their_lists
-            else:
-                differs |= _differ(await theirs.get_list(user_id, session_id, key), listed)
-    except InvalidInputError:
-        differs = True  # the target holds the other kind of state under a key
+    contents: dict[str, tuple[bool, Any]] = {}  # key -> (is a list, content)
+    for key in values:
+        found = await mine.get_versioned(user_id, session_id, key)
+        if found is not None:
+            contents[key] = (False, found.value)
+    for key in lists:
+        contents[key] = (True, await mine.get_list(user_id, session_id, key))
+    # What the target already holds must be part of the source's session (an
+    # interrupted copy): otherwise the session is left alone, nothing written.
     their_values, their_lists = await theirs._session_keys(user_id, session_id)
-    differs |= their_values != values or their_lists != lists
-    if differs:
+    for key, is_list in [*((k, False) for k in their_values), *((k, True) for k in their_lists)]:
+        if key not in contents or contents[key][0] is not is_list:
+            return "mismatched"
+        if is_list:
+            stored: Any = await theirs.get_list(user_id, session_id, key)
+        else:
+            versioned = await theirs.get_versioned(user_id, session_id, key)
+            stored = None if versioned is None else versioned.value
+        if _differ(stored, contents[key][1]):
+            return "mismatched"
+    wrote = False
+    for key, (is_list, content) in contents.items():
+        if key in their_values or key in their_lists:
+            continue
+        wrote = True
+        if is_list:
+            written = await theirs.append_list(user_id, session_id, key, content, expected_length=0)
+            if written < 0:
+                return "mismatched"  # written in the target meanwhile
+        elif await theirs.save_if_version(user_id, session_id, key, content, 0) is None:
+            return "mismatched"
+    after = await theirs._session_keys(user_id, session_id)
+    if after != ([k for k in values if k in contents], lists):
         return "mismatched"
     return "copied" if wrote else "present"
 

@@ -142,6 +142,9 @@ async def test_other_content_in_the_target_is_reported_and_left_alone(
     assert await target.state.get("alice", "s1", "history") == (
         "a value where the source has a list"
     )
+    # A differing session is left alone: none of the source's states are added to it.
+    assert await target.state._session_keys("alice", "s1") == (["history"], [])
+    assert await target.state._session_keys(None, "anon") == (["extra"], [])
     snap = await target.snapshots.get("scope-a", "snap-2")
     assert snap is not None
     assert snap.data == b"other bytes"
