@@ -4,6 +4,8 @@
   user first, then real user ids below its stored key (U+0001...) and above
   it, every session exactly once whatever the page size;
 - expired sessions and scopes whose snapshots all expired are never listed;
+- a copy of the runtime stores from one PostgreSQL schema to another
+  reproduces every session and scope the enumeration lists;
 - EXPLAIN of every enumeration statement on filled, analyzed tables (custom
   and generic plans): index scans only, no Seq Scan, no Sort; and, executed,
   a page reads about as many index entries as it returns, never the table.
@@ -24,9 +26,10 @@ from pai_storage_postgres.client import SESSION_SETTINGS
 from pai_storage_postgres.snapshots import PostgresSnapshotStore
 from pai_storage_postgres.snapshots import Statements as SnapshotStatements
 
-from pai_storage import ManualClock, StoreWarning
+from pai_storage import ManualClock, StoreWarning, connect
 from pai_storage.backend import ENUMERATE
 from pai_storage.state import ANONYMOUS_USER
+from pai_storage.transfer import copy_runtime
 
 from .helpers import URL, dsn
 
@@ -185,6 +188,43 @@ async def test_a_scope_that_does_not_decode_is_reported_and_skipped(
         # The page still fills: only a last page is short.
         assert await store._list_scopes(None, 2) == ["a", "c"]
         assert await store._list_scopes("a", 1) == ["c"]
+
+
+async def test_copy_between_two_schemas_reproduces_what_is_enumerated(
+    pg_schema: str, clock: ManualClock
+) -> None:
+    other = f"{pg_schema}_copy"
+    try:
+        async with (
+            connect(URL, schema=pg_schema, clock=clock) as source,
+            connect(URL, schema=other, clock=clock) as target,
+        ):
+            for user in USERS:
+                await source.state.save(user, "s", "v", {"user": user})
+                await source.state.save_list(user, "s", "l", [1, 1.0, "\u00e9"])
+            for scope in ("\x01", "a", "\U0001f600"):
+                await source.snapshots.put(scope, "one", b"\x00data", metadata={"n": 1})
+            report = await copy_runtime(source, target)
+            assert report.ok
+            assert report.count("state") == len(USERS)
+            assert report.count("snapshots") == 3
+            assert report.verified == len(USERS) + 3
+            sessions = await source.state._list_sessions(None, 100)
+            assert await target.state._list_sessions(None, 100) == sessions
+            for user, sid in sessions:
+                keys = await target.state._session_keys(user, sid)
+                assert keys == await source.state._session_keys(user, sid) == (["v"], ["l"])
+                assert await target.state.get_list(user, sid, "l") == [1, 1.0, "\u00e9"]
+            assert await target.snapshots._list_scopes(None, 100) == ["\x01", "a", "\U0001f600"]
+            again = await copy_runtime(source, target)
+            assert again.copied == []
+            assert len(again.present) == len(USERS) + 3
+    finally:
+        conn = await asyncpg.connect(dsn())
+        try:
+            await conn.execute(f'DROP SCHEMA IF EXISTS "{other}" CASCADE')
+        finally:
+            await conn.close()
 
 
 # ---------------------------------------------------------------- EXPLAIN
