@@ -183,30 +183,25 @@ class Floor:
             await conn.execute("COMMIT")
 
     async def read_newest(self, thread_id: str) -> list[Any]:
-        t = self.t
+        # The store's one-statement read of the root and one page: no transaction.
         scope, thread = SCOPE.encode(), thread_id.encode()
-        async with (
-            self.pool.acquire() as conn,
-            conn.transaction(isolation="repeatable_read", readonly=True),
-        ):
-            row = await conn.fetchrow(
-                "SELECT date_trunc('milliseconds', clock_timestamp()) AS now, t.doc, "
-                "t.messages_next, t.runs_next, t.queued_next "
-                f"FROM (VALUES (1)) AS one LEFT JOIN {t.threads} t "
-                "ON t.scope_key = $1 AND t.thread_id = $2",
-                scope,
-                thread,
-            )
-            json.loads(row["doc"])
+        async with self.pool.acquire() as conn:
             rows = await conn.fetch(
-                self.store.page_statement("messages", "newest", "transcript"),
+                self.store.head_page_statement("messages", "newest", "transcript"),
                 scope,
                 thread,
                 0,
-                row["messages_next"],
+                2**63 - 1,
                 21,
             )
-            return [json.loads(r["doc"]) for r in rows]
+        page = []
+        for r in rows:
+            if r["position"] is None:
+                json.loads(r["doc"])
+            else:
+                page.append((r["position"], json.loads(r["doc"])))
+        page.sort(key=lambda item: item[0], reverse=True)
+        return [doc for _, doc in page]
 
     async def list_page(self, cursor: tuple[int, bytes] | None) -> list[Any]:
         sql = self.store.list_statement(False, False, False, "visible", cursor is not None)

@@ -4,7 +4,11 @@ The tables are filled in bulk (SQL, for speed) with a realistic spread of
 agents, visibilities, parents, categories and a thread holding 10,000
 messages, analyzed, and then the store's own statements are explained with
 both custom and generic plans (asyncpg reuses prepared statements, so
-PostgreSQL switches to a generic plan after five executions).
+PostgreSQL switches to a generic plan after five executions). The generic plan
+of a statement is explained as a prepared statement runs it, ``PREPARE`` and
+``EXPLAIN EXECUTE`` under ``plan_cache_mode = force_generic_plan``
+(:func:`_custom_and_generic`): an ``EXPLAIN`` given parameter values is
+planned with those values.
 """
 
 from __future__ import annotations
@@ -100,20 +104,52 @@ def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
         yield from _nodes(child)
 
 
+def _literal(value: Any) -> str:
+    """``value`` as an SQL literal (for ``EXECUTE``, which takes no parameters)."""
+    if isinstance(value, list):
+        return f"ARRAY[{', '.join(_literal(v) for v in value)}]"
+    if isinstance(value, datetime):
+        return f"'{value.isoformat()}'::timestamptz"
+    if isinstance(value, bytes):
+        return f"'\\x{value.hex()}'::bytea"
+    if isinstance(value, str):
+        return "'" + value.replace("'", "''") + "'"
+    return str(int(value))
+
+
+async def _custom_and_generic(
+    conn: asyncpg.Connection, sql: str, args: list[Any]
+) -> list[dict[str, Any]]:
+    """The custom plan of ``sql`` and its generic plan, the one a prepared
+    statement switches to (``PREPARE`` + ``EXPLAIN EXECUTE``: parameters stay
+    ``$n`` in it)."""
+    raw = await conn.fetchval(f"EXPLAIN (FORMAT JSON) {sql}", *args)
+    plans = [json.loads(raw)[0]["Plan"]]
+    await conn.execute(f"PREPARE explained AS {sql}")
+    try:
+        await conn.execute("SET plan_cache_mode = force_generic_plan")
+        values = ", ".join(_literal(a) for a in args)
+        raw = await conn.fetchval(f"EXPLAIN (FORMAT JSON) EXECUTE explained({values})")
+        generic = json.loads(raw)[0]["Plan"]
+        conds = [n["Index Cond"] for n in _nodes(generic) if "Index Cond" in n]
+        assert not conds or any("$" in c for c in conds), generic  # really generic
+        plans.append(generic)
+    finally:
+        await conn.execute("RESET plan_cache_mode")
+        await conn.execute("DEALLOCATE explained")
+    return plans
+
+
 async def _check_plan(conn: asyncpg.Connection, sql: str, args: list[Any]) -> None:
-    for mode in ("force_custom_plan", "force_generic_plan"):
-        await conn.execute(f"SET plan_cache_mode = {mode}")
-        raw = await conn.fetchval(f"EXPLAIN (FORMAT JSON) {sql}", *args)
-        plan = json.loads(raw)[0]["Plan"]
+    for plan in await _plans(conn, sql, args):
         types = [n["Node Type"] for n in _nodes(plan)]
         scans = [n for n in _nodes(plan) if "Relation Name" in n]
-        assert "Sort" not in types, (mode, sql, types)
-        assert "Incremental Sort" not in types, (mode, sql, types)
-        assert scans, (mode, sql, types)
-        assert all(n["Node Type"] in INDEX_SCANS for n in scans), (mode, sql, types)
+        assert "Sort" not in types, (sql, types)
+        assert "Incremental Sort" not in types, (sql, types)
+        assert scans, (sql, types)
+        assert all(n["Node Type"] in INDEX_SCANS for n in scans), (sql, types)
         # A range scan: the scope/thread key is an index condition, not a filter.
-        assert all("scope_key" in n.get("Index Cond", "") for n in scans), (mode, sql, plan)
-    await conn.execute("RESET plan_cache_mode")
+        assert all("scope_key" in n.get("Index Cond", "") for n in scans), (sql, plan)
 
 
 LIST_FORMS = list(itertools.product((False, True), repeat=5))
@@ -186,20 +222,14 @@ async def test_commit_lookups_probe_one_key_at_a_time(
     await _check_plan(conn, by_keys(t.queued, "run_id", "t.run_id, t.position"), [*thread, [b"r7"]])
     await _check_plan(conn, open_runs_statement(t), thread)
     await _check_plan(conn, tail_statement(t), thread)
-    for mode in ("force_custom_plan", "force_generic_plan"):
-        await conn.execute(f"SET plan_cache_mode = {mode}")
-        raw = await conn.fetchval(
-            "EXPLAIN (FORMAT JSON) " + by_keys(t.messages, "message_id", "t.position, t.doc"),
-            *thread,
-            [b"m9"],
-        )
-        scans = [n for n in _nodes(json.loads(raw)[0]["Plan"]) if "Relation Name" in n]
+    sql = by_keys(t.messages, "message_id", "t.position, t.doc")
+    for plan in await _custom_and_generic(conn, sql, [*thread, [b"m9"]]):
+        scans = [n for n in _nodes(plan) if "Relation Name" in n]
         assert all("message_id = k.id" in n.get("Index Cond", "") for n in scans), scans
-    await conn.execute("RESET plan_cache_mode")
 
 
 async def _plans(conn: asyncpg.Connection, sql: str, args: list[Any]) -> list[dict[str, Any]]:
-    """The custom and the generic plan of ``sql``."""
+    """The plans of ``sql`` explained with its parameters under both plan cache modes."""
     plans = []
     for mode in ("force_custom_plan", "force_generic_plan"):
         await conn.execute(f"SET plan_cache_mode = {mode}")
@@ -283,7 +313,7 @@ async def test_load_and_fork_statements_are_index_range_scans(
     for statement, args in copies:
         assert statement.startswith("INSERT INTO")
         assert " SELECT " in statement
-        for plan in await _plans(conn, statement, args):
+        for plan in await _custom_and_generic(conn, statement, args):
             nodes = list(_nodes(plan))
             assert plan["Node Type"] == "ModifyTable", plan
             types = [n["Node Type"] for n in nodes]
@@ -299,36 +329,6 @@ async def test_load_and_fork_statements_are_index_range_scans(
             assert "thread_id =" in cond, (statement, cond)
             if statement == sql.copy_messages:
                 assert '"position" <=' in cond, (statement, cond)
-
-
-def _literal(value: Any) -> str:
-    if isinstance(value, bytes):
-        return f"'\\x{value.hex()}'::bytea"
-    if isinstance(value, str):
-        return "'" + value.replace("'", "''") + "'"
-    return str(int(value))
-
-
-async def _custom_and_generic(
-    conn: asyncpg.Connection, sql: str, args: list[Any]
-) -> list[dict[str, Any]]:
-    """The custom plan of ``sql`` and its generic plan, the one a prepared
-    statement switches to (``PREPARE`` + ``EXPLAIN EXECUTE``: parameters stay
-    ``$n`` in it)."""
-    raw = await conn.fetchval(f"EXPLAIN (FORMAT JSON) {sql}", *args)
-    plans = [json.loads(raw)[0]["Plan"]]
-    await conn.execute(f"PREPARE head_page AS {sql}")
-    try:
-        await conn.execute("SET plan_cache_mode = force_generic_plan")
-        values = ", ".join(_literal(a) for a in args)
-        raw = await conn.fetchval(f"EXPLAIN (FORMAT JSON) EXECUTE head_page({values})")
-        generic = json.loads(raw)[0]["Plan"]
-        assert any("$1" in n.get("Index Cond", "") for n in _nodes(generic)), generic
-        plans.append(generic)
-    finally:
-        await conn.execute("RESET plan_cache_mode")
-        await conn.execute("DEALLOCATE head_page")
-    return plans
 
 
 HEAD_PAGE_FORMS: list[tuple[FamilyName, str | None, bool, int, list[Any]]] = [

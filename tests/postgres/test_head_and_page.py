@@ -167,8 +167,9 @@ async def test_missing_thread_reads_alike(
 async def test_single_pages_take_one_statement(
     store: PostgresThreadStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Every one-page read with at most one status skips ``head`` and ``scan``;
-    runs under several statuses still take them (in the read's transaction)."""
+    """Every one-page read with at most one status is answered by ``head_and_page``
+    (``head`` is never called); runs under several statuses still read the root
+    with ``head`` (and the page with ``scan``, in the read's transaction)."""
     await _fill(store)
     calls: list[str] = []
 
