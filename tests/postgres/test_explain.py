@@ -271,7 +271,10 @@ async def test_every_thread_heads_form_is_an_updated_at_index_scan(
                 args.append(b"other4")
             args.append(b"t20004")
         index = f"{store.tables.prefix}_{'scope_updated' if scoped else 'updated'}"
-        for plan in await _plans(conn, sql, args):
+        # One scope's walk is always planned for its scope (the store forces a
+        # custom plan); every scope's walk may run on the prepared generic plan.
+        plans = await _custom_and_generic(conn, sql, args)
+        for plan in plans[:1] if scoped else plans:
             nodes = list(_nodes(plan))
             types = [n["Node Type"] for n in nodes]
             assert types[0] == "Limit", (sql, types)

@@ -504,7 +504,15 @@ class PostgresThreadStore(ThreadStore):
             args.append(enc(after.thread_id))
         async with self._connection() as conn:
             with self._errors("read"):
-                rows = await conn.fetch(sql, *args)
+                if scope_key is None:
+                    rows = await conn.fetch(sql, *args)
+                else:
+                    # A generic plan knows no scope's size and may walk the global
+                    # index, stepping over every other scope; a sweep is rare, so
+                    # it is planned for its own scope each time.
+                    async with conn.transaction(readonly=True):
+                        await conn.execute("SET LOCAL plan_cache_mode = force_custom_plan")
+                        rows = await conn.fetch(sql, *args)
         return [
             ThreadHead(dec(r["scope_key"]), dec(r["thread_id"]), _version(r), r["updated_at"])
             for r in rows
