@@ -80,9 +80,9 @@ from pai_storage.backend import (
     run_read,
     timestamp_ms,
 )
+from pai_storage.rows import dec, dump, enc, enc_opt, parse, run_ref_fields
 
 from .client import SESSION_SETTINGS, PgClient, keep_session, terminate
-from .codec import dec, dump, enc, enc_opt, parse, run_ref_fields
 from .errors import Phase, is_retryable, map_error
 from .schema import SCHEMA_VERSION, Tables
 

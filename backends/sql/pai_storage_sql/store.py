@@ -90,9 +90,9 @@ from pai_storage.backend import (
     run_read,
     timestamp_ms,
 )
+from pai_storage.rows import dec, dump, enc, parse, run_ref_fields
 
 from .client import Operation, SqlClient, Statement, is_unique_violation
-from .codec import dec, dump, enc, parse, run_ref_fields
 from .schema import ORDER_BYTES, SCHEMA_VERSION, Tables, digest
 
 if TYPE_CHECKING:

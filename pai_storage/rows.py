@@ -1,12 +1,19 @@
-"""Row <-> record conversion: UTF-8 identifiers, their digests, and exact JSON text."""
+"""Row <-> record helpers for backends that keep records as JSON text in rows.
+
+Identifiers are stored as their UTF-8 bytes (byte order is code-point order, and
+U+0000 is allowed), records as their exact JSON form (``json`` escapes U+0000,
+so a text column holds it; never a JSON column type, which would normalize
+it), and stored text is parsed strictly. The PostgreSQL and SQL backends use
+them; so may any backend of the same shape.
+"""
 
 from __future__ import annotations
 
 import json
 from typing import TypeVar
 
-from pai_storage import ThreadStoreInvariantError
-from pai_storage.backend import StoreModel
+from .errors import ThreadStoreInvariantError
+from .models import StoreModel
 
 __all__ = ["dec", "dump", "enc", "enc_opt", "parse", "run_ref_fields"]
 
@@ -16,7 +23,7 @@ _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=F
 
 
 def enc(text: str) -> bytes:
-    """An identifier as stored: UTF-8 bytes (their byte order is code-point order)."""
+    """An identifier as stored: its UTF-8 bytes."""
     return text.encode("utf-8")
 
 
@@ -29,7 +36,7 @@ def dec(data: bytes) -> str:
 
 
 def dump(record: StoreModel) -> str:
-    """The record's JSON form as text (stored verbatim, never a JSON column type)."""
+    """The record's JSON form as compact text, stored verbatim."""
     return _dumps(record.to_json())
 
 
