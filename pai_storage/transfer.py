@@ -158,7 +158,7 @@ async def export_lines(
             raise ThreadStoreInvariantError("thread_ids must be a sequence of ids, not a str")
         if scope is None:
             raise ThreadStoreInvariantError("thread_ids needs a scope_key")
-        chosen = [check_thread_key("thread_id", t) for t in dict.fromkeys(thread_ids)]
+        chosen = list(dict.fromkeys(check_thread_key("thread_id", t) for t in thread_ids))
         yield header_line()
         for thread_id in chosen:
             aggregate = await store._load_thread(scope, thread_id)
@@ -328,9 +328,10 @@ async def decode_threads(
             if not header:
                 if data.get("format") != EXPORT_FORMAT:
                     raise _Corrupt(f"not a {EXPORT_FORMAT} export (no header line)")
-                if data.get("version") != EXPORT_VERSION:
+                version = data.get("version")
+                if type(version) is not int or version != EXPORT_VERSION:
                     raise _Corrupt(
-                        f"export format version {data.get('version')!r} is not supported "
+                        f"export format version {version!r} is not supported "
                         f"(this version reads {EXPORT_VERSION})"
                     )
                 header = True

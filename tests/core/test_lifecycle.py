@@ -18,6 +18,7 @@ from pai_storage import (
     ManualClock,
     ThreadStore,
     ThreadStoreConfigurationError,
+    ThreadStoreInvariantError,
     connect,
 )
 from pai_storage import builders as b
@@ -31,7 +32,7 @@ from pai_storage.backend import (
     thread_digest,
 )
 from pai_storage.maintenance import plan_fork
-from pai_storage.transfer import copy_threads, decode_threads
+from pai_storage.transfer import EXPORT_FORMAT, copy_threads, decode_threads
 
 _SETTINGS = settings(
     max_examples=40,
@@ -169,6 +170,21 @@ async def test_export_lines_are_bytes_or_text_alike_on_import() -> None:
 
         await target.import_threads(as_bytes())
         assert await target.thread_digest("s", "t") == await source.thread_digest("s", "t")
+
+
+async def test_export_refuses_ids_that_are_not_strings() -> None:
+    async with MemoryThreadStore() as store:
+        with pytest.raises(ThreadStoreInvariantError):
+            async for _ in store.export_threads("s", thread_ids=[["a"]]):  # type: ignore[list-item]
+                pass
+
+
+@pytest.mark.parametrize("version", ["true", "1.0", '"1"'])
+async def test_import_refuses_a_header_version_that_is_not_the_integer(version: str) -> None:
+    header = '{"format": "%s", "version": %s}' % (EXPORT_FORMAT, version)  # noqa: UP031
+    async with MemoryThreadStore() as store:
+        with pytest.raises(ThreadStoreInvariantError, match="version"):
+            await store.import_threads([header])
 
 
 # ---------------------------------------------------------------- fork

@@ -238,6 +238,13 @@ def map_error(exc: BaseException, phase: Phase, url: StoreURL | None) -> ThreadS
                 f"({where}); nothing was applied"
             )
         if sqlite in SQLITE_UNAVAILABLE:
+            if phase == "commit":
+                # A failed sync of the write-ahead log can still leave the commit's
+                # frames on disk, replayed when the database is next opened.
+                return _Unknown(
+                    f"{detail} while COMMIT was pending ({where}); the write may or may "
+                    "not have been applied: read it back before retrying"
+                )
             return _Unavailable(f"{detail} ({where}); nothing was applied")
         if sqlite in SQLITE_CONFIGURATION or "no such table" in first or "no such column" in first:
             return _Configuration(f"{detail} ({where})")

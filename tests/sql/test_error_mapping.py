@@ -1,0 +1,30 @@
+"""How SQLite's I/O failures map: before COMMIT nothing was applied; while COMMIT
+was pending the outcome is unknown (a failed sync of the write-ahead log can
+still leave the commit on disk)."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+from pai_storage_sql.errors import map_error
+
+from pai_storage import ThreadStoreCommitUnknownError, ThreadStoreUnavailableError, make_url
+
+
+def _sqlite_error(code: int) -> sqlite3.OperationalError:
+    exc = sqlite3.OperationalError("disk I/O error")
+    exc.sqlite_errorcode = code  # type: ignore[attr-defined]
+    return exc
+
+
+@pytest.mark.parametrize("code", [10, 13, 15, 10 | (4 << 8)])  # IOERR, FULL, PROTOCOL, IOERR_FSYNC
+def test_an_io_failure_during_commit_is_an_unknown_outcome(code: int) -> None:
+    url = make_url("sqlite:///x.db")
+    before = map_error(_sqlite_error(code), "write", url)
+    assert type(before) is not ThreadStoreCommitUnknownError
+    assert isinstance(before, ThreadStoreUnavailableError)
+    assert "nothing was applied" in str(before)
+    during = map_error(_sqlite_error(code), "commit", url)
+    assert isinstance(during, ThreadStoreCommitUnknownError)
+    assert "may or may not have been applied" in str(during)
