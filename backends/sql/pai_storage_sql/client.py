@@ -42,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.util
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -61,6 +62,7 @@ __all__ = [
     "CLIENT_OPTIONS",
     "Dialect",
     "Engines",
+    "Held",
     "Operation",
     "SqlClient",
     "Statement",
@@ -100,6 +102,92 @@ class Engines:
     reader: AsyncEngine
     lock: asyncio.Lock | None
     """Serializes every operation of an in-memory SQLite database (one connection)."""
+    held_writer: Held | None = None
+    """SQLite engines the client made: the connections its writes keep checked out."""
+    held_reader: Held | None = None
+    """The same for reads (the writer's for an in-memory database)."""
+
+
+class Held:
+    """Connections of one engine that a client keeps checked out between operations.
+
+    SQLite engines the client made: checking a connection out of SQLAlchemy's
+    pool and back in costs more than a short statement, so the client's
+    operations take them from here (at most ``limit`` at once, in arrival
+    order when all are busy). A connection comes from the engine's pool the
+    first time it is needed and goes back when it is dropped (its operation
+    failed in the driver or was cancelled: it is then invalidated) or when
+    the client is disposed of. The engines keep room beside them for the
+    application's direct use of ``ready()``'s engines.
+    """
+
+    __slots__ = ("count", "engine", "idle", "limit", "waiters")
+
+    def __init__(self, engine: AsyncEngine, limit: int) -> None:
+        self.engine = engine
+        self.limit = limit
+        self.idle: list[AsyncConnection] = []
+        self.count = 0
+        """Connections held: idle, in use, or being connected."""
+        self.waiters: deque[asyncio.Future[AsyncConnection | None]] = deque()
+
+    async def take(self) -> AsyncConnection:
+        """An idle connection, a new one while fewer than ``limit`` are held, else
+        the next one given back (or the slot of one dropped)."""
+        if self.idle:
+            return self.idle.pop()
+        if self.count < self.limit:
+            self.count += 1
+        else:
+            waiter: asyncio.Future[AsyncConnection | None] = (
+                asyncio.get_running_loop().create_future()
+            )
+            self.waiters.append(waiter)
+            try:
+                given = await waiter
+            except BaseException:
+                if waiter.done() and not waiter.cancelled():
+                    # Handed over as this caller was cancelled: pass it on.
+                    passed = waiter.result()
+                    if passed is None:
+                        self.free()
+                    else:
+                        self.give(passed)
+                raise
+            if given is not None:
+                return given
+            # A dropped connection's slot: counted already, connect anew.
+        try:
+            return await self.engine.connect()
+        except BaseException:
+            self.free()
+            raise
+
+    def give(self, conn: AsyncConnection) -> None:
+        """A connection back from a clean operation: to the first waiter, else idle."""
+        while self.waiters:
+            waiter = self.waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(conn)
+                return
+        self.idle.append(conn)
+
+    def free(self) -> None:
+        """A held connection was dropped: its slot goes to the first waiter."""
+        while self.waiters:
+            waiter = self.waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self.count -= 1
+
+    async def close(self) -> None:
+        """Give the idle connections back to the engine's pool."""
+        idle, self.idle = self.idle, []
+        for conn in idle:
+            self.count -= 1
+            with contextlib.suppress(Exception):
+                await conn.close()
 
 
 class SqlClient(SharedClient[Engines]):
@@ -319,13 +407,17 @@ class SqlClient(SharedClient[Engines]):
                     connect_args={**connect_args, "check_same_thread": False},
                 )
                 self._sqlite_hooks(engine, event)
-                return Engines(engine, engine, asyncio.Lock())
+                held = Held(engine, 1)
+                return Engines(engine, engine, asyncio.Lock(), held, held)
             # Each operation ends its own transaction (commit, or rollback on
             # close), so the pool's own rollback on return would only repeat it.
+            # The client's operations keep their connections checked out (Held:
+            # one writer, pool_size readers); one overflow connection serves a
+            # direct use of the engines meanwhile.
             writer = create_async_engine(
                 sa_url,
                 pool_size=1,
-                max_overflow=0,
+                max_overflow=1,
                 pool_timeout=None,
                 pool_reset_on_return=None,
                 connect_args=connect_args,
@@ -333,14 +425,14 @@ class SqlClient(SharedClient[Engines]):
             reader = create_async_engine(
                 sa_url,
                 pool_size=self.pool_size,
-                max_overflow=0,
+                max_overflow=1,
                 pool_timeout=None,
                 pool_reset_on_return=None,
                 connect_args=connect_args,
             )
             self._sqlite_hooks(writer, event)
             self._sqlite_hooks(reader, event)
-            return Engines(writer, reader, None)
+            return Engines(writer, reader, None, Held(writer, 1), Held(reader, self.pool_size))
         driver = self.driver
         query.setdefault("charset", "utf8mb4")
         sa_url = URL.create(
@@ -464,6 +556,9 @@ class SqlClient(SharedClient[Engines]):
             made.writer = made.reader = own
 
     async def _disconnect(self, made: Engines, *, failed: bool) -> None:
+        for held in {id(h): h for h in (made.held_writer, made.held_reader) if h}.values():
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(held.close(), timeout=10)
         for engine in {id(made.writer): made.writer, id(made.reader): made.reader}.values():
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(engine.dispose(), timeout=10)
@@ -487,14 +582,6 @@ class SqlClient(SharedClient[Engines]):
             raise map_error(exc, phase, self.url) from exc
 
     @contextlib.asynccontextmanager
-    async def _lock(self, engines: Engines) -> AsyncIterator[None]:
-        if engines.lock is None:
-            yield
-            return
-        async with engines.lock:
-            yield
-
-    @contextlib.asynccontextmanager
     async def write(self) -> AsyncIterator[AsyncConnection]:
         """One write transaction, committed when the block exits normally.
 
@@ -506,7 +593,7 @@ class SqlClient(SharedClient[Engines]):
         wait timeout becomes :class:`~pai_storage_sql.errors.RetryableError`).
         A ``COMMIT`` whose connection fails gives ``OutcomeUnknownError``.
         """
-        async with self.writing() as op:
+        async with self._operation(True, True) as op:
             yield op.conn
 
     @contextlib.asynccontextmanager
@@ -519,71 +606,119 @@ class SqlClient(SharedClient[Engines]):
         transaction for an operation of one statement (which is its own
         snapshot).
         """
-        async with self.reading(snapshot=snapshot) as op:
+        async with self._operation(False, snapshot) as op:
             yield op.conn
 
-    @contextlib.asynccontextmanager
-    async def writing(self) -> AsyncIterator[Operation]:
+    def writing(self) -> contextlib.AbstractAsyncContextManager[Operation]:
         """:meth:`write` as an :class:`Operation`: its statements may also run
         precompiled on the driver connection (same transaction)."""
-        engines = await self._ready()
-        async with self._lock(engines), self._connection(engines.writer) as op:
-            with self.errors("write"):
-                if op.sqlite:
-                    await op.driver.execute_fetchall("BEGIN IMMEDIATE", ())
-                # MySQL: the driver connection is not in autocommit mode; its
-                # transaction begins with the first statement.
-            with self.errors("write"):
-                yield op
-            with self.errors("commit"):
-                await op.commit()
+        return self._operation(True, True)
 
-    @contextlib.asynccontextmanager
-    async def reading(self, *, snapshot: bool = True) -> AsyncIterator[Operation]:
+    def reading(
+        self, *, snapshot: bool = True
+    ) -> contextlib.AbstractAsyncContextManager[Operation]:
         """:meth:`read` as an :class:`Operation` (see :meth:`writing`)."""
-        engines = await self._ready()
-        async with self._lock(engines), self._connection(engines.reader) as op:
-            if snapshot:
-                with self.errors("read"):
-                    await op.run_text(
-                        "BEGIN"
-                        if op.sqlite
-                        else "START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY"
-                    )
-            with self.errors("read"):
-                yield op
-            if op.sqlite:
-                # Ends the snapshot (the reader pool does not reset connections).
-                with self.errors("read"):
-                    await op.rollback()
+        return self._operation(False, snapshot)
 
     @contextlib.asynccontextmanager
-    async def _connection(self, engine: AsyncEngine) -> AsyncIterator[Operation]:
-        """A pooled connection for one operation; rolled back and returned afterwards,
-        or invalidated (closed, never reused) when its state is unknown."""
-        if self.closed:
-            raise closed_error()
-        with self.errors("connect"):
-            conn = await engine.connect()
-        # The pooled connection is checked out: its driver connection is at hand.
-        driver = conn.sync_connection.connection.driver_connection  # type: ignore[union-attr]
-        op = Operation(conn, driver, self.dialect == "sqlite")
+    async def _operation(self, write: bool, begin: bool) -> AsyncIterator[Operation]:
+        """One write transaction (``write``) or read, on a connection of its own.
+
+        Driver exceptions are mapped (phase ``connect``, then ``write`` or
+        ``read``, ``commit`` for the ``COMMIT``). Anything raised rolls the
+        transaction back; a connection whose state is unknown (cancelled
+        mid-way, or the driver failed) is invalidated: closed, never reused.
+        """
+        engines = self._made
+        if engines is None or self._closed:
+            engines = await self._ready()
+        lock = engines.lock
+        if lock is not None:
+            await lock.acquire()
         try:
-            yield op
-        except BaseException as exc:
-            if not isinstance(exc, Exception) or (
-                is_driver_failure(exc) and not isinstance(exc, RetryableError)
-            ):
-                # Cancelled mid-way or the driver failed: the state is unknown.
-                with contextlib.suppress(BaseException):
-                    await conn.invalidate()
-            else:
-                with contextlib.suppress(Exception):
-                    await op.rollback()
-            raise
+            op = await self._checkout(engines, write)
+            phase: Phase = "write" if write else "read"
+            try:
+                try:
+                    if write:
+                        # MySQL: the driver connection is not in autocommit mode;
+                        # its transaction begins with the first statement.
+                        if op.sqlite:
+                            await op.run_text("BEGIN IMMEDIATE")
+                    elif begin:
+                        await op.run_text(
+                            "BEGIN"
+                            if op.sqlite
+                            else "START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY"
+                        )
+                    yield op
+                    if write:
+                        phase = "commit"
+                        await op.commit()
+                    elif op.sqlite:
+                        # Ends the snapshot (SQLite connections are not reset
+                        # between operations).
+                        await op.rollback()
+                except StorageError:
+                    raise
+                except Exception as exc:
+                    if not is_driver_exception(exc):
+                        raise
+                    raise map_error(exc, phase, self.url) from exc
+            except BaseException as exc:
+                if not isinstance(exc, Exception) or (
+                    is_driver_failure(exc) and not isinstance(exc, RetryableError)
+                ):
+                    # Cancelled mid-way or the driver failed: the state is unknown.
+                    with contextlib.suppress(BaseException):
+                        await op.conn.invalidate()
+                    await self._checkin(op, reuse=False)
+                else:
+                    with contextlib.suppress(Exception):
+                        await op.rollback()
+                    await self._checkin(op, reuse=True)
+                raise
+            await self._checkin(op, reuse=True)
         finally:
+            if lock is not None:
+                lock.release()
+
+    async def _checkout(self, engines: Engines, write: bool) -> Operation:
+        """A connection for one operation: a held one (SQLite engines the client
+        made) or one from the engine's pool."""
+        held = engines.held_writer if write else engines.held_reader
+        try:
+            if held is not None:
+                conn = await held.take()
+            else:
+                conn = await (engines.writer if write else engines.reader).connect()
+        except StorageError:
+            raise
+        except Exception as exc:
+            if not is_driver_exception(exc):
+                raise
+            raise map_error(exc, "connect", self.url) from exc
+        # The connection is checked out: its driver connection is at hand.
+        driver = conn.sync_connection.connection.driver_connection  # type: ignore[union-attr]
+        op = Operation(conn, driver, self.dialect == "sqlite", held)
+        if self._closed:
+            # The last store was closed while this operation waited.
+            await self._checkin(op, reuse=False)
+            raise closed_error()
+        return op
+
+    async def _checkin(self, op: Operation, *, reuse: bool) -> None:
+        """Keep a held connection for the next operation, or return it to the pool."""
+        held = op.held
+        if held is not None and reuse and not self._closed:
+            held.give(op.conn)
+            return
+        try:
             with contextlib.suppress(Exception):
-                await conn.close()
+                await op.conn.close()
+        finally:
+            if held is not None:
+                held.free()
 
     async def retrying(self, operation: Callable[[], Awaitable[T]]) -> T:
         """``await operation()``, again after a deadlock or lock wait timeout.
@@ -683,12 +818,15 @@ class Operation:
     not used).
     """
 
-    __slots__ = ("_events", "conn", "dialect", "driver", "sqlite")
+    __slots__ = ("_events", "conn", "dialect", "driver", "held", "sqlite")
 
-    def __init__(self, conn: AsyncConnection, driver: Any, sqlite: bool) -> None:
+    def __init__(
+        self, conn: AsyncConnection, driver: Any, sqlite: bool, held: Held | None = None
+    ) -> None:
         self.conn = conn
         self.driver = driver
         self.sqlite = sqlite
+        self.held = held
         self.dialect = conn.dialect
         events = conn.sync_engine.dispatch.before_cursor_execute
         self._events: Any = events if events else None
