@@ -763,7 +763,7 @@ class Statement:
     An expanding ``IN`` parameter takes a non-empty sequence.
     """
 
-    __slots__ = ("_expanding", "_mark", "_names", "_texts", "defaults", "text")
+    __slots__ = ("_expanding", "_mark", "_names", "_plan", "_texts", "defaults", "text")
 
     def __init__(self, statement: Any, dialect: Any) -> None:
         compiled = statement.compile(dialect=dialect)
@@ -771,6 +771,7 @@ class Statement:
         self._names: tuple[str, ...] = tuple(compiled.positiontup or ())
         self.defaults: dict[str, Any] = {n: binds[n].value for n in self._names}
         self._expanding = frozenset(n for n in self._names if binds[n].expanding)
+        self._plan = tuple((n, n in self._expanding) for n in self._names)
         self.text: str = compiled.string
         self._texts: dict[tuple[int, ...], str] = {}
         self._mark = "?" if dialect.paramstyle == "qmark" else "%s"
@@ -779,13 +780,16 @@ class Statement:
         """The SQL text and positional parameters for ``params``."""
         defaults = self.defaults
         if not self._expanding:
-            return self.text, [params[n] if n in params else defaults[n] for n in self._names]
+            try:
+                return self.text, [params[n] for n in self._names]
+            except KeyError:
+                return self.text, [params[n] if n in params else defaults[n] for n in self._names]
         args: list[Any] = []
         sizes: list[int] = []
-        for name in self._names:
+        for name, expanding in self._plan:
             value = params[name] if name in params else defaults[name]
-            if name in self._expanding:
-                values = list(value)
+            if expanding:
+                values = value if type(value) is list else list(value)
                 if not values:
                     raise ValueError(f"expanding parameter {name} needs at least one value")
                 sizes.append(len(values))
@@ -797,8 +801,8 @@ class Statement:
         if text is None:
             text = self.text
             counts = iter(sizes)
-            for name in self._names:
-                if name in self._expanding:
+            for name, expanding in self._plan:
+                if expanding:
                     marks = ", ".join([self._mark] * next(counts))
                     text = text.replace(f"__[POSTCOMPILE_{name}]", marks)
             self._texts[key] = text

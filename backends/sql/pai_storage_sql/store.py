@@ -309,6 +309,14 @@ class SqlThreadStore(ThreadStore):
         if plan.cursor is not None:
             cursor = (-plan.cursor[0], enc(plan.cursor[1]))
         visibilities = (0, 1) if plan.include_hidden else (0,)
+        shape = (
+            plan.agent is not None,
+            plan.parent_thread_id is not None,
+            plan.category is not None,
+        )
+        # SQLite keeps whole ids in thread_ord: one visibility's rows come in the
+        # exact order, strictly after the cursor, each thread once.
+        ordered = self._ord_bytes is None and len(visibilities) == 1
         found: list[ThreadRecord] = []
         with self._client.errors("read"):
             while True:
@@ -328,16 +336,12 @@ class SqlThreadStore(ThreadStore):
                                 t.c.thread_ord == args["co"],
                             )
                             args["fetch"] += int((await conn.execute(tied)).scalar_one())
-                    shape = (
-                        plan.agent is not None,
-                        plan.parent_thread_id is not None,
-                        plan.category is not None,
-                    )
-                    stmt = self.sql(
-                        op,
-                        ("list", *shape, hidden, cut),
-                        functools.partial(self.list_statement, plan, hidden, cut),
-                    )
+                    key = ("list", *shape, hidden, cut)
+                    stmt = self._compiled.get(key)
+                    if stmt is None:
+                        stmt = self.sql(
+                            op, key, functools.partial(self.list_statement, plan, hidden, cut)
+                        )
                     got: list[Any] = await op.rows(stmt, args)
                     if got and len(got) == args["fetch"] and len(got[-1][1]) == self._ord_bytes:
                         # Ids longer than thread_ord tie on it: read the whole tie so
@@ -351,28 +355,33 @@ class SqlThreadStore(ThreadStore):
                         )
                         more = (await conn.execute(tie)).all()
                         got = [*got, *more]
-                    rows.extend((int(r[0]), bytes(r[2]), r[3]) for r in got)
-                unique = {(s, tid): doc for s, tid, doc in rows}
-                keyed = sorted(
-                    (k for k in unique if cursor is None or k > cursor),
-                    key=lambda k: k,
-                )[: plan.fetch]
-                for sort_key, thread_id in keyed:
-                    record = await self._list_record(
-                        plan.scope_key, sort_key, thread_id, unique[(sort_key, thread_id)]
-                    )
-                    if record is not None and plan.matches(record):
+                    rows.extend([(r[0], r[2], r[3]) for r in got])
+                keyed: list[tuple[int, bytes, str]]
+                if ordered:
+                    keyed = [(int(s), bytes(tid), doc) for s, tid, doc in rows[: plan.fetch]]
+                else:
+                    unique = {(int(s), bytes(tid)): doc for s, tid, doc in rows}
+                    keyed = [
+                        (s, tid, unique[(s, tid)])
+                        for s, tid in sorted(k for k in unique if cursor is None or k > cursor)
+                    ][: plan.fetch]
+                for sort_key, thread_id, doc in keyed:
+                    record = self._list_record(plan.scope_key, sort_key, thread_id, doc)
+                    if isinstance(record, StoreWarning):
+                        await self.warn(record)
+                    elif plan.matches(record):
                         found.append(record)
                         if len(found) == plan.fetch:
                             return plan.finish(found)
                 if len(keyed) < plan.fetch:
                     return plan.finish(found)
                 # Some rows were skipped as invalid: continue after the last one seen.
-                cursor = keyed[-1]
+                cursor = (keyed[-1][0], keyed[-1][1])
 
-    async def _list_record(
+    def _list_record(
         self, scope_key: str, sort_key: int, thread_id: bytes, doc: str
-    ) -> ThreadRecord | None:
+    ) -> ThreadRecord | StoreWarning:
+        """The listed root, or the warning that skips it (not valid, or not its row's)."""
         try:
             tid: str | None = dec(thread_id)
         except UnicodeDecodeError:
@@ -387,15 +396,12 @@ class SqlThreadStore(ThreadStore):
                 raise ThreadStoreInvariantError("stored identity or order key does not match")
         except ThreadStoreInvariantError as exc:
             reason = str(exc).split(":", 1)[0][:200]
-            await self.warn(
-                StoreWarning(
-                    kind="invalid_thread_skipped",
-                    reason=f"stored thread root failed validation ({reason})",
-                    scope_key=scope_key,
-                    thread_id=tid,
-                )
+            return StoreWarning(
+                kind="invalid_thread_skipped",
+                reason=f"stored thread root failed validation ({reason})",
+                scope_key=scope_key,
+                thread_id=tid,
             )
-            return None
         return record
 
     # ------------------------------------------------------------ lifecycle
@@ -958,7 +964,8 @@ class _Snapshot(_ThreadRows, ReadSnapshot):
                 found.append((int(position), row_doc))
         if head is None:
             return ReadHead(now, None), []
-        found.sort(key=lambda item: item[0], reverse=window.order == "newest")
+        # Positions are unique: the documents are never compared.
+        found.sort(reverse=window.order == "newest")
         root = self._parse_root(head[0])
         page = [(position, parse(spec.model, doc)) for position, doc in found]
         return ReadHead(now, root, self._next(*head[1:])), page
