@@ -86,6 +86,11 @@ _ACCEPTED_CLIENTS = (
     "or a pai_storage_sql SqlClient"
 )
 
+CORE_CACHE_SIZE = 512
+"""Compiled shapes of Core statements a client keeps for :class:`CoreConnection`."""
+
+_UNPREPARED = object()
+
 _STORES = object()
 """Marks a client made by a store or ``connect()`` (closed by its last store)."""
 
@@ -303,6 +308,8 @@ class SqlClient(SharedClient[Engines]):
         self.is_mariadb = False
         self.max_packet: int | None = None
         """MySQL: the server's ``max_allowed_packet`` (bytes one statement may carry)."""
+        self._core_cache: dict[Any, Any] = {}
+        """SQLAlchemy's compiled forms of the runtime stores' statements (SQLite)."""
         super().__init__(owned=engine is None)
         self._held = _maker is not _STORES
         if self._held:
@@ -720,6 +727,14 @@ class SqlClient(SharedClient[Engines]):
             if held is not None:
                 held.free()
 
+    def connection(self, op: Operation) -> AsyncConnection:
+        """The connection the runtime stores work with in ``op``: a
+        :class:`CoreConnection` on SQLite engines the client made (their Core
+        statements run on the driver), else ``op``'s ``AsyncConnection``."""
+        if op.held is None:
+            return op.conn
+        return cast("AsyncConnection", CoreConnection(op, self._core_cache))
+
     async def retrying(self, operation: Callable[[], Awaitable[T]]) -> T:
         """``await operation()``, again after a deadlock or lock wait timeout.
 
@@ -900,6 +915,183 @@ class Operation:
             await self.conn.rollback()
         elif not self.sqlite or self.driver.in_transaction:
             await self.driver.rollback()
+
+
+class _Prepared:
+    """A Core statement's compiled form, what binding and reading its rows need."""
+
+    __slots__ = ("compiled", "expands", "keys", "metadata", "positions", "processors")
+
+    @classmethod
+    def make(cls, statement: Any, compiled: Any) -> _Prepared | None:
+        """The prepared form, or ``None`` for what :class:`CoreConnection` leaves
+        to SQLAlchemy."""
+        dml = compiled.isinsert or compiled.isupdate or compiled.isdelete
+        if (
+            not compiled.positional
+            or dml == bool(compiled._result_columns)  # a query is one with columns
+            or compiled.effective_returning
+            or compiled.insert_prefetch
+            or compiled.update_prefetch
+            or compiled.schema_translate_map
+            or (compiled.isinsert and statement.table.autoincrement_column is not None)
+        ):
+            return None
+        return cls(compiled)
+
+    def __init__(self, compiled: Any) -> None:
+        self.compiled = compiled
+        self.expands = bool(compiled.literal_execute_params or compiled.post_compile_params)
+        self.positions: tuple[str, ...] = tuple(compiled.positiontup or ())
+        self.processors: Mapping[str, Any] = compiled._bind_processors
+        columns = compiled._result_columns
+        self.keys = [c.keyname for c in columns]
+        results = [c.type._cached_result_processor(compiled.dialect, None) for c in columns]
+        self.metadata: Any = None
+        if columns:
+            from sqlalchemy.engine.result import SimpleResultMetaData
+
+            # The rows' values go through the columns' result processors as
+            # SQLAlchemy's own results do.
+            self.metadata = SimpleResultMetaData(
+                self.keys, _processors=results if any(results) else None
+            )
+
+
+class CoreResult:
+    """The result of a Core statement run on the driver: its rows (SQLAlchemy
+    ``Row`` objects, by position, name and attribute) and ``rowcount``."""
+
+    __slots__ = ("_result", "rowcount")
+
+    def __init__(self, result: Any, rowcount: int) -> None:
+        self._result = result
+        self.rowcount = rowcount
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._result)
+
+    def __getattr__(self, name: str) -> Any:
+        # first(), one(), all(), scalar(), scalar_one(), ... of SQLAlchemy's Result.
+        return getattr(self._result, name)
+
+
+class CoreConnection:
+    """The connection of one runtime-store operation on SQLite engines the client made.
+
+    ``execute(statement)`` of a SQLAlchemy Core statement compiles it once per
+    shape (SQLAlchemy's cache key), binds its values with SQLAlchemy's
+    processors and runs it on the driver connection in one trip, inside the
+    operation's transaction; its rows come back as SQLAlchemy ``Row`` objects
+    with the columns' result processors applied. What this does not cover (a
+    statement with parameters or ``executemany``, ``RETURNING``, Python-side
+    column defaults, an insert into a table with an auto-increment key, a
+    statement without a cache key) runs through SQLAlchemy's connection, in
+    the same transaction. Everything else is the ``AsyncConnection``'s.
+    """
+
+    __slots__ = ("_cache", "_op")
+
+    def __init__(self, op: Operation, cache: dict[Any, Any]) -> None:
+        self._op = op
+        self._cache = cache
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._op.conn, name)
+
+    async def rollback(self) -> None:
+        """Roll the operation's transaction back (nothing it wrote is applied)."""
+        await self._op.rollback()
+
+    def _prepare(
+        self, statement: Any, given: Sequence[Mapping[str, Any]]
+    ) -> tuple[_Prepared, list[dict[str, Any]]] | None:
+        """The statement's compiled shape (SQLAlchemy's compile cache, kept by the
+        client) and its parameter values for each mapping of ``given`` (over the
+        bound ones; one set when ``given`` is empty), or ``None`` when SQLAlchemy
+        runs it."""
+        if not hasattr(statement, "_compile_w_cache"):
+            return None
+        if len(self._cache) > CORE_CACHE_SIZE:
+            self._cache.clear()
+        many = len(given) > 1
+        # SQLAlchemy 2.0 returns (compiled, extracted, hit); 2.1 adds the values.
+        found = statement._compile_w_cache(
+            self._op.dialect,
+            compiled_cache=self._cache,
+            column_keys=sorted(given[0]) if given else [],
+            for_executemany=many,
+        )
+        compiled, extracted = found[0], found[1]
+        if extracted is None:  # no cache key: not a reusable shape
+            return None
+        prepared = compiled.__dict__.get("_pai_prepared", _UNPREPARED)
+        if prepared is _UNPREPARED:
+            prepared = compiled.__dict__["_pai_prepared"] = _Prepared.make(statement, compiled)
+        if prepared is None or (many and (prepared.expands or prepared.metadata is not None)):
+            return None
+        extra = {"_collected_params": found[2]} if len(found) == 4 else {}
+        sets = [
+            compiled.construct_params(
+                p,
+                extracted_parameters=extracted,
+                escape_names=False,
+                _group_number=n if many else None,
+                **extra,
+            )
+            for n, p in enumerate(given or [None])  # type: ignore[list-item]
+        ]
+        return prepared, sets
+
+    async def execute(self, statement: Any, parameters: Any = None, **options: Any) -> Any:
+        """Run ``statement`` with no parameters, one mapping of them, or a list of
+        mappings (``executemany``) on the driver (see the class)."""
+        prepared = None
+        if not options:
+            if parameters is None:
+                prepared = self._prepare(statement, [])
+            elif isinstance(parameters, Mapping):
+                prepared = self._prepare(statement, [parameters])
+            elif isinstance(parameters, list) and parameters:
+                prepared = self._prepare(statement, parameters)
+        if prepared is None:
+            return await self._op.conn.execute(statement, parameters, **options)
+        entry, sets = prepared
+        compiled = entry.compiled
+        processors = entry.processors
+        positions = entry.positions
+        op = self._op
+        if len(sets) > 1:
+            text = compiled.string
+            rows = [
+                [processors[name](p[name]) if name in processors else p[name] for name in positions]
+                for p in sets
+            ]
+            if op._events is not None:
+                op._announce(text, rows, True)
+            cursor = await op.driver.executemany(text, rows)
+            return CoreResult(None, cursor.rowcount)
+        params = sets[0]
+        text = compiled.string
+        if entry.expands:
+            expanded = compiled._process_parameters_for_postcompile(params)
+            text = expanded.statement
+            positions = expanded.positiontup
+            params = expanded.parameters
+            processors = {**processors, **expanded.processors}
+        args = [
+            processors[name](params[name]) if name in processors else params[name]
+            for name in positions
+        ]
+        if op._events is not None:
+            op._announce(text, args, False)
+        if entry.metadata is None:
+            cursor = await op.driver.execute(text, args)
+            return CoreResult(None, cursor.rowcount)
+        rows = await op.driver.execute_fetchall(text, args)
+        from sqlalchemy.engine import IteratorResult
+
+        return CoreResult(IteratorResult(entry.metadata, iter(rows)), -1)
 
 
 def is_unique_violation(exc: BaseException) -> bool:

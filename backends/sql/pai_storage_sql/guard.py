@@ -25,10 +25,11 @@ See ``docs/sql.md``, "Runtime stores".
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import ColumnElement, and_, delete, select, update
+from sqlalchemy import ColumnElement, and_, bindparam, delete, select, update
 from sqlalchemy.dialects import mysql, sqlite
 
 from pai_storage.guard import ExecutionGuard, LockInfo
@@ -72,6 +73,15 @@ class SqlExecutionGuard(ExecutionGuard):
         self.url = self._db.url
         self.table = self._db.tables.locks
         self.counter = self._db.tables.fencing
+        self._statements: dict[Hashable, Any] = {}
+
+    def _statement(self, key: Hashable, build: Callable[[], Any]) -> Any:
+        """The statement ``key`` names, built once per store: the hot paths bind
+        their values as parameters, so each runs one compiled form."""
+        found = self._statements.get(key)
+        if found is None:
+            found = self._statements[key] = build()
+        return found
 
     def __repr__(self) -> str:
         return f"SqlExecutionGuard({str(self.url)!r}, table={self.table.name!r})"
@@ -92,32 +102,56 @@ class SqlExecutionGuard(ExecutionGuard):
     ) -> LockInfo | None:
         t, f = self.table, self.counter
 
+        changed = ("resource", "token", "owner", "fencing_token", "acquired_at", "expires_at")
+
+        def build_bump() -> Any:
+            if self._db.mysql:
+                bump: Any = mysql.insert(f).values(id=_COUNTER, value=1)
+                return bump.on_duplicate_key_update(value=f.c.value + 1)
+            bump = sqlite.insert(f).values(id=_COUNTER, value=1)
+            return bump.on_conflict_do_update(
+                index_elements=[f.c.id], set_={"value": f.c.value + 1}
+            )
+
+        def build_held() -> Any:
+            held = select(t.c.expires_at).where(t.c.resource_hash == bindparam("resource_hash"))
+            return held.with_for_update() if self._db.mysql else held
+
+        def build_upsert() -> Any:
+            row = {
+                name: bindparam(f"v_{name}", type_=t.c[name].type)
+                for name in ("resource_hash", *changed)
+            }
+            if self._db.mysql:
+                ins = mysql.insert(t).values(row)
+                return ins.on_duplicate_key_update([(c, ins.inserted[c]) for c in changed])
+            lite = sqlite.insert(t).values(row)
+            return lite.on_conflict_do_update(
+                index_elements=[t.c.resource_hash],
+                set_={c: lite.excluded[c] for c in changed},
+            )
+
         async def write(conn: AsyncConnection) -> LockInfo | None:
             now = await self._db.now(conn, self)
             # The counter row first: from here to the commit this acquisition is
             # the only one of the store.
-            if self._db.mysql:
-                bump: Any = mysql.insert(f).values(id=_COUNTER, value=1)
-                bump = bump.on_duplicate_key_update(value=f.c.value + 1)
-            else:
-                bump = sqlite.insert(f).values(id=_COUNTER, value=1)
-                bump = bump.on_conflict_do_update(
-                    index_elements=[f.c.id], set_={"value": f.c.value + 1}
-                )
-            await conn.execute(bump)
-            fencing = int(
-                (await conn.execute(select(f.c.value).where(f.c.id == _COUNTER))).scalar_one()
+            await conn.execute(self._statement("bump", build_bump))
+            counter = self._statement(
+                "counter", lambda: select(f.c.value).where(f.c.id == _COUNTER)
             )
-            held = select(t.c.expires_at).where(self._key(resource))
-            if self._db.mysql:
-                held = held.with_for_update()
-            current = (await conn.execute(held)).first()
+            fencing = int((await conn.execute(counter)).scalar_one())
+            resource_hash = digest(resource.encode())
+            current = (
+                await conn.execute(
+                    self._statement("held", build_held), {"resource_hash": resource_hash}
+                )
+            ).first()
             if current is not None and current.expires_at > now:
                 await conn.rollback()  # busy: nothing written, no token used up
                 return None
             expires = truncate_ms(now + lease_ttl)
             row = {
-                "resource_hash": digest(resource.encode()),
+                "resource_hash": resource_hash,
                 "resource": resource.encode(),
                 "token": bytes.fromhex(token),
                 "owner": owner.encode(),
@@ -125,20 +159,10 @@ class SqlExecutionGuard(ExecutionGuard):
                 "acquired_at": now,
                 "expires_at": expires,
             }
-            changed = ("resource", "token", "owner", "fencing_token", "acquired_at", "expires_at")
-            if self._db.mysql:
-                ins = mysql.insert(t).values(row)
-                await conn.execute(
-                    ins.on_duplicate_key_update([(c, ins.inserted[c]) for c in changed])
-                )
-            else:
-                lite = sqlite.insert(t).values(row)
-                await conn.execute(
-                    lite.on_conflict_do_update(
-                        index_elements=[t.c.resource_hash],
-                        set_={c: lite.excluded[c] for c in changed},
-                    )
-                )
+            await conn.execute(
+                self._statement("acquire", build_upsert),
+                {f"v_{name}": value for name, value in row.items()},
+            )
             return LockInfo.trusted(
                 {
                     "resource": resource,
@@ -170,9 +194,21 @@ class SqlExecutionGuard(ExecutionGuard):
         t = self.table
         mine = and_(self._key(resource), t.c.token == bytes.fromhex(token))
 
+        def build() -> Any:
+            return delete(t).where(
+                t.c.resource_hash == bindparam("resource_hash"),
+                t.c.token == bindparam("token"),
+                t.c.expires_at > bindparam("now", type_=t.c.expires_at.type),
+            )
+
         async def write(conn: AsyncConnection) -> bool:
             now = await self._db.now(conn, self)
-            live = await conn.execute(delete(t).where(mine, t.c.expires_at > now))
+            params = {
+                "resource_hash": digest(resource.encode()),
+                "token": bytes.fromhex(token),
+                "now": now,
+            }
+            live = await conn.execute(self._statement("release", build), params)
             if live.rowcount > 0:
                 return True
             await conn.execute(delete(t).where(mine))  # expired: no longer held

@@ -31,10 +31,22 @@ SQLite the process clock; or the test clock).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Hashable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from sqlalchemy import ColumnElement, and_, case, delete, func, or_, select, tuple_, update
+from sqlalchemy import (
+    ColumnElement,
+    and_,
+    bindparam,
+    case,
+    delete,
+    func,
+    or_,
+    select,
+    tuple_,
+    update,
+)
 from sqlalchemy.dialects import mysql, sqlite
 
 from pai_storage import Clock, InvalidInputError, StoreURL, WarningCallback
@@ -116,6 +128,7 @@ class SqlKeyValueStore(KeyValueStore):
         self._db = RuntimeDb(url, client, client_options)
         self.url = self._db.url
         self.table = self._db.tables.kv
+        self._statements: dict[Hashable, Any] = {}
 
     def __repr__(self) -> str:
         return f"SqlKeyValueStore({str(self.url)!r}, table={self.table.name!r})"
@@ -127,6 +140,21 @@ class SqlKeyValueStore(KeyValueStore):
         await self._db.release()
 
     # ------------------------------------------------------------ statements
+
+    def _statement(self, key: Hashable, build: Callable[[], Any]) -> Any:
+        """The statement ``key`` names, built once per store: the hot paths bind
+        their values as parameters, so each runs one compiled form."""
+        found = self._statements.get(key)
+        if found is None:
+            found = self._statements[key] = build()
+        return found
+
+    def _now_param(self) -> Any:
+        return bindparam("now", type_=self.table.c.expires_at.type)
+
+    def _pk_params(self) -> ColumnElement[bool]:
+        t = self.table
+        return and_(t.c.sk_head == bindparam("head"), t.c.sk_tail_hash == bindparam("tail_hash"))
 
     def _pk(self, sk: bytes) -> ColumnElement[bool]:
         head, _, tail_hash = split_key(sk, self._db.head_bytes)
@@ -195,10 +223,20 @@ class SqlKeyValueStore(KeyValueStore):
 
     def _upsert(self, row: dict[str, Any], now: datetime, *, only_expired: bool) -> Any:
         """``INSERT`` of ``row``, or over an existing row: a ``put`` (``only_expired``
-        false) or a create that replaces only an expired row."""
+        false) or a create that replaces only an expired row; and its parameters
+        (``v_<column>`` and ``now``)."""
+        names = tuple(row)
+        statement = self._statement(
+            ("upsert", names, only_expired),
+            lambda: self._upsert_statement(names, only_expired=only_expired),
+        )
+        return statement, {"now": now, **{f"v_{name}": value for name, value in row.items()}}
+
+    def _upsert_statement(self, names: tuple[str, ...], *, only_expired: bool) -> Any:
         t = self.table
-        live = self._live(now)
+        live = self._live(self._now_param())
         kept = ("sk_head", "sk_tail_hash")
+        row = {name: bindparam(f"v_{name}", type_=t.c[name].type) for name in names}
         if self._db.mysql:
             ins = mysql.insert(t).values(row)
             new = ins.inserted
@@ -235,10 +273,14 @@ class SqlKeyValueStore(KeyValueStore):
 
     async def _row(self, conn: AsyncConnection, sk: bytes, now: datetime) -> Row[Any] | None:
         """The live row of ``sk`` (locked on MariaDB/MySQL)."""
-        query = self._select().where(self._pk(sk), self._live(now))
-        if self._db.mysql:
-            query = query.with_for_update()
-        return (await conn.execute(query)).first()
+
+        def build() -> Any:
+            query = self._select().where(self._pk_params(), self._live(self._now_param()))
+            return query.with_for_update() if self._db.mysql else query
+
+        head, _, tail_hash = split_key(sk, self._db.head_bytes)
+        params = {"head": head, "tail_hash": tail_hash, "now": now}
+        return (await conn.execute(self._statement("row", build), params)).first()
 
     # ------------------------------------------------------------ hooks
 
@@ -250,8 +292,18 @@ class SqlKeyValueStore(KeyValueStore):
         async def read(conn: AsyncConnection) -> list[KVRecord]:
             now = self._db.clock(self)
             pairs = [split_key(sk, self._db.head_bytes) for sk in sks]
-            wanted = tuple_(t.c.sk_head, t.c.sk_tail_hash).in_([(h, th) for h, _, th in pairs])
-            rows = await conn.execute(self._select().where(wanted, self._live(now)))
+            params: dict[str, Any] = {"keys": [(h, th) for h, _, th in pairs]}
+            bound = isinstance(now, datetime)  # else the server's clock, in the statement
+            if bound:
+                params["now"] = now
+
+            def build() -> Any:
+                wanted = tuple_(t.c.sk_head, t.c.sk_tail_hash).in_(
+                    bindparam("keys", expanding=True)
+                )
+                return self._select().where(wanted, self._live(self._now_param() if bound else now))
+
+            rows = await conn.execute(self._statement(("get", bound), build), params)
             return [_record(r) for r in rows]
 
         return await self._db.read(read)
@@ -283,7 +335,7 @@ class SqlKeyValueStore(KeyValueStore):
         async def write(conn: AsyncConnection) -> KVRecord:
             now = await self._db.now(conn, self)
             row = self._values(sk, namespace, key, text, ttl, now, os.urandom(16))
-            await conn.execute(self._upsert(row, now, only_expired=False))
+            await conn.execute(*self._upsert(row, now, only_expired=False))
             stored = await self._row(conn, sk, now)
             assert stored is not None
             return _record(stored, namespace, key)
@@ -307,21 +359,36 @@ class SqlKeyValueStore(KeyValueStore):
             writer = os.urandom(16)
             row = self._values(sk, namespace, key, text, ttl, now, writer)
             if expected_version is None:
-                await conn.execute(self._upsert(row, now, only_expired=True))
+                await conn.execute(*self._upsert(row, now, only_expired=True))
             else:
-                changes = {
-                    "value": row["value"],
-                    "version": t.c.version + 1,
-                    "writer": writer,
-                    "updated_at": now,
-                    "expires_at": row["expires_at"],
-                    "ttl_ms": row["ttl_ms"],
+
+                def build() -> Any:
+                    changes = {
+                        name: bindparam(f"v_{name}", type_=t.c[name].type)
+                        for name in ("value", "writer", "updated_at", "expires_at", "ttl_ms")
+                    }
+                    return (
+                        update(t)
+                        .where(
+                            self._pk_params(),
+                            t.c.version == bindparam("expected"),
+                            self._live(self._now_param()),
+                        )
+                        .values({**changes, "version": t.c.version + 1})
+                    )
+
+                params = {
+                    "head": row["sk_head"],
+                    "tail_hash": row["sk_tail_hash"],
+                    "expected": expected_version,
+                    "now": now,
+                    "v_value": row["value"],
+                    "v_writer": writer,
+                    "v_updated_at": now,
+                    "v_expires_at": row["expires_at"],
+                    "v_ttl_ms": row["ttl_ms"],
                 }
-                await conn.execute(
-                    update(t)
-                    .where(self._pk(sk), t.c.version == expected_version, self._live(now))
-                    .values(changes)
-                )
+                await conn.execute(self._statement("update-if-version", build), params)
             stored = await self._row(conn, sk, now)
             if stored is None or bytes(stored.writer) != writer:
                 return VersionMismatch(None if stored is None else _record(stored))
@@ -362,6 +429,11 @@ class SqlKeyValueStore(KeyValueStore):
 
         async def read(conn: AsyncConnection) -> list[KVRecord]:
             now = self._db.clock(self)
+            if self._db.head_bytes is None:
+                # Keys are never split (SQLite): the scan is this one statement.
+                return await self._search_whole_keys(
+                    conn, now, key_prefix, low, inclusive, high, limit
+                )
             where = self._live(now)
             if key_prefix:
                 first = key_prefix.encode()
@@ -384,6 +456,62 @@ class SqlKeyValueStore(KeyValueStore):
             return [_record(r) for r in rows]
 
         return await self._db.read(read)
+
+    async def _search_whole_keys(
+        self,
+        conn: AsyncConnection,
+        now: Any,
+        key_prefix: str,
+        low: bytes,
+        inclusive: bool,
+        high: bytes | None,
+        limit: int,
+    ) -> list[KVRecord]:
+        """:meth:`_search` where the head column holds the whole sort key: one index
+        range scan in key order with a ``LIMIT`` (what ``ordered_scan`` reduces to)."""
+        t = self.table
+        first = key_prefix.encode() if key_prefix else None
+        first_bound = _upper(first) if first is not None else None
+        bound = isinstance(now, datetime)  # else the server's clock, in the statement
+        params: dict[str, Any] = {"low": low, "limit": limit}
+        if high is not None:
+            params["high"] = high
+        if bound:
+            params["now"] = now
+        if first is not None:
+            params["key_low"] = first
+        if first_bound is not None:
+            params["key_high"] = first_bound
+
+        def build() -> Any:
+            head = t.c.sk_head
+            where = [
+                head >= bindparam("low") if inclusive else head > bindparam("low"),
+                self._live(self._now_param() if bound else now),
+            ]
+            if high is not None:
+                where.append(head < bindparam("high"))
+            if first is not None:
+                where.append(t.c.key >= bindparam("key_low"))
+            if first_bound is not None:
+                where.append(t.c.key < bindparam("key_high"))
+            return (
+                self._select()
+                .where(*where)
+                .order_by(head, t.c.sk_tail_hash)
+                .limit(bindparam("limit"))
+            )
+
+        shape = (
+            "search",
+            inclusive,
+            high is not None,
+            bound,
+            first is not None,
+            first_bound is not None,
+        )
+        rows = await conn.execute(self._statement(shape, build), params)
+        return [_record(r) for r in rows]
 
     async def _list_keys(
         self, namespace: tuple[str, ...], prefix: str, after: str | None, limit: int
@@ -478,21 +606,21 @@ def _skip(path: bytes, max_depth: int | None, depth: int) -> bytes:
 def _record(
     row: Row[Any], namespace: tuple[str, ...] | None = None, key: str | None = None
 ) -> KVRecord:
-    m = row._mapping
+    # The columns of _select(), by position.
+    head, tail, value, version, created, updated, expires, ttl_ms = tuple(row)[:8]
     if namespace is None or key is None:
-        sk = join_key(m["sk_head"], m["sk_tail"])
+        sk = join_key(head, tail)
         path, _, raw_key = sk.partition(b"\x00")
         namespace = namespace_from_path(path.decode())
         key = raw_key.decode()
-    ttl_ms = m["ttl_ms"]
     return KVRecord(
         namespace=namespace,
         key=key,
-        text=bytes(m["value"]).decode(errors="surrogateescape"),
-        version=int(m["version"]),
-        created_at=m["created_at"],
-        updated_at=m["updated_at"],
-        expires_at=m["expires_at"],
+        text=bytes(value).decode(errors="surrogateescape"),
+        version=int(version),
+        created_at=created,
+        updated_at=updated,
+        expires_at=expires,
         ttl=None if ttl_ms is None else timedelta(milliseconds=int(ttl_ms)),
     )
 

@@ -133,15 +133,15 @@ class RuntimeDb:
         """
 
         async def attempt() -> T:
-            async with self.client.write() as conn:
-                return await operation(conn)
+            async with self.client.writing() as op:
+                return await operation(self.client.connection(op))
 
         return await self.client.retrying(attempt)
 
     async def read(self, operation: Callable[[AsyncConnection], Awaitable[T]]) -> T:
         """``operation(conn)`` in one read snapshot."""
-        async with self.client.read() as conn:
-            return await operation(conn)
+        async with self.client.reading() as op:
+            return await operation(self.client.connection(op))
 
     async def now(self, conn: AsyncConnection, store: ManagedStore) -> datetime:
         """The store's time in whole milliseconds: the test clock, else the server's.

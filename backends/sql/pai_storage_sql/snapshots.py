@@ -22,10 +22,11 @@ anything is sent. See ``docs/sql.md``, "Runtime stores".
 from __future__ import annotations
 
 import builtins
+from collections.abc import Callable, Hashable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from sqlalchemy import ColumnElement, and_, delete, or_, select
+from sqlalchemy import ColumnElement, and_, bindparam, delete, or_, select
 from sqlalchemy.dialects import mysql, sqlite
 
 from pai_storage.backend import ENUMERATE
@@ -84,6 +85,28 @@ class SqlSnapshotStore(SnapshotStore):
         self._db = RuntimeDb(url, client, client_options)
         self.url = self._db.url
         self.table = self._db.tables.snapshots
+        self._statements: dict[Hashable, Any] = {}
+
+    def _statement(self, key: Hashable, build: Callable[[], Any]) -> Any:
+        """The statement ``key`` names, built once per store: the hot paths bind
+        their values as parameters, so each runs one compiled form."""
+        found = self._statements.get(key)
+        if found is None:
+            found = self._statements[key] = build()
+        return found
+
+    def _key_params(self, scope: str, snapshot_id: str) -> dict[str, Any]:
+        head, _, tail_hash = split_key(snapshot_id.encode(), self._db.id_head_bytes)
+        return {"scope_hash": digest(scope.encode()), "id_head": head, "id_tail_hash": tail_hash}
+
+    def _key_bound(self) -> ColumnElement[bool]:
+        """The snapshot's row, by the parameters of :meth:`_key_params`."""
+        t = self.table
+        return and_(
+            t.c.scope_hash == bindparam("scope_hash"),
+            t.c.id_head == bindparam("id_head"),
+            t.c.id_tail_hash == bindparam("id_tail_hash"),
+        )
 
     def __repr__(self) -> str:
         return f"SqlSnapshotStore({str(self.url)!r}, table={self.table.name!r})"
@@ -147,7 +170,6 @@ class SqlSnapshotStore(SnapshotStore):
 
     async def _put(self, draft: SnapshotDraft) -> SnapshotInfo:
         self._check_packet(draft)
-        t = self.table
         head, tail, tail_hash = split_key(draft.snapshot_id.encode(), self._db.id_head_bytes)
 
         async def write(conn: AsyncConnection) -> datetime:
@@ -166,32 +188,43 @@ class SqlSnapshotStore(SnapshotStore):
                 "metadata": draft.metadata_json.encode(),
                 "data": draft.data,
             }
-            changed = ("created_at", "expires_at", "size", "sha256", "metadata", "data")
-            if self._db.mysql:
-                ins = mysql.insert(t).values(row)
-                await conn.execute(
-                    ins.on_duplicate_key_update([(c, ins.inserted[c]) for c in changed])
-                )
-            else:
-                lite = sqlite.insert(t).values(row)
-                await conn.execute(
-                    lite.on_conflict_do_update(
-                        index_elements=[t.c.scope_hash, t.c.id_head, t.c.id_tail_hash],
-                        set_={c: lite.excluded[c] for c in changed},
-                    )
-                )
+            await conn.execute(
+                self._statement(("put", tuple(row)), lambda: self._upsert(tuple(row))),
+                {f"v_{name}": value for name, value in row.items()},
+            )
             return now
 
         created_at = await self._db.write(write)
         return draft.info(created_at, self.snapshot_expiry(created_at))
 
+    def _upsert(self, names: tuple[str, ...]) -> Any:
+        """The ``put`` of a row of ``names`` (parameters ``v_<column>``)."""
+        t = self.table
+        row = {name: bindparam(f"v_{name}", type_=t.c[name].type) for name in names}
+        changed = ("created_at", "expires_at", "size", "sha256", "metadata", "data")
+        if self._db.mysql:
+            ins = mysql.insert(t).values(row)
+            return ins.on_duplicate_key_update([(c, ins.inserted[c]) for c in changed])
+        lite = sqlite.insert(t).values(row)
+        return lite.on_conflict_do_update(
+            index_elements=[t.c.scope_hash, t.c.id_head, t.c.id_tail_hash],
+            set_={c: lite.excluded[c] for c in changed},
+        )
+
     async def _get(self, scope: str, snapshot_id: str) -> Snapshot | None:
         async def read(conn: AsyncConnection) -> Row[Any] | None:
             now = self._db.clock(self)
-            query = select(*self._columns(True)).where(
-                self._key(scope, snapshot_id), self._live(now)
-            )
-            return (await conn.execute(query)).first()
+            bound = isinstance(now, datetime)  # else the server's clock, in the statement
+            params = self._key_params(scope, snapshot_id)
+            if bound:
+                params["now"] = now
+            t = self.table
+
+            def build() -> Any:
+                clock = bindparam("now", type_=t.c.expires_at.type) if bound else now
+                return select(*self._columns(True)).where(self._key_bound(), self._live(clock))
+
+            return (await conn.execute(self._statement(("get", bound), build), params)).first()
 
         row = await self._db.read(read)
         if row is None or bytes(row.scope) != scope.encode():

@@ -23,10 +23,21 @@ on the session's ``expires_at`` against the same clock, so expiry is exact.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from sqlalchemy import ColumnElement, and_, delete, exists, insert, or_, select, update
+from sqlalchemy import (
+    ColumnElement,
+    and_,
+    bindparam,
+    delete,
+    exists,
+    insert,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.dialects import mysql, sqlite
 
 from pai_storage import Clock, InvalidInputError, StoreURL, WarningCallback
@@ -98,6 +109,7 @@ class SqlAgentStateStore(AgentStateStore):
         self.sessions = tables.state_sessions
         self.values = tables.state_values
         self.items = tables.state_items
+        self._statements: dict[Hashable, Any] = {}
 
     def __repr__(self) -> str:
         return f"SqlAgentStateStore({str(self.url)!r}, table={self.sessions.name!r})"
@@ -109,6 +121,28 @@ class SqlAgentStateStore(AgentStateStore):
         await self._db.release()
 
     # ------------------------------------------------------------ statements
+
+    def _statement(self, key: Hashable, build: Callable[[], Any]) -> Any:
+        """The statement ``key`` names, built once per store: the hot paths bind
+        their values as parameters, so each runs one compiled form."""
+        found = self._statements.get(key)
+        if found is None:
+            found = self._statements[key] = build()
+        return found
+
+    def _session_params(self, session: SessionKey) -> dict[str, Any]:
+        head, _, tail_hash = split_key(_session_key(session), self._db.head_bytes)
+        return {"s_head": head, "s_tail_hash": tail_hash}
+
+    def _session_bound(self) -> ColumnElement[bool]:
+        """The session's row, by the parameters of :meth:`_session_params`."""
+        s = self.sessions
+        return and_(
+            s.c.sk_head == bindparam("s_head"), s.c.sk_tail_hash == bindparam("s_tail_hash")
+        )
+
+    def _now_param(self) -> Any:
+        return bindparam("now", type_=self.sessions.c.expires_at.type)
 
     def _session_where(self, session: SessionKey) -> ColumnElement[bool]:
         head, _, tail_hash = split_key(_session_key(session), self._db.head_bytes)
@@ -139,40 +173,72 @@ class SqlAgentStateStore(AgentStateStore):
         head, tail, tail_hash = split_key(_session_key(session), self._db.head_bytes)
         expires = self.session_expiry(now)
         row = {"sk_head": head, "sk_tail_hash": tail_hash, "sk_tail": tail, "expires_at": expires}
-        if self._db.mysql:
-            ins = mysql.insert(s).values(row)
-            await conn.execute(ins.on_duplicate_key_update(id=s.c.id))
-        else:
-            await conn.execute(sqlite.insert(s).values(row).on_conflict_do_nothing())
-        query = select(s.c.id, s.c.expires_at).where(self._session_where(session))
-        if self._db.mysql:
-            query = query.with_for_update()
-        found = (await conn.execute(query)).one()
+
+        def build_insert() -> Any:
+            values = {name: bindparam(f"v_{name}", type_=s.c[name].type) for name in row}
+            if self._db.mysql:
+                return mysql.insert(s).values(values).on_duplicate_key_update(id=s.c.id)
+            return sqlite.insert(s).values(values).on_conflict_do_nothing()
+
+        await conn.execute(
+            self._statement("touch", build_insert), {f"v_{k}": v for k, v in row.items()}
+        )
+
+        def build_select() -> Any:
+            query = select(s.c.id, s.c.expires_at).where(self._session_bound())
+            return query.with_for_update() if self._db.mysql else query
+
+        found = (
+            await conn.execute(
+                self._statement("session", build_select), self._session_params(session)
+            )
+        ).one()
         sid = int(found.id)
         if found.expires_at is not None and found.expires_at <= now:
             # A write to an expired session starts a new, empty one.
             await conn.execute(delete(self.values).where(self.values.c.session_id == sid))
         if found.expires_at != expires:
-            await conn.execute(update(s).where(s.c.id == sid).values(expires_at=expires))
+            await conn.execute(
+                self._statement(
+                    "session-expiry",
+                    lambda: (
+                        update(s)
+                        .where(s.c.id == bindparam("sid"))
+                        .values(expires_at=bindparam("v_expires_at", type_=s.c.expires_at.type))
+                    ),
+                ),
+                {"sid": sid, "v_expires_at": expires},
+            )
         return sid
 
     async def _value_row(self, conn: AsyncConnection, sid: int, key: str) -> Any:
         v = self.values
-        query = select(v.c.id, v.c.is_list, v.c.version, v.c.length, v.c.hash).where(
-            v.c.session_id == sid, v.c.key_hash == digest(key.encode())
+        query = self._statement(
+            "value-row",
+            lambda: select(v.c.id, v.c.is_list, v.c.version, v.c.length, v.c.hash).where(
+                v.c.session_id == bindparam("sid"), v.c.key_hash == bindparam("key_hash")
+            ),
         )
-        return (await conn.execute(query)).first()
+        params = {"sid": sid, "key_hash": digest(key.encode())}
+        return (await conn.execute(query, params)).first()
 
     async def _joined(self, conn: AsyncConnection, session: SessionKey, key: str, now: Any) -> Any:
         """The live state row of ``key`` in the session (with its value and list head)."""
         s, v = self.sessions, self.values
-        query = (
-            select(v.c.id, v.c.is_list, v.c.value, v.c.version, v.c.length, v.c.hash)
-            .select_from(v.join(s, s.c.id == v.c.session_id))
-            .where(self._session_where(session), self._live(now))
-            .where(v.c.key_hash == digest(key.encode()))
-        )
-        return (await conn.execute(query)).first()
+        bound = isinstance(now, datetime)  # else the server's clock, in the statement
+
+        def build() -> Any:
+            return (
+                select(v.c.id, v.c.is_list, v.c.value, v.c.version, v.c.length, v.c.hash)
+                .select_from(v.join(s, s.c.id == v.c.session_id))
+                .where(self._session_bound(), self._live(self._now_param() if bound else now))
+                .where(v.c.key_hash == bindparam("key_hash"))
+            )
+
+        params = {**self._session_params(session), "key_hash": digest(key.encode())}
+        if bound:
+            params["now"] = now
+        return (await conn.execute(self._statement(("joined", bound), build), params)).first()
 
     def _new_value(self, sid: int, key: str, **columns: Any) -> Any:
         return insert(self.values).values(
@@ -211,9 +277,23 @@ class SqlAgentStateStore(AgentStateStore):
             elif expected_version in (None, int(current.version)):
                 version = int(current.version)
                 done = await conn.execute(
-                    update(v)
-                    .where(v.c.id == current.id, v.c.version == version)
-                    .values(value=data, version=version + 1)
+                    self._statement(
+                        "save-value",
+                        lambda: (
+                            update(v)
+                            .where(v.c.id == bindparam("vid"), v.c.version == bindparam("expected"))
+                            .values(
+                                value=bindparam("v_value", type_=v.c.value.type),
+                                version=bindparam("v_version"),
+                            )
+                        ),
+                    ),
+                    {
+                        "vid": current.id,
+                        "expected": version,
+                        "v_value": data,
+                        "v_version": version + 1,
+                    },
                 )
                 if done.rowcount == 1:
                     return version + 1
@@ -285,13 +365,28 @@ class SqlAgentStateStore(AgentStateStore):
                 and bytes(current.hash).hex() == expect.hash
             ):
                 done = await conn.execute(
-                    update(v)
-                    .where(
-                        v.c.id == current.id,
-                        v.c.length == expect.length,
-                        v.c.hash == bytes.fromhex(expect.hash),
-                    )
-                    .values(length=head.length, hash=bytes.fromhex(head.hash))
+                    self._statement(
+                        "list-head",
+                        lambda: (
+                            update(v)
+                            .where(
+                                v.c.id == bindparam("vid"),
+                                v.c.length == bindparam("expected_length"),
+                                v.c.hash == bindparam("expected_hash", type_=v.c.hash.type),
+                            )
+                            .values(
+                                length=bindparam("v_length"),
+                                hash=bindparam("v_hash", type_=v.c.hash.type),
+                            )
+                        ),
+                    ),
+                    {
+                        "vid": current.id,
+                        "expected_length": expect.length,
+                        "expected_hash": bytes.fromhex(expect.hash),
+                        "v_length": head.length,
+                        "v_hash": bytes.fromhex(head.hash),
+                    },
                 )
                 if done.rowcount == 1:
                     start = expect.length
