@@ -1,0 +1,127 @@
+"""The runtime stores' connection on SQLite: Core statements run on the driver.
+
+:class:`~pai_storage_sql.client.CoreConnection` runs a SQLAlchemy Core
+statement with SQLAlchemy's compiled form and processors but without its
+execution layer. These tests compare what it returns with what SQLAlchemy's
+own connection returns for the same statements (values through type
+processors, expanding ``IN``, row counts, ``executemany``), check what it
+leaves to SQLAlchemy, and that a rollback through it applies nothing.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from pai_storage_sql.client import CoreConnection, SqlClient
+from sqlalchemy import bindparam, delete, insert, select, text, tuple_, update
+
+from .conftest import Target
+
+pytestmark = pytest.mark.asyncio
+
+NOW = datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=UTC)
+
+
+async def both(client: SqlClient, statement: Any, params: Any = None) -> tuple[Any, Any]:
+    """The rows of ``statement`` through CoreConnection and through SQLAlchemy."""
+    async with client.reading() as op:
+        core = client.connection(op)
+        assert isinstance(core, CoreConnection)
+        fast = (await core.execute(statement, params)).all()
+        slow = (await op.conn.execute(statement, params)).all()
+    return fast, slow
+
+
+async def test_rows_values_and_counts_match_sqlalchemy(sqlite_target: Target) -> None:
+    async with SqlClient(sqlite_target.url) as client:
+        await client.ready()
+        kv = client.tables.runtime.kv
+        rows = [
+            {
+                "sk_head": f"ns\x00k{i}".encode(),
+                "sk_tail_hash": b"",
+                "sk_tail": None,
+                "ns": b"ns",
+                "key": f"k{i}".encode(),
+                "value": b'{"i": %d}' % i,
+                "version": 1,
+                "writer": bytes(16),
+                "created_at": NOW,
+                "updated_at": NOW,
+                "expires_at": None if i % 2 else NOW + timedelta(days=i),
+                "ttl_ms": None,
+            }
+            for i in range(5)
+        ]
+        async with client.writing() as op:
+            core = client.connection(op)
+            done = await core.execute(insert(kv), rows)  # executemany on the driver
+            assert done.rowcount == 5
+            changed = await core.execute(
+                update(kv).where(kv.c.version == 1).values(version=kv.c.version + 1)
+            )
+            assert changed.rowcount == 5
+
+        query = select(kv.c.key, kv.c.created_at, kv.c.expires_at, kv.c.version).order_by(
+            kv.c.sk_head
+        )
+        fast, slow = await both(client, query)
+        assert fast == slow
+        assert fast[0].created_at == NOW  # through the column's result processor
+        assert fast[0]._mapping["expires_at"] == NOW
+
+        wanted = [(f"ns\x00k{i}".encode(), b"") for i in (1, 3, 4)]
+        by_keys = query.where(
+            tuple_(kv.c.sk_head, kv.c.sk_tail_hash).in_(bindparam("keys", expanding=True)),
+            kv.c.expires_at.is_(None)
+            | (kv.c.expires_at > bindparam("now", type_=kv.c.expires_at.type)),
+        )
+        fast, slow = await both(client, by_keys, {"keys": wanted, "now": NOW})
+        assert fast == slow
+        assert [bytes(r.key) for r in fast] == [b"k1", b"k3", b"k4"]
+
+        literal = select(kv.c.key).where(kv.c.key.in_([b"k0", b"k2"]), kv.c.created_at <= NOW)
+        fast, slow = await both(client, literal)
+        assert fast == slow
+        assert len(fast) == 2
+
+        async with client.writing() as op:
+            core = client.connection(op)
+            gone = await core.execute(delete(kv).where(kv.c.key == b"k0"))
+            assert gone.rowcount == 1
+            await core.rollback()  # nothing of the operation is applied
+        fast, _ = await both(client, select(kv.c.key).where(kv.c.key == b"k0"))
+        assert len(fast) == 1
+
+
+async def test_what_is_left_to_sqlalchemy(sqlite_target: Target) -> None:
+    async with SqlClient(sqlite_target.url) as client:
+        await client.ready()
+        state = client.tables.runtime.state_sessions
+        async with client.writing() as op:
+            core = client.connection(op)
+            # An insert into a table with an auto-increment key: SQLAlchemy's result.
+            made = await core.execute(
+                insert(state).values(
+                    sk_head=b"u\x00s", sk_tail_hash=b"", sk_tail=None, expires_at=None
+                )
+            )
+            assert made.inserted_primary_key is not None
+            assert int(made.inserted_primary_key[0]) >= 1
+            # Text statements too.
+            assert (await core.execute(text("SELECT 41 + 1"))).scalar_one() == 42
+
+
+async def test_an_application_engine_keeps_sqlalchemy_connections(tmp_path: Any) -> None:
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    engine = create_async_engine(f"sqlite+aiosqlite:///{tmp_path}/app.db")
+    try:
+        async with SqlClient(f"sqlite:///{tmp_path}/app.db", engine=engine) as client:
+            await client.ready()
+            async with client.reading() as op:
+                assert client.connection(op) is op.conn
+    finally:
+        await engine.dispose()
