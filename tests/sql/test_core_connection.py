@@ -96,22 +96,39 @@ async def test_rows_values_and_counts_match_sqlalchemy(sqlite_target: Target) ->
         assert len(fast) == 1
 
 
-async def test_what_is_left_to_sqlalchemy(sqlite_target: Target) -> None:
+async def test_auto_increment_keys_and_what_is_left_to_sqlalchemy(
+    sqlite_target: Target,
+) -> None:
     async with SqlClient(sqlite_target.url) as client:
         await client.ready()
-        state = client.tables.runtime.state_sessions
+        sessions = client.tables.runtime.state_sessions
+
+        def row(name: bytes, **extra: Any) -> Any:
+            return insert(sessions).values(
+                sk_head=name, sk_tail_hash=b"", sk_tail=None, expires_at=None, **extra
+            )
+
         async with client.writing() as op:
             core = client.connection(op)
-            # An insert into a table with an auto-increment key: SQLAlchemy's result.
-            made = await core.execute(
-                insert(state).values(
-                    sk_head=b"u\x00s", sk_tail_hash=b"", sk_tail=None, expires_at=None
-                )
-            )
-            assert made.inserted_primary_key is not None
-            assert int(made.inserted_primary_key[0]) >= 1
-            # Text statements too.
+            # The new row's key, from the driver's lastrowid as SQLAlchemy takes it.
+            first = await core.execute(row(b"u\x00a"))
+            slow = await op.conn.execute(row(b"u\x00b"))
+            second = await core.execute(row(b"u\x00c"))
+            assert first.inserted_primary_key is not None
+            assert second.inserted_primary_key is not None
+            assert slow.inserted_primary_key is not None
+            ids = [
+                int(first.inserted_primary_key[0]),
+                int(slow.inserted_primary_key[0]),
+                int(second.inserted_primary_key[0]),
+            ]
+            assert ids == [ids[0], ids[0] + 1, ids[0] + 2]
+            # A key given in the statement, and text: SQLAlchemy's connection.
+            given = await core.execute(row(b"u\x00d", id=1000))
+            assert given.inserted_primary_key == (1000,)
             assert (await core.execute(text("SELECT 41 + 1"))).scalar_one() == 42
+        found = await both(client, select(sessions.c.id).order_by(sessions.c.id))
+        assert [r.id for r in found[0]] == [*ids, 1000]
 
 
 async def test_an_application_engine_keeps_sqlalchemy_connections(tmp_path: Any) -> None:

@@ -920,7 +920,15 @@ class Operation:
 class _Prepared:
     """A Core statement's compiled form, what binding and reading its rows need."""
 
-    __slots__ = ("compiled", "expands", "keys", "metadata", "positions", "processors")
+    __slots__ = (
+        "compiled",
+        "expands",
+        "keys",
+        "lastrowid_key",
+        "metadata",
+        "positions",
+        "processors",
+    )
 
     @classmethod
     def make(cls, statement: Any, compiled: Any) -> _Prepared | None:
@@ -934,13 +942,20 @@ class _Prepared:
             or compiled.insert_prefetch
             or compiled.update_prefetch
             or compiled.schema_translate_map
-            or (compiled.isinsert and statement.table.autoincrement_column is not None)
         ):
             return None
-        return cls(compiled)
+        prepared = cls(compiled)
+        if compiled.isinsert and statement.table.autoincrement_column is not None:
+            # The key comes back as the driver's lastrowid, as SQLAlchemy takes it;
+            # a key given in the statement or one of several columns: SQLAlchemy.
+            if not compiled.postfetch_lastrowid or len(statement.table.primary_key) != 1:
+                return None
+            prepared.lastrowid_key = True
+        return prepared
 
     def __init__(self, compiled: Any) -> None:
         self.compiled = compiled
+        self.lastrowid_key = False
         self.expands = bool(compiled.literal_execute_params or compiled.post_compile_params)
         self.positions: tuple[str, ...] = tuple(compiled.positiontup or ())
         self.processors: Mapping[str, Any] = compiled._bind_processors
@@ -960,13 +975,17 @@ class _Prepared:
 
 class CoreResult:
     """The result of a Core statement run on the driver: its rows (SQLAlchemy
-    ``Row`` objects, by position, name and attribute) and ``rowcount``."""
+    ``Row`` objects, by position, name and attribute), ``rowcount`` and, for an
+    insert into a table keyed by an auto-increment column, ``inserted_primary_key``."""
 
-    __slots__ = ("_result", "rowcount")
+    __slots__ = ("_result", "inserted_primary_key", "rowcount")
 
-    def __init__(self, result: Any, rowcount: int) -> None:
+    def __init__(
+        self, result: Any, rowcount: int, inserted_primary_key: tuple[Any, ...] | None = None
+    ) -> None:
         self._result = result
         self.rowcount = rowcount
+        self.inserted_primary_key = inserted_primary_key
 
     def __iter__(self) -> Iterator[Any]:
         return iter(self._result)
@@ -983,11 +1002,11 @@ class CoreConnection:
     shape (SQLAlchemy's cache key), binds its values with SQLAlchemy's
     processors and runs it on the driver connection in one trip, inside the
     operation's transaction; its rows come back as SQLAlchemy ``Row`` objects
-    with the columns' result processors applied. What this does not cover (a
-    statement with parameters or ``executemany``, ``RETURNING``, Python-side
-    column defaults, an insert into a table with an auto-increment key, a
-    statement without a cache key) runs through SQLAlchemy's connection, in
-    the same transaction. Everything else is the ``AsyncConnection``'s.
+    with the columns' result processors applied. What this does not cover
+    (``RETURNING``, Python-side column defaults, an insert that gives an
+    auto-increment key or inserts several rows with one, text, a statement
+    without a cache key) runs through SQLAlchemy's connection, in the same
+    transaction. Everything else is the ``AsyncConnection``'s.
     """
 
     __slots__ = ("_cache", "_op")
@@ -1028,7 +1047,9 @@ class CoreConnection:
         prepared = compiled.__dict__.get("_pai_prepared", _UNPREPARED)
         if prepared is _UNPREPARED:
             prepared = compiled.__dict__["_pai_prepared"] = _Prepared.make(statement, compiled)
-        if prepared is None or (many and (prepared.expands or prepared.metadata is not None)):
+        if prepared is None or (
+            many and (prepared.expands or prepared.metadata is not None or prepared.lastrowid_key)
+        ):
             return None
         extra = {"_collected_params": found[2]} if len(found) == 4 else {}
         sets = [
@@ -1087,7 +1108,8 @@ class CoreConnection:
             op._announce(text, args, False)
         if entry.metadata is None:
             cursor = await op.driver.execute(text, args)
-            return CoreResult(None, cursor.rowcount)
+            key = (cursor.lastrowid,) if entry.lastrowid_key else None
+            return CoreResult(None, cursor.rowcount, key)
         rows = await op.driver.execute_fetchall(text, args)
         from sqlalchemy.engine import IteratorResult
 

@@ -292,18 +292,27 @@ class SqlKeyValueStore(KeyValueStore):
         async def read(conn: AsyncConnection) -> list[KVRecord]:
             now = self._db.clock(self)
             pairs = [split_key(sk, self._db.head_bytes) for sk in sks]
-            params: dict[str, Any] = {"keys": [(h, th) for h, _, th in pairs]}
             bound = isinstance(now, datetime)  # else the server's clock, in the statement
+            one = len(pairs) == 1  # a primary-key probe, no list to expand
+            params: dict[str, Any] = (
+                {"head": pairs[0][0], "tail_hash": pairs[0][2]}
+                if one
+                else {"keys": [(h, th) for h, _, th in pairs]}
+            )
             if bound:
                 params["now"] = now
 
             def build() -> Any:
-                wanted = tuple_(t.c.sk_head, t.c.sk_tail_hash).in_(
-                    bindparam("keys", expanding=True)
+                wanted = (
+                    self._pk_params()
+                    if one
+                    else tuple_(t.c.sk_head, t.c.sk_tail_hash).in_(
+                        bindparam("keys", expanding=True)
+                    )
                 )
                 return self._select().where(wanted, self._live(self._now_param() if bound else now))
 
-            rows = await conn.execute(self._statement(("get", bound), build), params)
+            rows = await conn.execute(self._statement(("get", one, bound), build), params)
             return [_record(r) for r in rows]
 
         return await self._db.read(read)
