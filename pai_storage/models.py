@@ -75,7 +75,7 @@ from pydantic import (
     model_validator,
 )
 from pydantic.alias_generators import to_camel
-from pydantic_core import PydanticCustomError, SchemaValidator
+from pydantic_core import PydanticCustomError, SchemaSerializer, SchemaValidator
 
 from .errors import ThreadStoreInvariantError, ThreadStoreSerializationError
 from .strict_json import INT64_MAX, MAX_JSON_DEPTH, MAX_JSON_NODES, check_json, is_valid_text
@@ -365,13 +365,19 @@ fall back to :func:`~pai_storage.strict_json.check_json` for those.
 def _stored_timestamp(value: Any) -> datetime:
     # The form this store writes ("2026-01-02T03:04:05.678Z") is already UTC and
     # whole milliseconds: fromisoformat alone gives the same value as
-    # _parse_timestamp. Anything else takes the full check. Datetimes are
-    # immutable, so the most recent results are remembered and shared.
-    found = _TIMESTAMPS.get(value) if type(value) is str else None
+    # _parse_timestamp. So is a datetime in UTC of whole milliseconds (what a
+    # BSON decoder makes), returned as it is. Anything else takes the full
+    # check. Datetimes are immutable, so the most recent results of parsing
+    # are remembered and shared.
+    if type(value) is not str:
+        if type(value) is datetime and value.tzinfo is UTC and not value.microsecond % 1000:
+            return value
+        return _parse_timestamp(value)
+    found = _TIMESTAMPS.get(value)
     if found is not None:
         return found
     moment = None
-    if type(value) is str and len(value) == 24 and value[23] == "Z":
+    if len(value) == 24 and value[23] == "Z":
         try:
             moment = datetime.fromisoformat(value)
         except ValueError:
@@ -436,8 +442,9 @@ def _model_classes(node: Any, found: dict[int, type[BaseModel]]) -> dict[int, ty
     return found
 
 
-def _stored_validator(model: type[BaseModel]) -> SchemaValidator:
-    """Compile :func:`_stored_schema` of ``model`` into its own validator.
+def _stored_validator(model: type[BaseModel], decoded: bool = False) -> SchemaValidator:
+    """Compile :func:`_stored_schema` of ``model`` (for JSON text, or with
+    :func:`_decoded_schema` for decoded documents) into its own validator.
 
     pydantic-core reuses a finished model's own validator for every nested
     model it meets while compiling a schema; each model class is marked
@@ -449,6 +456,8 @@ def _stored_validator(model: type[BaseModel]) -> SchemaValidator:
         "schema": _stored_schema(model.__pydantic_core_schema__),
         "definitions": _json_definitions(),
     }
+    if decoded:
+        schema = _decoded_schema(schema)
     classes = list(_model_classes(schema, {}).values())
     for cls in classes:
         cls.__pydantic_complete__ = False
@@ -457,6 +466,77 @@ def _stored_validator(model: type[BaseModel]) -> SchemaValidator:
     finally:
         for cls in classes:
             cls.__pydantic_complete__ = True
+
+
+_UNICODE_CHECKED = 2**62
+"""A length bound no string reaches: with any length bound, pydantic-core reads a
+Python string as Unicode and refuses one holding a lone surrogate."""
+
+
+def _decoded_schema(node: Any) -> Any:
+    """A copy of a stored-text schema (:func:`_stored_schema`) for decoded documents.
+
+    The same checks in Python mode, where a string may hold a lone surrogate
+    (a JSON decoder turns ``"\\ud800"`` into one): every string, dictionary
+    keys included, is strict and length-bounded, so pydantic-core refuses it.
+    """
+    if isinstance(node, list):
+        return [_decoded_schema(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    copied = {key: _decoded_schema(value) for key, value in node.items()}
+    if copied.get("type") == "str":
+        copied["strict"] = True
+        copied.setdefault("max_length", _UNICODE_CHECKED)
+    return copied
+
+
+def _is_none(value: Any) -> bool:
+    return value is None
+
+
+def _json_form_schema(node: Any) -> Any:
+    """A copy of a model's core schema whose serializer omits absent fields itself.
+
+    The models' ``_omit_absent`` wrap serializer is a Python call per nested
+    model; in the copy an optional field is left out by pydantic-core when it
+    is ``None`` (``serialization_exclude_if``), which is what ``_omit_absent``
+    does for every field but those in ``_json_optional``: a model with such
+    fields keeps its wrap serializer.
+    """
+    if isinstance(node, list):
+        return [_json_form_schema(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    copied = {key: _json_form_schema(value) for key, value in node.items()}
+    cls = node.get("cls")
+    if node.get("type") == "model" and isinstance(cls, type) and issubclass(cls, StoreModel):
+        if not cls._json_optional:
+            copied.pop("serialization", None)
+        inner = copied["schema"]
+        while inner["type"] != "model-fields":  # under the model's own validators
+            inner = inner["schema"]
+        fields = inner["fields"]
+        for name, field in cls.model_fields.items():
+            if not field.is_required() and name not in cls._json_optional:
+                fields[name]["serialization_exclude_if"] = _is_none
+    return copied
+
+
+_JSON_FORMS: dict[type, SchemaSerializer] = {}
+
+
+def _json_form(cls: type[StoreModel]) -> SchemaSerializer:
+    """The serializer of ``cls``'s JSON form (:func:`_json_form_schema`), compiled once.
+
+    Unlike validators, pydantic-core compiles every nested model's serializer
+    from the schema it is given, so the copy needs nothing more.
+    """
+    serializer = _JSON_FORMS.get(cls)
+    if serializer is None:  # racing threads compile equal serializers: either one is kept
+        schema = _json_form_schema(cls.__pydantic_core_schema__)
+        serializer = _JSON_FORMS[cls] = SchemaSerializer(schema)
+    return serializer
 
 
 # ---------------------------------------------------------------- base model
@@ -596,6 +676,8 @@ class StoreModel(BaseModel):
     @classmethod
     def model_validate(cls, obj: Any, **kwargs: Any) -> Self:
         try:
+            if not kwargs:  # the common call: straight to pydantic-core
+                return cast(Self, cls.__pydantic_validator__.validate_python(obj))
             return super().model_validate(obj, **kwargs)
         except ValidationError as exc:
             raise convert_validation_error(exc, cls.__name__, obj) from None
@@ -630,6 +712,30 @@ class StoreModel(BaseModel):
                 pass
         return cls.model_validate_json(text)
 
+    @classmethod
+    def model_validate_decoded(cls, data: dict[str, Any], size: int) -> Self:
+        """Validate a record from a document a store decoded (BSON, JSON).
+
+        The result, and every error, is exactly that of :meth:`model_validate`,
+        as with :meth:`model_validate_stored`: the document is checked by a
+        validator whose field checks are pydantic-core constraints, and
+        whatever it refuses goes through :meth:`model_validate`, which decides
+        and names the problem. ``data`` is as a decoder made it: containers and
+        scalars of exactly the JSON types (``dict``, ``list``, ``str``,
+        ``int``, ``float``, ``bool``, ``None``; a subclass such as BSON's
+        ``Int64`` converted first) or other types, which are refused.
+        ``size`` is the length of the encoded document: each value took at
+        least one byte of it, so it bounds the number of values (a larger
+        document takes the full check, which counts them).
+        """
+        validator = _DECODED_VALIDATORS.get(cls)
+        if validator is not None and size < MAX_JSON_NODES:
+            try:
+                return cast(Self, validator.validate_python(data))
+            except ValidationError:
+                pass
+        return cls.model_validate(data)
+
     @model_serializer(mode="wrap")
     def _omit_absent(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> Any:
         data = handler(self)
@@ -662,8 +768,16 @@ class StoreModel(BaseModel):
             yield name, (_Opaque(value) if name in _OPAQUE_FIELDS else value)
 
     def to_json(self) -> dict[str, Any]:
-        """The JSON form of this value (a fresh ``dict``)."""
-        return self.model_dump(mode="json", by_alias=True)
+        """The JSON form of this value (a fresh ``dict``).
+
+        The same as ``model_dump(mode="json", by_alias=True)``, about twice as fast.
+        """
+        form: dict[str, Any] = _json_form(type(self)).to_python(self, mode="json", by_alias=True)
+        return form
+
+    def to_json_text(self) -> str:
+        """The JSON form as compact text (what :meth:`to_json` gives, encoded by pydantic-core)."""
+        return _json_form(type(self)).to_json(self, by_alias=True).decode()
 
     def deep_copy(self) -> Self:
         """A copy sharing no mutable state (opaque JSON included) with this one."""
@@ -1194,6 +1308,10 @@ class ConflictResult(StoreModel):
 CommitThreadResult = Annotated[CommittedResult | ConflictResult, Field(discriminator="type")]
 
 
+_STORED_RECORDS = (ThreadRecord, Message, RunRecord, QueuedItem)
 _STORED_VALIDATORS: dict[type, SchemaValidator] = {
-    model: _stored_validator(model) for model in (ThreadRecord, Message, RunRecord, QueuedItem)
+    model: _stored_validator(model) for model in _STORED_RECORDS
+}
+_DECODED_VALIDATORS: dict[type, SchemaValidator] = {
+    model: _stored_validator(model, decoded=True) for model in _STORED_RECORDS
 }

@@ -19,8 +19,6 @@ __all__ = ["dec", "dump", "enc", "enc_opt", "parse", "run_ref_fields"]
 
 M = TypeVar("M", bound=StoreModel)
 
-_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
-
 
 def enc(text: str) -> bytes:
     """An identifier as stored: its UTF-8 bytes."""
@@ -37,7 +35,7 @@ def dec(data: bytes) -> str:
 
 def dump(record: StoreModel) -> str:
     """The record's JSON form as compact text, stored verbatim."""
-    return _dumps(record.to_json())
+    return record.to_json_text()
 
 
 def parse(model: type[M], doc: str) -> M:

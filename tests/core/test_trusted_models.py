@@ -24,8 +24,8 @@ from pai_storage import (
     ThreadRecord,
     ThreadStoreInvariantError,
 )
-from pai_storage.models import _STORED_VALIDATORS
-from pai_storage.strict_json import MAX_JSON_DEPTH
+from pai_storage.models import _DECODED_VALIDATORS, _STORED_VALIDATORS
+from pai_storage.strict_json import MAX_JSON_DEPTH, MAX_JSON_NODES
 
 from . import strategies as s
 
@@ -197,3 +197,77 @@ def test_stored_opaque_values_are_fresh_objects() -> None:
     first, second = Message.model_validate_stored(text), Message.model_validate_stored(text)
     first.metadata["x"][1]["y"] = 3
     assert second.metadata == {"x": [1, {"y": 2}]}
+
+
+# ---------------------------------------------------------------- decoded documents
+
+
+@pytest.mark.parametrize(
+    ("model", "strategy"), STORED_MODELS, ids=lambda v: getattr(v, "__name__", "")
+)
+@SETTINGS
+@given(data=st.data())
+def test_decoded_document_validates_like_model_validate(
+    model: Any, strategy: Any, data: Any
+) -> None:
+    text = stored_text(model, data.draw(strategy))
+    expected = model.model_validate(json.loads(text))
+    got = model.model_validate_decoded(json.loads(text), len(text))
+    records = [got]
+    with contextlib.suppress(ValidationError):
+        records.append(_DECODED_VALIDATORS[model].validate_python(json.loads(text)))
+    for record in records:
+        assert type(record) is model
+        assert record == expected
+        assert json.dumps(record.to_json()) == json.dumps(expected.to_json())  # types, key order
+    assert got.created_at.tzinfo is UTC
+
+
+def _decoded(text: str) -> Any:
+    return json.loads(text)  # NaN, Infinity, huge ints and lone surrogates all decode
+
+
+INVALID_DECODED = {name: text for name, text in INVALID_STORED.items() if name != "not JSON"} | {
+    "bytes instead of text": _message(parts=[{"type": "text", "text": b"hi"}]),
+    "bytes in metadata": _message(metadata={"x": b"hi"}),
+    "a tuple in metadata": _message(metadata={"x": (1, 2)}),
+    "a non-string key": _message(metadata={1: "x"}),
+    "a set in metadata": _message(metadata={"x": {1}}),
+}
+
+
+@pytest.mark.parametrize("value", INVALID_DECODED.values(), ids=INVALID_DECODED.keys())
+def test_invalid_decoded_document_raises_what_model_validate_raises(value: Any) -> None:
+    if isinstance(value, str):
+        value = _decoded(value)
+    with pytest.raises(ValidationError):
+        _DECODED_VALIDATORS[Message].validate_python(value)  # never accepted by the fast path
+    with pytest.raises(ThreadStoreInvariantError) as expected:
+        Message.model_validate(value)
+    with pytest.raises(ThreadStoreInvariantError) as got:
+        Message.model_validate_decoded(value, 1000)
+    assert type(got.value) is type(expected.value)
+    assert str(got.value) == str(expected.value)
+
+
+@pytest.mark.parametrize(("text_id", "text"), VALID_STORED.items(), ids=VALID_STORED.keys())
+def test_valid_decoded_document_gives_what_model_validate_gives(text_id: str, text: str) -> None:
+    expected = Message.model_validate(_decoded(text))
+    got = Message.model_validate_decoded(_decoded(text), len(text))
+    if "full check" not in text_id:
+        assert got == _DECODED_VALIDATORS[Message].validate_python(_decoded(text))
+    assert got == expected
+    assert json.dumps(got.to_json()) == json.dumps(expected.to_json())
+    assert got.created_at.tzinfo is UTC
+
+
+def test_a_large_decoded_document_takes_the_full_check() -> None:
+    # The fast path does not count values; the size bound sends a document that
+    # may hold more than the limit to the full check, which does.
+    value = _message(metadata={"x": [None] * MAX_JSON_NODES})
+    _DECODED_VALIDATORS[Message].validate_python(value)
+    with pytest.raises(ThreadStoreInvariantError) as expected:
+        Message.model_validate(value)
+    with pytest.raises(ThreadStoreInvariantError) as got:
+        Message.model_validate_decoded(value, 3 * MAX_JSON_NODES)
+    assert str(got.value) == str(expected.value)
