@@ -30,8 +30,8 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Any
+from datetime import UTC, datetime
+from typing import Any, TypeVar
 
 import bson
 from bson.binary import Binary
@@ -57,6 +57,9 @@ from pai_storage.backend import (
     MessageRef,
     RunRef,
 )
+from pai_storage.models import StoreModel
+
+M = TypeVar("M", bound=StoreModel)
 
 __all__ = [
     "CODEC_OPTIONS",
@@ -124,11 +127,14 @@ _DECODERS = (_Int64Decoder(), _JsonTextDecoder())
 CODEC_OPTIONS: CodecOptions[dict[str, Any]] = CodecOptions(
     document_class=dict,
     tz_aware=True,
+    tzinfo=UTC,  # dates as the models hold them: no conversion when validated
     type_registry=TypeRegistry([*_DECODERS, _DBRefDecoder()]),
 )
 """Decoding of query results: plain dicts; an object shaped like a ``DBRef`` is an error."""
 
-PLAIN_CODEC_OPTIONS: CodecOptions[dict[str, Any]] = CodecOptions(document_class=dict, tz_aware=True)
+PLAIN_CODEC_OPTIONS: CodecOptions[dict[str, Any]] = CodecOptions(
+    document_class=dict, tz_aware=True, tzinfo=UTC
+)
 """The codec of ``findAndModify`` replies: plain dicts, no type decoders.
 
 With type decoders PyMongo decodes only the reply's ``value`` and leaves every
@@ -168,7 +174,10 @@ RAW_CODEC_OPTIONS: CodecOptions[RawBSONDocument] = CodecOptions(document_class=R
 """Whole documents stay raw BSON until :func:`decode_document` decodes them."""
 
 _EXACT_OPTIONS: CodecOptions[RawBSONDocument] = CodecOptions(
-    document_class=RawBSONDocument, tz_aware=True, type_registry=TypeRegistry(list(_DECODERS))
+    document_class=RawBSONDocument,
+    tz_aware=True,
+    tzinfo=UTC,
+    type_registry=TypeRegistry(list(_DECODERS)),
 )
 
 
@@ -303,9 +312,19 @@ def _invalid(what: str, reason: str) -> ThreadStoreInvariantError:
     return ThreadStoreInvariantError(f"invalid stored {what}: {reason}")
 
 
-def parse_root(doc: Mapping[str, Any]) -> tuple[ThreadRecord, dict[FamilyName, int]]:
+def _validate(model: type[M], data: dict[str, Any], size: int | None) -> M:
+    if size is None:
+        return model.model_validate(data)
+    return model.model_validate_decoded(data, size)
+
+
+def parse_root(
+    doc: Mapping[str, Any], size: int | None = None
+) -> tuple[ThreadRecord, dict[FamilyName, int]]:
     """Validate a stored root strictly; returns the record and the order counters.
 
+    ``size`` is the length of the BSON document ``doc`` was decoded from, when
+    known (see :meth:`~pai_storage.models.StoreModel.model_validate_decoded`).
     Raises :class:`ThreadStoreInvariantError` (never echoing stored contents).
     """
     data = dict(doc)
@@ -326,16 +345,19 @@ def parse_root(doc: Mapping[str, Any]) -> tuple[ThreadRecord, dict[FamilyName, i
             raise _invalid("thread", "malformed _nextOrder")
         next_order[spec.name] = value
     try:
-        record = ThreadRecord.model_validate(data)
+        record = _validate(ThreadRecord, data, size)
     except ThreadStoreInvariantError as exc:
         raise _invalid("thread", str(exc)) from None
     return record, next_order
 
 
 def parse_child(
-    model: type[Message] | type[RunRecord] | type[QueuedItem], doc: Mapping[str, Any]
+    model: type[Message] | type[RunRecord] | type[QueuedItem],
+    doc: Mapping[str, Any],
+    size: int | None = None,
 ) -> tuple[int, Any]:
-    """Validate a stored child strictly; returns its ``_order`` and the record."""
+    """Validate a stored child strictly; returns its ``_order`` and the record
+    (``size`` as for :func:`parse_root`)."""
     data = dict(doc)
     data.pop("_id", None)
     data.pop("scopeKey", None)
@@ -347,7 +369,7 @@ def parse_child(
     if type(order) is not int or order < 1:
         raise _invalid(what, "missing or malformed _order")
     try:
-        record = model.model_validate(data)
+        record = _validate(model, data, size)
     except ThreadStoreInvariantError as exc:
         raise _invalid(what, str(exc)) from None
     return order, record

@@ -675,8 +675,8 @@ class MongoThreadStore(ThreadStore):
         cursor = self._raw(spec.name).find(
             {**key, spec.id_field: {"$in": list(ids)}}, session=session
         )
-        async for raw in cursor:
-            order, record = parse_child(spec.model, decode_or_invalid(raw, what))
+        for raw in await cursor.to_list():
+            order, record = parse_child(spec.model, decode_or_invalid(raw, what), len(raw.raw))
             found[spec.record_id(record)] = Entry(order, record)
         return found
 
@@ -791,16 +791,21 @@ class MongoThreadStore(ThreadStore):
                     query, sort=LIST_SORT, hint=hint, limit=limit or 0, batch_size=plan.fetch
                 )
                 try:
-                    async for raw in cursor:
-                        seen += 1
-                        try:
-                            record, _ = parse_root(decode_or_invalid(raw, "thread"))
-                        except ThreadStoreInvariantError as exc:
-                            skipped.append(_skipped(request.scope_key, raw, exc))
-                            continue
-                        rows.append(record)
-                        if len(rows) >= plan.fetch:
+                    # A batch at a time (one await per batch, not per row).
+                    while len(rows) < plan.fetch:
+                        batch = await cursor.to_list(plan.fetch - len(rows))
+                        if not batch:
                             break
+                        seen += len(batch)
+                        for raw in batch:
+                            try:
+                                record, _ = parse_root(
+                                    decode_or_invalid(raw, "thread"), len(raw.raw)
+                                )
+                            except ThreadStoreInvariantError as exc:
+                                skipped.append(_skipped(request.scope_key, raw, exc))
+                                continue
+                            rows.append(record)
                 finally:
                     await cursor.close()
                 if limit is None or not skipped or seen < limit:
@@ -1402,7 +1407,7 @@ class _MongoCommit(CommitTransaction):
                 doc = decode_or_invalid(held, "thread")
                 self._held_at = doc.pop("_heldAt")
                 self._root_id = doc.get("_id")
-                result = HeldThread(*parse_root(doc))
+                result = HeldThread(*parse_root(doc, len(held.raw)))
                 self._previous_facts = root_facts(doc)
                 return result
             # Missing or at another version: a conflict, nothing written.
@@ -1513,7 +1518,7 @@ class _MongoCommit(CommitTransaction):
         raw = await threads.find_one(self._key, session=self._session)
         if raw is None:
             return HeldThread(None)
-        return HeldThread(*parse_root(decode_or_invalid(raw, "thread")))
+        return HeldThread(*parse_root(decode_or_invalid(raw, "thread"), len(raw.raw)))
 
     async def server_time(self) -> datetime:
         """The primary's ``$$NOW`` when the hold wrote the root."""
@@ -1822,7 +1827,7 @@ class _MongoSnapshot(ReadSnapshot):
             raise ThreadStoreInvariantError("invalid stored thread: no observation time")
         if observed.tzinfo is None:
             observed = observed.replace(tzinfo=UTC)
-        root, next_positions = parse_root(doc)
+        root, next_positions = parse_root(doc, len(stored.raw))
         facts = root_facts(doc)
         if facts is not None:
             # What a commit of this thread will most likely hold next (see _RootCache).
@@ -1857,7 +1862,10 @@ class _MongoSnapshot(ReadSnapshot):
         what = spec.model.__name__
         prefetched = self._prefetched.pop(spec.name, None)
         if prefetched is not None and window.lower == 0:
-            rows = [parse_child(spec.model, decode_or_invalid(raw, what)) for raw in prefetched]
+            rows = [
+                parse_child(spec.model, decode_or_invalid(raw, what), len(raw.raw))
+                for raw in prefetched
+            ]
             if all(window.contains(position) for position, _ in rows):
                 return rows
         collection = self._store._raw(spec.name)
@@ -1867,7 +1875,10 @@ class _MongoSnapshot(ReadSnapshot):
                 query, sort=sort, limit=window.fetch, hint=hint, session=self._session
             )
             scans.append(
-                [parse_child(spec.model, decode_or_invalid(raw, what)) async for raw in cursor]
+                [
+                    parse_child(spec.model, decode_or_invalid(raw, what), len(raw.raw))
+                    for raw in await cursor.to_list()
+                ]
             )
         if len(scans) == 1:
             return scans[0]
