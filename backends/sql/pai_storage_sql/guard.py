@@ -192,7 +192,6 @@ class SqlExecutionGuard(ExecutionGuard):
 
     async def _release(self, resource: str, token: str) -> bool:
         t = self.table
-        mine = and_(self._key(resource), t.c.token == bytes.fromhex(token))
 
         def build() -> Any:
             return delete(t).where(
@@ -211,6 +210,7 @@ class SqlExecutionGuard(ExecutionGuard):
             live = await conn.execute(self._statement("release", build), params)
             if live.rowcount > 0:
                 return True
+            mine = and_(self._key(resource), t.c.token == bytes.fromhex(token))
             await conn.execute(delete(t).where(mine))  # expired: no longer held
             return False
 
