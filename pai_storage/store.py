@@ -366,10 +366,14 @@ class ThreadStore(ManagedStore, ABC):
 
     def _require_lifecycle(self, operation: str) -> None:
         if LIFECYCLE not in self.capabilities:
-            raise ThreadStoreConfigurationError(
-                f"the {self.backend_name} backend does not provide the lifecycle capability "
-                f"needed by {operation}()"
-            )
+            raise self._no_lifecycle(f"{operation}()")
+
+    def _no_lifecycle(self, needed: str) -> ThreadStoreConfigurationError:
+        # Also what a lifecycle primitive a backend left out raises.
+        return ThreadStoreConfigurationError(
+            f"the {self.backend_name} backend does not provide the lifecycle capability "
+            f"needed by {needed}"
+        )
 
     # ------------------------------------------------------------ lifecycle primitives
 
@@ -389,14 +393,14 @@ class ThreadStore(ManagedStore, ABC):
         ``after`` (a head this method returned) in that order. Served by an
         index: the cost is the entries returned, never a scan of the others.
         """
-        raise NotImplementedError
+        raise self._no_lifecycle("_thread_heads")
 
     async def _load_thread(self, scope_key: str, thread_id: str) -> ThreadAggregate | None:
         """The whole thread (root, every record with its position, the counters).
 
         From one consistent snapshot; ``None`` when the thread does not exist.
         """
-        raise NotImplementedError
+        raise self._no_lifecycle("_load_thread")
 
     async def _restore_thread(self, aggregate: ThreadAggregate) -> ThreadVersion | None:
         """Write a validated whole thread exactly as given, atomically, if it is missing.
@@ -407,7 +411,7 @@ class ThreadStore(ManagedStore, ABC):
         version. The core has validated the aggregate (records, positions,
         relationship rules).
         """
-        raise NotImplementedError
+        raise self._no_lifecycle("_restore_thread")
 
     async def _fork_copy(self, plan: ForkPlan) -> ThreadRecord:
         """Execute a fork plan (:class:`~pai_storage.backend.ForkPlan`) in one transaction.

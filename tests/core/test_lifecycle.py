@@ -305,6 +305,23 @@ async def test_a_store_without_the_capability_says_so() -> None:
             [line async for line in store.export_threads("s")]
 
 
+class _PrimitivesLeftOut(MemoryThreadStore):
+    """Declares the capability but keeps the base class's primitives."""
+
+    _thread_heads = ThreadStore._thread_heads  # type: ignore[assignment]
+    _load_thread = ThreadStore._load_thread  # type: ignore[assignment]
+    _restore_thread = ThreadStore._restore_thread  # type: ignore[assignment]
+
+
+async def test_a_primitive_left_out_fails_with_the_contracts_error() -> None:
+    async with _PrimitivesLeftOut() as store:
+        assert LIFECYCLE in store.capabilities
+        with pytest.raises(ThreadStoreConfigurationError, match="needed by _thread_heads"):
+            await store.prune_threads(updated_before=datetime.now(UTC))
+        with pytest.raises(ThreadStoreConfigurationError, match="needed by _load_thread"):
+            await store.thread_digest("s", "a")
+
+
 async def test_copy_of_many_long_threads_reads_back_identically() -> None:
     clock = ManualClock()
     async with MemoryThreadStore(clock=clock) as source, MemoryThreadStore() as target:
