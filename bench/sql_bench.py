@@ -459,6 +459,7 @@ async def main(directory: str, quick: bool, peers: bool) -> None:
     turns = 30 if quick else 200
     reads = 50 if quick else 300
     work = Path(tempfile.mkdtemp(prefix="pai-sql-bench-", dir=directory))
+    print(machine(), file=sys.stderr)
     try:
         store_ms = await run(work, sizes, threads, turns, reads)
         if peers:
@@ -474,6 +475,22 @@ async def main(directory: str, quick: bool, peers: bool) -> None:
                 print(f"- {name}: {cells}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
+        print(f"after: {machine()}", file=sys.stderr)
+
+
+def machine() -> str:
+    """Versions and the load average, for the report of a run."""
+    import os
+    import platform
+    import sqlite3
+    from importlib.metadata import version
+
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    return (
+        f"SQLite {sqlite3.sqlite_version}, aiosqlite {version('aiosqlite')}, "
+        f"SQLAlchemy {version('sqlalchemy')}, Python {platform.python_version()}, "
+        f"{os.cpu_count()} CPUs, load average {load}"
+    )
 
 
 async def run(

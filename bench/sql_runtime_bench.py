@@ -64,7 +64,7 @@ from pai_storage.backend import namespace_path
 from pai_storage.runtime import canonical_json
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.sql_bench import Floor, Recorder, Statement
+from bench.sql_bench import Floor, Recorder, Statement, machine
 
 TARGET = 1.5
 SMALL, LARGE, PAGE = 100, 100_000, 20
@@ -385,10 +385,12 @@ async def main(directory: str, quick: bool) -> None:
     n = 40 if quick else 200
     large = 10_000 if quick else LARGE
     work = Path(tempfile.mkdtemp(prefix="pai-sql-runtime-bench-", dir=directory))
+    print(machine(), file=sys.stderr)
     try:
         ok = await run(work, n, large)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+        print(f"after: {machine()}", file=sys.stderr)
     if not ok:
         raise SystemExit(1)
 
