@@ -276,12 +276,16 @@ class PostgresThreadStore(ThreadStore):
 
     async def _read_thread(self, request: ReadThreadInput) -> ThreadReadResult:
         plan = self.selections.plan_read(request)
-        paged = any(getattr(plan, spec.attr) is not None for spec in FAMILIES)
         single = plan.single_page()
+        one_statement = (
+            _one_statement(single[1])
+            if single is not None
+            else all(getattr(plan, spec.attr) is None for spec in FAMILIES)
+        )
         async with self._connection() as conn:
             with self._errors("read"):
                 snapshot = _PgSnapshot(conn, self._layout, request.scope_key, request.thread_id)
-                if not paged or (single is not None and _one_statement(single[1])):
+                if one_statement:
                     # The root alone, or the root and one page (head_and_page):
                     # one statement is its own snapshot, no transaction needed.
                     return await run_read(snapshot, plan, clock_now=self.now())
@@ -877,21 +881,23 @@ class _PgSnapshot(_ThreadRows, ReadSnapshot):
         args.extend(statuses)
         head: Any = None
         page: list[tuple[int, str]] = []
+        # Columns by index (see head_page_statement): now, doc, the three
+        # counters, position (NULL on the root row).
         for row in await self._conn.fetch(sql, *args):
-            if row["position"] is None:
+            if row[5] is None:
                 head = row
             else:
-                page.append((row["position"], row["doc"]))
+                page.append((row[5], row[1]))
         if head is None:  # unreachable: the root part always returns its one row
             raise ThreadStoreInvariantError("a read returned no root row")
-        if head["doc"] is None:
-            return ReadHead(head["now"], None), ()
-        root = self._parse_root(head["doc"])
+        if head[1] is None:
+            return ReadHead(head[0], None), ()
+        root = self._parse_root(head[1])
         # UNION ALL promises no order across or within its parts: sort here
         # (the rows come in order, so this is one linear pass).
-        page.sort(key=lambda r: r[0], reverse=window.order == "newest")
+        page.sort(reverse=window.order == "newest")  # positions are unique
         validate = spec.model.model_validate_stored
-        return ReadHead(head["now"], root, self._positions(head)), [
+        return ReadHead(head[0], root, self._positions(head)), [
             (position, validate(doc)) for position, doc in page
         ]
 
