@@ -25,7 +25,6 @@ See ``docs/sql.md``, "Runtime stores".
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -73,15 +72,6 @@ class SqlExecutionGuard(ExecutionGuard):
         self.url = self._db.url
         self.table = self._db.tables.locks
         self.counter = self._db.tables.fencing
-        self._statements: dict[Hashable, Any] = {}
-
-    def _statement(self, key: Hashable, build: Callable[[], Any]) -> Any:
-        """The statement ``key`` names, built once per store: the hot paths bind
-        their values as parameters, so each runs one compiled form."""
-        found = self._statements.get(key)
-        if found is None:
-            found = self._statements[key] = build()
-        return found
 
     def __repr__(self) -> str:
         return f"SqlExecutionGuard({str(self.url)!r}, table={self.table.name!r})"
@@ -135,15 +125,15 @@ class SqlExecutionGuard(ExecutionGuard):
             now = await self._db.now(conn, self)
             # The counter row first: from here to the commit this acquisition is
             # the only one of the store.
-            await conn.execute(self._statement("bump", build_bump))
-            counter = self._statement(
+            await conn.execute(self._db.statement("bump", build_bump))
+            counter = self._db.statement(
                 "counter", lambda: select(f.c.value).where(f.c.id == _COUNTER)
             )
             fencing = int((await conn.execute(counter)).scalar_one())
             resource_hash = digest(resource.encode())
             current = (
                 await conn.execute(
-                    self._statement("held", build_held), {"resource_hash": resource_hash}
+                    self._db.statement("held", build_held), {"resource_hash": resource_hash}
                 )
             ).first()
             if current is not None and current.expires_at > now:
@@ -160,7 +150,7 @@ class SqlExecutionGuard(ExecutionGuard):
                 "expires_at": expires,
             }
             await conn.execute(
-                self._statement("acquire", build_upsert),
+                self._db.statement("acquire", build_upsert),
                 {f"v_{name}": value for name, value in row.items()},
             )
             return LockInfo.trusted(
@@ -207,7 +197,7 @@ class SqlExecutionGuard(ExecutionGuard):
                 "token": bytes.fromhex(token),
                 "now": now,
             }
-            live = await conn.execute(self._statement("release", build), params)
+            live = await conn.execute(self._db.statement("release", build), params)
             if live.rowcount > 0:
                 return True
             mine = and_(self._key(resource), t.c.token == bytes.fromhex(token))

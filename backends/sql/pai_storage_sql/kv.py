@@ -31,7 +31,6 @@ SQLite the process clock; or the test clock).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Hashable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -128,7 +127,6 @@ class SqlKeyValueStore(KeyValueStore):
         self._db = RuntimeDb(url, client, client_options)
         self.url = self._db.url
         self.table = self._db.tables.kv
-        self._statements: dict[Hashable, Any] = {}
 
     def __repr__(self) -> str:
         return f"SqlKeyValueStore({str(self.url)!r}, table={self.table.name!r})"
@@ -140,14 +138,6 @@ class SqlKeyValueStore(KeyValueStore):
         await self._db.release()
 
     # ------------------------------------------------------------ statements
-
-    def _statement(self, key: Hashable, build: Callable[[], Any]) -> Any:
-        """The statement ``key`` names, built once per store: the hot paths bind
-        their values as parameters, so each runs one compiled form."""
-        found = self._statements.get(key)
-        if found is None:
-            found = self._statements[key] = build()
-        return found
 
     def _now_param(self) -> Any:
         return bindparam("now", type_=self.table.c.expires_at.type)
@@ -226,7 +216,7 @@ class SqlKeyValueStore(KeyValueStore):
         false) or a create that replaces only an expired row; and its parameters
         (``v_<column>`` and ``now``)."""
         names = tuple(row)
-        statement = self._statement(
+        statement = self._db.statement(
             ("upsert", names, only_expired),
             lambda: self._upsert_statement(names, only_expired=only_expired),
         )
@@ -280,7 +270,7 @@ class SqlKeyValueStore(KeyValueStore):
 
         head, _, tail_hash = split_key(sk, self._db.head_bytes)
         params = {"head": head, "tail_hash": tail_hash, "now": now}
-        return (await conn.execute(self._statement("row", build), params)).first()
+        return (await conn.execute(self._db.statement("row", build), params)).first()
 
     # ------------------------------------------------------------ hooks
 
@@ -312,7 +302,7 @@ class SqlKeyValueStore(KeyValueStore):
                 )
                 return self._select().where(wanted, self._live(self._now_param() if bound else now))
 
-            rows = await conn.execute(self._statement(("get", one, bound), build), params)
+            rows = await conn.execute(self._db.statement(("get", one, bound), build), params)
             return [_record(r) for r in rows]
 
         return await self._db.read(read)
@@ -397,7 +387,7 @@ class SqlKeyValueStore(KeyValueStore):
                     "v_expires_at": row["expires_at"],
                     "v_ttl_ms": row["ttl_ms"],
                 }
-                await conn.execute(self._statement("update-if-version", build), params)
+                await conn.execute(self._db.statement("update-if-version", build), params)
             stored = await self._row(conn, sk, now)
             if stored is None or bytes(stored.writer) != writer:
                 return VersionMismatch(None if stored is None else _record(stored))
@@ -519,7 +509,7 @@ class SqlKeyValueStore(KeyValueStore):
             first is not None,
             first_bound is not None,
         )
-        rows = await conn.execute(self._statement(shape, build), params)
+        rows = await conn.execute(self._db.statement(shape, build), params)
         return [_record(r) for r in rows]
 
     async def _list_keys(

@@ -13,7 +13,7 @@ although MariaDB/MySQL index only the key's head (``runtime_tables``).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -98,6 +98,15 @@ class RuntimeDb:
         self.id_head_bytes = head_bytes(self.dialect, snapshot_id=True)
         self.max_packet: int | None = None
         """MariaDB/MySQL: the server's ``max_allowed_packet`` once connected."""
+        self._statements: dict[Hashable, Any] = {}
+
+    def statement(self, key: Hashable, build: Callable[[], Any]) -> Any:
+        """The statement ``key`` names, built once per store: the hot paths bind
+        their values as parameters, so each runs one compiled form."""
+        found = self._statements.get(key)
+        if found is None:
+            found = self._statements[key] = build()
+        return found
 
     @property
     def tables(self) -> RuntimeTables:

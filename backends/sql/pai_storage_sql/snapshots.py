@@ -22,7 +22,6 @@ anything is sent. See ``docs/sql.md``, "Runtime stores".
 from __future__ import annotations
 
 import builtins
-from collections.abc import Callable, Hashable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -85,15 +84,6 @@ class SqlSnapshotStore(SnapshotStore):
         self._db = RuntimeDb(url, client, client_options)
         self.url = self._db.url
         self.table = self._db.tables.snapshots
-        self._statements: dict[Hashable, Any] = {}
-
-    def _statement(self, key: Hashable, build: Callable[[], Any]) -> Any:
-        """The statement ``key`` names, built once per store: the hot paths bind
-        their values as parameters, so each runs one compiled form."""
-        found = self._statements.get(key)
-        if found is None:
-            found = self._statements[key] = build()
-        return found
 
     def _key_params(self, scope: str, snapshot_id: str) -> dict[str, Any]:
         head, _, tail_hash = split_key(snapshot_id.encode(), self._db.id_head_bytes)
@@ -189,7 +179,7 @@ class SqlSnapshotStore(SnapshotStore):
                 "data": draft.data,
             }
             await conn.execute(
-                self._statement(("put", tuple(row)), lambda: self._upsert(tuple(row))),
+                self._db.statement(("put", tuple(row)), lambda: self._upsert(tuple(row))),
                 {f"v_{name}": value for name, value in row.items()},
             )
             return now
@@ -224,7 +214,7 @@ class SqlSnapshotStore(SnapshotStore):
                 clock = bindparam("now", type_=t.c.expires_at.type) if bound else now
                 return select(*self._columns(True)).where(self._key_bound(), self._live(clock))
 
-            return (await conn.execute(self._statement(("get", bound), build), params)).first()
+            return (await conn.execute(self._db.statement(("get", bound), build), params)).first()
 
         row = await self._db.read(read)
         if row is None or bytes(row.scope) != scope.encode():

@@ -23,7 +23,6 @@ on the session's ``expires_at`` against the same clock, so expiry is exact.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -109,7 +108,6 @@ class SqlAgentStateStore(AgentStateStore):
         self.sessions = tables.state_sessions
         self.values = tables.state_values
         self.items = tables.state_items
-        self._statements: dict[Hashable, Any] = {}
 
     def __repr__(self) -> str:
         return f"SqlAgentStateStore({str(self.url)!r}, table={self.sessions.name!r})"
@@ -121,14 +119,6 @@ class SqlAgentStateStore(AgentStateStore):
         await self._db.release()
 
     # ------------------------------------------------------------ statements
-
-    def _statement(self, key: Hashable, build: Callable[[], Any]) -> Any:
-        """The statement ``key`` names, built once per store: the hot paths bind
-        their values as parameters, so each runs one compiled form."""
-        found = self._statements.get(key)
-        if found is None:
-            found = self._statements[key] = build()
-        return found
 
     def _session_params(self, session: SessionKey) -> dict[str, Any]:
         head, _, tail_hash = split_key(_session_key(session), self._db.head_bytes)
@@ -181,7 +171,7 @@ class SqlAgentStateStore(AgentStateStore):
             return sqlite.insert(s).values(values).on_conflict_do_nothing()
 
         await conn.execute(
-            self._statement("touch", build_insert), {f"v_{k}": v for k, v in row.items()}
+            self._db.statement("touch", build_insert), {f"v_{k}": v for k, v in row.items()}
         )
 
         def build_select() -> Any:
@@ -190,7 +180,7 @@ class SqlAgentStateStore(AgentStateStore):
 
         found = (
             await conn.execute(
-                self._statement("session", build_select), self._session_params(session)
+                self._db.statement("session", build_select), self._session_params(session)
             )
         ).one()
         sid = int(found.id)
@@ -199,7 +189,7 @@ class SqlAgentStateStore(AgentStateStore):
             await conn.execute(delete(self.values).where(self.values.c.session_id == sid))
         if found.expires_at != expires:
             await conn.execute(
-                self._statement(
+                self._db.statement(
                     "session-expiry",
                     lambda: (
                         update(s)
@@ -213,7 +203,7 @@ class SqlAgentStateStore(AgentStateStore):
 
     async def _value_row(self, conn: AsyncConnection, sid: int, key: str) -> Any:
         v = self.values
-        query = self._statement(
+        query = self._db.statement(
             "value-row",
             lambda: select(v.c.id, v.c.is_list, v.c.version, v.c.length, v.c.hash).where(
                 v.c.session_id == bindparam("sid"), v.c.key_hash == bindparam("key_hash")
@@ -238,7 +228,7 @@ class SqlAgentStateStore(AgentStateStore):
         params = {**self._session_params(session), "key_hash": digest(key.encode())}
         if bound:
             params["now"] = now
-        return (await conn.execute(self._statement(("joined", bound), build), params)).first()
+        return (await conn.execute(self._db.statement(("joined", bound), build), params)).first()
 
     def _new_value(self, sid: int, key: str, **columns: Any) -> Any:
         return insert(self.values).values(
@@ -277,7 +267,7 @@ class SqlAgentStateStore(AgentStateStore):
             elif expected_version in (None, int(current.version)):
                 version = int(current.version)
                 done = await conn.execute(
-                    self._statement(
+                    self._db.statement(
                         "save-value",
                         lambda: (
                             update(v)
@@ -365,7 +355,7 @@ class SqlAgentStateStore(AgentStateStore):
                 and bytes(current.hash).hex() == expect.hash
             ):
                 done = await conn.execute(
-                    self._statement(
+                    self._db.statement(
                         "list-head",
                         lambda: (
                             update(v)
