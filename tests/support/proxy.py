@@ -114,10 +114,13 @@ class FaultProxy:
                 swallow.set()
                 writer.write(data)
                 await writer.drain()
-                # The reply (see _server_to_client) cuts; this is only the fallback.
-                with contextlib.suppress(TimeoutError):
+                # The reply (see _server_to_client) cuts; this is only the fallback
+                # for a server that never answers. Cutting again after the reply's cut
+                # would undo a restore() that ran in between and refuse for good.
+                try:
                     await asyncio.wait_for(self._cut.wait(), _REPLY_WAIT_S)
-                self.cut()
+                except TimeoutError:
+                    self.cut()
                 return
             writer.write(data)
             await writer.drain()
