@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import bson
@@ -127,11 +127,14 @@ _DECODERS = (_Int64Decoder(), _JsonTextDecoder())
 CODEC_OPTIONS: CodecOptions[dict[str, Any]] = CodecOptions(
     document_class=dict,
     tz_aware=True,
+    tzinfo=UTC,  # dates as the models hold them: no conversion when validated
     type_registry=TypeRegistry([*_DECODERS, _DBRefDecoder()]),
 )
 """Decoding of query results: plain dicts; an object shaped like a ``DBRef`` is an error."""
 
-PLAIN_CODEC_OPTIONS: CodecOptions[dict[str, Any]] = CodecOptions(document_class=dict, tz_aware=True)
+PLAIN_CODEC_OPTIONS: CodecOptions[dict[str, Any]] = CodecOptions(
+    document_class=dict, tz_aware=True, tzinfo=UTC
+)
 """The codec of ``findAndModify`` replies: plain dicts, no type decoders.
 
 With type decoders PyMongo decodes only the reply's ``value`` and leaves every
@@ -173,6 +176,7 @@ RAW_CODEC_OPTIONS: CodecOptions[RawBSONDocument] = CodecOptions(document_class=R
 _EXACT_OPTIONS: CodecOptions[RawBSONDocument] = CodecOptions(
     document_class=RawBSONDocument,
     tz_aware=True,
+    tzinfo=UTC,
     type_registry=TypeRegistry(list(_DECODERS)),
 )
 
