@@ -110,16 +110,32 @@ async def raw_db(mongo_url: str) -> AsyncIterator[Any]:
         await client.close()
 
 
-@pytest_asyncio.fixture
-async def snapshots(mongo_url: str) -> AsyncIterator[MongoSnapshotStore]:
-    """A snapshot store on the server's clock ($$NOW), 300 ms snapshot TTL."""
-    store = _open_snapshots(mongo_url, _prefix(), snapshot_ttl=timedelta(milliseconds=300))
+SHORT_TTL = timedelta(seconds=1)
+"""Long enough for a few reads on a busy machine, short enough to wait out."""
+
+
+async def _snapshot_store(mongo_url: str, ttl: timedelta) -> AsyncIterator[MongoSnapshotStore]:
+    store = _open_snapshots(mongo_url, _prefix(), snapshot_ttl=ttl)
     await store.initialize()
     try:
         yield store
     finally:
         await _drop(mongo_url, store)
         await store.close()
+
+
+@pytest_asyncio.fixture
+async def snapshots(mongo_url: str) -> AsyncIterator[MongoSnapshotStore]:
+    """A snapshot store on the server's clock ($$NOW) whose snapshots outlive the test."""
+    async for store in _snapshot_store(mongo_url, timedelta(hours=1)):
+        yield store
+
+
+@pytest_asyncio.fixture
+async def expiring_snapshots(mongo_url: str) -> AsyncIterator[MongoSnapshotStore]:
+    """A snapshot store on the server's clock ($$NOW) whose snapshots live ``SHORT_TTL``."""
+    async for store in _snapshot_store(mongo_url, SHORT_TTL):
+        yield store
 
 
 @pytest_asyncio.fixture
@@ -161,12 +177,13 @@ def _assert_indexed(explained: dict[str, Any]) -> list[str]:
 
 
 async def test_snapshot_expiry_on_the_server_clock(
-    snapshots: MongoSnapshotStore, raw_db: Any
+    expiring_snapshots: MongoSnapshotStore, raw_db: Any
 ) -> None:
+    snapshots = expiring_snapshots
     hello = await raw_db.command("hello")
     info = await snapshots.put("scope", "s1", b"tar", metadata={"n": 1})
     assert abs((info.created_at - hello["localTime"].replace(tzinfo=UTC)).total_seconds()) < 5
-    assert info.expires_at == info.created_at + timedelta(milliseconds=300)
+    assert info.expires_at == info.created_at + SHORT_TTL
     got = await snapshots.get("scope", "s1")
     assert got is not None
     assert got.data == b"tar"
@@ -175,14 +192,14 @@ async def test_snapshot_expiry_on_the_server_clock(
     assert latest is not None
     assert latest.info.snapshot_id == "s1"
     assert [i.snapshot_id for i in (await snapshots.list("scope")).items] == ["s1"]
-    await asyncio.sleep(0.45)
+    await asyncio.sleep(SHORT_TTL.total_seconds() + 0.15)
     assert await snapshots.get("scope", "s1") is None
     assert await snapshots.latest("scope") is None
     assert (await snapshots.list("scope")).items == []
     assert await snapshots.delete("scope", "s1") is False  # expired: not there any more
     await snapshots.put("scope", "s2", b"x")
     await snapshots.put("scope", "s3", b"y")
-    await asyncio.sleep(0.45)
+    await asyncio.sleep(SHORT_TTL.total_seconds() + 0.15)
     await snapshots.put("scope", "s4", b"z")
     assert await snapshots.purge_expired() == 2
     assert await snapshots.delete("scope", "s4") is True
