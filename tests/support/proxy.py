@@ -88,11 +88,16 @@ class FaultProxy:
             return
         self._writers.update((writer, up_writer))
         swallow = asyncio.Event()  # a marker was forwarded on this connection
-        await asyncio.gather(
-            self._client_to_server(reader, up_writer, swallow),
-            self._server_to_client(up_reader, writer, swallow),
-            return_exceptions=True,
-        )
+        directions = [
+            asyncio.create_task(self._client_to_server(reader, up_writer, swallow)),
+            asyncio.create_task(self._server_to_client(up_reader, writer, swallow)),
+        ]
+        # Either side closing ends the connection: a client that said goodbye
+        # waits for the server's close, which must reach it at once.
+        await asyncio.wait(directions, return_when=asyncio.FIRST_COMPLETED)
+        for task in directions:
+            task.cancel()
+        await asyncio.gather(*directions, return_exceptions=True)
         for w in (writer, up_writer):
             self._writers.discard(w)
             with contextlib.suppress(Exception):
