@@ -644,9 +644,8 @@ class SqlClient(SharedClient[Engines]):
             await lock.acquire()
         try:
             op = await self._checkout(engines, write)
-            phase: Phase = "write" if write else "read"
             try:
-                try:
+                with self.errors("write" if write else "read"):
                     if write:
                         # MySQL: the driver connection is not in autocommit mode;
                         # its transaction begins with the first statement.
@@ -660,18 +659,12 @@ class SqlClient(SharedClient[Engines]):
                         )
                     yield op
                     if write:
-                        phase = "commit"
-                        await op.commit()
+                        with self.errors("commit"):
+                            await op.commit()
                     elif op.sqlite:
                         # Ends the snapshot (SQLite connections are not reset
                         # between operations).
                         await op.rollback()
-                except StorageError:
-                    raise
-                except Exception as exc:
-                    if not is_driver_exception(exc):
-                        raise
-                    raise map_error(exc, phase, self.url) from exc
             except BaseException as exc:
                 if not isinstance(exc, Exception) or (
                     is_driver_failure(exc) and not isinstance(exc, RetryableError)
@@ -694,17 +687,11 @@ class SqlClient(SharedClient[Engines]):
         """A connection for one operation: a held one (SQLite engines the client
         made) or one from the engine's pool."""
         held = engines.held_writer if write else engines.held_reader
-        try:
+        with self.errors("connect"):
             if held is not None:
                 conn = await held.take()
             else:
                 conn = await (engines.writer if write else engines.reader).connect()
-        except StorageError:
-            raise
-        except Exception as exc:
-            if not is_driver_exception(exc):
-                raise
-            raise map_error(exc, "connect", self.url) from exc
         # The connection is checked out: its driver connection is at hand.
         driver = conn.sync_connection.connection.driver_connection  # type: ignore[union-attr]
         op = Operation(conn, driver, self.dialect == "sqlite", held)
