@@ -409,10 +409,13 @@ class ExecutionGuardTests:
         self, guard: ExecutionGuard, clock: ManualClock
     ) -> None:
         resource = _resource("watchdog")
-        lock = await guard.try_acquire(resource, owner="w1", lease_ttl=SHORT_LEASE)
+        # Renewed every 200 ms: a renewal may stall for 400 ms (a busy machine, a
+        # database's write lock) before the lease runs out.
+        lease = 2 * SHORT_LEASE
+        lock = await guard.try_acquire(resource, owner="w1", lease_ttl=lease)
         assert lock is not None
         first_expiry = lock.expires_at
-        await _step_clock(clock, 3 * SHORT_LEASE.total_seconds())
+        await _step_clock(clock, 3 * lease.total_seconds())
         assert clock() > first_expiry  # without renewals the lock would be gone
         info = await guard.inspect(resource)
         assert info is not None
