@@ -22,14 +22,11 @@ from __future__ import annotations
 
 import hashlib
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from pai_storage.guard import ExecutionGuard, LockInfo
 
-if TYPE_CHECKING:
-    import asyncpg  # type: ignore[import-untyped]
-
-    from .client import PgClient
+from .runtime import PgRuntimeStore, split_pool_options
 
 __all__ = ["PostgresExecutionGuard", "ddl"]
 
@@ -110,7 +107,7 @@ class Statements:
             WHERE l.resource = d.resource"""
 
 
-class PostgresExecutionGuard(ExecutionGuard):
+class PostgresExecutionGuard(PgRuntimeStore, ExecutionGuard):
     """Locks in a PostgreSQL table, sharing the pool of a ``connect()`` call.
 
     Each primitive is one autocommit statement: a connection lost while it
@@ -131,29 +128,11 @@ class PostgresExecutionGuard(ExecutionGuard):
         The options of :class:`~pai_storage.guard.ExecutionGuard`.
     """
 
-    backend_name = "postgres"
-    token_prefix = "pai-pg"
+    _repr_format = "PostgresExecutionGuard({url!r}, table={tables.locks})"
 
     def __init__(self, url: Any = None, *, client: object = None, **options: Any) -> None:
-        from .client import POOL_OPTIONS, PgClient
-
-        pool_options = {k: options.pop(k) for k in list(options) if k in POOL_OPTIONS}
-        super().__init__(**options)
-        self._client: PgClient = PgClient.attached(url, client, **pool_options)
-        self.url = self._client.url
-        self.tables = self._client.tables
+        super().__init__(url, client, split_pool_options(options), **options)
         self._sql = Statements(self.tables)
-        self._pool: asyncpg.Pool | None = None
-
-    def __repr__(self) -> str:
-        return f"PostgresExecutionGuard({str(self.url)!r}, table={self.tables.locks})"
-
-    async def _initialize(self) -> None:
-        self._pool = await self._client.pool(runtime=True)
-
-    async def _close(self) -> None:
-        self._pool = None
-        await self._client.release()
 
     def _lock_key(self, resource: bytes) -> int:
         """The transaction advisory-lock key that serializes acquisitions of ``resource``."""

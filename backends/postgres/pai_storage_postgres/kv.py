@@ -27,7 +27,7 @@ from pai_storage.backend import (
 )
 from pai_storage.runtime import DEFAULT_MAX_VALUE_BYTES
 
-from .client import PgClient
+from .runtime import PgRuntimeStore
 
 if TYPE_CHECKING:
     import asyncpg  # type: ignore[import-untyped]
@@ -235,7 +235,7 @@ def _cols(alias: str) -> str:
     return ", ".join(f"{alias}.{c}" for c in COLUMNS.split(", "))
 
 
-class PostgresKeyValueStore(KeyValueStore):
+class PostgresKeyValueStore(PgRuntimeStore, KeyValueStore):
     """Key-value items in PostgreSQL 13+ (asyncpg), on the shared pool of :class:`PgClient`.
 
     Parameters
@@ -254,9 +254,8 @@ class PostgresKeyValueStore(KeyValueStore):
         is at most 256 MiB here.
     """
 
-    backend_name = "postgres"
-    token_prefix = "pai-pg"
     value_bytes_limit: ClassVar[int | None] = 256 * 1024 * 1024
+    _repr_format = "PostgresKeyValueStore({url!r}, table={tables.kv!r})"
 
     def __init__(
         self,
@@ -270,24 +269,15 @@ class PostgresKeyValueStore(KeyValueStore):
         **pool_options: Any,
     ) -> None:
         super().__init__(
+            url,
+            client,
+            pool_options,
             clock=clock,
             on_warning=on_warning,
             token_secret=token_secret,
             max_value_bytes=max_value_bytes,
         )
-        self._client = PgClient.attached(url, client, **pool_options)
-        self.url = self._client.url
-        self.tables = self._client.tables
         self.sql = Statements(self.tables.kv)
-
-    def __repr__(self) -> str:
-        return f"PostgresKeyValueStore({str(self.url)!r}, table={self.tables.kv!r})"
-
-    async def _initialize(self) -> None:
-        await self._client.pool(runtime=True)
-
-    async def _close(self) -> None:
-        await self._client.release()
 
     async def _fetch(self, sql: str, *args: Any) -> list[Any]:
         """Run a read statement (``$1`` is the store's time)."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 from pai_storage.backend import ENUMERATE
 from pai_storage.errors import CorruptSnapshotError
@@ -24,10 +24,7 @@ from pai_storage.events import StoreWarning
 from pai_storage.runtime import parse_json_text
 from pai_storage.snapshots import Snapshot, SnapshotDraft, SnapshotInfo, SnapshotStore
 
-if TYPE_CHECKING:
-    import asyncpg  # type: ignore[import-untyped]
-
-    from .client import PgClient
+from .runtime import PgRuntimeStore, split_pool_options
 
 __all__ = ["MAX_SNAPSHOT_BYTES", "PostgresSnapshotStore", "ddl"]
 
@@ -127,7 +124,7 @@ class Statements:
             WHERE s.scope = d.scope AND s.snapshot_id = d.snapshot_id"""
 
 
-class PostgresSnapshotStore(SnapshotStore):
+class PostgresSnapshotStore(PgRuntimeStore, SnapshotStore):
     """Snapshots in a PostgreSQL table, sharing the pool of a ``connect()`` call.
 
     Every operation is one statement (``put`` one statement in a transaction,
@@ -150,31 +147,13 @@ class PostgresSnapshotStore(SnapshotStore):
         The options of :class:`~pai_storage.snapshots.SnapshotStore`.
     """
 
-    backend_name = "postgres"
-    token_prefix = "pai-pg"
     capabilities: ClassVar[frozenset[str]] = frozenset({ENUMERATE})
     max_snapshot_bytes: ClassVar[int | None] = MAX_SNAPSHOT_BYTES
+    _repr_format = "PostgresSnapshotStore({url!r}, table={tables.snapshots})"
 
     def __init__(self, url: Any = None, *, client: object = None, **options: Any) -> None:
-        from .client import POOL_OPTIONS, PgClient
-
-        pool_options = {k: options.pop(k) for k in list(options) if k in POOL_OPTIONS}
-        super().__init__(**options)
-        self._client: PgClient = PgClient.attached(url, client, **pool_options)
-        self.url = self._client.url
-        self.tables = self._client.tables
+        super().__init__(url, client, split_pool_options(options), **options)
         self._sql = Statements(self.tables.snapshots)
-        self._pool: asyncpg.Pool | None = None
-
-    def __repr__(self) -> str:
-        return f"PostgresSnapshotStore({str(self.url)!r}, table={self.tables.snapshots})"
-
-    async def _initialize(self) -> None:
-        self._pool = await self._client.pool(runtime=True)
-
-    async def _close(self) -> None:
-        self._pool = None
-        await self._client.release()
 
     # ------------------------------------------------------------ hooks
 

@@ -31,7 +31,7 @@ from pai_storage.backend import ENUMERATE, AgentStateStore, ListHead, ListWrite,
 from pai_storage.runtime import DEFAULT_MAX_VALUE_BYTES, parse_json_text
 from pai_storage.state import ANONYMOUS_USER, DEFAULT_SESSION_TTL, StoredKind, VersionedState
 
-from .client import PgClient
+from .runtime import PgRuntimeStore
 
 if TYPE_CHECKING:
     import asyncpg  # type: ignore[import-untyped]
@@ -223,7 +223,7 @@ class _Nothing(Exception):
         self.outcome = outcome
 
 
-class PostgresAgentStateStore(AgentStateStore):
+class PostgresAgentStateStore(PgRuntimeStore, AgentStateStore):
     """Agent state in PostgreSQL 13+ (asyncpg), on the shared pool of :class:`PgClient`.
 
     Parameters
@@ -242,10 +242,9 @@ class PostgresAgentStateStore(AgentStateStore):
         is at most 256 MiB here.
     """
 
-    backend_name = "postgres"
-    token_prefix = "pai-pg"
     capabilities: ClassVar[frozenset[str]] = frozenset({ENUMERATE})
     value_bytes_limit: ClassVar[int | None] = 256 * 1024 * 1024
+    _repr_format = "PostgresAgentStateStore({url!r}, table={tables.state_sessions!r})"
 
     def __init__(
         self,
@@ -260,25 +259,16 @@ class PostgresAgentStateStore(AgentStateStore):
         **pool_options: Any,
     ) -> None:
         super().__init__(
+            url,
+            client,
+            pool_options,
             clock=clock,
             on_warning=on_warning,
             token_secret=token_secret,
             session_ttl=session_ttl,
             max_value_bytes=max_value_bytes,
         )
-        self._client = PgClient.attached(url, client, **pool_options)
-        self.url = self._client.url
-        self.tables = self._client.tables
         self.sql = Statements(self.tables)
-
-    def __repr__(self) -> str:
-        return f"PostgresAgentStateStore({str(self.url)!r}, table={self.tables.state_sessions!r})"
-
-    async def _initialize(self) -> None:
-        await self._client.pool(runtime=True)
-
-    async def _close(self) -> None:
-        await self._client.release()
 
     @property
     def _ttl_ms(self) -> int | None:

@@ -1,0 +1,73 @@
+"""What the four PostgreSQL runtime stores share: the client, its tables, the lifecycle.
+
+:class:`PgRuntimeStore` sits before the contract class in each store's bases
+(``class PostgresKeyValueStore(PgRuntimeStore, KeyValueStore)``): its
+constructor passes the contract's options on to the contract class and then
+attaches the :class:`~pai_storage_postgres.client.PgClient` the store runs on
+(a new one from the URL and pool options, an application's ``asyncpg.Pool``
+wrapped, or the client shared by the stores of one ``connect()`` call);
+``initialize`` connects the client and ``close`` releases it. A store keeps
+only its own options, statements and operations. See ``docs/postgres.md``,
+"Key-value and agent-state stores" and "Snapshot store and execution guard".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from pai_storage.backend import StoreURL
+from pai_storage.runtime import RuntimeStore
+
+from .client import POOL_OPTIONS, PgClient
+
+if TYPE_CHECKING:
+    import asyncpg  # type: ignore[import-untyped]
+
+    from .schema import Tables
+
+__all__ = ["PgRuntimeStore", "split_pool_options"]
+
+
+def split_pool_options(options: dict[str, Any]) -> dict[str, Any]:
+    """Remove and return the pool and table options among a store's keyword arguments."""
+    return {k: options.pop(k) for k in list(options) if k in POOL_OPTIONS}
+
+
+class PgRuntimeStore(RuntimeStore):
+    """A runtime store on the shared pool of a :class:`PgClient`.
+
+    ``url``, ``client`` and ``pool_options`` (:data:`~pai_storage_postgres.client.POOL_OPTIONS`)
+    are what :meth:`PgClient.attached` takes, as each store documents them; every
+    other keyword goes to the contract class that follows this one in the store's bases.
+    """
+
+    backend_name = "postgres"
+    token_prefix = "pai-pg"
+    _repr_format: ClassVar[str]
+    """``repr(store)``: a :meth:`str.format` template of ``url`` (the URL's text,
+    password hidden) and ``tables`` (:class:`~pai_storage_postgres.schema.Tables`)."""
+
+    def __init__(
+        self,
+        url: str | StoreURL | None,
+        client: object,
+        pool_options: Mapping[str, Any],
+        **options: Any,
+    ) -> None:
+        super().__init__(**options)
+        self._client: PgClient = PgClient.attached(url, client, **pool_options)
+        self.url: StoreURL = self._client.url
+        self.tables: Tables = self._client.tables
+        self._pool: asyncpg.Pool | None = None
+        """The client's pool once initialized (``None`` before and after)."""
+
+    def __repr__(self) -> str:
+        return self._repr_format.format(url=str(self.url), tables=self.tables)
+
+    async def _initialize(self) -> None:
+        self._pool = await self._client.pool(runtime=True)
+
+    async def _close(self) -> None:
+        self._pool = None
+        await self._client.release()
