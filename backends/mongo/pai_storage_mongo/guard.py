@@ -40,23 +40,19 @@ import asyncio
 import contextlib
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from bson import Int64
 from pymongo import ASCENDING, IndexModel, ReturnDocument
 from pymongo.errors import PyMongoError
 
-from pai_storage.errors import StorageError
+from pai_storage.errors import ConfigurationError, StorageError
 from pai_storage.guard import ExecutionGuard, LockInfo
 
-from .client import closed_error, plain
+from .client import closed_error
 from .documents import decoded
 from .errors import is_duplicate_key
-
-if TYPE_CHECKING:
-    from pymongo.asynchronous.collection import AsyncCollection
-
-    from .client import MongoClientHolder
+from .runtime import MongoRuntimeStore, split_client_options
 
 __all__ = ["COUNTER_ID", "MongoExecutionGuard", "indexes"]
 
@@ -86,7 +82,7 @@ def indexes() -> list[IndexModel]:
     ]
 
 
-class MongoExecutionGuard(ExecutionGuard):
+class MongoExecutionGuard(MongoRuntimeStore, ExecutionGuard):
     """Locks in a MongoDB collection, sharing the client of a ``connect()`` call.
 
     A lost connection while a write is in flight raises
@@ -107,55 +103,21 @@ class MongoExecutionGuard(ExecutionGuard):
         ``token_secret``.
     """
 
-    backend_name = "mongo"
-    token_prefix = "pai-mongo"
     component = "guard"
 
     def __init__(self, url: Any = None, *, client: object = None, **options: Any) -> None:
-        from .client import CLIENT_OPTIONS, MongoClientHolder
-
-        holder_options = {k: options.pop(k) for k in list(options) if k in CLIENT_OPTIONS}
+        holder_options = split_client_options(options)
         super().__init__(**options)
-        self._holder: MongoClientHolder = MongoClientHolder.attached(url, client, **holder_options)
-        self.url = self._holder.url
-        self._collection: AsyncCollection[Doc] | None = None
-        self._modify_col: AsyncCollection[Doc] | None = None
+        self._attach(url, client, holder_options)
 
-    def __repr__(self) -> str:
-        return (
-            f"MongoExecutionGuard({str(self.url)!r}, "
-            f"collection={self._holder.name(self.component)!r})"
-        )
+    def _indexes(self) -> list[IndexModel]:
+        return indexes()
 
-    async def _initialize(self) -> None:
-        collection = await self._holder.collection(self.component, indexes())
-        self._collection = collection
-        self._modify_col = plain(collection)
-
-    async def _close(self) -> None:
-        self._collection = self._modify_col = None
-        await self._holder.release()
-
-    @property
-    def collection(self) -> AsyncCollection[Doc]:
-        """The lock collection (once initialized)."""
-        if self._collection is None:
-            raise closed_error()
-        return self._collection
-
-    @property
-    def _modify(self) -> AsyncCollection[Doc]:
-        """The collection for ``findAndModify`` (see :func:`.client.plain`)."""
-        if self._modify_col is None:
-            raise closed_error()
-        return self._modify_col
+    def _unopened_error(self) -> ConfigurationError:
+        """The closed-store error of the client holder's operations."""
+        return closed_error()
 
     # ------------------------------------------------------------ queries
-
-    def _now(self) -> datetime | str:
-        """The guard's clock as an aggregation expression: the test clock, else ``$$NOW``."""
-        now = self.now()
-        return "$$NOW" if now is None else now
 
     def live_filter(self, resource: str) -> Doc:
         """The filter matching the unexpired lock on ``resource`` (EXPLAIN tests use it)."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from bson.int64 import Int64
 from pymongo import ASCENDING, IndexModel, ReturnDocument
@@ -38,11 +38,9 @@ from pai_storage.backend import (
 )
 from pai_storage.runtime import DEFAULT_MAX_VALUE_BYTES
 
-from .client import Doc, MongoClientHolder, plain
+from .client import Doc
 from .documents import decoded
-
-if TYPE_CHECKING:
-    from pymongo.asynchronous.collection import AsyncCollection
+from .runtime import MongoRuntimeStore
 
 __all__ = [
     "INDEXES",
@@ -78,7 +76,7 @@ FIELDS = {
 _FAR = datetime(9999, 12, 31, tzinfo=UTC)
 
 
-class MongoKeyValueStore(KeyValueStore):
+class MongoKeyValueStore(MongoRuntimeStore, KeyValueStore):
     """Key-value items in MongoDB 4.2+, on the shared client of :class:`MongoClientHolder`.
 
     Parameters
@@ -97,8 +95,7 @@ class MongoKeyValueStore(KeyValueStore):
         is at most 15 MiB here (a document holds one value).
     """
 
-    backend_name = "mongo"
-    token_prefix = "pai-mongo"
+    component = "kv"
     value_bytes_limit: ClassVar[int | None] = 15 * 1024 * 1024
 
     def __init__(
@@ -118,43 +115,12 @@ class MongoKeyValueStore(KeyValueStore):
             token_secret=token_secret,
             max_value_bytes=max_value_bytes,
         )
-        self._holder = MongoClientHolder.attached(url, client, **client_options)
-        self.url = self._holder.url
-        self.collection_name = self._holder.name("kv")
-        self._col: AsyncCollection[Doc] | None = None
-        self._modify_col: AsyncCollection[Doc] | None = None
+        self._attach(url, client, client_options)
 
-    def __repr__(self) -> str:
-        return f"MongoKeyValueStore({self.url.render()!r}, collection={self.collection_name!r})"
-
-    @property
-    def collection(self) -> AsyncCollection[Doc]:
-        """The PyMongo collection (for operators and tests; initialize first)."""
-        if self._col is None:
-            raise self._closed_error()
-        return self._col
-
-    @property
-    def _modify(self) -> AsyncCollection[Doc]:
-        """The collection for ``findAndModify`` (see :func:`.client.plain`)."""
-        if self._modify_col is None:
-            raise self._closed_error()
-        return self._modify_col
-
-    async def _initialize(self) -> None:
-        self._col = await self._holder.collection("kv", INDEXES)
-        self._modify_col = plain(self._col)
-
-    async def _close(self) -> None:
-        self._col = self._modify_col = None
-        await self._holder.release()
+    def _indexes(self) -> list[IndexModel]:
+        return INDEXES
 
     # ------------------------------------------------------------ time
-
-    def _now(self) -> Any:
-        """The store's time inside an expression: the test clock, else ``$$NOW``."""
-        now = self.now()
-        return "$$NOW" if now is None else now
 
     def _live(self) -> Doc:
         """A query filter: the item has no expiry, or it is after now."""

@@ -42,13 +42,12 @@ from pai_storage.events import StoreWarning
 from pai_storage.runtime import parse_json_text
 from pai_storage.snapshots import Snapshot, SnapshotDraft, SnapshotInfo, SnapshotStore
 
-from .client import closed_error, plain
+from .client import closed_error
 from .documents import decoded
+from .runtime import MongoRuntimeStore, split_client_options
 
 if TYPE_CHECKING:
     from pymongo.asynchronous.collection import AsyncCollection
-
-    from .client import MongoClientHolder
 
 __all__ = ["MAX_SNAPSHOT_BYTES", "SCHEMA_VERSION", "MongoSnapshotStore", "indexes"]
 
@@ -84,7 +83,7 @@ def indexes(snapshot_ttl: timedelta | None) -> list[IndexModel]:
     return models
 
 
-class MongoSnapshotStore(SnapshotStore):
+class MongoSnapshotStore(MongoRuntimeStore, SnapshotStore):
     """Snapshots in a MongoDB collection, sharing the client of a ``connect()`` call.
 
     Every operation is judged on the server's clock (``$$NOW``, or the test
@@ -108,37 +107,27 @@ class MongoSnapshotStore(SnapshotStore):
         ``on_warning``, ``token_secret``, ``snapshot_ttl``.
     """
 
-    backend_name = "mongo"
-    token_prefix = "pai-mongo"
     component = "snapshots"
     max_snapshot_bytes: ClassVar[int | None] = MAX_SNAPSHOT_BYTES
     capabilities: ClassVar[frozenset[str]] = frozenset({ENUMERATE})
 
     def __init__(self, url: Any = None, *, client: object = None, **options: Any) -> None:
-        from .client import CLIENT_OPTIONS, MongoClientHolder
-
-        holder_options = {k: options.pop(k) for k in list(options) if k in CLIENT_OPTIONS}
+        holder_options = split_client_options(options)
         super().__init__(**options)
-        self._holder: MongoClientHolder = MongoClientHolder.attached(url, client, **holder_options)
-        self.url = self._holder.url
-        self._collection: AsyncCollection[Doc] | None = None
-        self._modify_col: AsyncCollection[Doc] | None = None
+        self._attach(url, client, holder_options)
         ttl = self.snapshot_ttl
         self._ttl_ms: int | None = None if ttl is None else ttl // timedelta(milliseconds=1)
 
-    def __repr__(self) -> str:
-        return (
-            f"MongoSnapshotStore({str(self.url)!r}, "
-            f"collection={self._holder.name(self.component)!r})"
-        )
+    def _indexes(self) -> list[IndexModel]:
+        return indexes(self.snapshot_ttl)
 
-    async def _initialize(self) -> None:
-        wanted = indexes(self.snapshot_ttl)
-        collection = await self._holder.collection(self.component, wanted)
+    async def _verify(self, collection: AsyncCollection[Doc]) -> None:
         # MongoDB keeps an existing TTL index's expireAfterSeconds when asked for
         # the same index with another one: compare, or snapshots would expire early.
         ttl = [
-            m.document.get("expireAfterSeconds") for m in wanted if m.document["name"] == TTL_INDEX
+            m.document.get("expireAfterSeconds")
+            for m in self._indexes()
+            if m.document["name"] == TTL_INDEX
         ]
         expected = ttl[0] if ttl else None
         with self._holder.errors("connect"):
@@ -151,33 +140,12 @@ class MongoSnapshotStore(SnapshotStore):
                 "drop that index, use the same snapshot_ttl, or choose another collection "
                 "name (option names or collection_prefix)"
             )
-        self._collection = collection
-        self._modify_col = plain(collection)
 
-    async def _close(self) -> None:
-        self._collection = self._modify_col = None
-        await self._holder.release()
-
-    @property
-    def collection(self) -> AsyncCollection[Doc]:
-        """The snapshot collection (once initialized)."""
-        if self._collection is None:
-            raise closed_error()
-        return self._collection
-
-    @property
-    def _modify(self) -> AsyncCollection[Doc]:
-        """The collection for ``findAndModify`` (see :func:`.client.plain`)."""
-        if self._modify_col is None:
-            raise closed_error()
-        return self._modify_col
+    def _unopened_error(self) -> ConfigurationError:
+        """The closed-store error of the client holder's operations."""
+        return closed_error()
 
     # ------------------------------------------------------------ queries
-
-    def _now(self) -> datetime | str:
-        """The store's clock as an aggregation expression: the test clock, else ``$$NOW``."""
-        now = self.now()
-        return "$$NOW" if now is None else now
 
     def live_filter(self) -> Doc:
         """The filter clause that keeps unexpired snapshots only (empty: none expire)."""

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import re
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from bson.int64 import Int64
 from bson.max_key import MaxKey
@@ -43,12 +43,10 @@ from pai_storage.backend import (
 from pai_storage.runtime import DEFAULT_MAX_VALUE_BYTES, parse_json_text
 from pai_storage.state import ANONYMOUS_USER, DEFAULT_SESSION_TTL, StoredKind, VersionedState
 
-from .client import Doc, MongoClientHolder, plain
+from .client import Doc
 from .documents import decoded
 from .errors import is_too_large
-
-if TYPE_CHECKING:
-    from pymongo.asynchronous.collection import AsyncCollection
+from .runtime import MongoRuntimeStore
 
 __all__ = ["MongoAgentStateStore", "decode_field", "encode_field", "indexes"]
 
@@ -89,7 +87,7 @@ def indexes(session_ttl: timedelta | None) -> list[IndexModel]:
     ]
 
 
-class MongoAgentStateStore(AgentStateStore):
+class MongoAgentStateStore(MongoRuntimeStore, AgentStateStore):
     """Agent sessions in MongoDB 4.2+, on the shared client of :class:`MongoClientHolder`.
 
     Parameters
@@ -109,8 +107,7 @@ class MongoAgentStateStore(AgentStateStore):
         of at most 16 MiB).
     """
 
-    backend_name = "mongo"
-    token_prefix = "pai-mongo"
+    component = "state"
     value_bytes_limit: ClassVar[int | None] = 15 * 1024 * 1024
     capabilities: ClassVar[frozenset[str]] = frozenset({ENUMERATE})
 
@@ -133,43 +130,12 @@ class MongoAgentStateStore(AgentStateStore):
             session_ttl=session_ttl,
             max_value_bytes=max_value_bytes,
         )
-        self._holder = MongoClientHolder.attached(url, client, **client_options)
-        self.url = self._holder.url
-        self.collection_name = self._holder.name("state")
-        self._col: AsyncCollection[Doc] | None = None
-        self._modify_col: AsyncCollection[Doc] | None = None
+        self._attach(url, client, client_options)
 
-    def __repr__(self) -> str:
-        return f"MongoAgentStateStore({self.url.render()!r}, collection={self.collection_name!r})"
-
-    @property
-    def collection(self) -> AsyncCollection[Doc]:
-        """The PyMongo collection (for operators and tests; initialize first)."""
-        if self._col is None:
-            raise self._closed_error()
-        return self._col
-
-    @property
-    def _modify(self) -> AsyncCollection[Doc]:
-        """The collection for ``findAndModify`` (see :func:`.client.plain`)."""
-        if self._modify_col is None:
-            raise self._closed_error()
-        return self._modify_col
-
-    async def _initialize(self) -> None:
-        collection = await self._holder.collection("state", indexes(self.session_ttl))
-        self._col = collection
-        self._modify_col = plain(collection)
-
-    async def _close(self) -> None:
-        self._col = self._modify_col = None
-        await self._holder.release()
+    def _indexes(self) -> list[IndexModel]:
+        return indexes(self.session_ttl)
 
     # ------------------------------------------------------------ time and liveness
-
-    def _now(self) -> Any:
-        now = self.now()
-        return "$$NOW" if now is None else now
 
     def _live_expr(self, now: datetime | None = None) -> Doc:
         """An expression: the session document exists and has not expired."""

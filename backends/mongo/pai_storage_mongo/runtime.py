@@ -1,0 +1,124 @@
+"""What the four MongoDB runtime stores share: their client holder and their collection.
+
+:class:`MongoRuntimeStore` is the base of the key-value store, the agent-state
+store, the snapshot store and the execution guard. It comes first among a
+store's bases, before the store's contract class (``KeyValueStore``,
+``AgentStateStore``, ``SnapshotStore``, ``ExecutionGuard``), and names the
+store's ``component`` (``kv``, ``state``, ``snapshots``, ``guard``); a store
+then only
+
+- calls :meth:`~MongoRuntimeStore._attach` in its constructor, after its
+  contract's own options are checked, with the URL, the client and the
+  client holder's options (:func:`split_client_options` takes those out of a
+  store's keyword arguments);
+- says which indexes its collection has (:meth:`~MongoRuntimeStore._indexes`)
+  and, when it must, what to check on the collection once they exist
+  (:meth:`~MongoRuntimeStore._verify`).
+
+The holder (:class:`~pai_storage_mongo.client.MongoClientHolder`) is taken in
+the constructor and released by ``close()``; the collection is opened by
+``initialize()``. See ``docs/mongodb.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from pai_storage.backend import StoreURL
+from pai_storage.errors import ConfigurationError
+from pai_storage.runtime import RuntimeStore
+
+from .client import CLIENT_OPTIONS, Doc, MongoClientHolder, plain
+
+if TYPE_CHECKING:
+    from pymongo import IndexModel
+    from pymongo.asynchronous.collection import AsyncCollection
+
+__all__ = ["MongoRuntimeStore", "split_client_options"]
+
+
+def split_client_options(options: dict[str, Any]) -> dict[str, Any]:
+    """Remove and return the client holder's options among a store's keyword arguments."""
+    return {k: options.pop(k) for k in list(options) if k in CLIENT_OPTIONS}
+
+
+class MongoRuntimeStore(RuntimeStore):
+    """A MongoDB runtime store: one collection on a :class:`MongoClientHolder`'s client.
+
+    Put it before the store's contract class among its bases, so that its
+    ``_initialize`` and ``_close`` are the store's.
+    """
+
+    backend_name = "mongo"
+    token_prefix = "pai-mongo"
+    component: ClassVar[str]
+    """The store's component: its collection's key in the holder's names."""
+
+    url: StoreURL
+    """The URL of the store's client (the password masked when shown)."""
+    collection_name: str
+    """The name of the store's collection."""
+    _holder: MongoClientHolder
+    _col: AsyncCollection[Doc] | None
+    _modify_col: AsyncCollection[Doc] | None
+
+    def _attach(
+        self, url: str | StoreURL | None, client: object, options: Mapping[str, Any]
+    ) -> None:
+        """Take the store's client holder (counted as one more of its users).
+
+        ``client`` and ``options`` are those of
+        :meth:`MongoClientHolder.attached`. Called from the constructor, once
+        the contract's options are checked: a store refused for a bad option
+        holds no client.
+        """
+        self._holder = MongoClientHolder.attached(url, client, **options)
+        self.url = self._holder.url
+        self.collection_name = self._holder.name(self.component)
+        self._col = None
+        self._modify_col = None
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url.render()!r}, collection={self.collection_name!r})"
+
+    @property
+    def collection(self) -> AsyncCollection[Doc]:
+        """The store's PyMongo collection (for operators and tests; initialize first)."""
+        if self._col is None:
+            raise self._unopened_error()
+        return self._col
+
+    @property
+    def _modify(self) -> AsyncCollection[Doc]:
+        """The collection for ``findAndModify`` (see :func:`.client.plain`)."""
+        if self._modify_col is None:
+            raise self._unopened_error()
+        return self._modify_col
+
+    def _unopened_error(self) -> ConfigurationError:
+        """What :attr:`collection` raises before ``initialize()`` and after ``close()``."""
+        return self._closed_error()
+
+    def _indexes(self) -> Sequence[IndexModel]:
+        """The indexes of the store's collection (created once per collection per client)."""
+        return ()
+
+    async def _verify(self, collection: AsyncCollection[Doc]) -> None:
+        """Check the collection once its indexes exist (default: nothing to check)."""
+
+    async def _initialize(self) -> None:
+        collection = await self._holder.collection(self.component, self._indexes())
+        await self._verify(collection)
+        self._col = collection
+        self._modify_col = plain(collection)
+
+    async def _close(self) -> None:
+        self._col = self._modify_col = None
+        await self._holder.release()
+
+    def _now(self) -> datetime | str:
+        """The store's clock as an aggregation expression: the test clock, else ``$$NOW``."""
+        now = self.now()
+        return "$$NOW" if now is None else now
