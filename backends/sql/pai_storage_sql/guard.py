@@ -34,7 +34,7 @@ from sqlalchemy.dialects import mysql, sqlite
 from pai_storage.guard import ExecutionGuard, LockInfo
 from pai_storage.models import truncate_ms
 
-from .runtime_support import RuntimeDb, split_client_options
+from .runtime_support import SqlRuntimeStore, split_client_options
 from .runtime_tables import digest
 
 if TYPE_CHECKING:
@@ -46,7 +46,7 @@ _COUNTER = 1
 """The ``id`` of the fencing counter's one row."""
 
 
-class SqlExecutionGuard(ExecutionGuard):
+class SqlExecutionGuard(SqlRuntimeStore, ExecutionGuard):
     """Locks in SQLite or MariaDB/MySQL (SQLAlchemy Core), on a shared :class:`SqlClient`.
 
     Parameters
@@ -62,25 +62,13 @@ class SqlExecutionGuard(ExecutionGuard):
         The options of :class:`~pai_storage.guard.ExecutionGuard`.
     """
 
-    backend_name = "sql"
-    token_prefix = "pai-sql"
+    _repr_name = "SqlExecutionGuard"
 
     def __init__(self, url: Any = None, *, client: object = None, **options: Any) -> None:
         client_options = split_client_options(options)
-        super().__init__(**options)
-        self._db = RuntimeDb(url, client, client_options)
-        self.url = self._db.url
+        super().__init__(url, client, client_options, **options)
         self.table = self._db.tables.locks
         self.counter = self._db.tables.fencing
-
-    def __repr__(self) -> str:
-        return f"SqlExecutionGuard({str(self.url)!r}, table={self.table.name!r})"
-
-    async def _initialize(self) -> None:
-        await self._db.ready()
-
-    async def _close(self) -> None:
-        await self._db.release()
 
     def _key(self, resource: str) -> ColumnElement[bool]:
         return self.table.c.resource_hash == digest(resource.encode())

@@ -58,11 +58,7 @@ from pai_storage.backend import (
 )
 from pai_storage.runtime import DEFAULT_MAX_VALUE_BYTES
 
-from .runtime_support import (
-    RuntimeDb,
-    escaped_size,
-    ordered_scan,
-)
+from .runtime_support import SqlRuntimeStore, escaped_size, ordered_scan
 from .runtime_tables import join_key, sort_key, split_key
 
 if TYPE_CHECKING:
@@ -86,7 +82,7 @@ def _upper(prefix: bytes) -> bytes | None:
     return prefix[:-1] + bytes([prefix[-1] + 1])
 
 
-class SqlKeyValueStore(KeyValueStore):
+class SqlKeyValueStore(SqlRuntimeStore, KeyValueStore):
     """Key-value items in SQLite or MariaDB/MySQL (SQLAlchemy Core), on a shared :class:`SqlClient`.
 
     Parameters
@@ -103,8 +99,7 @@ class SqlKeyValueStore(KeyValueStore):
         is at most 256 MiB here.
     """
 
-    backend_name = "sql"
-    token_prefix = "pai-sql"
+    _repr_name = "SqlKeyValueStore"
     value_bytes_limit: ClassVar[int | None] = MAX_VALUE_BYTES
 
     def __init__(
@@ -119,23 +114,15 @@ class SqlKeyValueStore(KeyValueStore):
         **client_options: Any,
     ) -> None:
         super().__init__(
+            url,
+            client,
+            client_options,
             clock=clock,
             on_warning=on_warning,
             token_secret=token_secret,
             max_value_bytes=max_value_bytes,
         )
-        self._db = RuntimeDb(url, client, client_options)
-        self.url = self._db.url
         self.table = self._db.tables.kv
-
-    def __repr__(self) -> str:
-        return f"SqlKeyValueStore({str(self.url)!r}, table={self.table.name!r})"
-
-    async def _initialize(self) -> None:
-        await self._db.ready()
-
-    async def _close(self) -> None:
-        await self._db.release()
 
     # ------------------------------------------------------------ statements
 

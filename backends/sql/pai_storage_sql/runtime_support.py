@@ -9,13 +9,17 @@ server would refuse into a typed error before anything is sent.
 
 :func:`ordered_scan` reads a range of an ordered key in exact byte order
 although MariaDB/MySQL index only the key's head (``runtime_tables``).
+
+:class:`SqlRuntimeStore` is the base the four stores share: it attaches the
+store to its :class:`RuntimeDb` once the core options are checked, names the
+store's URL and table in its repr, and connects and releases the client.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from sqlalchemy import (
     ColumnElement,
@@ -33,6 +37,7 @@ from sqlalchemy import (
 
 from pai_storage.backend import StoreURL
 from pai_storage.models import truncate_ms
+from pai_storage.runtime import RuntimeStore
 
 from .client import SqlClient
 from .runtime_tables import RuntimeTables, UtcMillis, head_bytes, join_key
@@ -47,6 +52,7 @@ __all__ = [
     "CLIENT_OPTIONS",
     "PURGE_BATCH",
     "RuntimeDb",
+    "SqlRuntimeStore",
     "escaped_size",
     "ordered_scan",
     "split_client_options",
@@ -215,6 +221,55 @@ class RuntimeDb:
         if self.max_packet is None:
             return None
         return max(self.max_packet - STATEMENT_OVERHEAD, 0)
+
+
+class SqlRuntimeStore(RuntimeStore):
+    """Base of the SQL runtime stores, listed before the core store class::
+
+        class SqlKeyValueStore(SqlRuntimeStore, KeyValueStore): ...
+
+    The constructor checks the core options (``options``, by the core class),
+    then attaches the store to its :class:`RuntimeDb` (``_db``) and sets
+    ``url``; each store then takes its tables from ``self._db.tables``.
+
+    Parameters
+    ----------
+    url, client:
+        As for :class:`RuntimeDb`.
+    client_options:
+        Client options (:data:`CLIENT_OPTIONS`), only without ``client``.
+    options:
+        The options of the core store class.
+    """
+
+    backend_name = "sql"
+    token_prefix = "pai-sql"
+    _repr_name: ClassVar[str]
+    """The class name the repr shows."""
+    _repr_table: ClassVar[str] = "table"
+    """The attribute holding the table the repr names."""
+
+    def __init__(
+        self,
+        url: str | StoreURL | None,
+        client: object,
+        client_options: dict[str, Any],
+        /,
+        **options: Any,
+    ) -> None:
+        super().__init__(**options)
+        self._db = RuntimeDb(url, client, client_options)
+        self.url = self._db.url
+
+    def __repr__(self) -> str:
+        table: Table = getattr(self, self._repr_table)
+        return f"{self._repr_name}({str(self.url)!r}, table={table.name!r})"
+
+    async def _initialize(self) -> None:
+        await self._db.ready()
+
+    async def _close(self) -> None:
+        await self._db.release()
 
 
 # ---------------------------------------------------------------- ordered scans

@@ -34,7 +34,7 @@ from pai_storage.events import StoreWarning
 from pai_storage.runtime import parse_json_text
 from pai_storage.snapshots import Snapshot, SnapshotDraft, SnapshotInfo, SnapshotStore
 
-from .runtime_support import RuntimeDb, escaped_size, split_client_options
+from .runtime_support import SqlRuntimeStore, escaped_size, split_client_options
 from .runtime_tables import digest, join_key, split_key
 
 if TYPE_CHECKING:
@@ -53,7 +53,7 @@ memory bounded. On MariaDB/MySQL ``max_allowed_packet`` (16 MiB by default on
 MariaDB 10.11, at most 1 GiB) bounds it further."""
 
 
-class SqlSnapshotStore(SnapshotStore):
+class SqlSnapshotStore(SqlRuntimeStore, SnapshotStore):
     """Snapshots in SQLite or MariaDB/MySQL (SQLAlchemy Core), on a shared :class:`SqlClient`.
 
     Every operation is one transaction; ``put`` is one upsert. Expiry is
@@ -73,16 +73,13 @@ class SqlSnapshotStore(SnapshotStore):
         The options of :class:`~pai_storage.snapshots.SnapshotStore`.
     """
 
-    backend_name = "sql"
-    token_prefix = "pai-sql"
+    _repr_name = "SqlSnapshotStore"
     max_snapshot_bytes: ClassVar[int | None] = MAX_SNAPSHOT_BYTES
     capabilities: ClassVar[frozenset[str]] = frozenset({ENUMERATE})
 
     def __init__(self, url: Any = None, *, client: object = None, **options: Any) -> None:
         client_options = split_client_options(options)
-        super().__init__(**options)
-        self._db = RuntimeDb(url, client, client_options)
-        self.url = self._db.url
+        super().__init__(url, client, client_options, **options)
         self.table = self._db.tables.snapshots
 
     def _key_params(self, scope: str, snapshot_id: str) -> dict[str, Any]:
@@ -97,15 +94,6 @@ class SqlSnapshotStore(SnapshotStore):
             t.c.id_head == bindparam("id_head"),
             t.c.id_tail_hash == bindparam("id_tail_hash"),
         )
-
-    def __repr__(self) -> str:
-        return f"SqlSnapshotStore({str(self.url)!r}, table={self.table.name!r})"
-
-    async def _initialize(self) -> None:
-        await self._db.ready()
-
-    async def _close(self) -> None:
-        await self._db.release()
 
     # ------------------------------------------------------------ statements
 

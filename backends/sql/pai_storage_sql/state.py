@@ -44,7 +44,7 @@ from pai_storage.backend import ENUMERATE, AgentStateStore, ListHead, ListWrite,
 from pai_storage.runtime import DEFAULT_MAX_VALUE_BYTES, parse_json_text
 from pai_storage.state import ANONYMOUS_USER, DEFAULT_SESSION_TTL, StoredKind, VersionedState
 
-from .runtime_support import RuntimeDb, escaped_size, ordered_scan
+from .runtime_support import SqlRuntimeStore, escaped_size, ordered_scan
 from .runtime_tables import digest, join_key, split_key
 
 if TYPE_CHECKING:
@@ -61,7 +61,7 @@ def _session_key(session: SessionKey) -> bytes:
     return session.user.encode() + b"\x00" + session.session.encode()
 
 
-class SqlAgentStateStore(AgentStateStore):
+class SqlAgentStateStore(SqlRuntimeStore, AgentStateStore):
     """Agent state in SQLite or MariaDB/MySQL (SQLAlchemy Core), on a shared :class:`SqlClient`.
 
     Parameters
@@ -78,8 +78,8 @@ class SqlAgentStateStore(AgentStateStore):
         is at most 256 MiB here.
     """
 
-    backend_name = "sql"
-    token_prefix = "pai-sql"
+    _repr_name = "SqlAgentStateStore"
+    _repr_table = "sessions"
     value_bytes_limit: ClassVar[int | None] = MAX_VALUE_BYTES
     capabilities: ClassVar[frozenset[str]] = frozenset({ENUMERATE})
 
@@ -96,27 +96,19 @@ class SqlAgentStateStore(AgentStateStore):
         **client_options: Any,
     ) -> None:
         super().__init__(
+            url,
+            client,
+            client_options,
             clock=clock,
             on_warning=on_warning,
             token_secret=token_secret,
             session_ttl=session_ttl,
             max_value_bytes=max_value_bytes,
         )
-        self._db = RuntimeDb(url, client, client_options)
-        self.url = self._db.url
         tables = self._db.tables
         self.sessions = tables.state_sessions
         self.values = tables.state_values
         self.items = tables.state_items
-
-    def __repr__(self) -> str:
-        return f"SqlAgentStateStore({str(self.url)!r}, table={self.sessions.name!r})"
-
-    async def _initialize(self) -> None:
-        await self._db.ready()
-
-    async def _close(self) -> None:
-        await self._db.release()
 
     # ------------------------------------------------------------ statements
 
