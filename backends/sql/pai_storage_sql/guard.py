@@ -175,7 +175,7 @@ class SqlExecutionGuard(SqlRuntimeStore, ExecutionGuard):
             return delete(t).where(
                 t.c.resource_hash == bindparam("resource_hash"),
                 t.c.token == bindparam("token"),
-                t.c.expires_at > bindparam("now", type_=t.c.expires_at.type),
+                t.c.expires_at > self._now_param(),
             )
 
         async def write(conn: AsyncConnection) -> bool:
@@ -216,6 +216,3 @@ class SqlExecutionGuard(SqlRuntimeStore, ExecutionGuard):
                 "expires_at": row.expires_at,
             }
         )
-
-    async def _purge_expired(self) -> int:
-        return await self._db.purge(self.table, self)

@@ -41,7 +41,6 @@ from sqlalchemy import (
     case,
     delete,
     func,
-    or_,
     select,
     tuple_,
     update,
@@ -126,9 +125,6 @@ class SqlKeyValueStore(SqlRuntimeStore, KeyValueStore):
 
     # ------------------------------------------------------------ statements
 
-    def _now_param(self) -> Any:
-        return bindparam("now", type_=self.table.c.expires_at.type)
-
     def _pk_params(self) -> ColumnElement[bool]:
         t = self.table
         return and_(t.c.sk_head == bindparam("head"), t.c.sk_tail_hash == bindparam("tail_hash"))
@@ -137,10 +133,6 @@ class SqlKeyValueStore(SqlRuntimeStore, KeyValueStore):
         head, _, tail_hash = split_key(sk, self._db.head_bytes)
         t = self.table
         return and_(t.c.sk_head == head, t.c.sk_tail_hash == tail_hash)
-
-    def _live(self, now: Any) -> ColumnElement[bool]:
-        t = self.table
-        return or_(t.c.expires_at.is_(None), t.c.expires_at > now)
 
     def _select(self) -> Any:
         t = self.table
@@ -576,9 +568,6 @@ class SqlKeyValueStore(SqlRuntimeStore, KeyValueStore):
             return found
 
         return await self._db.read(read)
-
-    async def _purge_expired(self) -> int:
-        return await self._db.purge(self.table, self)
 
 
 def _skip(path: bytes, max_depth: int | None, depth: int) -> bytes:

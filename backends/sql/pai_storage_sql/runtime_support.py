@@ -12,7 +12,8 @@ although MariaDB/MySQL index only the key's head (``runtime_tables``).
 
 :class:`SqlRuntimeStore` is the base the four stores share: it attaches the
 store to its :class:`RuntimeDb` once the core options are checked, names the
-store's URL and table in its repr, and connects and releases the client.
+store's URL and table in its repr, connects and releases the client, and
+judges and purges expiry on its main table's ``expires_at``.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from sqlalchemy import (
     delete,
     func,
     literal_column,
+    or_,
     select,
     text,
     true,
@@ -230,7 +232,10 @@ class SqlRuntimeStore(RuntimeStore):
 
     The constructor checks the core options (``options``, by the core class),
     then attaches the store to its :class:`RuntimeDb` (``_db``) and sets
-    ``url``; each store then takes its tables from ``self._db.tables``.
+    ``url``; each store then takes its tables from ``self._db.tables``. The
+    store's main table (:attr:`_main_table`) is the one its repr names and
+    whose ``expires_at`` decides what is live (:meth:`_live`,
+    :meth:`_now_param`) and what ``purge_expired`` deletes.
 
     Parameters
     ----------
@@ -246,8 +251,8 @@ class SqlRuntimeStore(RuntimeStore):
     token_prefix = "pai-sql"
     _repr_name: ClassVar[str]
     """The class name the repr shows."""
-    _repr_table: ClassVar[str] = "table"
-    """The attribute holding the table the repr names."""
+    _main_table: ClassVar[str] = "table"
+    """The attribute holding the store's main table (the repr's, the expiry's)."""
 
     def __init__(
         self,
@@ -261,15 +266,32 @@ class SqlRuntimeStore(RuntimeStore):
         self._db = RuntimeDb(url, client, client_options)
         self.url = self._db.url
 
+    @property
+    def _expiring(self) -> Table:
+        """The store's main table (:attr:`_main_table`)."""
+        table: Table = getattr(self, self._main_table)
+        return table
+
     def __repr__(self) -> str:
-        table: Table = getattr(self, self._repr_table)
-        return f"{self._repr_name}({str(self.url)!r}, table={table.name!r})"
+        return f"{self._repr_name}({str(self.url)!r}, table={self._expiring.name!r})"
 
     async def _initialize(self) -> None:
         await self._db.ready()
 
     async def _close(self) -> None:
         await self._db.release()
+
+    def _now_param(self) -> Any:
+        """The store's clock as the statement parameter ``now``."""
+        return bindparam("now", type_=self._expiring.c.expires_at.type)
+
+    def _live(self, now: Any) -> ColumnElement[bool]:
+        """A main-table row has not expired at ``now`` (no ``expires_at``, or later)."""
+        expires = self._expiring.c.expires_at
+        return or_(expires.is_(None), expires > now)
+
+    async def _purge_expired(self) -> int:
+        return await self._db.purge(self._expiring, self)
 
 
 # ---------------------------------------------------------------- ordered scans

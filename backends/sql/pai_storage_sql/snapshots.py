@@ -106,10 +106,6 @@ class SqlSnapshotStore(SqlRuntimeStore, SnapshotStore):
             t.c.id_tail_hash == tail_hash,
         )
 
-    def _live(self, now: Any) -> ColumnElement[bool]:
-        t = self.table
-        return or_(t.c.expires_at.is_(None), t.c.expires_at > now)
-
     def _columns(self, data: bool) -> list[Any]:
         t = self.table
         columns = [
@@ -196,10 +192,9 @@ class SqlSnapshotStore(SqlRuntimeStore, SnapshotStore):
             params = self._key_params(scope, snapshot_id)
             if bound:
                 params["now"] = now
-            t = self.table
 
             def build() -> Any:
-                clock = bindparam("now", type_=t.c.expires_at.type) if bound else now
+                clock = self._now_param() if bound else now
                 return select(*self._columns(True)).where(self._key_bound(), self._live(clock))
 
             return (await conn.execute(self._db.statement(("get", bound), build), params)).first()
@@ -300,9 +295,6 @@ class SqlSnapshotStore(SqlRuntimeStore, SnapshotStore):
             return False
 
         return await self._db.write(write)
-
-    async def _purge_expired(self) -> int:
-        return await self._db.purge(self.table, self)
 
     async def _list_scopes(self, after: str | None, limit: int) -> builtins.list[str]:
         """Scopes with a live snapshot, in order: one walk of the ``_scopes`` index.

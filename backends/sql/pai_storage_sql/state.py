@@ -33,7 +33,6 @@ from sqlalchemy import (
     delete,
     exists,
     insert,
-    or_,
     select,
     update,
 )
@@ -79,7 +78,7 @@ class SqlAgentStateStore(SqlRuntimeStore, AgentStateStore):
     """
 
     _repr_name = "SqlAgentStateStore"
-    _repr_table = "sessions"
+    _main_table = "sessions"
     value_bytes_limit: ClassVar[int | None] = MAX_VALUE_BYTES
     capabilities: ClassVar[frozenset[str]] = frozenset({ENUMERATE})
 
@@ -123,17 +122,10 @@ class SqlAgentStateStore(SqlRuntimeStore, AgentStateStore):
             s.c.sk_head == bindparam("s_head"), s.c.sk_tail_hash == bindparam("s_tail_hash")
         )
 
-    def _now_param(self) -> Any:
-        return bindparam("now", type_=self.sessions.c.expires_at.type)
-
     def _session_where(self, session: SessionKey) -> ColumnElement[bool]:
         head, _, tail_hash = split_key(_session_key(session), self._db.head_bytes)
         s = self.sessions
         return and_(s.c.sk_head == head, s.c.sk_tail_hash == tail_hash)
-
-    def _live(self, now: Any) -> ColumnElement[bool]:
-        s = self.sessions
-        return or_(s.c.expires_at.is_(None), s.c.expires_at > now)
 
     def _check_packet(self, texts: tuple[str, ...] | list[str]) -> None:
         room = self._db.packet_room()
@@ -582,6 +574,3 @@ class SqlAgentStateStore(SqlRuntimeStore, AgentStateStore):
         values = [bytes(r.key).decode() for r in rows if not r.is_list]
         lists = [bytes(r.key).decode() for r in rows if r.is_list]
         return values, lists
-
-    async def _purge_expired(self) -> int:
-        return await self._db.purge(self.sessions, self)
