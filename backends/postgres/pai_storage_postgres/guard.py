@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 from pai_storage.guard import ExecutionGuard, LockInfo
 
-from .runtime import PgRuntimeStore, split_pool_options
+from .runtime import PgRuntimeStore, micros, split_pool_options
 
 __all__ = ["PostgresExecutionGuard", "ddl"]
 
@@ -152,7 +152,7 @@ class PostgresExecutionGuard(PgRuntimeStore, ExecutionGuard):
     ) -> LockInfo | None:
         key = resource.encode()
         row = await self._one(
-            self._sql.acquire, _micros(lease_ttl), key, token, owner, self._lock_key(key)
+            self._sql.acquire, micros(lease_ttl), key, token, owner, self._lock_key(key)
         )
         if row is None:
             return None
@@ -165,7 +165,7 @@ class PostgresExecutionGuard(PgRuntimeStore, ExecutionGuard):
         )
 
     async def _renew(self, resource: str, token: str, lease_ttl: timedelta) -> datetime | None:
-        row = await self._one(self._sql.renew, _micros(lease_ttl), resource.encode(), token)
+        row = await self._one(self._sql.renew, micros(lease_ttl), resource.encode(), token)
         return None if row is None else row["expires_at"]
 
     async def _release(self, resource: str, token: str) -> bool:
@@ -187,16 +187,4 @@ class PostgresExecutionGuard(PgRuntimeStore, ExecutionGuard):
         )
 
     async def _purge_expired(self) -> int:
-        total = 0
-        async with self._client.connection(self._pool, runtime=True) as conn:
-            while True:
-                with self._client.errors("commit", runtime=True):
-                    status = await conn.execute(self._sql.purge, self.now())
-                count = int(status.split()[-1])
-                total += count
-                if count < PURGE_BATCH:
-                    return total
-
-
-def _micros(duration: timedelta) -> int:
-    return duration // timedelta(microseconds=1)
+        return await self._purge_batches(self._sql.purge, PURGE_BATCH)

@@ -281,7 +281,7 @@ class PostgresKeyValueStore(PgRuntimeStore, KeyValueStore):
 
     async def _fetch(self, sql: str, *args: Any) -> list[Any]:
         """Run a read statement (``$1`` is the store's time)."""
-        async with self._client.connection(runtime=True) as conn:
+        async with self._client.connection(self._pool, runtime=True) as conn:
             with self._client.errors("read", runtime=True):
                 return list(await conn.fetch(sql, self.now(), *args))
 
@@ -291,7 +291,7 @@ class PostgresKeyValueStore(PgRuntimeStore, KeyValueStore):
         Its reply is the commit's: a connection lost before the reply arrives
         is an unknown outcome, never "nothing was applied".
         """
-        async with self._client.connection(runtime=True) as conn:
+        async with self._client.connection(self._pool, runtime=True) as conn:
             with self._client.errors("commit", runtime=True):
                 return list(await conn.fetch(sql, self.now(), *args))
 
@@ -332,7 +332,7 @@ class PostgresKeyValueStore(PgRuntimeStore, KeyValueStore):
     async def _delete(
         self, namespace: tuple[str, ...], key: str, expected_version: int | None
     ) -> bool:
-        async with self._client.connection(runtime=True) as conn:
+        async with self._client.connection(self._pool, runtime=True) as conn:
             with self._client.errors("commit", runtime=True):  # one autocommit statement
                 status = await conn.execute(
                     self.sql.delete, self.now(), namespace_path(namespace), key, expected_version
@@ -382,14 +382,7 @@ class PostgresKeyValueStore(PgRuntimeStore, KeyValueStore):
         return [namespace_from_path(path) for path in paths]
 
     async def _purge_expired(self) -> int:
-        total = 0
-        async with self._client.connection(runtime=True) as conn:
-            while True:
-                with self._client.errors("commit", runtime=True):  # autocommit DELETE
-                    count = _count(await conn.execute(self.sql.purge, self.now()))
-                total += count
-                if count < PURGE_BATCH:
-                    return total
+        return await self._purge_batches(self.sql.purge, PURGE_BATCH)
 
 
 def _upper(path: str) -> str | None:

@@ -6,7 +6,8 @@ constructor passes the contract's options on to the contract class and then
 attaches the :class:`~pai_storage_postgres.client.PgClient` the store runs on
 (a new one from the URL and pool options, an application's ``asyncpg.Pool``
 wrapped, or the client shared by the stores of one ``connect()`` call);
-``initialize`` connects the client and ``close`` releases it. A store keeps
+``initialize`` connects the client and ``close`` releases it; the batched
+``purge_expired`` loop is :meth:`PgRuntimeStore._purge_batches`. A store keeps
 only its own options, statements and operations. See ``docs/postgres.md``,
 "Key-value and agent-state stores" and "Snapshot store and execution guard".
 """
@@ -14,6 +15,7 @@ only its own options, statements and operations. See ``docs/postgres.md``,
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from pai_storage.backend import StoreURL
@@ -26,12 +28,17 @@ if TYPE_CHECKING:
 
     from .schema import Tables
 
-__all__ = ["PgRuntimeStore", "split_pool_options"]
+__all__ = ["PgRuntimeStore", "micros", "split_pool_options"]
 
 
 def split_pool_options(options: dict[str, Any]) -> dict[str, Any]:
     """Remove and return the pool and table options among a store's keyword arguments."""
     return {k: options.pop(k) for k in list(options) if k in POOL_OPTIONS}
+
+
+def micros(duration: timedelta) -> int:
+    """``duration`` in whole microseconds (a ``bigint`` statement parameter)."""
+    return duration // timedelta(microseconds=1)
 
 
 class PgRuntimeStore(RuntimeStore):
@@ -71,3 +78,20 @@ class PgRuntimeStore(RuntimeStore):
     async def _close(self) -> None:
         self._pool = None
         await self._client.release()
+
+    async def _purge_batches(self, statement: str, batch: int) -> int:
+        """Run ``statement`` until it deletes fewer than ``batch`` rows; the rows deleted.
+
+        ``statement`` deletes at most ``batch`` expired rows (``$1`` is the
+        store's time), each run its own autocommit ``DELETE``, all on one
+        pooled connection.
+        """
+        total = 0
+        async with self._client.connection(self._pool, runtime=True) as conn:
+            while True:
+                with self._client.errors("commit", runtime=True):  # autocommit DELETE
+                    status = await conn.execute(statement, self.now())
+                count = int(status.rsplit(" ", 1)[-1])
+                total += count
+                if count < batch:
+                    return total

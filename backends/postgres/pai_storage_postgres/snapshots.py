@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, ClassVar, Protocol
 
 from pai_storage.backend import ENUMERATE
@@ -24,7 +24,7 @@ from pai_storage.events import StoreWarning
 from pai_storage.runtime import parse_json_text
 from pai_storage.snapshots import Snapshot, SnapshotDraft, SnapshotInfo, SnapshotStore
 
-from .runtime import PgRuntimeStore, split_pool_options
+from .runtime import PgRuntimeStore, micros, split_pool_options
 
 __all__ = ["MAX_SNAPSHOT_BYTES", "PostgresSnapshotStore", "ddl"]
 
@@ -158,7 +158,7 @@ class PostgresSnapshotStore(PgRuntimeStore, SnapshotStore):
     # ------------------------------------------------------------ hooks
 
     async def _put(self, draft: SnapshotDraft) -> SnapshotInfo:
-        ttl = None if self.snapshot_ttl is None else _micros(self.snapshot_ttl)
+        ttl = None if self.snapshot_ttl is None else micros(self.snapshot_ttl)
         async with self._client.connection(self._pool, runtime=True) as conn:
             with self._client.errors("write", runtime=True):
                 tx = conn.transaction()
@@ -229,15 +229,7 @@ class PostgresSnapshotStore(PgRuntimeStore, SnapshotStore):
         return live is True
 
     async def _purge_expired(self) -> int:
-        total = 0
-        async with self._client.connection(self._pool, runtime=True) as conn:
-            while True:
-                with self._client.errors("commit", runtime=True):
-                    status = await conn.execute(self._sql.purge, self.now())
-                count = int(status.split()[-1])
-                total += count
-                if count < PURGE_BATCH:
-                    return total
+        return await self._purge_batches(self._sql.purge, PURGE_BATCH)
 
     async def _list_scopes(self, after: str | None, limit: int) -> builtins.list[str]:
         start = b"" if after is None else after.encode()  # every scope is longer
@@ -297,7 +289,3 @@ class PostgresSnapshotStore(PgRuntimeStore, SnapshotStore):
                 "decode) and was not returned"
             )
         return Snapshot.model_construct(info=info, data=bytes(row["data"]))
-
-
-def _micros(duration: timedelta) -> int:
-    return duration // timedelta(microseconds=1)

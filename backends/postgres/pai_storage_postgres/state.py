@@ -281,7 +281,7 @@ class PostgresAgentStateStore(PgRuntimeStore, AgentStateStore):
         ``apply`` raises :class:`_Nothing` when its condition failed: the
         transaction is rolled back and the outcome returned.
         """
-        async with self._client.connection(runtime=True) as conn:
+        async with self._client.connection(self._pool, runtime=True) as conn:
             with self._client.errors("write", runtime=True):
                 tx = conn.transaction()
                 await tx.start()
@@ -404,7 +404,7 @@ class PostgresAgentStateStore(PgRuntimeStore, AgentStateStore):
     # ------------------------------------------------------------ sessions
 
     async def _fetchrow(self, sql: str, session: SessionKey, *args: Any) -> Any:
-        async with self._client.connection(runtime=True) as conn:
+        async with self._client.connection(self._pool, runtime=True) as conn:
             with self._client.errors("read", runtime=True):
                 return await conn.fetchrow(sql, self.now(), session.user, session.session, *args)
 
@@ -413,7 +413,7 @@ class PostgresAgentStateStore(PgRuntimeStore, AgentStateStore):
         return bool(row[0])
 
     async def _delete(self, session: SessionKey) -> bool:
-        async with self._client.connection(runtime=True) as conn:
+        async with self._client.connection(self._pool, runtime=True) as conn:
             with self._client.errors("commit", runtime=True):  # one autocommit statement
                 live = await conn.fetchval(
                     self.sql.delete, self.now(), session.user, session.session
@@ -422,7 +422,7 @@ class PostgresAgentStateStore(PgRuntimeStore, AgentStateStore):
 
     async def _delete_state(self, session: SessionKey, key: str) -> bool:
         user, sid = session
-        async with self._client.connection(runtime=True) as conn:
+        async with self._client.connection(self._pool, runtime=True) as conn:
             with self._client.errors("write", runtime=True):
                 tx = conn.transaction()
                 await tx.start()
@@ -451,7 +451,7 @@ class PostgresAgentStateStore(PgRuntimeStore, AgentStateStore):
         return True
 
     async def _list_session_ids(self, user: str, after: str | None, limit: int) -> list[str]:
-        async with self._client.connection(runtime=True) as conn:
+        async with self._client.connection(self._pool, runtime=True) as conn:
             with self._client.errors("read", runtime=True):
                 if after is None:
                     rows = await conn.fetch(self.sql.sessions_first, self.now(), user, limit)
@@ -468,7 +468,7 @@ class PostgresAgentStateStore(PgRuntimeStore, AgentStateStore):
         # current one runs out, so only a last page is short.
         user, sid = (None, "") if after is None else after
         found: list[tuple[str | None, str]] = []
-        async with self._client.connection(runtime=True) as conn:
+        async with self._client.connection(self._pool, runtime=True) as conn:
             with self._client.errors("read", runtime=True):
                 now = self.now()
                 if user is None:
@@ -499,7 +499,7 @@ class PostgresAgentStateStore(PgRuntimeStore, AgentStateStore):
         self, user_id: str | None, session_id: str
     ) -> tuple[list[str], list[str]]:
         session = SessionKey(ANONYMOUS_USER if user_id is None else user_id, session_id)
-        async with self._client.connection(runtime=True) as conn:
+        async with self._client.connection(self._pool, runtime=True) as conn:
             with self._client.errors("read", runtime=True):
                 rows = await conn.fetch(
                     self.sql.session_keys, self.now(), session.user, session.session
@@ -509,12 +509,4 @@ class PostgresAgentStateStore(PgRuntimeStore, AgentStateStore):
         return values, lists
 
     async def _purge_expired(self) -> int:
-        total = 0
-        async with self._client.connection(runtime=True) as conn:
-            while True:
-                with self._client.errors("commit", runtime=True):  # autocommit DELETE
-                    status = await conn.execute(self.sql.purge, self.now())
-                count = int(status.rsplit(" ", 1)[-1])
-                total += count
-                if count < PURGE_BATCH:
-                    return total
+        return await self._purge_batches(self.sql.purge, PURGE_BATCH)
