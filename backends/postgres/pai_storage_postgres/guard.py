@@ -128,7 +128,7 @@ class PostgresExecutionGuard(PgRuntimeStore, ExecutionGuard):
         The options of :class:`~pai_storage.guard.ExecutionGuard`.
     """
 
-    _repr_format = "PostgresExecutionGuard({url!r}, table={tables.locks})"
+    _repr_format = "{name}({url!r}, table={tables.locks})"
 
     def __init__(self, url: Any = None, *, client: object = None, **options: Any) -> None:
         super().__init__(url, client, split_pool_options(options), **options)

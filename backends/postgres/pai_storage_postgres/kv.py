@@ -27,7 +27,7 @@ from pai_storage.backend import (
 )
 from pai_storage.runtime import DEFAULT_MAX_VALUE_BYTES
 
-from .runtime import PgRuntimeStore
+from .runtime import PgRuntimeStore, rows_affected
 
 if TYPE_CHECKING:
     import asyncpg  # type: ignore[import-untyped]
@@ -255,7 +255,7 @@ class PostgresKeyValueStore(PgRuntimeStore, KeyValueStore):
     """
 
     value_bytes_limit: ClassVar[int | None] = 256 * 1024 * 1024
-    _repr_format = "PostgresKeyValueStore({url!r}, table={tables.kv!r})"
+    _repr_format = "{name}({url!r}, table={tables.kv!r})"
 
     def __init__(
         self,
@@ -337,7 +337,7 @@ class PostgresKeyValueStore(PgRuntimeStore, KeyValueStore):
                 status = await conn.execute(
                     self.sql.delete, self.now(), namespace_path(namespace), key, expected_version
                 )
-        return _count(status) > 0
+        return rows_affected(status) > 0
 
     async def _search(
         self,
@@ -392,10 +392,6 @@ def _upper(path: str) -> str | None:
 
 def _ms(ttl: timedelta | None) -> int | None:
     return None if ttl is None else ttl // timedelta(milliseconds=1)
-
-
-def _count(status: str) -> int:
-    return int(status.rsplit(" ", 1)[-1])
 
 
 def _records(rows: list[asyncpg.Record]) -> list[KVRecord]:

@@ -28,12 +28,17 @@ if TYPE_CHECKING:
 
     from .schema import Tables
 
-__all__ = ["PgRuntimeStore", "micros", "split_pool_options"]
+__all__ = ["PgRuntimeStore", "micros", "rows_affected", "split_pool_options"]
 
 
 def split_pool_options(options: dict[str, Any]) -> dict[str, Any]:
     """Remove and return the pool and table options among a store's keyword arguments."""
     return {k: options.pop(k) for k in list(options) if k in POOL_OPTIONS}
+
+
+def rows_affected(status: str) -> int:
+    """The row count of a statement's command status (``"DELETE 3"`` -> 3)."""
+    return int(status.rsplit(" ", 1)[-1])
 
 
 def micros(duration: timedelta) -> int:
@@ -52,8 +57,9 @@ class PgRuntimeStore(RuntimeStore):
     backend_name = "postgres"
     token_prefix = "pai-pg"
     _repr_format: ClassVar[str]
-    """``repr(store)``: a :meth:`str.format` template of ``url`` (the URL's text,
-    password hidden) and ``tables`` (:class:`~pai_storage_postgres.schema.Tables`)."""
+    """``repr(store)``: a :meth:`str.format` template of ``name`` (the class's),
+    ``url`` (the URL's text, password hidden) and ``tables``
+    (:class:`~pai_storage_postgres.schema.Tables`)."""
 
     def __init__(
         self,
@@ -70,7 +76,9 @@ class PgRuntimeStore(RuntimeStore):
         """The client's pool once initialized (``None`` before and after)."""
 
     def __repr__(self) -> str:
-        return self._repr_format.format(url=str(self.url), tables=self.tables)
+        return self._repr_format.format(
+            name=type(self).__name__, url=str(self.url), tables=self.tables
+        )
 
     async def _initialize(self) -> None:
         self._pool = await self._client.pool(runtime=True)
@@ -91,7 +99,7 @@ class PgRuntimeStore(RuntimeStore):
             while True:
                 with self._client.errors("commit", runtime=True):  # autocommit DELETE
                     status = await conn.execute(statement, self.now())
-                count = int(status.rsplit(" ", 1)[-1])
+                count = rows_affected(status)
                 total += count
                 if count < batch:
                     return total

@@ -149,7 +149,7 @@ class PostgresSnapshotStore(PgRuntimeStore, SnapshotStore):
 
     capabilities: ClassVar[frozenset[str]] = frozenset({ENUMERATE})
     max_snapshot_bytes: ClassVar[int | None] = MAX_SNAPSHOT_BYTES
-    _repr_format = "PostgresSnapshotStore({url!r}, table={tables.snapshots})"
+    _repr_format = "{name}({url!r}, table={tables.snapshots})"
 
     def __init__(self, url: Any = None, *, client: object = None, **options: Any) -> None:
         super().__init__(url, client, split_pool_options(options), **options)

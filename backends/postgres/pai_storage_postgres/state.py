@@ -244,7 +244,7 @@ class PostgresAgentStateStore(PgRuntimeStore, AgentStateStore):
 
     capabilities: ClassVar[frozenset[str]] = frozenset({ENUMERATE})
     value_bytes_limit: ClassVar[int | None] = 256 * 1024 * 1024
-    _repr_format = "PostgresAgentStateStore({url!r}, table={tables.state_sessions!r})"
+    _repr_format = "{name}({url!r}, table={tables.state_sessions!r})"
 
     def __init__(
         self,

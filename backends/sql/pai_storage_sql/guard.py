@@ -62,8 +62,6 @@ class SqlExecutionGuard(SqlRuntimeStore, ExecutionGuard):
         The options of :class:`~pai_storage.guard.ExecutionGuard`.
     """
 
-    _repr_name = "SqlExecutionGuard"
-
     def __init__(self, url: Any = None, *, client: object = None, **options: Any) -> None:
         client_options = split_client_options(options)
         super().__init__(url, client, client_options, **options)

@@ -98,7 +98,6 @@ class SqlKeyValueStore(SqlRuntimeStore, KeyValueStore):
         is at most 256 MiB here.
     """
 
-    _repr_name = "SqlKeyValueStore"
     value_bytes_limit: ClassVar[int | None] = MAX_VALUE_BYTES
 
     def __init__(

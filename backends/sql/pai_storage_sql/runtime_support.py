@@ -249,8 +249,6 @@ class SqlRuntimeStore(RuntimeStore):
 
     backend_name = "sql"
     token_prefix = "pai-sql"
-    _repr_name: ClassVar[str]
-    """The class name the repr shows."""
     _main_table: ClassVar[str] = "table"
     """The attribute holding the store's main table (the repr's, the expiry's)."""
 
@@ -273,7 +271,7 @@ class SqlRuntimeStore(RuntimeStore):
         return table
 
     def __repr__(self) -> str:
-        return f"{self._repr_name}({str(self.url)!r}, table={self._expiring.name!r})"
+        return f"{type(self).__name__}({str(self.url)!r}, table={self._expiring.name!r})"
 
     async def _initialize(self) -> None:
         await self._db.ready()

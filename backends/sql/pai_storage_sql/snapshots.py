@@ -73,7 +73,6 @@ class SqlSnapshotStore(SqlRuntimeStore, SnapshotStore):
         The options of :class:`~pai_storage.snapshots.SnapshotStore`.
     """
 
-    _repr_name = "SqlSnapshotStore"
     max_snapshot_bytes: ClassVar[int | None] = MAX_SNAPSHOT_BYTES
     capabilities: ClassVar[frozenset[str]] = frozenset({ENUMERATE})
 

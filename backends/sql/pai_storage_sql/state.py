@@ -77,7 +77,6 @@ class SqlAgentStateStore(SqlRuntimeStore, AgentStateStore):
         is at most 256 MiB here.
     """
 
-    _repr_name = "SqlAgentStateStore"
     _main_table = "sessions"
     value_bytes_limit: ClassVar[int | None] = MAX_VALUE_BYTES
     capabilities: ClassVar[frozenset[str]] = frozenset({ENUMERATE})
