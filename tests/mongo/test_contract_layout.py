@@ -1,0 +1,440 @@
+"""The MongoDB layout and its safety model, checked on the commands and documents themselves.
+
+``docs/mongodb.md`` (Data model, Indexes, Deployment, Errors): every commit is one
+multi-document transaction; a delete touches only its ``{scopeKey, threadId}``
+and nothing is ever dropped; a list always binds ``listVisibility`` (``"visible"``
+or ``{"$in": ["visible", "hidden"]}``); documents are flat with an ObjectId
+``_id``, ``_schemaVersion`` and, on children, ``_order``; every timestamp is a
+BSON date; the ``scope_thread_*_unique`` indexes enforce identity; a stored
+document missing a required field is invalid.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from bson import ObjectId
+from pai_storage_mongo.harness import drop_store_collections
+from pai_storage_mongo.store import MongoThreadStore
+from pymongo import AsyncMongoClient, monitoring
+from pymongo.errors import DuplicateKeyError
+
+from pai_storage import (
+    CommittedResult,
+    ManualClock,
+    ThreadStoreInvariantError,
+    ThreadVersion,
+    open_store,
+)
+from pai_storage import builders as b
+
+from .helpers import raw_collections
+
+pytestmark = pytest.mark.asyncio
+
+DB = "pai_test"
+_HANDSHAKE = {"hello", "isMaster", "ismaster", "ping", "endSessions", "buildInfo"}
+_WRITES = {"insert", "update", "delete", "findAndModify"}
+BOTH: dict[str, Any] = {"$in": ["visible", "hidden"]}
+
+
+class Recorder(monitoring.CommandListener):
+    """Every command the client sends (handshakes and heartbeats aside), whole."""
+
+    def __init__(self) -> None:
+        self.commands: list[dict[str, Any]] = []
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        if event.command_name not in _HANDSHAKE:
+            self.commands.append({"name": event.command_name, **dict(event.command)})
+
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        pass
+
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
+        pass
+
+    def take(self) -> list[dict[str, Any]]:
+        taken, self.commands = self.commands, []
+        return taken
+
+
+@pytest_asyncio.fixture
+async def recorded(mongo_url: str) -> AsyncIterator[tuple[MongoThreadStore, Recorder]]:
+    recorder = Recorder()
+    client: AsyncMongoClient[Any] = AsyncMongoClient(mongo_url, event_listeners=[recorder])
+    store = MongoThreadStore(
+        client=client, db_name=DB, collection_name=f"pai_test_{uuid.uuid4().hex}"
+    )
+    try:
+        await store.initialize()
+        yield store, recorder
+    finally:
+        await drop_store_collections(store)
+        await store.close()
+        await client.close()
+
+
+def _turn(thread_id: str = "t1") -> dict[str, Any]:
+    """A create touching every family and the lease: m1 + r1 running, r2 queued with q1."""
+    return b.create(
+        "scope",
+        thread_id,
+        {
+            "messages": [{"type": "insert", "record": b.message("m1", run_id="r1")}],
+            "runs": [
+                {"type": "insert", "record": b.run("r1", inputs=["m1"])},
+                {"type": "insert", "record": b.run("r2", "queued", queue_item_id="q1")},
+            ],
+            "queuedItems": [{"type": "insert", "record": b.queued_item("q1", "r2", {"n": 1})}],
+            "lease": b.acquire("r1", "w1"),
+        },
+    )
+
+
+async def _committed(store: MongoThreadStore, request: dict[str, Any]) -> ThreadVersion | None:
+    result = await store.commit_thread(request)
+    assert isinstance(result, CommittedResult), result
+    return None if result.thread is None else result.thread.version
+
+
+def _assert_one_transaction(commands: list[dict[str, Any]]) -> None:
+    """Every command of one commit runs in one transaction that the last command commits."""
+    assert commands, "the commit sent nothing"
+    assert commands[-1]["name"] == "commitTransaction", [c["name"] for c in commands]
+    assert commands[0].get("startTransaction") is True
+    numbers = {int(c["txnNumber"]) for c in commands if "txnNumber" in c}
+    sessions = {c["lsid"]["id"] for c in commands}
+    assert len(numbers) == 1, [c["name"] for c in commands]
+    assert len(sessions) == 1
+    for command in commands:
+        assert "txnNumber" in command, command["name"]
+        assert command.get("autocommit") is False, command["name"]
+    assert any(c["name"] in _WRITES for c in commands)
+
+
+async def test_every_commit_is_one_multi_document_transaction(
+    recorded: tuple[MongoThreadStore, Recorder],
+) -> None:
+    store, recorder = recorded
+    recorder.take()
+    version = await _committed(store, _turn())
+    created = recorder.take()
+    _assert_one_transaction(created)
+    written = {c[c["name"]] for c in created if c["name"] in _WRITES}
+    assert written == set(store.collection_names().values())
+    # An update replacing a run, inserting a message and dropping a queued item.
+    version = await _committed(
+        store,
+        b.update(
+            "scope",
+            "t1",
+            version,
+            {
+                "messages": [
+                    {"type": "insert", "record": b.message("m2", run_id="r1", relation="output")}
+                ],
+                "runs": [
+                    {"type": "replace", "record": b.run("r1", "completed", inputs=["m1"])},
+                    {"type": "delete", "id": "r2"},
+                ],
+                "queuedItems": [{"type": "delete", "id": "q1"}],
+                "lease": b.release("r1", "w1"),
+            },
+        ),
+    )
+    _assert_one_transaction(recorder.take())
+    assert await _committed(store, b.delete("scope", "t1", version)) is None
+    _assert_one_transaction(recorder.take())
+
+
+async def test_a_delete_is_scoped_and_nothing_is_ever_dropped(
+    recorded: tuple[MongoThreadStore, Recorder],
+) -> None:
+    store, recorder = recorded
+    version = await _committed(store, _turn())
+    await _committed(store, _turn("t2"))
+    recorder.take()
+    await _committed(store, b.delete("scope", "t1", version))
+    commands = recorder.take()
+    deletes = [c for c in commands if c["name"] == "delete"]
+    assert {c["delete"] for c in deletes} == set(store.collection_names().values())
+    for command in deletes:
+        for statement in command["deletes"]:
+            assert statement["q"]["scopeKey"] == "scope", statement
+            assert statement["q"]["threadId"] == "t1", statement
+    for command in commands:
+        assert command["name"] not in {"drop", "dropDatabase", "dropIndexes"}
+    # The other thread of the scope is untouched in every collection.
+    cols = raw_collections(store)
+    for family in cols:
+        stored = {(d["scopeKey"], d["threadId"]) for d in await cols[family].find({}).to_list()}
+        assert stored == {("scope", "t2")}, family
+
+
+@pytest.mark.parametrize(
+    ("request_extra", "predicate"),
+    [
+        ({}, "visible"),
+        ({"includeHidden": True}, BOTH),
+        ({"agent": "assistant"}, "visible"),
+        ({"agent": "assistant", "includeHidden": True}, BOTH),
+        ({"agent": "assistant", "parentThreadId": "p"}, "visible"),
+        ({"agent": "assistant", "category": "c", "includeHidden": True}, BOTH),
+    ],
+    ids=["visible", "hidden", "agent", "agent-hidden", "agent-parent", "agent-category-hidden"],
+)
+async def test_a_list_always_binds_list_visibility_exactly(
+    recorded: tuple[MongoThreadStore, Recorder],
+    request_extra: dict[str, Any],
+    predicate: Any,
+) -> None:
+    store, recorder = recorded
+    for i in range(3):
+        await _committed(store, b.create("scope", f"t{i}", parentThreadId="p", category="c"))
+    await _committed(
+        store, b.create("scope", "h", visibility="hidden", parentThreadId="p", category="c")
+    )
+    request = {"scopeKey": "scope", "limit": 2, **request_extra}
+    recorder.take()
+    first = await store.list_threads(request)
+    assert first.next_page_token is not None
+    await store.list_threads({**request, "pageToken": first.next_page_token})
+    finds = [c for c in recorder.take() if c["name"] in {"find", "aggregate"}]
+    assert len(finds) == 2
+    for command in finds:
+        assert command["name"] == "find"
+        assert command["find"] == store.collection_name
+        query = command["filter"]
+        assert query["scopeKey"] == "scope"
+        assert query["listVisibility"] == predicate
+        assert "$ne" not in repr(query)
+
+
+async def test_every_document_has_an_object_id_and_a_schema_version(
+    mongo_store: MongoThreadStore,
+) -> None:
+    await _committed(mongo_store, _turn())
+    cols = raw_collections(mongo_store)
+    (root,) = await cols["threads"].find({}).to_list()
+    assert isinstance(root["_id"], ObjectId)
+    assert type(root["_schemaVersion"]) is int
+    assert "_order" not in root  # children only
+    for family in ("messages", "runs", "queuedItems"):
+        documents = await cols[family].find({}).to_list()
+        assert documents, family
+        for document in documents:
+            assert isinstance(document["_id"], ObjectId), family
+            assert type(document["_schemaVersion"]) is int, family
+            assert document["_schemaVersion"] == 1, family
+            assert type(document["_order"]) is int, family
+            # Flat: the record's fields at the top level, no wrapper.
+            assert document["scopeKey"] == "scope"
+            assert document["threadId"] == "t1"
+            assert "payload" not in document
+            assert "record" not in document
+    runs = await cols["runs"].find({}, sort=[("_order", 1)]).to_list()
+    assert [(r["runId"], r["_order"]) for r in runs] == [("r1", 1), ("r2", 2)]
+    for run in runs:
+        assert run["metadata"] == {}
+        assert run["privateMetadata"] == {}
+
+
+async def test_every_timestamp_is_a_bson_date_and_reads_back_exactly(
+    mongo_store: MongoThreadStore, clock: ManualClock
+) -> None:
+    version = await _committed(mongo_store, _turn())
+    clock.advance(ms=1500)
+    await _committed(
+        mongo_store,
+        b.update(
+            "scope",
+            "t1",
+            version,
+            {
+                "runs": [{"type": "replace", "record": b.run("r1", "completed", inputs=["m1"])}],
+                "lease": b.release("r1", "w1"),
+            },
+        ),
+    )
+    cols = raw_collections(mongo_store)
+    (root,) = await cols["threads"].find({}).to_list()
+    (message,) = await cols["messages"].find({}).to_list()
+    (item,) = await cols["queuedItems"].find({}).to_list()
+    r1 = await cols["runs"].find_one({"runId": "r1"})
+    assert r1 is not None
+    dates = {
+        "root.createdAt": root["createdAt"],
+        "root.updatedAt": root["updatedAt"],
+        "message.createdAt": message["createdAt"],
+        "message.updatedAt": message["updatedAt"],
+        "queued.createdAt": item["createdAt"],
+        "run.createdAt": r1["createdAt"],
+        "run.updatedAt": r1["updatedAt"],
+        "run.finishedAt": r1["finishedAt"],
+        "run.admission.admittedAt": r1["admission"]["admittedAt"],
+    }
+    for where, value in dates.items():
+        assert isinstance(value, datetime), where
+    assert root["updatedAt"] > root["createdAt"]
+    read = await mongo_store.read_thread(
+        b.read(
+            "scope",
+            "t1",
+            messages={"type": "ids", "messageIds": ["m1"]},
+            runs={"type": "ids", "runIds": ["r1"]},
+            queuedItems={"type": "ids", "queueItemIds": ["q1"]},
+        )
+    )
+    assert read.thread is not None
+    assert read.messages is not None
+    assert read.runs is not None
+    assert read.queued_items is not None
+
+    def utc(value: datetime) -> datetime:
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value
+
+    assert read.thread.created_at == utc(root["createdAt"])
+    assert read.thread.updated_at == utc(root["updatedAt"])
+    assert read.messages.items[0].created_at == utc(message["createdAt"])
+    assert read.queued_items.items[0].created_at == utc(item["createdAt"])
+    run = read.runs.items[0]
+    assert run.finished_at == utc(r1["finishedAt"])
+    # The JSON form carries them as ISO-8601 strings.
+    form = run.to_json()
+    assert isinstance(form["finishedAt"], str)
+    assert form["finishedAt"].endswith("Z")
+
+
+async def test_a_lease_is_stored_with_bson_dates(
+    mongo_store: MongoThreadStore, clock: ManualClock
+) -> None:
+    version = await _committed(mongo_store, _turn())
+    clock.advance(ms=1000)
+    await _committed(mongo_store, b.update("scope", "t1", version, {"lease": b.renew("r1", "w1")}))
+    root = await raw_collections(mongo_store)["threads"].find_one({})
+    assert root is not None
+    lease = root["lease"]
+    for when in ("acquiredAt", "renewedAt", "expiresAt"):
+        assert isinstance(lease[when], datetime), when
+    assert lease["acquiredAt"] < lease["renewedAt"] < lease["expiresAt"]
+
+
+async def test_a_custom_collection_name_holds_every_document(mongo_harness: Any) -> None:
+    base = f"agent_threads_{uuid.uuid4().hex[:12]}"
+    store = mongo_harness.open_store(collection_name=base)
+    try:
+        await _committed(store, _turn())
+        names = await store.database.list_collection_names()
+        expected = {base, f"{base}_messages", f"{base}_pending_messages", f"{base}_runs"}
+        assert expected <= set(names)
+        db = store.database
+        assert await db[base].count_documents({"threadId": "t1"}) == 1
+        assert await db[f"{base}_messages"].count_documents({"messageId": "m1"}) == 1
+        assert await db[f"{base}_runs"].count_documents({}) == 2
+        assert await db[f"{base}_pending_messages"].count_documents({"queueItemId": "q1"}) == 1
+    finally:
+        await drop_store_collections(store)
+        await store.close()
+
+
+async def test_open_store_takes_the_documented_options() -> None:
+    warnings: list[Any] = []
+    clock = ManualClock()
+    store = open_store(
+        "mongodb://127.0.0.1:1/from_uri",
+        collection_name="custom_threads",
+        clock=clock,
+        on_warning=warnings.append,
+    )
+    assert isinstance(store, MongoThreadStore)
+    assert store.db_name == "from_uri"
+    assert store.collection_name == "custom_threads"
+    assert store.collection_names()["queuedItems"] == "custom_threads_pending_messages"
+    explicit = open_store("mongodb://127.0.0.1:1/from_uri", db_name="explicit")
+    assert isinstance(explicit, MongoThreadStore)
+    assert explicit.db_name == "explicit"
+    default = open_store("mongodb://127.0.0.1:1")
+    assert isinstance(default, MongoThreadStore)
+    assert default.db_name == "pai"
+    assert default.collection_name == "pai_threads"
+    assert default.collection_names() == {
+        "threads": "pai_threads",
+        "messages": "pai_threads_messages",
+        "queuedItems": "pai_threads_pending_messages",
+        "runs": "pai_threads_runs",
+    }
+    for opened in (store, explicit, default):
+        await opened.close()  # never connected: nothing to release, and no error
+
+
+@pytest.mark.parametrize(
+    ("family", "document"),
+    [
+        ("messages", {"scopeKey": "scope", "threadId": "t1", "messageId": "m1", "_order": 99}),
+        ("messages", {"scopeKey": "scope", "threadId": "t1", "messageId": "mx", "_order": 1}),
+        ("runs", {"scopeKey": "scope", "threadId": "t1", "runId": "r1", "_order": 99}),
+        ("runs", {"scopeKey": "scope", "threadId": "t1", "runId": "rx", "_order": 1}),
+        ("queuedItems", {"scopeKey": "scope", "threadId": "t1", "queueItemId": "q1", "_order": 9}),
+        ("queuedItems", {"scopeKey": "scope", "threadId": "t1", "queueItemId": "qx", "_order": 1}),
+        ("threads", {"scopeKey": "scope", "threadId": "t1"}),
+    ],
+    ids=["message-id", "message-order", "run-id", "run-order", "queue-id", "queue-order", "root"],
+)
+async def test_the_unique_indexes_enforce_identity(
+    mongo_store: MongoThreadStore, family: str, document: dict[str, Any]
+) -> None:
+    await _committed(mongo_store, _turn())
+    collection = raw_collections(mongo_store)[family]
+    with pytest.raises(DuplicateKeyError) as caught:
+        await collection.insert_one(dict(document))
+    assert "scope_thread_" in str(caught.value)
+    # The same ids in another thread are free.
+    await collection.insert_one({**document, "threadId": "other"})
+
+
+@pytest.mark.parametrize(
+    ("family", "corruption"),
+    [
+        ("runs", {"$unset": {"privateMetadata": ""}}),
+        ("runs", {"$unset": {"metadata": ""}}),
+        ("runs", {"$unset": {"_schemaVersion": ""}}),
+        ("runs", {"$set": {"_schemaVersion": 2}}),
+        ("runs", {"$unset": {"_order": ""}}),
+        ("queuedItems", {"$unset": {"_schemaVersion": ""}}),
+        ("queuedItems", {"$unset": {"metadata": ""}}),
+        ("messages", {"$set": {"_schemaVersion": 2}}),
+    ],
+    ids=[
+        "run-no-private-metadata",
+        "run-no-metadata",
+        "run-no-schema",
+        "run-future-schema",
+        "run-no-order",
+        "queued-no-schema",
+        "queued-no-metadata",
+        "message-future-schema",
+    ],
+)
+async def test_a_child_missing_a_required_field_is_invalid(
+    mongo_store: MongoThreadStore, family: str, corruption: dict[str, Any]
+) -> None:
+    await _committed(mongo_store, _turn())
+    ids = {"messages": "m1", "runs": "r1", "queuedItems": "q1"}
+    id_field = {"messages": "messageId", "runs": "runId", "queuedItems": "queueItemId"}
+    updated = await raw_collections(mongo_store)[family].update_one(
+        {id_field[family]: ids[family]}, corruption
+    )
+    assert updated.modified_count == 1
+    selection = {
+        "messages": {"type": "ids", "messageIds": ["m1"]},
+        "runs": {"type": "ids", "runIds": ["r1"]},
+        "queuedItems": {"type": "ids", "queueItemIds": ["q1"]},
+    }[family]
+    with pytest.raises(ThreadStoreInvariantError):
+        await mongo_store.read_thread(b.read("scope", "t1", **{family: selection}))
