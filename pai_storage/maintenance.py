@@ -21,6 +21,7 @@ runs every algorithm, check order and batching loop here:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -301,9 +302,15 @@ class ForkPlan:
 
 
 async def _all_pages(
-    store: ThreadStore, scope: str, thread_id: str, family: str, selection: dict[str, Any]
+    store: ThreadStore,
+    scope: str,
+    thread_id: str,
+    family: str,
+    selection: dict[str, Any],
+    keep: Callable[[Any], Any] = lambda item: item,
 ) -> tuple[ThreadVersion | None, list[Any]]:
-    """Every item of one family's page selection, and the version all pages carry.
+    """``keep`` of every item of one family's page selection, and the version all
+    pages carry (a page at a time: only what ``keep`` returns stays in memory).
 
     ``None`` as the version when the thread is missing or changed between pages.
     """
@@ -325,7 +332,7 @@ async def _all_pages(
         if version is not None and page.version != version:
             return None, []
         version = page.version
-        items.extend(page.items)
+        items.extend(map(keep, page.items))
         token = page.next_page_token
         if token is None:
             return version, items
@@ -377,10 +384,11 @@ async def plan_fork(
             thread_id,
             "messages",
             {"type": "page", "view": "raw", "afterMessageId": through_message_id},
+            keep=lambda message: message.run_id,
         )
         if version != source.version:
             return None
-        dropped.update(m.run_id for m in tail if m.run_id is not None)
+        dropped.update(run_id for run_id in tail if run_id is not None)
         dropped.update(run.run_id for run in runs if run.created_at > cut.created_at)
     return ForkPlan(
         scope_key=scope_key,
