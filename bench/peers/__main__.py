@@ -6,6 +6,7 @@
     .venv/bin/python -m bench.peers --quick             # smoke run, small sizes
     .venv/bin/python -m bench.peers --systems pai-memory,openai-postgres
     .venv/bin/python -m bench.peers --from-json bench/peers/results.json --report
+    .venv/bin/python -m bench.peers --versus pai-mongo,openai-mongo  # two, call by call
 
 PostgreSQL defaults to ``postgresql://postgres@127.0.0.1:5432/test`` (used only
 to ``CREATE DATABASE`` one fresh database per system; all are dropped at the
@@ -24,7 +25,7 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
@@ -155,21 +156,36 @@ def _parser() -> argparse.ArgumentParser:
         "--from-json", type=Path, default=None, help="do not run; report from an earlier run's JSON"
     )
     parser.add_argument("--keep", action="store_true", help="do not drop the databases")
+    parser.add_argument(
+        "--versus",
+        metavar="A,B",
+        default=None,
+        help="only these two systems, interleaved call by call (bench/peers/versus.py); "
+        "ratios against B",
+    )
+    parser.add_argument(
+        "--length", type=int, default=1000, help="--versus: messages before the timed turns"
+    )
     return parser
 
 
-async def _run(args: argparse.Namespace, config: Config) -> dict[str, Any]:
-    keys = [k.strip() for k in args.systems.split(",") if k.strip()]
+def _keys(systems: str) -> list[str]:
+    keys = [k.strip() for k in systems.split(",") if k.strip()]
     unknown = [k for k in keys if k not in SYSTEMS]
     if unknown:
         raise SystemExit(f"unknown system(s): {', '.join(unknown)}")
+    return keys
+
+
+@contextlib.asynccontextmanager
+async def _servers(
+    args: argparse.Namespace, keys: list[str], servers: dict[str, str], skipped: dict[str, str]
+) -> AsyncIterator[Infra]:
+    """The servers the systems ``keys`` need, started (and dropped, stopped after)."""
     wants_pg = any(SYSTEMS[k][0] == "postgresql" for k in keys)
     wants_mongo = any(SYSTEMS[k][0] == "mongodb" for k in keys)
     postgres = Postgres(args.pg_url) if wants_pg else None
     mongo = Mongo(args.mongo_url) if wants_mongo else None
-    servers: dict[str, str] = {}
-    skipped: dict[str, str] = {}
-    rows: list[dict[str, Any]] = []
     try:
         if postgres is not None:
             servers["postgresql"] = postgres.server_version()
@@ -183,7 +199,24 @@ async def _run(args: argparse.Namespace, config: Config) -> dict[str, Any]:
                     if SYSTEMS[k][0] == "mongodb":
                         skipped[k] = f"MongoDB unavailable: {exc}"
                 mongo = None
-        infra = Infra(postgres=postgres, mongo=mongo)
+        yield Infra(postgres=postgres, mongo=mongo)
+    finally:
+        if not args.keep:
+            if postgres is not None:
+                postgres.drop_all()
+            if mongo is not None:
+                try:
+                    mongo.drop_all()
+                finally:
+                    mongo.stop()
+
+
+async def _run(args: argparse.Namespace, config: Config) -> dict[str, Any]:
+    keys = _keys(args.systems)
+    servers: dict[str, str] = {}
+    skipped: dict[str, str] = {}
+    rows: list[dict[str, Any]] = []
+    async with _servers(args, keys, servers, skipped) as infra:
         for key in keys:
             if key in skipped:
                 continue
@@ -206,15 +239,6 @@ async def _run(args: argparse.Namespace, config: Config) -> dict[str, Any]:
                 skipped[key] = f"failed: {type(exc).__name__}: {exc}"
                 log(f"{key}: failed: {exc}")
             log(f"{key}: done in {time.perf_counter() - started:.0f} s")
-    finally:
-        if not args.keep:
-            if postgres is not None:
-                postgres.drop_all()
-            if mongo is not None:
-                try:
-                    mongo.drop_all()
-                finally:
-                    mongo.stop()
     return {
         "meta": {
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -229,12 +253,38 @@ async def _run(args: argparse.Namespace, config: Config) -> dict[str, Any]:
     }
 
 
+async def _versus(args: argparse.Namespace) -> str:
+    from .versus import versus, versus_table
+
+    keys = _keys(args.versus)
+    if len(keys) != 2:
+        raise SystemExit("--versus takes exactly two systems: A,B")
+    servers: dict[str, str] = {}
+    skipped: dict[str, str] = {}
+    async with _servers(args, keys, servers, skipped) as infra:
+        if skipped:
+            raise SystemExit(f"cannot run: {skipped}")
+        peers = {key: SYSTEMS[key][1]() for key in keys}
+        load_before = os.getloadavg()
+        result = await versus(peers, infra, length=args.length, window=60, reads=200)
+        load_after = os.getloadavg()
+    versions = ", ".join(f"{k} {v}" for k, v in _versions().items())
+    return (
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {', '.join(servers.values())}; "
+        f"{versions}; load average {load_before[0]:.1f} before, {load_after[0]:.1f} after\n\n"
+        + versus_table(result, keys[1])
+    )
+
+
 def _cpu_count() -> int:
     return os.cpu_count() or 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.versus is not None:
+        print(asyncio.run(_versus(args)))
+        return 0
     if args.from_json is not None:
         results = json.loads(args.from_json.read_text())
     else:
