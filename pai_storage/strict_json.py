@@ -63,7 +63,9 @@ def is_valid_text(text: str) -> bool:
 
 
 def _describe(value: object) -> str:
-    if isinstance(value, float):
+    # Exact types only: a subclass (numpy.float64, an enum) is named by its type,
+    # not described as the NaN, infinity or negative zero it need not be.
+    if type(value) is float:
         if math.isnan(value):
             return "NaN is not JSON"
         if math.isinf(value):

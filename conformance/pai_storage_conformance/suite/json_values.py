@@ -14,6 +14,7 @@ import pytest
 
 from pai_storage import (
     CommittedResult,
+    CommitThreadInput,
     ConflictResult,
     ManualClock,
     Message,
@@ -46,6 +47,30 @@ class _Level(enum.IntEnum):
 
 
 class _Thing:
+    pass
+
+
+class _Mode(enum.StrEnum):
+    FAST = "fast"
+
+
+class _Text(str):
+    pass
+
+
+class _Number(float):
+    pass
+
+
+class _Count(int):
+    pass
+
+
+class _Mapping(dict[str, Any]):
+    pass
+
+
+class _Items(list[Any]):
     pass
 
 
@@ -85,6 +110,13 @@ BAD_VALUES: list[Any] = [
     pytest.param(lambda: {1: "x"}, id="int-key"),
     pytest.param(lambda: {("a",): "x"}, id="tuple-key"),
     pytest.param(lambda: "lone \ud800 surrogate", id="lone-surrogate"),
+    pytest.param(lambda: _Mode.FAST, id="str-enum"),
+    pytest.param(lambda: _Text("text"), id="str-subclass"),
+    pytest.param(lambda: _Number(1.5), id="float-subclass"),
+    pytest.param(lambda: _Count(1), id="int-subclass"),
+    pytest.param(lambda: _Mapping(a=1), id="dict-subclass"),
+    pytest.param(lambda: _Items([1]), id="list-subclass"),
+    pytest.param(lambda: {_Mode.FAST: 1}, id="str-enum-key"),
 ]
 
 SOME_BAD_VALUES: list[Any] = [
@@ -407,6 +439,57 @@ class TestStrictJson:
             )
         assert "metadata.score" in str(caught.value)
         assert "alice@example.invalid" not in str(caught.value)
+
+    @pytest.mark.parametrize(
+        ("make_bad", "reason"),
+        [
+            pytest.param(lambda: float("nan"), "NaN", id="nan"),
+            pytest.param(lambda: float("-inf"), "-Infinity", id="-inf"),
+            pytest.param(lambda: -0.0, "-0.0", id="negative-zero"),
+            pytest.param(lambda: 2**63, "64-bit", id="int-2**63"),
+            pytest.param(lambda: _Number(1.5), "_Number", id="float-subclass"),
+            pytest.param(lambda: _Number("nan"), "_Number", id="float-subclass-nan"),
+            pytest.param(lambda: _Text("x"), "_Text", id="str-subclass"),
+            pytest.param(lambda: _Count(2**70), "_Count", id="int-subclass-huge"),
+            pytest.param(lambda: _Mode.FAST, "_Mode", id="str-enum"),
+            pytest.param(lambda: b"x", "bytes", id="bytes"),
+            pytest.param(lambda: {1: "x"}, "key", id="int-key"),
+        ],
+    )
+    async def test_rejection_names_what_is_wrong(
+        self, store: ThreadStore, make_bad: Callable[[], Any], reason: str
+    ) -> None:
+        # The message says what the bad value is: a float subclass is named by its
+        # type, never described as a NaN, an infinity or a negative zero it is not.
+        scope = new_scope()
+        with pytest.raises(ThreadStoreSerializationError) as caught:
+            await store.commit_thread(b.create(scope, "t1", metadata={"v": make_bad()}))
+        message = str(caught.value)
+        assert "metadata.v" in message
+        assert reason in message, message
+        for wrong in ("NaN", "Infinity", "-0.0", "64-bit"):
+            if wrong not in reason:
+                assert wrong not in message, message
+
+    @pytest.mark.parametrize("make_bad", SOME_BAD_VALUES)
+    async def test_model_parsing_rejects_what_the_store_rejects(
+        self, store: ThreadStore, make_bad: Callable[[], Any]
+    ) -> None:
+        # Parsing a commit into its model checks strict JSON the same way, naming
+        # the same path, so a model input can never carry a value the store refuses.
+        scope = new_scope()
+        commit = b.create(
+            scope,
+            "t1",
+            {"messages": [b.insert(b.message("m1", metadata=_wrap(make_bad())))]},
+        )
+        with pytest.raises(ThreadStoreSerializationError) as parsed:
+            CommitThreadInput.model_validate(commit)
+        with pytest.raises(ThreadStoreSerializationError) as committed:
+            await store.commit_thread(commit)
+        assert "metadata.items[3].score" in str(parsed.value)
+        assert str(parsed.value) == str(committed.value)
+        assert (await store.read_thread(b.read(scope, "t1"))).thread is None
 
     async def test_shared_non_cyclic_values_are_accepted(self, store: ThreadStore) -> None:
         scope = new_scope()
