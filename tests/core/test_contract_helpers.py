@@ -5,15 +5,21 @@
 ``apply_thread_changes`` is the reference model and never modifies its input;
 a list plan runs over roots held in memory (``select``) or kept sorted
 (``select_sorted``), with the same pages; page tokens bind the scope through
-its digest, never the scope key itself.
+its digest, never the scope key itself. The conformance plugin is a ``pytest11``
+entry point; ``--pai-url`` (else ``PAI_TEST_<NAME>_URL``) names the server, and
+an unreachable one fails the run loudly.
 """
 
 from __future__ import annotations
 
 import base64
 import copy
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -407,3 +413,72 @@ def test_a_backend_chooses_the_scope_binding() -> None:
     assert helpers.codec.scope_digest("A") == default_scope_digest("a")
     digests = {default_scope_digest(s) for s in ("a", "b", "a\x00", "\x00a", "\u00e9", "e\u0301")}
     assert len(digests) == 6
+
+
+# ------------------------------------------------------------- the conformance plugin
+
+PG_URL = os.environ.get("PAI_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
+UNREACHABLE = "postgresql://postgres:hunter2-secret@127.0.0.1:1/test"
+
+
+def _suite(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> Any:
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("PAI_TEST_")}
+    environment.update(env or {})
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "-o",
+            "asyncio_default_fixture_loop_scope=function",
+            "-q",
+            "-k",
+            "TestWorkedExample",
+            *args,
+        ],
+        cwd=tmp_path,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_the_plugin_is_a_pytest11_entry_point() -> None:
+    from importlib.metadata import entry_points
+
+    (plugin,) = [e for e in entry_points(group="pytest11") if e.name == "pai_storage"]
+    assert plugin.value == "pai_storage_conformance.plugin"
+
+
+@pytest.mark.parametrize("how", ["option", "environment"])
+def test_an_unreachable_server_is_a_loud_failure_without_the_password(
+    tmp_path: Path, how: str
+) -> None:
+    if how == "option":
+        run = _suite(tmp_path, "--pai-backend=postgres", f"--pai-url={UNREACHABLE}")
+    else:
+        run = _suite(tmp_path, "--pai-backend=postgres", env={"PAI_TEST_POSTGRES_URL": UNREACHABLE})
+    output = run.stdout + run.stderr
+    assert run.returncode not in (0, 5), output  # neither a pass nor "nothing collected"
+    assert "skipped" not in output
+    assert "cannot reach PostgreSQL" in output
+    assert "127.0.0.1:1" in output
+    assert "hunter2-secret" not in output
+
+
+def test_the_url_option_wins_over_the_environment(tmp_path: Path) -> None:
+    run = _suite(
+        tmp_path,
+        "--pai-backend=postgres",
+        f"--pai-url={PG_URL}",
+        env={"PAI_TEST_POSTGRES_URL": UNREACHABLE},
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "1 passed" in run.stdout
+    # And the environment alone reaches the server.
+    alone = _suite(tmp_path, "--pai-backend=postgres", env={"PAI_TEST_POSTGRES_URL": PG_URL})
+    assert alone.returncode == 0, alone.stdout + alone.stderr
+    assert "1 passed" in alone.stdout
