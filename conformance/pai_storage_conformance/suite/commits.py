@@ -10,6 +10,7 @@ import pytest
 
 from pai_storage import (
     CommittedResult,
+    CommitThreadInput,
     ConflictResult,
     ManualClock,
     ThreadReadResult,
@@ -83,6 +84,15 @@ async def _messages(store: ThreadStore, scope: str, thread: str = "t1") -> list[
 
 def _three_messages() -> dict[str, Any]:
     return {"messages": [b.insert(b.message(f"m{i}")) for i in (1, 2, 3)]}
+
+
+VIA = pytest.mark.parametrize("via", ["json", "model"])
+"""Run a test with its commit inputs as JSON dicts and as parsed models."""
+
+
+def _as(via: str, commit: dict[str, Any]) -> dict[str, Any] | CommitThreadInput:
+    """``commit`` as given (``"json"``) or parsed into its model (``"model"``)."""
+    return commit if via == "json" else CommitThreadInput.model_validate(commit)
 
 
 class TestCreateUpdateDelete:
@@ -747,6 +757,298 @@ class TestCreateUpdateDelete:
         await _create(store, scope, changes={"messages": [b.insert(b.message("m3"))]})
         assert await _messages(store, scope) == ["m3"]
 
+    # ------------------------------------------------------------ absent fields
+
+    @VIA
+    async def test_explicit_null_optional_fields_are_absent(
+        self, store: ThreadStore, via: str
+    ) -> None:
+        # An optional field sent as null is read as absent: never stored or returned as null.
+        scope = new_scope()
+        message = b.message("m1", run_id="r1")
+        message["producer"] = {"kind": "user", "id": None}
+        message["parts"] = [
+            {"type": "text", "text": "hi", "providerMetadata": None},
+            {"type": "file", "mediaType": "text/plain", "url": "u", "filename": None},
+            {
+                "type": "tool-call",
+                "toolCallId": "c1",
+                "toolName": "search",
+                "input": {},
+                "state": "input-available",
+                "errorText": None,
+                "callProviderMetadata": None,
+            },
+        ]
+        run = b.run("r1", "completed", inputs=["m1"], operation=None)
+        run.update({"operation": None, "error": None, "initiator": {"kind": "user", "id": None}})
+        run["admission"]["queueItemId"] = None
+        result = await store.commit_thread(
+            _as(
+                via,
+                b.create(
+                    scope,
+                    "t1",
+                    {"messages": [b.insert(message)], "runs": [b.insert(run)]},
+                    parentThreadId=None,
+                    category=None,
+                    title=None,
+                ),
+            )
+        )
+        assert isinstance(result, CommittedResult)
+        assert result.thread is not None
+        read = await _read_all(store, scope)
+        assert read.thread == result.thread
+        root = read.thread.to_json()
+        for field in ("parentThreadId", "category", "title", "lease"):
+            assert field not in root, field
+        assert read.messages is not None
+        stored_message = read.messages.items[0].to_json()
+        assert stored_message["producer"] == {"kind": "user"}
+        assert stored_message["parts"] == [
+            {"type": "text", "text": "hi"},
+            {"type": "file", "mediaType": "text/plain", "url": "u"},
+            {
+                "type": "tool-call",
+                "toolCallId": "c1",
+                "toolName": "search",
+                "input": {},
+                "state": "input-available",
+            },
+        ]
+        assert read.runs is not None
+        stored_run = read.runs.items[0].to_json()
+        for field in ("operation", "error"):
+            assert field not in stored_run, field
+        assert stored_run["initiator"] == {"kind": "user"}
+        assert "queueItemId" not in stored_run["admission"]
+        assert stored_run["admission"] == {"admitted": True, "admittedAt": stored_run["createdAt"]}
+
+    # ------------------------------------------------------------ admission stamps
+
+    @VIA
+    async def test_admitted_at_removed_when_admission_turns_false(
+        self, store: ThreadStore, clock: ManualClock, via: str
+    ) -> None:
+        scope = new_scope()
+        t0 = clock()
+        created = await store.commit_thread(
+            _as(
+                via,
+                b.create(
+                    scope, "t1", {"runs": [b.insert(b.run("r1", "cancelled", admitted=True))]}
+                ),
+            )
+        )
+        assert isinstance(created, CommittedResult)
+        assert created.thread is not None
+        run = (await _read_all(store, scope)).runs.items[0]  # type: ignore[union-attr]
+        assert run.admission.admitted_at == t0
+        assert run.finished_at == t0
+
+        clock.advance(ms=10)
+        unadmitted = await store.commit_thread(
+            _as(
+                via,
+                b.update(
+                    scope,
+                    "t1",
+                    created.thread.version,
+                    {"runs": [b.replace(b.run("r1", "cancelled", admitted=False))]},
+                ),
+            )
+        )
+        assert isinstance(unadmitted, CommittedResult)
+        assert unadmitted.thread is not None
+        run = (await _read_all(store, scope)).runs.items[0]  # type: ignore[union-attr]
+        assert run.admission.admitted is False
+        assert run.admission.admitted_at is None
+        assert "admittedAt" not in run.to_json()["admission"]
+        assert run.finished_at == t0  # still terminal: finished once
+
+        t2 = clock.advance(ms=10)
+        await _update(
+            store,
+            scope,
+            unadmitted.thread.version,
+            {"runs": [b.replace(b.run("r1", "cancelled", admitted=True))]},
+        )
+        run = (await _read_all(store, scope)).runs.items[0]  # type: ignore[union-attr]
+        assert run.admission.admitted_at == t2
+        assert run.to_json()["admission"]["admittedAt"] == run.to_json()["updatedAt"]
+
+    # ------------------------------------------------------------ positions
+
+    async def test_replace_keeps_position_in_every_family(
+        self, store: ThreadStore, clock: ManualClock
+    ) -> None:
+        scope = new_scope()
+        created = await _create(
+            store,
+            scope,
+            changes={
+                **_three_messages(),
+                "runs": [
+                    b.insert(b.run(f"r{i}", "queued", queue_item_id=f"q{i}")) for i in (1, 2, 3)
+                ],
+                "queuedItems": [b.insert(b.queued_item(f"q{i}", f"r{i}")) for i in (1, 2, 3)],
+            },
+        )
+        clock.advance(ms=5)
+        await _update(
+            store,
+            scope,
+            created.version,
+            {
+                "messages": [b.replace(b.message("m1", "edited")), b.replace(b.message("m2"))],
+                "runs": [
+                    b.replace(b.run("r1", "queued", queue_item_id="q1", metadata={"e": 1})),
+                    b.replace(b.run("r2", "queued", queue_item_id="q2")),
+                ],
+                "queuedItems": [b.replace(b.queued_item("q1", "r1", "edited"))],
+            },
+        )
+        read = await _read_all(store, scope)
+        assert _ids(read) == (["m1", "m2", "m3"], ["r1", "r2", "r3"], ["q1", "q2", "q3"])
+        newest = await store.read_thread(
+            b.read(
+                scope,
+                "t1",
+                messages={"type": "page", "view": "raw", "order": "newest", "page": {"limit": 9}},
+                runs={"type": "page", "order": "newest", "page": {"limit": 9}},
+                queuedItems={"type": "page", "order": "newest", "page": {"limit": 9}},
+            )
+        )
+        assert _ids(newest) == (["m3", "m2", "m1"], ["r3", "r2", "r1"], ["q3", "q2", "q1"])
+
+    @pytest.mark.parametrize("removal", ["delete-last", "truncate-all"])
+    async def test_positions_are_never_reused(self, store: ThreadStore, removal: str) -> None:
+        # A page token's upper anchor is the family's high-water mark when the first page
+        # was read: a record inserted later gets a higher position, even after the records
+        # at the top were removed, so it never shows up on a later page.
+        scope = new_scope()
+        created = await _create(
+            store,
+            scope,
+            changes={
+                **_three_messages(),
+                "runs": [b.insert(b.run(f"r{i}", "completed")) for i in (1, 2, 3)],
+            },
+        )
+        first = await store.read_thread(
+            b.read(
+                scope,
+                "t1",
+                messages={"type": "page", "view": "raw", "page": {"limit": 1}},
+                runs={"type": "page", "page": {"limit": 1}},
+            )
+        )
+        assert first.messages is not None
+        assert first.runs is not None
+        assert [m.message_id for m in first.messages.items] == ["m1"]
+        assert [r.run_id for r in first.runs.items] == ["r1"]
+        message_token = first.messages.next_page_token
+        run_token = first.runs.next_page_token
+        assert message_token is not None
+        assert run_token is not None
+
+        if removal == "delete-last":
+            changes: dict[str, Any] = {
+                "messages": [b.delete_record("m3"), b.insert(b.message("m4"))],
+                "runs": [b.delete_record("r3"), b.insert(b.run("r4", "completed"))],
+            }
+            expected_messages, expected_runs = ["m2"], ["r2"]
+        else:
+            changes = {
+                "messages": [
+                    b.truncate(None),
+                    b.insert(b.message("m4")),
+                    b.insert(b.message("m5")),
+                ],
+                "runs": [
+                    b.truncate(None),
+                    b.insert(b.run("r4", "completed")),
+                    b.insert(b.run("r5", "completed")),
+                ],
+            }
+            expected_messages, expected_runs = [], []
+        await _update(store, scope, created.version, changes)
+
+        later = await store.read_thread(
+            b.read(
+                scope,
+                "t1",
+                messages={
+                    "type": "page",
+                    "view": "raw",
+                    "page": {"limit": 10, "pageToken": message_token},
+                },
+                runs={"type": "page", "page": {"limit": 10, "pageToken": run_token}},
+            )
+        )
+        assert later.messages is not None
+        assert later.runs is not None
+        assert [m.message_id for m in later.messages.items] == expected_messages
+        assert [r.run_id for r in later.runs.items] == expected_runs
+        assert later.messages.next_page_token is None
+        assert later.runs.next_page_token is None
+        # a fresh read shows the new records, after every older one
+        fresh = _ids(await _read_all(store, scope))
+        if removal == "delete-last":
+            assert fresh[:2] == (["m1", "m2", "m4"], ["r1", "r2", "r4"])
+        else:
+            assert fresh[:2] == (["m4", "m5"], ["r4", "r5"])
+
+    async def test_truncate_after_a_record_inserted_in_the_same_commit(
+        self, store: ThreadStore
+    ) -> None:
+        scope = new_scope()
+        created = await _create(store, scope, changes=_three_messages())
+        await _update(
+            store,
+            scope,
+            created.version,
+            {
+                "messages": [
+                    b.insert(b.message("m4")),
+                    b.insert(b.message("m5")),
+                    b.truncate("m4"),
+                ]
+            },
+        )
+        assert await _messages(store, scope) == ["m1", "m2", "m3", "m4"]
+
+    # ------------------------------------------------------------ revisions
+
+    @VIA
+    async def test_every_commit_adds_one_even_without_changes(
+        self, store: ThreadStore, clock: ManualClock, via: str
+    ) -> None:
+        scope = new_scope()
+        created = await store.commit_thread(_as(via, b.create(scope, "t1", title="same")))
+        assert isinstance(created, CommittedResult)
+        assert created.thread is not None
+        version = created.thread.version
+        for revision in (2, 3, 4):
+            now = clock.advance(ms=1)
+            commit = b.update(scope, "t1", version, title="same")
+            if revision == 3:
+                commit["mutation"]["changes"] = {"messages": [], "runs": [], "queuedItems": []}
+            result = await store.commit_thread(_as(via, commit))
+            assert isinstance(result, CommittedResult)
+            assert result.thread is not None
+            assert result.thread.version == ThreadVersion(
+                thread_instance_id=version.thread_instance_id, revision=revision
+            )
+            assert result.committed_at == result.thread.updated_at == now
+            assert result.thread.created_at == created.thread.created_at
+            version = result.thread.version
+        read = await store.read_thread(b.read(scope, "t1"))
+        assert read.thread is not None
+        assert read.thread.version == version
+        assert read.thread.title == "same"
+
 
 class TestConflicts:
     """A false condition is a conflict with the current version; nothing applied."""
@@ -886,3 +1188,49 @@ class TestConflicts:
         result = await _update(store, scope, created.version, title="yes")
         assert result.thread is not None
         assert result.thread.version.revision == 2
+
+    async def test_conflict_takes_precedence_over_relationship_rules(
+        self, store: ThreadStore
+    ) -> None:
+        # A stale commit is judged by its condition only: changes whose result would break
+        # a relationship rule are not looked at, so it is a conflict, not an error.
+        scope = new_scope()
+        created = await _create(store, scope, changes=_three_messages())
+        updated = await _update(store, scope, created.version, title="x")
+        assert updated.thread is not None
+        result = await store.commit_thread(
+            b.update(
+                scope, "t1", created.version, {"messages": [b.insert(b.message("m4", run_id="x"))]}
+            )
+        )
+        assert isinstance(result, ConflictResult)
+        assert result.current_version == updated.thread.version
+        missing = await store.commit_thread(
+            b.update(
+                scope,
+                "absent",
+                created.version,
+                {"messages": [b.delete_record("m9"), b.insert(b.message("m1", run_id="x"))]},
+            )
+        )
+        assert isinstance(missing, ConflictResult)
+        assert missing.current_version is None
+        assert _ids(await _read_all(store, scope))[0] == ["m1", "m2", "m3"]
+
+    @VIA
+    async def test_conflict_result_json_form(self, store: ThreadStore, via: str) -> None:
+        scope = new_scope()
+        created = await _create(store, scope)
+        stale = {"threadInstanceId": created.version.thread_instance_id, "revision": 7}
+        result = await store.commit_thread(_as(via, b.update(scope, "t1", stale, title="x")))
+        assert isinstance(result, ConflictResult)
+        assert result.to_json() == {
+            "type": "conflict",
+            "currentVersion": created.version.to_json(),
+        }
+        again = await store.commit_thread(_as(via, b.create(scope, "t1")))
+        assert isinstance(again, ConflictResult)
+        assert again.to_json()["currentVersion"] == {
+            "threadInstanceId": created.version.thread_instance_id,
+            "revision": 1,
+        }
