@@ -950,6 +950,215 @@ class TestRelationshipRules:
             7,
         )
 
+    # ------------------------------------------------------- boundaries a commit moves
+    #
+    # A normalized backend checks only the records a commit touches plus the
+    # boundaries it moves; each case below breaks a rule through a record the
+    # commit does not mention (a run's inputs, a neighbour of a replaced message,
+    # an item whose run goes away), so a backend must load it to notice.
+
+    @pytest.mark.parametrize(
+        ("case", "changes", "rule"),
+        [
+            ("delete an input of a run", {"messages": [b.delete_record("m1")]}, 3),
+            (
+                "delete the second input of a run",
+                {"messages": [b.delete_record("m1b")]},
+                3,
+            ),
+            ("truncate into a run's inputs", {"messages": [b.truncate("m1")]}, 3),
+            (
+                "re-point an output at an earlier run past a later one",
+                {"messages": [b.replace(_out("m4", "r1"))]},
+                2,
+            ),
+            (
+                "turn the middle of a run's interval standalone",
+                {"messages": [b.replace(b.message("m2", role="assistant"))]},
+                2,
+            ),
+            (
+                "turn an input standalone",
+                {"messages": [b.replace(b.message("m3"))]},
+                3,
+            ),
+            (
+                "turn an output into an input",
+                {"messages": [b.replace(_user("m2", "r1"))]},
+                3,
+            ),
+            (
+                "un-admit a run that owns messages",
+                {"runs": [b.replace(b.run("r2", "cancelled", admitted=False, inputs=["m3"]))]},
+                4,
+            ),
+            (
+                "insert an open run while none owns the tail",
+                {
+                    "messages": [b.insert(_user("m5", "r3"))],
+                    "runs": [b.insert(b.run("r3", "running", inputs=["m5"]))],
+                    "lease": b.acquire("r3", "w1"),
+                },
+                None,
+            ),
+        ],
+    )
+    async def test_rules_through_records_the_commit_does_not_name(
+        self,
+        store: ThreadStore,
+        case: str,
+        changes: dict[str, Any],
+        rule: int | None,
+    ) -> None:
+        scope = new_scope()
+        version = await _commit_ok(
+            store,
+            b.create(
+                scope,
+                "t",
+                {
+                    "messages": [
+                        b.insert(_user("m1", "r1")),
+                        b.insert(_user("m1b", "r1")),
+                        b.insert(_out("m2", "r1")),
+                        b.insert(_out("m2b", "r1")),
+                        b.insert(_user("m3", "r2")),
+                        b.insert(_out("m4", "r2")),
+                    ],
+                    "runs": [
+                        b.insert(b.run("r1", "completed", inputs=["m1", "m1b"])),
+                        b.insert(b.run("r2", "cancelled", inputs=["m3"])),
+                    ],
+                },
+            ),
+        )
+        commit = b.update(scope, "t", version, changes)
+        if rule is None:  # the control case: a valid commit
+            assert (await _commit_ok(store, commit)).revision == 2
+            return
+        await _assert_rule_broken(store, scope, "t", commit, rule)
+
+    async def test_rule6_broken_by_removing_or_changing_the_queued_run(
+        self, store: ThreadStore
+    ) -> None:
+        scope = new_scope()
+        version = await _commit_ok(
+            store,
+            b.create(
+                scope,
+                "t",
+                {
+                    "messages": [b.insert(_user("m1", "r0")), b.insert(_out("m2", "r0"))],
+                    "runs": [
+                        b.insert(b.run("r0", "completed", inputs=["m1"])),
+                        b.insert(_queued("r1", "q1")),
+                        b.insert(_queued("r2", "q2")),
+                    ],
+                    "queuedItems": [
+                        b.insert(b.queued_item("q1", "r1")),
+                        b.insert(b.queued_item("q2", "r2")),
+                    ],
+                },
+            ),
+        )
+        cases: list[tuple[str, dict[str, Any]]] = [
+            ("delete the queued run, keep its item", {"runs": [b.delete_record("r1")]}),
+            ("truncate the queued runs, keep their items", {"runs": [b.truncate("r0")]}),
+            (
+                "truncate every run, keep the items",
+                {"runs": [b.truncate(None)], "messages": [b.truncate(None)]},
+            ),
+            (
+                "cancel the queued run, keep its item",
+                {"runs": [b.replace(b.run("r1", "cancelled", admitted=False, queue_item_id="q1"))]},
+            ),
+            (
+                "point the queued run at another item id",
+                {"runs": [b.replace(_queued("r1", "q9"))]},
+            ),
+            (
+                "swap the item ids of two queued runs",
+                {"runs": [b.replace(_queued("r1", "q2"))]},
+            ),
+            (
+                "delete an item, insert it for another run",
+                {
+                    "queuedItems": [
+                        b.delete_record("q1"),
+                        b.insert(b.queued_item("q1", "r2")),
+                    ]
+                },
+            ),
+        ]
+        for case, changes in cases:
+            try:
+                await _assert_rule_broken(
+                    store, scope, "t", b.update(scope, "t", version, changes), 6
+                )
+            except AssertionError as exc:
+                raise AssertionError(f"case {case!r}: {exc}") from exc
+        # control: cancelling both queued runs with their items is fine
+        done = await _commit_ok(
+            store,
+            b.update(
+                scope,
+                "t",
+                version,
+                {
+                    "runs": [
+                        b.replace(b.run("r1", "cancelled", admitted=False, queue_item_id="q1")),
+                        b.delete_record("r2"),
+                    ],
+                    "queuedItems": [b.delete_record("q1"), b.delete_record("q2")],
+                },
+            ),
+        )
+        assert done.revision == 2
+
+    async def test_rule7_broken_by_truncating_the_leased_run(self, store: ThreadStore) -> None:
+        scope = new_scope()
+        version = await _turn_thread(store, scope)
+        for changes in (
+            {"messages": [b.truncate("m2")], "runs": [b.truncate("r1")]},
+            {"messages": [b.truncate(None)], "runs": [b.truncate(None)]},
+        ):
+            await _assert_rule_broken(store, scope, "t", b.update(scope, "t", version, changes), 7)
+        # releasing in the same commit is fine
+        done = await _commit_ok(
+            store,
+            b.update(
+                scope,
+                "t",
+                version,
+                {
+                    "messages": [b.truncate("m2")],
+                    "runs": [b.truncate("r1")],
+                    "lease": b.release("r2", "w1"),
+                },
+            ),
+        )
+        assert done.revision == 2
+
+    async def test_rule5_broken_by_a_new_open_run(self, store: ThreadStore) -> None:
+        scope = new_scope()
+        version = await _turn_thread(store, scope)
+        for status in ("running", "waiting"):
+            await _assert_rule_broken(
+                store,
+                scope,
+                "t",
+                b.update(
+                    scope,
+                    "t",
+                    version,
+                    {
+                        "messages": [b.insert(_user("m9", "r9"))],
+                        "runs": [b.insert(b.run("r9", status, inputs=["m9"]))],
+                    },
+                ),
+                5,
+            )
+
 
 class TestWorkedExample:
     """The worked example: one turn, a queued second turn, streaming, admission, regeneration."""
