@@ -482,3 +482,39 @@ def test_the_url_option_wins_over_the_environment(tmp_path: Path) -> None:
     alone = _suite(tmp_path, "--pai-backend=postgres", env={"PAI_TEST_POSTGRES_URL": PG_URL})
     assert alone.returncode == 0, alone.stdout + alone.stderr
     assert "1 passed" in alone.stdout
+
+
+# ------------------------------------------------------------------------- the layout
+
+ROOT = Path(__file__).resolve().parents[2]
+BACKEND_PACKAGES = {
+    "pai_storage_memory": ROOT / "backends" / "memory" / "pai_storage_memory",
+    "pai_storage_mongo": ROOT / "backends" / "mongo" / "pai_storage_mongo",
+    "pai_storage_postgres": ROOT / "backends" / "postgres" / "pai_storage_postgres",
+    "pai_storage_sql": ROOT / "backends" / "sql" / "pai_storage_sql",
+}
+
+
+def _imported_packages(directory: Path) -> dict[str, set[str]]:
+    """Every top-level package each module of ``directory`` imports (at any depth)."""
+    import ast
+
+    found: dict[str, set[str]] = {}
+    for path in sorted(directory.rglob("*.py")):
+        names: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names.update(alias.name.split(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names.add(node.module.split(".")[0])
+        found[str(path.relative_to(ROOT))] = names
+    return found
+
+
+def test_a_backend_never_imports_another_and_the_core_imports_none() -> None:
+    for package, directory in BACKEND_PACKAGES.items():
+        others = set(BACKEND_PACKAGES) - {package}
+        for module, names in _imported_packages(directory).items():
+            assert not names & others, (module, names & others)
+    for module, names in _imported_packages(ROOT / "pai_storage").items():
+        assert not names & set(BACKEND_PACKAGES), (module, names & set(BACKEND_PACKAGES))
