@@ -11,6 +11,7 @@ document missing a required field is invalid.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -28,6 +29,7 @@ from pai_storage import (
     CommittedResult,
     ManualClock,
     ThreadStoreInvariantError,
+    ThreadStoreUnavailableError,
     ThreadVersion,
     open_store,
 )
@@ -438,3 +440,18 @@ async def test_a_child_missing_a_required_field_is_invalid(
     }[family]
     with pytest.raises(ThreadStoreInvariantError):
         await mongo_store.read_thread(b.read("scope", "t1", **{family: selection}))
+
+
+async def test_no_password_in_log_lines_errors_or_repr(caplog: pytest.LogCaptureFixture) -> None:
+    secret = "pw-Secr3t-mongo"
+    caplog.set_level(logging.DEBUG)
+    store = open_store(f"mongodb://app:{secret}@127.0.0.1:1/db?serverSelectionTimeoutMS=500")
+    assert secret not in repr(store)
+    assert secret not in str(store)
+    with pytest.raises(ThreadStoreUnavailableError) as caught:
+        await store.initialize()
+    await store.close()
+    error = caught.value
+    for text in (str(error), repr(error), str(error.__cause__), repr(error.__cause__)):
+        assert secret not in text
+    assert secret not in caplog.text

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from datetime import UTC, datetime
 from typing import Any
 
@@ -22,6 +23,7 @@ from pai_storage import (
     CommittedResult,
     ManualClock,
     ThreadStoreConfigurationError,
+    ThreadStoreUnavailableError,
     ThreadVersion,
     open_store,
 )
@@ -364,3 +366,19 @@ async def test_prefixes_keep_deployments_apart(pg_schema: str, pg_conn: asyncpg.
         assert await pg_conn.fetchval(f'SELECT version FROM "{pg_schema}".{prefix}_schema') == (
             SCHEMA_VERSION
         )
+
+
+async def test_no_password_in_log_lines_errors_or_repr(caplog: pytest.LogCaptureFixture) -> None:
+    secret = "pw-Secr3t-pg"
+    caplog.set_level(logging.DEBUG)
+    store = open_store(f"postgresql://postgres:{secret}@127.0.0.1:1/test", connect_timeout=2)
+    assert secret not in repr(store)
+    assert secret not in str(store)
+    with pytest.raises(ThreadStoreUnavailableError) as caught:
+        await store.initialize()
+    await store.close()
+    error = caught.value
+    assert "127.0.0.1:1" in str(error)
+    for text in (str(error), repr(error), str(error.__cause__), repr(error.__cause__)):
+        assert secret not in text
+    assert secret not in caplog.text

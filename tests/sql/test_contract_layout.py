@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import sqlite3
 import uuid
 from collections.abc import AsyncIterator
@@ -24,7 +25,7 @@ from pai_storage_sql import SqlThreadStore
 from sqlalchemy import inspect, text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from pai_storage import CommittedResult, open_store
+from pai_storage import CommittedResult, ThreadStoreUnavailableError, open_store
 from pai_storage import builders as b
 
 from .conftest import Target, mysql_engine
@@ -341,3 +342,18 @@ async def test_the_default_and_a_custom_prefix_name_the_tables() -> None:
     assert custom.tables.queued.name == f"{prefix}_queued_items"
     await store.close()
     await custom.close()
+
+
+async def test_no_password_in_log_lines_errors_or_repr(caplog: pytest.LogCaptureFixture) -> None:
+    secret = "pw-Secr3t-sql"
+    caplog.set_level(logging.DEBUG)
+    store = open_store(f"mysql://root:{secret}@127.0.0.1:1/test", connect_timeout=2)
+    assert secret not in repr(store)
+    assert secret not in str(store)
+    with pytest.raises(ThreadStoreUnavailableError) as caught:
+        await store.initialize()
+    await store.close()
+    error = caught.value
+    for shown in (str(error), repr(error), str(error.__cause__), repr(error.__cause__)):
+        assert secret not in shown
+    assert secret not in caplog.text
