@@ -10,6 +10,7 @@ from pai_storage import (
     MAX_ID_SELECTION_SIZE,
     CommittedResult,
     ManualClock,
+    ReadThreadInput,
     ThreadRecord,
     ThreadStore,
     ThreadStoreInvariantError,
@@ -230,6 +231,167 @@ class TestReads:
         for page in (read.messages, read.runs, read.queued_items):
             assert page is not None
             assert page.version == version
+
+    # ------------------------------------------------------------ inputs and edges
+
+    async def test_missing_thread_ignores_a_missing_anchor(self, store: ThreadStore) -> None:
+        # A missing thread gives no pages whatever was requested: its bounds
+        # name nothing, and that is not an error.
+        result = await store.read_thread(
+            b.read(
+                new_scope(),
+                "nope",
+                messages=_msg_page(afterMessageId="m404", beforeMessageId="m405"),
+            )
+        )
+        assert result.thread is None
+        assert result.messages is None
+        assert result.to_json() == {"observedAt": result.to_json()["observedAt"], "thread": None}
+
+    async def test_empty_include_is_the_root_alone(self, store: ThreadStore) -> None:
+        scope = new_scope()
+        created = await _commit_create(
+            store, scope, "t1", {"messages": [b.insert(b.message("m1"))]}
+        )
+        request = {"scopeKey": scope, "threadId": "t1", "include": {}}
+        for form in (request, ReadThreadInput.model_validate(request)):
+            result = await store.read_thread(form)
+            assert result.thread == created
+            assert (result.messages, result.runs, result.queued_items) == (None, None, None)
+            assert set(result.to_json()) == {"observedAt", "thread"}
+
+    @pytest.mark.parametrize(
+        "bounds",
+        [
+            {"afterMessageId": "m5", "beforeMessageId": "m2"},
+            {"afterMessageId": "m3", "beforeMessageId": "m3"},
+            {"afterMessageId": "m6", "beforeMessageId": "m1"},
+        ],
+    )
+    @pytest.mark.parametrize("order", ["oldest", "newest"])
+    @pytest.mark.parametrize("view", ["raw", "transcript"])
+    async def test_bounds_that_leave_no_room_give_an_empty_page(
+        self, store: ThreadStore, bounds: dict[str, str], order: str, view: str
+    ) -> None:
+        scope, thread = await _visibility_thread(store)
+        for limit in (1, 100):
+            result = await store.read_thread(
+                b.read(scope, thread, messages=_msg_page(view, limit, order=order, **bounds))
+            )
+            assert result.thread is not None
+            assert result.messages is not None
+            assert result.messages.items == []
+            assert result.messages.next_page_token is None
+            assert result.messages.version == result.thread.version
+
+    @pytest.mark.parametrize("bound", ["afterMessageId", "beforeMessageId"])
+    @pytest.mark.parametrize("bad", ["", "x" * 1025, "m\ud800", 5, ["m1"]], ids=repr)
+    async def test_malformed_anchor_is_invariant_error(
+        self, store: ThreadStore, bound: str, bad: object
+    ) -> None:
+        scope, thread = await _visibility_thread(store)
+        selection = {"type": "page", "view": "raw", bound: bad, "page": {"limit": 5}}
+        for target in (thread, "missing"):
+            with pytest.raises(ThreadStoreInvariantError, match=bound):
+                await store.read_thread(b.read(scope, target, messages=selection))
+
+    @pytest.mark.parametrize(
+        ("family", "key"),
+        [("messages", "messageIds"), ("runs", "runIds"), ("queuedItems", "queueItemIds")],
+    )
+    @pytest.mark.parametrize("bad", ["", "x" * 1025, "a\udc00", 7, None], ids=repr)
+    async def test_malformed_id_in_an_id_selection_is_invariant_error(
+        self, store: ThreadStore, family: str, key: str, bad: object
+    ) -> None:
+        scope = new_scope()
+        await _commit_create(store, scope, "t1")
+        for target in ("t1", "missing"):
+            with pytest.raises(ThreadStoreInvariantError, match=key):
+                await store.read_thread(
+                    b.read(scope, target, **{family: {"type": "ids", key: ["ok", bad]}})
+                )
+
+    @pytest.mark.parametrize("bad", ["", "x" * 1025, "r\ud800", 3], ids=repr)
+    async def test_malformed_queued_item_run_filter_is_invariant_error(
+        self, store: ThreadStore, bad: object
+    ) -> None:
+        scope = new_scope()
+        await _commit_create(store, scope, "t1")
+        selection = {"type": "page", "runId": bad, "page": {"limit": 5}}
+        with pytest.raises(ThreadStoreInvariantError, match="runId"):
+            await store.read_thread(b.read(scope, "t1", queuedItems=selection))
+
+    async def test_empty_statuses_filter_is_invariant_error(self, store: ThreadStore) -> None:
+        scope = new_scope()
+        await _commit_create(store, scope, "t1")
+        selection = {"type": "page", "statuses": [], "page": {"limit": 5}}
+        with pytest.raises(ThreadStoreInvariantError, match="statuses"):
+            await store.read_thread(b.read(scope, "t1", runs=selection))
+
+    async def test_odd_message_ids_select_and_bound_exactly(self, store: ThreadStore) -> None:
+        # Ids that differ only by U+0000, a trailing character or case, with
+        # the longest allowed id: ids selections and bounds match them exactly.
+        odd = ["a", "a\x00", "\x00", "a\x00b", "A", "a ", "a\uffff", "a\U0001f9f5", "k" * 1024]
+        scope, thread = new_scope(), "odd"
+        await _commit_create(
+            store, scope, thread, {"messages": [b.insert(b.message(mid, mid)) for mid in odd]}
+        )
+        wanted = ["k" * 1024, "a\x00b", "\x00", "missing", "a"]
+        result = await store.read_thread(
+            b.read(scope, thread, messages={"type": "ids", "messageIds": wanted})
+        )
+        assert result.messages is not None
+        got = [(m.message_id, getattr(m.parts[0], "text", None)) for m in result.messages.items]
+        assert got == [(mid, mid) for mid in wanted if mid != "missing"]
+        for index, anchor in enumerate(odd):
+            after = await _message_ids(store, scope, thread, _msg_page(afterMessageId=anchor))
+            before = await _message_ids(store, scope, thread, _msg_page(beforeMessageId=anchor))
+            assert (before, after) == (odd[:index], odd[index + 1 :]), repr(anchor)
+        with pytest.raises(ThreadStoreInvariantError):
+            await store.read_thread(
+                b.read(scope, thread, messages=_msg_page(afterMessageId="a\x01"))
+            )
+
+    @pytest.mark.parametrize(
+        ("family", "key", "attr", "id_attr"),
+        [
+            ("messages", "messageIds", "messages", "message_id"),
+            ("runs", "runIds", "runs", "run_id"),
+            ("queuedItems", "queueItemIds", "queued_items", "queue_item_id"),
+        ],
+    )
+    async def test_hundred_existing_ids_come_back_in_requested_order(
+        self, store: ThreadStore, family: str, key: str, attr: str, id_attr: str
+    ) -> None:
+        scope, thread = new_scope(), "many"
+        count = MAX_ID_SELECTION_SIZE
+        await _commit_create(
+            store,
+            scope,
+            thread,
+            {
+                "messages": [b.insert(b.message(f"m{i:03d}")) for i in range(count)],
+                "runs": [b.insert(_queued_run(f"r{i:03d}", f"q{i:03d}")) for i in range(count)],
+                "queuedItems": [
+                    b.insert(b.queued_item(f"q{i:03d}", f"r{i:03d}", i)) for i in range(count)
+                ],
+            },
+        )
+        prefix = {"messages": "m", "runs": "r", "queuedItems": "q"}[family]
+        # A shuffled order that is neither insertion order nor its reverse.
+        order = [(i * 37) % count for i in range(count)]
+        ids = [f"{prefix}{i:03d}" for i in order]
+        for form in (
+            b.read(scope, thread, **{family: {"type": "ids", key: ids}}),
+            ReadThreadInput.model_validate(
+                b.read(scope, thread, **{family: {"type": "ids", key: ids}})
+            ),
+        ):
+            result = await store.read_thread(form)
+            page = getattr(result, attr)
+            assert page is not None
+            assert [getattr(item, id_attr) for item in page.items] == ids
+            assert page.next_page_token is None
 
 
 class TestMessageViews:
