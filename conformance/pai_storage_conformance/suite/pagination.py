@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import json
 from typing import Any
 
 import pytest
@@ -9,6 +11,7 @@ import pytest
 from pai_storage import (
     MAX_PAGE_SIZE,
     CommittedResult,
+    ReadThreadInput,
     ThreadRecord,
     ThreadStore,
     ThreadStoreInvariantError,
@@ -16,6 +19,7 @@ from pai_storage import (
     ThreadVersion,
 )
 from pai_storage import builders as b
+from pai_storage.tokens import PageTokenCodec
 
 from ._support import new_scope
 
@@ -559,8 +563,189 @@ class TestPagination:
         deleted = await store.commit_thread(b.delete(scope, "t1", created.version))
         assert isinstance(deleted, CommittedResult)
         await _full_thread(store, scope)
-        with pytest.raises(ThreadStorePageTokenError):
+        with pytest.raises(ThreadStorePageTokenError, match="earlier incarnation"):
             await _page(store, scope, "t1", family, selection, 1, token)
+
+    # ------------------------------------------------------------ later pages, more cases
+
+    @pytest.mark.parametrize("with_runs", [False, True], ids=["one-family", "two-families"])
+    async def test_continuation_of_a_deleted_thread_reads_nothing(
+        self, store: ThreadStore, with_runs: bool
+    ) -> None:
+        scope = new_scope()
+        created = await _full_thread(store, scope)
+        _, token = await _page(store, scope, "t1", "messages", MSG_RAW, 2)
+        assert token is not None
+        deleted = await store.commit_thread(b.delete(scope, "t1", created.version))
+        assert isinstance(deleted, CommittedResult)
+        include: dict[str, Any] = {"messages": _with_page(MSG_RAW, 2, token)}
+        if with_runs:
+            include["runs"] = {"type": "page", "page": {"limit": 2}}
+        result = await store.read_thread(b.read(scope, "t1", **include))
+        assert result.thread is None
+        assert (result.messages, result.runs, result.queued_items) == (None, None, None)
+
+    async def test_earlier_incarnation_is_refused_in_a_read_of_several_families(
+        self, store: ThreadStore
+    ) -> None:
+        scope = new_scope()
+        created = await _full_thread(store, scope)
+        _, token = await _page(store, scope, "t1", "runs", {"type": "page"}, 2)
+        assert token is not None
+        await store.commit_thread(b.delete(scope, "t1", created.version))
+        await _full_thread(store, scope)
+        with pytest.raises(ThreadStorePageTokenError, match="earlier incarnation"):
+            await store.read_thread(
+                b.read(
+                    scope,
+                    "t1",
+                    messages=_with_page(MSG_RAW, 2, None),
+                    runs=_with_page({"type": "page"}, 2, token),
+                    queuedItems={"type": "ids", "queueItemIds": ["q1"]},
+                )
+            )
+
+    @pytest.mark.parametrize("order", ["oldest", "newest"])
+    @pytest.mark.parametrize("with_runs", [False, True], ids=["one-family", "two-families"])
+    async def test_deleting_a_bound_anchor_does_not_end_the_walk(
+        self, store: ThreadStore, order: str, with_runs: bool
+    ) -> None:
+        scope = new_scope()
+        created = await _full_thread(store, scope)
+        selection = {
+            "type": "page",
+            "view": "raw",
+            "order": order,
+            "afterMessageId": "m1",
+            "beforeMessageId": "m7",
+        }
+        first, token = await _page(store, scope, "t1", "messages", selection, 2)
+        await _update(
+            store,
+            scope,
+            "t1",
+            created.version,
+            {"messages": [{"type": "delete", "id": "m1"}, {"type": "delete", "id": "m7"}]},
+        )
+        rest: list[str] = []
+        while token is not None:
+            include: dict[str, Any] = {"messages": _with_page(selection, 2, token)}
+            if with_runs:
+                include["runs"] = {"type": "page", "page": {"limit": 1}}
+            result = await store.read_thread(b.read(scope, "t1", **include))
+            assert result.messages is not None
+            rest.extend(m.message_id for m in result.messages.items)
+            token = result.messages.next_page_token
+        expected = ["m2", "m3", "m4", "m5", "m6"]
+        assert first + rest == (expected if order == "oldest" else expected[::-1])
+        # A new first page looks the anchors up again: now they are missing.
+        with pytest.raises(ThreadStoreInvariantError, match="m1"):
+            await _page(store, scope, "t1", "messages", selection, 2)
+
+    async def test_replaced_records_show_their_current_content_on_later_pages(
+        self, store: ThreadStore
+    ) -> None:
+        scope = new_scope()
+        created = await _full_thread(store, scope)
+        first = await store.read_thread(b.read(scope, "t1", messages=_with_page(MSG_RAW, 2, None)))
+        assert first.messages is not None
+        token = first.messages.next_page_token
+        updated = await _update(
+            store,
+            scope,
+            "t1",
+            created.version,
+            {"messages": [{"type": "replace", "record": b.message("m3", "edited")}]},
+        )
+        second = await store.read_thread(
+            b.read(scope, "t1", messages=_with_page(MSG_RAW, 2, token))
+        )
+        assert second.messages is not None
+        assert [m.message_id for m in second.messages.items] == ["m3", "m4"]
+        assert getattr(second.messages.items[0].parts[0], "text", None) == "edited"
+        assert first.messages.version == created.version
+        assert second.messages.version == updated.version
+
+    @pytest.mark.parametrize(
+        ("first", "again"),
+        [
+            (["failed", "completed"], ["completed", "failed"]),
+            (["failed", "completed"], ["completed", "failed", "completed"]),
+        ],
+    )
+    async def test_statuses_are_compared_as_a_set(
+        self, store: ThreadStore, first: list[str], again: list[str]
+    ) -> None:
+        scope = new_scope()
+        await _full_thread(store, scope)
+        ids, token = await _page(store, scope, "t1", "runs", {"type": "page", "statuses": first}, 2)
+        assert ids == ["r1", "r2"]
+        rest = _flat(
+            await _walk_from(store, scope, "runs", {"type": "page", "statuses": again}, 2, token)
+        )
+        assert rest == ["r4", "r5", "r6"]
+
+    @pytest.mark.parametrize("bad", [True, False, 1.0, "2", None, [2]], ids=repr)
+    async def test_limit_must_be_an_integer(self, store: ThreadStore, bad: object) -> None:
+        scope = new_scope()
+        await _full_thread(store, scope)
+        for family, selection in (
+            ("messages", MSG_RAW),
+            ("runs", {"type": "page"}),
+            ("queuedItems", {"type": "page"}),
+        ):
+            request = b.read(scope, "t1", **{family: {**selection, "page": {"limit": bad}}})
+            with pytest.raises(ThreadStoreInvariantError, match="limit"):
+                await store.read_thread(request)
+
+    async def test_walk_of_more_than_one_full_page(self, store: ThreadStore) -> None:
+        scope = new_scope()
+        ids = [f"m{i:03d}" for i in range(MAX_PAGE_SIZE + 30)]
+        await _create(store, scope, "t1", {"messages": [b.insert(b.message(m)) for m in ids]})
+        pages = await _walk(store, scope, "t1", "messages", MSG_RAW, MAX_PAGE_SIZE)
+        assert [len(page) for page in pages] == [MAX_PAGE_SIZE, 30]
+        assert _flat(pages) == ids
+        newest = {**MSG_RAW, "order": "newest"}
+        pages = await _walk(store, scope, "t1", "messages", newest, MAX_PAGE_SIZE)
+        assert _flat(pages) == ids[::-1]
+
+    async def test_model_and_json_inputs_walk_alike(self, store: ThreadStore) -> None:
+        scope = new_scope()
+        await _full_thread(store, scope)
+        selection = {"type": "page", "view": "context", "order": "newest"}
+        json_pages = await _walk(store, scope, "t1", "messages", selection, 2)
+        model_pages: list[list[str]] = []
+        token: str | None = None
+        while True:
+            request = ReadThreadInput.model_validate(
+                b.read(scope, "t1", messages=_with_page(selection, 2, token))
+            )
+            result = await store.read_thread(request)
+            assert result.messages is not None
+            model_pages.append([m.message_id for m in result.messages.items])
+            page_json = result.to_json()["messages"]
+            token = result.messages.next_page_token
+            if token is None:
+                assert "nextPageToken" not in page_json
+                break
+            assert page_json["nextPageToken"] == token
+        assert model_pages == json_pages == [["m7", "m5"], ["m4", "m2"], ["m1"]]
+
+    async def test_token_of_another_store_is_rejected(self, store: ThreadStore) -> None:
+        scope = new_scope()
+        await _full_thread(store, scope)
+        _, token = await _page(store, scope, "t1", "messages", MSG_RAW, 2)
+        assert token is not None
+        prefix, body, _ = token.split(".")
+        payload = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+        for codec, words in (
+            (PageTokenCodec(prefix + "-elsewhere"), "another store"),
+            (PageTokenCodec(prefix, secret=b"another deployment's secret"), "tampered"),
+        ):
+            # The same page of the same query, minted by the other store.
+            forged = codec.encode(payload["k"], scope, payload["q"], payload["p"])
+            with pytest.raises(ThreadStorePageTokenError, match=words):
+                await _page(store, scope, "t1", "messages", MSG_RAW, 2, forged)
 
 
 async def _walk_from(
