@@ -9,6 +9,7 @@ import pytest
 from pai_storage import (
     MAX_PAGE_SIZE,
     CommittedResult,
+    ListThreadsInput,
     ManualClock,
     ThreadRecord,
     ThreadStore,
@@ -421,3 +422,145 @@ class TestListing:
         pages = await _walk(store, scope, MAX_PAGE_SIZE)
         assert [len(page) for page in pages] == [MAX_PAGE_SIZE, 5]
         assert [t for page in pages for t in page] == ids
+
+    # ------------------------------------------------------------ more continuation rules
+
+    async def test_include_hidden_false_and_omitted_are_one_query(
+        self, store: ThreadStore, clock: ManualClock
+    ) -> None:
+        scope = new_scope()
+        expected = await _mixed_timestamps(store, clock, scope)
+        for first, then in (({}, {"includeHidden": False}), ({"includeHidden": False}, {})):
+            page = await store.list_threads({"scopeKey": scope, "limit": 3, **first})
+            rest = await store.list_threads(
+                {"scopeKey": scope, "limit": 10, "pageToken": page.next_page_token, **then}
+            )
+            assert [t.thread_id for t in page.items + rest.items] == expected
+            assert rest.next_page_token is None
+
+    @pytest.mark.parametrize("limit", [1, 2])
+    async def test_walk_survives_the_deletion_of_the_last_listed_thread(
+        self, store: ThreadStore, clock: ManualClock, limit: int
+    ) -> None:
+        # The token holds a key, not a row: the thread it was taken from may
+        # be gone, and the walk still resumes right after it.
+        scope = new_scope()
+        expected = await _mixed_timestamps(store, clock, scope)
+        first = await store.list_threads({"scopeKey": scope, "limit": 3})
+        last = first.items[-1]
+        deleted = await store.commit_thread(b.delete(scope, last.thread_id, last.version))
+        assert isinstance(deleted, CommittedResult)
+        rest: list[str] = []
+        token = first.next_page_token
+        while token is not None:
+            page = await store.list_threads({"scopeKey": scope, "limit": limit, "pageToken": token})
+            rest.extend(t.thread_id for t in page.items)
+            token = page.next_page_token
+        assert rest == expected[3:]
+
+    async def test_keyset_walk_over_odd_thread_ids_follows_code_points(
+        self, store: ThreadStore
+    ) -> None:
+        # Equal update times, ids that differ by U+0000, U+0001, a trailing
+        # character, the last BMP character and astral characters: code-point
+        # order (which is neither UTF-16 order nor a collation) on every page.
+        scope = new_scope()
+        ids = [
+            "a",
+            "a\x00",
+            "a\x00b",
+            "a\x01",
+            "\x00",
+            "a\uffff",
+            "a\U0001f9f5",
+            "a\U0010ffff",
+            "a\ufb01",
+            "A",
+            "a b",
+            "a\\",
+            "a%",
+        ]
+        for thread in ids:
+            await _create(store, scope, thread)
+        expected = sorted(ids)
+        assert await _list(store, scope) == expected
+        for limit in (1, 2, 5):
+            pages = await _walk(store, scope, limit)
+            assert [t for page in pages for t in page] == expected
+
+    async def test_filters_match_odd_values_exactly(self, store: ThreadStore) -> None:
+        scope = new_scope()
+        values = ["v", "v\x00", "v\x00w", "V", "v ", "\u00e9", "e\u0301", "\x00"]
+        for index, value in enumerate(values):
+            await _create(
+                store, scope, f"t{index}", agent=value, category=value, parentThreadId=value
+            )
+        for index, value in enumerate(values):
+            for field in ("agent", "category", "parentThreadId"):
+                filters: dict[str, Any] = {field: value}
+                assert await _list(store, scope, **filters) == [f"t{index}"], (field, value)
+
+    async def test_empty_category_is_a_category(self, store: ThreadStore) -> None:
+        # category may be empty (0 to 256 bytes): "" is a value, not an absent field.
+        scope = new_scope()
+        empty = await _create(store, scope, "empty", category="")
+        await _create(store, scope, "none")
+        assert empty.category == ""
+        assert empty.to_json()["category"] == ""
+        assert await _list(store, scope, category="") == ["empty"]
+        read = await store.read_thread(b.read(scope, "empty"))
+        assert read.thread == empty
+        listed = await store.list_threads({"scopeKey": scope, "limit": 10})
+        by_id = {t.thread_id: t for t in listed.items}
+        assert by_id["empty"].category == ""
+        assert by_id["none"].category is None
+        assert "category" not in by_id["none"].to_json()
+
+    async def test_filter_of_the_longest_allowed_value(self, store: ThreadStore) -> None:
+        scope = new_scope()
+        longest = "\u00e9" * 128  # 256 bytes of UTF-8
+        await _create(store, scope, "long", agent=longest, category=longest, parentThreadId=longest)
+        await _create(store, scope, "short", agent=longest[:-1], category=longest[:-1])
+        for field in ("agent", "category", "parentThreadId"):
+            filters: dict[str, Any] = {field: longest}
+            assert await _list(store, scope, **filters) == ["long"]
+            with pytest.raises(ThreadStoreInvariantError, match=field):
+                await store.list_threads({"scopeKey": scope, "limit": 5, field: longest + "e"})
+
+    @pytest.mark.parametrize("field", ["agent", "parentThreadId"])
+    @pytest.mark.parametrize("bad", ["", "a\ud800", 5, ["a"]], ids=repr)
+    async def test_malformed_id_filter_is_invariant_error(
+        self, store: ThreadStore, field: str, bad: object
+    ) -> None:
+        with pytest.raises(ThreadStoreInvariantError, match=field):
+            await store.list_threads({"scopeKey": new_scope(), "limit": 5, field: bad})
+
+    @pytest.mark.parametrize("bad", [True, 1.0, "1", None, [1]], ids=repr)
+    async def test_list_limit_must_be_an_integer(self, store: ThreadStore, bad: object) -> None:
+        with pytest.raises(ThreadStoreInvariantError, match="limit"):
+            await store.list_threads({"scopeKey": new_scope(), "limit": bad})
+        with pytest.raises(ThreadStoreInvariantError, match="limit"):
+            await store.list_threads({"scopeKey": new_scope()})
+
+    async def test_list_model_and_json_inputs_walk_alike(
+        self, store: ThreadStore, clock: ManualClock
+    ) -> None:
+        scope = new_scope()
+        expected = await _mixed_timestamps(store, clock, scope)
+        seen: list[str] = []
+        token: str | None = None
+        while True:
+            request: dict[str, Any] = {"scopeKey": scope, "limit": 3}
+            if token is not None:
+                request["pageToken"] = token
+            page = await store.list_threads(ListThreadsInput.model_validate(request))
+            assert page == await store.list_threads(request)
+            seen.extend(t.thread_id for t in page.items)
+            as_json = page.to_json()
+            assert as_json["items"] == [t.to_json() for t in page.items]
+            token = page.next_page_token
+            if token is None:
+                assert "nextPageToken" not in as_json
+                break
+            assert as_json == {"items": as_json["items"], "nextPageToken": token}
+        assert seen == expected
