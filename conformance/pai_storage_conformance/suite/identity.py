@@ -95,6 +95,61 @@ class TestIdentityAndScoping:
         assert read.thread is not None
         assert (read.thread.scope_key, read.thread.thread_id) == (scope, thread)
 
+    async def test_longest_non_ascii_ids_in_every_family(self, store: ThreadStore) -> None:
+        # 1,024 four-byte characters in the scope key, the thread id and every
+        # record id of one key: ids are text, whatever their size in bytes.
+        longest = "\U0001f9f5" * 1024
+        scope = (uuid4().hex + longest)[:1024]
+        other = "\U0001f680" * 1024
+        await _create(store, scope, other)
+        result = await store.commit_thread(
+            b.create(
+                scope,
+                longest,
+                {
+                    "messages": [b.insert(b.message(longest)), b.insert(b.message(other))],
+                    "runs": [b.insert(b.run(longest, "queued", queue_item_id=longest))],
+                    "queuedItems": [b.insert(b.queued_item(longest, longest, "x"))],
+                },
+            )
+        )
+        assert isinstance(result, CommittedResult)
+        read = await store.read_thread(
+            b.read(
+                scope,
+                longest,
+                messages={"type": "ids", "messageIds": [other, longest]},
+                runs={"type": "ids", "runIds": [longest]},
+                queuedItems={"type": "page", "runId": longest, "page": {"limit": 5}},
+            )
+        )
+        assert read.messages is not None
+        assert read.runs is not None
+        assert read.queued_items is not None
+        assert [m.message_id for m in read.messages.items] == [other, longest]
+        assert [r.run_id for r in read.runs.items] == [longest]
+        assert [q.queue_item_id for q in read.queued_items.items] == [longest]
+        after = await store.read_thread(
+            b.read(
+                scope,
+                longest,
+                messages={
+                    "type": "page",
+                    "view": "raw",
+                    "afterMessageId": longest,
+                    "page": {"limit": 5},
+                },
+            )
+        )
+        assert after.messages is not None
+        assert [m.message_id for m in after.messages.items] == [other]
+        listed = await store.list_threads({"scopeKey": scope, "limit": 1})
+        rest = await store.list_threads(
+            {"scopeKey": scope, "limit": 1, "pageToken": listed.next_page_token}
+        )
+        assert [t.thread_id for t in listed.items + rest.items] == sorted([longest, other])
+        assert rest.next_page_token is None
+
     @pytest.mark.parametrize("bad", BAD_LENGTH_IDS)
     async def test_bad_length_thread_id_rejected(self, store: ThreadStore, bad: str) -> None:
         scope = new_scope()
@@ -161,6 +216,81 @@ class TestIdentityAndScoping:
         assert (await store.read_thread(b.read(scope + "/x/y", "y"))).thread is None
         listed = await store.list_threads({"scopeKey": scope, "limit": 10})
         assert [t.thread_id for t in listed.items] == ["x/y"]
+
+    async def test_lone_surrogate_scope_key_rejected_by_reads(self, store: ThreadStore) -> None:
+        for bad in ("\ud800", "scope\udfff", "\udc00x"):
+            with pytest.raises(ThreadStoreInvariantError, match="scopeKey"):
+                await store.read_thread(b.read(bad, "t1"))
+            with pytest.raises(ThreadStoreInvariantError, match="scopeKey"):
+                await store.list_threads({"scopeKey": bad, "limit": 1, "includeHidden": True})
+
+    @pytest.mark.parametrize(
+        "places",
+        [("scope-b", "t"), ("scope-a", "u")],
+        ids=["other-scope", "other-thread"],
+    )
+    async def test_every_family_is_isolated_by_scope_and_thread(
+        self, store: ThreadStore, places: tuple[str, str]
+    ) -> None:
+        # Two threads with the same child ids: ids, pages and filters of one
+        # never see the other's records.
+        base = new_scope()
+        scopes = {"scope-a": base + "a", "scope-b": base + "b"}
+        mine = (scopes["scope-a"], "t")
+        theirs = (scopes[places[0]], places[1])
+        for (scope, thread), tag in ((mine, "mine"), (theirs, "theirs")):
+            await store.commit_thread(
+                b.create(
+                    scope,
+                    thread,
+                    {
+                        "messages": [
+                            b.insert(b.message("m1", tag)),
+                            b.insert(b.message(f"only-{tag}", tag)),
+                        ],
+                        "runs": [
+                            b.insert(b.run("r1", "queued", queue_item_id="q1")),
+                            b.insert(b.run(f"r-{tag}", "completed", operation=None)),
+                        ],
+                        "queuedItems": [b.insert(b.queued_item("q1", "r1", tag))],
+                    },
+                )
+            )
+        page = {"limit": 10}
+        read = await store.read_thread(
+            b.read(
+                *mine,
+                messages={"type": "ids", "messageIds": ["m1", "only-theirs", "only-mine"]},
+                runs={"type": "page", "statuses": ["completed", "queued"], "page": page},
+                queuedItems={"type": "page", "runId": "r1", "page": page},
+            )
+        )
+        assert read.messages is not None
+        assert read.runs is not None
+        assert read.queued_items is not None
+        assert [(m.message_id, m.parts[0].to_json()["text"]) for m in read.messages.items] == [
+            ("m1", "mine"),
+            ("only-mine", "mine"),
+        ]
+        assert [r.run_id for r in read.runs.items] == ["r1", "r-mine"]
+        assert [q.input for q in read.queued_items.items] == ["mine"]
+        raw = await store.read_thread(
+            b.read(*mine, messages={"type": "page", "view": "raw", "page": page})
+        )
+        assert raw.messages is not None
+        assert [m.message_id for m in raw.messages.items] == ["m1", "only-mine"]
+        with pytest.raises(ThreadStoreInvariantError, match="only-theirs"):
+            await store.read_thread(
+                b.read(
+                    *mine,
+                    messages={
+                        "type": "page",
+                        "view": "raw",
+                        "afterMessageId": "only-theirs",
+                        "page": page,
+                    },
+                )
+            )
 
     # ------------------------------------------------------------ versioning
 
