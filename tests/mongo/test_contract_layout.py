@@ -28,6 +28,7 @@ from pymongo.errors import DuplicateKeyError
 from pai_storage import (
     CommittedResult,
     ManualClock,
+    ThreadStoreConfigurationError,
     ThreadStoreInvariantError,
     ThreadStoreUnavailableError,
     ThreadVersion,
@@ -455,3 +456,26 @@ async def test_no_password_in_log_lines_errors_or_repr(caplog: pytest.LogCapture
     for text in (str(error), repr(error), str(error.__cause__), repr(error.__cause__)):
         assert secret not in text
     assert secret not in caplog.text
+
+
+async def test_lazy_initialize_idempotent_initialize_and_close(mongo_harness: Any) -> None:
+    store = mongo_harness.open_store()
+    try:
+        # The first operation initializes the store: collections and indexes appear.
+        await _committed(store, b.create("scope", "t1"))
+        indexes = await raw_collections(store)["threads"].index_information()
+        await store.initialize()
+        await store.initialize()
+        assert await raw_collections(store)["threads"].index_information() == indexes
+        assert (await store.read_thread(b.read("scope", "t1"))).thread is not None
+    finally:
+        await drop_store_collections(store)
+        await store.close()
+    await store.close()
+    with pytest.raises(ThreadStoreConfigurationError, match="closed"):
+        await store.read_thread(b.read("scope", "t1"))
+    async with mongo_harness.open_store() as scoped:
+        await _committed(scoped, b.create("scope", "t1"))
+        await drop_store_collections(scoped)
+    with pytest.raises(ThreadStoreConfigurationError, match="closed"):
+        await scoped.read_thread(b.read("scope", "t1"))

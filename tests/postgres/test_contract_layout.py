@@ -382,3 +382,20 @@ async def test_no_password_in_log_lines_errors_or_repr(caplog: pytest.LogCapture
     for text in (str(error), repr(error), str(error.__cause__), repr(error.__cause__)):
         assert secret not in text
     assert secret not in caplog.text
+
+
+async def test_lazy_initialize_idempotent_initialize_and_close(pg_schema: str) -> None:
+    store = open_store(URL, schema=pg_schema, table_prefix=PREFIX)
+    # The first operation initializes the store (creates the schema).
+    await _committed(store, b.create("scope", "t1"))
+    await store.initialize()
+    await store.initialize()
+    assert (await store.read_thread(b.read("scope", "t1"))).thread is not None
+    await store.close()
+    await store.close()
+    with pytest.raises(ThreadStoreConfigurationError, match="closed"):
+        await store.read_thread(b.read("scope", "t1"))
+    async with open_store(URL, schema=pg_schema, table_prefix=PREFIX) as scoped:
+        assert (await scoped.read_thread(b.read("scope", "t1"))).thread is not None
+    with pytest.raises(ThreadStoreConfigurationError, match="closed"):
+        await scoped.read_thread(b.read("scope", "t1"))

@@ -25,7 +25,12 @@ from pai_storage_sql import SqlThreadStore
 from sqlalchemy import inspect, text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from pai_storage import CommittedResult, ThreadStoreUnavailableError, open_store
+from pai_storage import (
+    CommittedResult,
+    ThreadStoreConfigurationError,
+    ThreadStoreUnavailableError,
+    open_store,
+)
 from pai_storage import builders as b
 
 from .conftest import Target, mysql_engine
@@ -357,3 +362,20 @@ async def test_no_password_in_log_lines_errors_or_repr(caplog: pytest.LogCapture
     for shown in (str(error), repr(error), str(error.__cause__), repr(error.__cause__)):
         assert secret not in shown
     assert secret not in caplog.text
+
+
+async def test_lazy_initialize_idempotent_initialize_and_close(target: Target) -> None:
+    store = target.store()
+    # The first operation initializes the store (creates the tables).
+    assert isinstance(await store.commit_thread(b.create("scope", "t1")), CommittedResult)
+    await store.initialize()
+    await store.initialize()
+    assert (await store.read_thread(b.read("scope", "t1"))).thread is not None
+    await store.close()
+    await store.close()
+    with pytest.raises(ThreadStoreConfigurationError, match="closed"):
+        await store.read_thread(b.read("scope", "t1"))
+    async with target.store() as scoped:
+        assert (await scoped.read_thread(b.read("scope", "t1"))).thread is not None
+    with pytest.raises(ThreadStoreConfigurationError, match="closed"):
+        await scoped.read_thread(b.read("scope", "t1"))
