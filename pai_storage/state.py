@@ -37,7 +37,7 @@ from pydantic import Field, StrictInt
 
 from .clock import Clock
 from .errors import ConfigurationError, InvalidInputError, StorageError, UnavailableError
-from .events import WarningCallback
+from .events import StoreWarning, WarningCallback
 from .models import Json, Page, StoreModel
 from .runtime import (
     DEFAULT_MAX_VALUE_BYTES,
@@ -48,6 +48,7 @@ from .runtime import (
     check_value,
     option_duration,
     option_value_bytes,
+    parse_json_text,
     token_strings,
 )
 from .strict_json import INT64_MAX
@@ -58,6 +59,7 @@ __all__ = [
     "DEFAULT_SESSION_TTL",
     "EMPTY_LIST_HASH",
     "ENUMERATE",
+    "UNDECODABLE",
     "AgentStateStore",
     "ListHead",
     "ListWrite",
@@ -87,6 +89,10 @@ hold U+0000.
 
 EMPTY_LIST_HASH = hashlib.sha256(b"pai-storage state list v1").hexdigest()
 """The content hash of an empty list (the start of the hash chain)."""
+
+UNDECODABLE: Any = object()
+"""What :meth:`AgentStateStore.decode_stored` returns for a stored text that no
+longer decodes (after reporting it)."""
 
 _MAX_LIST_ATTEMPTS = 1000
 _T = TypeVar("_T")
@@ -445,6 +451,32 @@ class AgentStateStore(RuntimeStore):
     def session_expiry(self, written_at: datetime) -> datetime | None:
         """When a session last written at ``written_at`` expires (``None``: never)."""
         return None if self.session_ttl is None else written_at + self.session_ttl
+
+    async def decode_stored(self, session: SessionKey, key: str, text: object) -> Any:
+        """A stored value or list item, decoded from its canonical JSON ``text``.
+
+        A stored text that no longer decodes as strict JSON (edited by hand,
+        damaged) is reported through ``on_warning`` (kind ``invalid_record``,
+        the user as ``scope_key``, the session as ``thread_id``, and ``key``;
+        never the text) and :data:`UNDECODABLE` is returned: the hooks then
+        treat that value as absent and leave that list item out.
+        """
+        try:
+            if not isinstance(text, str):
+                raise ValueError("not a string")
+            return parse_json_text(text)
+        except (ValueError, TypeError, RecursionError):
+            await self.warn(
+                StoreWarning(
+                    kind="invalid_record",
+                    reason="a stored agent state no longer decodes as strict JSON; "
+                    "it is treated as absent",
+                    scope_key=session.user,
+                    thread_id=session.session,
+                    key=key,
+                )
+            )
+            return UNDECODABLE
 
     # ------------------------------------------------------------ hooks
 

@@ -38,10 +38,15 @@ from pai_storage.backend import (
     ListHead,
     ListWrite,
     SessionKey,
-    StoreWarning,
 )
-from pai_storage.runtime import DEFAULT_MAX_VALUE_BYTES, parse_json_text
-from pai_storage.state import ANONYMOUS_USER, DEFAULT_SESSION_TTL, StoredKind, VersionedState
+from pai_storage.runtime import DEFAULT_MAX_VALUE_BYTES
+from pai_storage.state import (
+    ANONYMOUS_USER,
+    DEFAULT_SESSION_TTL,
+    UNDECODABLE,
+    StoredKind,
+    VersionedState,
+)
 
 from .client import Doc
 from .documents import decoded
@@ -305,28 +310,10 @@ class MongoAgentStateStore(MongoRuntimeStore, AgentStateStore):
         if f not in versions:
             return None
         text = (doc.get("states") or {}).get(f)
-        value = await self._decode(session, key, text)
-        if value is _INVALID:
+        value = await self.decode_stored(session, key, text)
+        if value is UNDECODABLE:
             return None
         return VersionedState.model_construct(value=value, version=int(versions[f]))
-
-    async def _decode(self, session: SessionKey, key: str, text: object) -> Any:
-        try:
-            if not isinstance(text, str):
-                raise ValueError("not a string")
-            return parse_json_text(text)
-        except (ValueError, TypeError, RecursionError):
-            await self.warn(
-                StoreWarning(
-                    kind="invalid_record",
-                    reason="a stored agent state no longer decodes as strict JSON; "
-                    "it is treated as absent",
-                    scope_key=session.user,
-                    thread_id=session.session,
-                    key=key,
-                )
-            )
-            return _INVALID
 
     # ------------------------------------------------------------ lists
 
@@ -418,8 +405,8 @@ class MongoAgentStateStore(MongoRuntimeStore, AgentStateStore):
             return None
         out = []
         for text in stored:
-            value = await self._decode(session, key, text)
-            if value is not _INVALID:
+            value = await self.decode_stored(session, key, text)
+            if value is not UNDECODABLE:
                 out.append(value)
         return out
 
@@ -547,8 +534,6 @@ class MongoAgentStateStore(MongoRuntimeStore, AgentStateStore):
         lists = sorted(decode_field(f) for f in doc.get("hashes") or {})
         return values, lists
 
-
-_INVALID = object()
 
 SET_APPEND_MAX = 4
 """Appends of at most this many items set each new position; longer ones ``$push``."""

@@ -28,8 +28,14 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from pai_storage import Clock, StoreURL, WarningCallback
 from pai_storage.backend import ENUMERATE, AgentStateStore, ListHead, ListWrite, SessionKey
-from pai_storage.runtime import DEFAULT_MAX_VALUE_BYTES, parse_json_text
-from pai_storage.state import ANONYMOUS_USER, DEFAULT_SESSION_TTL, StoredKind, VersionedState
+from pai_storage.runtime import DEFAULT_MAX_VALUE_BYTES
+from pai_storage.state import (
+    ANONYMOUS_USER,
+    DEFAULT_SESSION_TTL,
+    UNDECODABLE,
+    StoredKind,
+    VersionedState,
+)
 
 from .runtime import PgRuntimeStore
 
@@ -342,9 +348,10 @@ class PostgresAgentStateStore(PgRuntimeStore, AgentStateStore):
             return None
         if row["is_list"]:
             return StoredKind.LIST
-        return VersionedState.model_construct(
-            value=parse_json_text(row["value"]), version=int(row["version"])
-        )
+        value = await self.decode_stored(session, key, row["value"])
+        if value is UNDECODABLE:
+            return None
+        return VersionedState.model_construct(value=value, version=int(row["version"]))
 
     # ------------------------------------------------------------ lists
 
@@ -399,7 +406,8 @@ class PostgresAgentStateStore(PgRuntimeStore, AgentStateStore):
             return None
         if not row["is_list"]:
             return StoredKind.VALUE
-        return [parse_json_text(text) for text in row["items"]]
+        values = [await self.decode_stored(session, key, text) for text in row["items"]]
+        return [value for value in values if value is not UNDECODABLE]
 
     # ------------------------------------------------------------ sessions
 

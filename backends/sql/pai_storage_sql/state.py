@@ -40,8 +40,14 @@ from sqlalchemy.dialects import mysql, sqlite
 
 from pai_storage import Clock, InvalidInputError, StoreURL, WarningCallback
 from pai_storage.backend import ENUMERATE, AgentStateStore, ListHead, ListWrite, SessionKey
-from pai_storage.runtime import DEFAULT_MAX_VALUE_BYTES, parse_json_text
-from pai_storage.state import ANONYMOUS_USER, DEFAULT_SESSION_TTL, StoredKind, VersionedState
+from pai_storage.runtime import DEFAULT_MAX_VALUE_BYTES
+from pai_storage.state import (
+    ANONYMOUS_USER,
+    DEFAULT_SESSION_TTL,
+    UNDECODABLE,
+    StoredKind,
+    VersionedState,
+)
 
 from .runtime_support import SqlRuntimeStore, escaped_size, ordered_scan
 from .runtime_tables import digest, join_key, split_key
@@ -287,10 +293,11 @@ class SqlAgentStateStore(SqlRuntimeStore, AgentStateStore):
             return None
         if row.is_list:
             return StoredKind.LIST
-        return VersionedState.model_construct(
-            value=parse_json_text(bytes(row.value).decode(errors="surrogateescape")),
-            version=int(row.version),
-        )
+        text = bytes(row.value).decode(errors="surrogateescape")
+        value = await self.decode_stored(session, key, text)
+        if value is UNDECODABLE:
+            return None
+        return VersionedState.model_construct(value=value, version=int(row.version))
 
     # ------------------------------------------------------------ lists
 
@@ -398,7 +405,11 @@ class SqlAgentStateStore(SqlRuntimeStore, AgentStateStore):
             return None
         if not row.is_list:
             return StoredKind.VALUE
-        return [parse_json_text(t.decode(errors="surrogateescape")) for t in texts]
+        values = [
+            await self.decode_stored(session, key, t.decode(errors="surrogateescape"))
+            for t in texts
+        ]
+        return [value for value in values if value is not UNDECODABLE]
 
     # ------------------------------------------------------------ sessions
 
