@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import uuid
 from datetime import UTC, datetime
 from typing import Any
 
@@ -25,6 +26,7 @@ from pai_storage import (
     ThreadStoreConfigurationError,
     ThreadStoreUnavailableError,
     ThreadVersion,
+    make_url,
     open_store,
 )
 from pai_storage import builders as b
@@ -399,3 +401,37 @@ async def test_lazy_initialize_idempotent_initialize_and_close(pg_schema: str) -
         assert (await scoped.read_thread(b.read("scope", "t1"))).thread is not None
     with pytest.raises(ThreadStoreConfigurationError, match="closed"):
         await scoped.read_thread(b.read("scope", "t1"))
+
+
+async def test_a_role_without_privileges_or_an_unknown_role_is_a_configuration_error(
+    pg_schema: str, pg_conn: asyncpg.Connection
+) -> None:
+    async with PostgresThreadStore(URL, schema=pg_schema, table_prefix=PREFIX) as owner:
+        await _committed(owner, b.create("scope", "t1"))
+    role = f"pai_noprivs_{uuid.uuid4().hex[:10]}"
+    await pg_conn.execute(f'CREATE ROLE "{role}" LOGIN')
+    try:
+        base = make_url(URL)
+        url = f"postgresql://{role}@{base.host}:{base.port or 5432}{base.path}"
+        # No USAGE on the schema, then USAGE but no rights on the tables.
+        for grant in (None, f'GRANT USAGE ON SCHEMA "{pg_schema}" TO "{role}"'):
+            if grant is not None:
+                await pg_conn.execute(grant)
+            store = PostgresThreadStore(url, schema=pg_schema, table_prefix=PREFIX)
+            try:
+                with pytest.raises(ThreadStoreConfigurationError):
+                    await store.read_thread(b.read("scope", "t1"))
+            finally:
+                await store.close()
+        missing = PostgresThreadStore(
+            f"postgresql://{role}_missing@{base.host}:{base.port or 5432}{base.path}",
+            schema=pg_schema,
+        )
+        try:
+            with pytest.raises(ThreadStoreConfigurationError):
+                await missing.initialize()
+        finally:
+            await missing.close()
+    finally:
+        await pg_conn.execute(f'DROP OWNED BY "{role}"')
+        await pg_conn.execute(f'DROP ROLE "{role}"')
