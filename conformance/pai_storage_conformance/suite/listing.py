@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -564,3 +565,28 @@ class TestListing:
                 break
             assert as_json == {"items": as_json["items"], "nextPageToken": token}
         assert seen == expected
+
+    async def test_order_over_the_whole_range_of_times(
+        self, store: ThreadStore, clock: ManualClock
+    ) -> None:
+        # Update times from year 1 to year 9999, before and after the Unix
+        # epoch, committed out of order: lists and walks follow the times.
+        scope = new_scope()
+        moments = {
+            "y2030": datetime(2030, 1, 1, tzinfo=UTC),
+            "y0001": datetime(1, 1, 1, tzinfo=UTC),
+            "y9999": datetime(9999, 12, 31, 23, 59, 59, 999000, tzinfo=UTC),
+            "pre-epoch": datetime(1969, 12, 31, 23, 59, 59, 999000, tzinfo=UTC),
+            "epoch": datetime(1970, 1, 1, tzinfo=UTC),
+        }
+        for thread, moment in moments.items():
+            clock.set(moment)
+            created = await _create(store, scope, thread)
+            assert created.updated_at == moment
+        expected = ["y9999", "y2030", "epoch", "pre-epoch", "y0001"]
+        assert await _list(store, scope) == expected
+        for limit in (1, 2):
+            pages = await _walk(store, scope, limit)
+            assert [t for page in pages for t in page] == expected
+        listed = await store.list_threads({"scopeKey": scope, "limit": 5})
+        assert [t.updated_at for t in listed.items] == [moments[t] for t in expected]

@@ -747,6 +747,35 @@ class TestPagination:
             with pytest.raises(ThreadStorePageTokenError, match=words):
                 await _page(store, scope, "t1", "messages", MSG_RAW, 2, forged)
 
+    @pytest.mark.parametrize("order", ["oldest", "newest"])
+    async def test_truncation_and_new_inserts_between_pages(
+        self, store: ThreadStore, order: str
+    ) -> None:
+        # A truncation removes the tail; messages inserted in the same commit
+        # take new positions above the token's upper anchor, so the walk ends
+        # with what is left of the messages it started with.
+        scope = new_scope()
+        created = await _create(
+            store, scope, "t1", {"messages": [b.insert(b.message(f"m{i}")) for i in range(1, 7)]}
+        )
+        selection = {"type": "page", "view": "raw", "order": order}
+        first, token = await _page(store, scope, "t1", "messages", selection, 2)
+        await _update(
+            store,
+            scope,
+            "t1",
+            created.version,
+            {"messages": [b.truncate("m3"), b.insert(b.message("m7"))]},
+        )
+        rest = _flat(await _walk_from(store, scope, "messages", selection, 2, token))
+        if order == "oldest":
+            assert first + rest == ["m1", "m2", "m3"]
+        else:
+            assert (first, rest) == (["m6", "m5"], ["m3", "m2", "m1"])
+        fresh = _flat(await _walk(store, scope, "t1", "messages", selection, 2))
+        expected = ["m1", "m2", "m3", "m7"]
+        assert fresh == (expected if order == "oldest" else expected[::-1])
+
 
 async def _walk_from(
     store: ThreadStore,
