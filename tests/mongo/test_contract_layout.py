@@ -479,3 +479,33 @@ async def test_lazy_initialize_idempotent_initialize_and_close(mongo_harness: An
         await drop_store_collections(scoped)
     with pytest.raises(ThreadStoreConfigurationError, match="closed"):
         await scoped.read_thread(b.read("scope", "t1"))
+
+
+async def test_order_is_kept_by_replace_and_never_reused(mongo_store: MongoThreadStore) -> None:
+    version = await _committed(mongo_store, _turn())
+    await _committed(
+        mongo_store,
+        b.update(
+            "scope",
+            "t1",
+            version,
+            {
+                "runs": [
+                    {"type": "replace", "record": b.run("r1", "completed", inputs=["m1"])},
+                    {"type": "delete", "id": "r2"},
+                    {"type": "insert", "record": b.run("r3", "completed")},
+                ],
+                "queuedItems": [{"type": "delete", "id": "q1"}],
+                "lease": b.release("r1", "w1"),
+            },
+        ),
+    )
+    cols = raw_collections(mongo_store)
+    runs = await cols["runs"].find({}, sort=[("_order", 1)]).to_list()
+    assert [(r["runId"], r["status"], r["_order"]) for r in runs] == [
+        ("r1", "completed", 1),
+        ("r3", "completed", 3),
+    ]
+    root = await cols["threads"].find_one({})
+    assert root is not None
+    assert root["_nextOrder"]["runs"] == 4
