@@ -73,6 +73,25 @@ def _full_create(scope: str) -> dict[str, Any]:
 
 
 M0 = "mutation.changes.messages.0.record"
+R0 = "mutation.changes.runs.0.record"
+LEASE = "mutation.changes.lease"
+STAMP = "2030-01-01T00:00:00.000Z"
+
+
+def _tool_create(scope: str) -> dict[str, Any]:
+    """:func:`_full_create` whose message has a second part, a tool call."""
+    data = _full_create(scope)
+    data["mutation"]["changes"]["messages"][0]["record"]["parts"].append(
+        {
+            "type": "tool-call",
+            "toolCallId": "call-1",
+            "toolName": "search",
+            "input": {},
+            "state": "input-available",
+        }
+    )
+    return data
+
 
 # (id, mutate(scope) -> commit input, word the error message must contain)
 COMMIT_CASES: list[Any] = [
@@ -257,6 +276,204 @@ COMMIT_CASES: list[Any] = [
     pytest.param(
         lambda s: _with(_full_create(s), "threadId", None), "threadId", id="thread-id-null"
     ),
+    # closed shapes and enumerations of every record and change
+    pytest.param(
+        lambda s: _with(_tool_create(s), f"{M0}.parts.1.state", "done"), "state", id="tool-state"
+    ),
+    pytest.param(
+        lambda s: _without(_tool_create(s), f"{M0}.parts.1.input"), "input", id="tool-no-input"
+    ),
+    pytest.param(
+        lambda s: _with(_tool_create(s), f"{M0}.parts.1.toolCallId", ""),
+        "toolCallId",
+        id="tool-call-id-empty",
+    ),
+    pytest.param(
+        lambda s: _with(_full_create(s), f"{M0}.parts.0", {"type": "file", "mediaType": "x"}),
+        "url",
+        id="file-no-url",
+    ),
+    pytest.param(
+        lambda s: _with(_full_create(s), f"{M0}.parts.0", {"type": "data", "data": 1}),
+        "name",
+        id="data-no-name",
+    ),
+    pytest.param(
+        lambda s: _with(_full_create(s), f"{M0}.producer.kind", "robot"),
+        "producer.kind",
+        id="producer-kind",
+    ),
+    pytest.param(
+        lambda s: _with(_full_create(s), f"{M0}.producer.id", "p" * 1025),
+        "producer.id",
+        id="producer-id-long",
+    ),
+    pytest.param(
+        lambda s: _with(_full_create(s), f"{M0}.status", "done"), "status", id="message-status"
+    ),
+    pytest.param(
+        lambda s: _with(_full_create(s), f"{M0}.visibility.transcript", 1),
+        "transcript",
+        id="visibility-int",
+    ),
+    pytest.param(
+        lambda s: _with(_full_create(s), f"{M0}.association.relation", "reply"),
+        "relation",
+        id="bad-relation",
+    ),
+    pytest.param(
+        lambda s: _with(_full_create(s), f"{M0}.association", {"kind": "run", "runId": "r1"}),
+        "relation",
+        id="run-association-without-relation",
+    ),
+    pytest.param(
+        lambda s: _with(
+            _full_create(s), f"{M0}.association", {"kind": "standalone", "runId": "r1"}
+        ),
+        "runId",
+        id="standalone-association-with-run",
+    ),
+    pytest.param(
+        lambda s: _with(_full_create(s), f"{R0}.operation", "retry"), "operation", id="run-op"
+    ),
+    pytest.param(
+        lambda s: _with(_full_create(s), f"{R0}.error", {"code": "E"}),
+        "error.message",
+        id="run-error-incomplete",
+    ),
+    pytest.param(
+        lambda s: _with(_full_create(s), f"{R0}.initiator.kind", "application"),
+        "initiator.kind",
+        id="initiator-kind",
+    ),
+    pytest.param(
+        lambda s: _with(_full_create(s), f"{R0}.initiator.id", ""),
+        "initiator.id",
+        id="initiator-id-empty",
+    ),
+    pytest.param(
+        lambda s: _with(_full_create(s), f"{R0}.admission.admitted", "true"),
+        "admitted",
+        id="admitted-string",
+    ),
+    pytest.param(
+        lambda s: _with(_full_create(s), f"{R0}.admission.admittedAt", STAMP),
+        "admittedAt",
+        id="admitted-at-in-draft",
+    ),
+    pytest.param(
+        lambda s: _with(_full_create(s), f"{R0}.finishedAt", STAMP),
+        "finishedAt",
+        id="finished-at-in-draft",
+    ),
+    pytest.param(
+        lambda s: _with(_full_create(s), f"{R0}.inputMessageIds", ["m" * 1025]),
+        "inputMessageIds",
+        id="input-id-long",
+    ),
+    pytest.param(
+        lambda s: _with(
+            _full_create(s),
+            "mutation.changes.queuedItems",
+            [b.insert({**b.queued_item("q1", "r1"), "createdAt": STAMP})],
+        ),
+        "createdAt",
+        id="queued-created-at-in-draft",
+    ),
+    pytest.param(
+        lambda s: _with(
+            _full_create(s),
+            "mutation.changes.queuedItems",
+            [b.insert({"queueItemId": "q1", "runId": "r1", "metadata": {}})],
+        ),
+        "input",
+        id="queued-no-input",
+    ),
+    pytest.param(
+        lambda s: _with(_full_create(s), f"{LEASE}.leaseOwnerId", "o" * 1025),
+        "leaseOwnerId",
+        id="lease-owner-long",
+    ),
+    pytest.param(
+        lambda s: _without(_full_create(s), f"{LEASE}.operation"),
+        "operation",
+        id="acquire-without-operation",
+    ),
+    pytest.param(
+        lambda s: _with(_full_create(s), f"{LEASE}.operation", "retry"),
+        "operation",
+        id="acquire-bad-operation",
+    ),
+    pytest.param(
+        lambda s: _with(_full_create(s), LEASE, [b.acquire("r1", "w1")]),
+        "lease",
+        id="lease-change-list",
+    ),
+    pytest.param(
+        lambda s: _with(_full_create(s), f"{LEASE}.expiresAt", STAMP),
+        "expiresAt",
+        id="lease-stamp-in-change",
+    ),
+    pytest.param(
+        lambda s: _with(_full_create(s), LEASE, {**b.renew("r1", "w1"), "operation": "send"}),
+        "operation",
+        id="renew-with-operation",
+    ),
+    pytest.param(
+        lambda s: _with(_full_create(s), LEASE, {**b.release("r1", "w1"), "durationMs": 5}),
+        "durationMs",
+        id="release-with-duration",
+    ),
+    pytest.param(
+        lambda s: _with(_full_create(s), f"{LEASE}.lease.runId", ""), "runId", id="lease-run-id"
+    ),
+    pytest.param(
+        lambda s: _with(b.update(s, "t1", {**VERSION, "x": 1}), "mutation.root.title", "a"),
+        "version.x",
+        id="version-extra-field",
+    ),
+    pytest.param(
+        lambda s: b.update(s, "t1", {**VERSION, "threadInstanceId": ""}),
+        "threadInstanceId",
+        id="instance-id-empty",
+    ),
+    pytest.param(
+        lambda s: _with(b.delete(s, "t1", VERSION), "mutation.changes", {}),
+        "changes",
+        id="delete-with-changes",
+    ),
+    pytest.param(
+        lambda s: _with(_full_create(s), "mutation.root.createdAt", STAMP),
+        "createdAt",
+        id="stamp-in-root",
+    ),
+    pytest.param(
+        lambda s: _with(_full_create(s), "mutation.root.agent", "\u00e9" * 128 + "e"),
+        "agent",
+        id="agent-257-bytes",
+    ),
+    pytest.param(
+        lambda s: _with(_full_create(s), "mutation.root.category", "\u00e9" * 128 + "e"),
+        "category",
+        id="category-257-bytes",
+    ),
+    pytest.param(
+        lambda s: _with(_full_create(s), "mutation.root.parentThreadId", "\u00e9" * 128 + "e"),
+        "parentThreadId",
+        id="parent-257-bytes",
+    ),
+    pytest.param(
+        lambda s: _with(_full_create(s), "mutation.changes.messages", [{"type": "truncate"}]),
+        "afterId",
+        id="truncate-without-after-id",
+    ),
+    pytest.param(
+        lambda s: _with(
+            _full_create(s), "mutation.changes.messages", [{"type": "delete", "id": "m1", "x": 1}]
+        ),
+        "messages[0]",
+        id="delete-extra-field",
+    ),
 ]
 
 READ_CASES: list[Any] = [
@@ -344,6 +561,22 @@ class TestErrorsAndWarnings:
         assert word in str(caught.value)
         assert (await store.read_thread(b.read(scope, "t1"))).thread is None
         await _assert_usable(store)
+
+    @pytest.mark.parametrize(("build", "word"), COMMIT_CASES)
+    async def test_malformed_commit_model_is_refused_alike(
+        self, store: ThreadStore, build: Callable[[str], dict[str, Any]], word: str
+    ) -> None:
+        # The same input as a model: parsing refuses it with the same words, or (for
+        # the few rules judged on the thread) the store does when it is committed.
+        scope = new_scope()
+
+        async def parse_and_commit() -> None:
+            await store.commit_thread(CommitThreadInput.model_validate(build(scope)))
+
+        with pytest.raises(ThreadStoreInvariantError) as caught:
+            await parse_and_commit()
+        assert word in str(caught.value)
+        assert (await store.read_thread(b.read(scope, "t1"))).thread is None
 
     async def test_malformed_update_leaves_thread_unchanged(self, store: ThreadStore) -> None:
         scope = new_scope()
@@ -530,6 +763,119 @@ class TestErrorsAndWarnings:
         )
         assert again.messages is not None
         assert again.messages.items[0].metadata == {"edited": True}
+
+    # ------------------------------------------------------------ no stored contents
+
+    async def test_reprs_never_show_opaque_values(self, store: ThreadStore) -> None:
+        # Metadata may hold personal data: no repr or str of an input, a record, a
+        # page or a result shows an opaque value, its keys included.
+        secret = "SECRET-5151"
+        scope = new_scope()
+        opaque = {secret: [secret], "k": secret}
+        message = b.message("m1", run_id="r1", metadata=opaque)
+        message["parts"] += [
+            {"type": "text", "text": "t", "providerMetadata": opaque},
+            {
+                "type": "tool-call",
+                "toolCallId": "c1",
+                "toolName": "search",
+                "input": opaque,
+                "state": "output-available",
+                "output": [secret],
+                "callProviderMetadata": opaque,
+                "resultProviderMetadata": opaque,
+            },
+            {"type": "data", "name": "d", "data": secret},
+            {"type": "file", "mediaType": "x", "url": "u", "providerMetadata": opaque},
+        ]
+        run = b.run("r1", "running", inputs=["m1"], metadata=opaque)
+        run["privateMetadata"] = opaque
+        commit = b.create(
+            scope,
+            "t1",
+            {
+                "messages": [b.insert(message)],
+                "runs": [b.insert(run), b.insert(b.run("r2", "queued", queue_item_id="q1"))],
+                "queuedItems": [
+                    b.insert({**b.queued_item("q1", "r2", opaque), "metadata": opaque})
+                ],
+                "lease": b.acquire("r1", "w1"),
+            },
+            metadata=opaque,
+            privateMetadata=opaque,
+        )
+        model = CommitThreadInput.model_validate(commit)
+        result = await store.commit_thread(model)
+        assert isinstance(result, CommittedResult)
+        read = await store.read_thread(
+            b.read(
+                scope,
+                "t1",
+                messages={"type": "page", "view": "raw", "page": {"limit": 5}},
+                runs={"type": "page", "page": {"limit": 5}},
+                queuedItems={"type": "page", "page": {"limit": 5}},
+            )
+        )
+        listed = await store.list_threads({"scopeKey": scope, "limit": 5})
+        assert read.messages is not None
+        assert read.runs is not None
+        assert read.queued_items is not None
+        assert read.thread is not None
+        assert read.thread.metadata == opaque  # stored and returned as given
+        shown: list[object] = [
+            model,
+            result,
+            read,
+            listed,
+            read.thread,
+            read.messages,
+            *read.messages.items,
+            *read.messages.items[0].parts,
+            *read.runs.items,
+            *read.queued_items.items,
+        ]
+        for value in shown:
+            assert secret not in repr(value), type(value).__name__
+            assert secret not in str(value), type(value).__name__
+
+    async def test_errors_never_show_stored_contents(self, store: ThreadStore) -> None:
+        secret = "SECRET-6262"
+        scope = new_scope()
+        created = await store.commit_thread(
+            b.create(
+                scope,
+                "t1",
+                {
+                    "messages": [b.insert(b.message("m1", run_id="r1", metadata={"k": secret}))],
+                    "runs": [b.insert(b.run("r1", "running", inputs=["m1"], metadata={secret: 1}))],
+                    "lease": b.acquire("r1", "w1"),
+                },
+                metadata={"k": secret},
+                privateMetadata={secret: secret},
+            )
+        )
+        assert isinstance(created, CommittedResult)
+        assert created.thread is not None
+        version = created.thread.version
+        again = {"k": secret}
+        failing = [
+            {"messages": [b.insert(b.message("m1", metadata=again))]},
+            {"messages": [b.replace(b.message("m9", metadata=again))]},
+            {"messages": [b.insert(b.message("m2", run_id="ghost", metadata=again))]},
+            {"runs": [b.replace(b.run("r1", "completed", inputs=["m1"], metadata=again))]},
+            {"runs": [b.delete_record("r1")]},
+            {"messages": [b.truncate("m9")]},
+        ]
+        for changes in failing:
+            with pytest.raises(ThreadStoreInvariantError) as caught:
+                await store.commit_thread(
+                    b.update(scope, "t1", version, changes, metadata={"k": secret})
+                )
+            assert secret not in str(caught.value)
+            assert secret not in repr(caught.value)
+        conflict = await store.commit_thread(b.create(scope, "t1", metadata={"k": secret}))
+        assert isinstance(conflict, ConflictResult)
+        assert secret not in repr(conflict)
 
     # ------------------------------------------------------------ hierarchy
 
