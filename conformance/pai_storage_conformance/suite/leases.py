@@ -476,6 +476,120 @@ class TestLeases:
         )
         assert (await store.read_thread(b.read(scope, "u"))).thread is None
 
+    # ------------------------------------------------------- a lease as stored
+
+    async def test_commits_without_a_lease_change_keep_the_lease(
+        self, store: ThreadStore, clock: ManualClock
+    ) -> None:
+        # Expiry never removes a lease: it stays, unchanged, until a release or a
+        # new acquire replaces it, and while it names a run that run must stay open.
+        scope = new_scope()
+        created = _committed(
+            await store.commit_thread(b.create(scope, "t", _turn(b.acquire("r1", "w1", 1_000))))
+        )
+        lease = created.thread.lease
+        assert lease is not None
+        version = created.thread.version
+        for advance in (10, 5_000):  # unexpired, then long expired
+            clock.advance(ms=advance)
+            result = _committed(
+                await store.commit_thread(
+                    b.update(scope, "t", version, title=f"after {advance} ms")
+                )
+            )
+            assert result.thread.lease == lease
+            assert result.thread.to_json()["lease"] == lease.to_json()
+            stored = await _root(store, scope, "t")
+            assert stored.lease == lease
+            version = result.thread.version
+        # the expired lease still names r1: finishing r1 needs the release too
+        with pytest.raises(ThreadStoreInvariantError, match=r"\brule 7\b"):
+            await store.commit_thread(
+                b.update(
+                    scope, "t", version, {"runs": [b.replace(b.run("r1", "failed", inputs=["m1"]))]}
+                )
+            )
+        assert (await _root(store, scope, "t")).version == version
+        finished = _committed(
+            await store.commit_thread(
+                b.update(
+                    scope,
+                    "t",
+                    version,
+                    {
+                        "runs": [b.replace(b.run("r1", "failed", inputs=["m1"]))],
+                        "lease": b.release("r1", "w1", "any"),
+                    },
+                )
+            )
+        )
+        assert finished.thread.lease is None
+
+    async def test_acquire_for_the_next_run_waits_for_the_stored_lease(
+        self, store: ThreadStore, clock: ManualClock
+    ) -> None:
+        # The precondition is judged on the lease as stored before the commit: finishing
+        # r1 in the same commit does not free its unexpired lease for r2.
+        scope = new_scope()
+        created = _committed(
+            await store.commit_thread(b.create(scope, "t", _turn(b.acquire("r1", "w1", 1_000))))
+        )
+        version = created.thread.version
+        handover = {
+            "messages": [b.insert(b.message("m2", run_id="r2"))],
+            "runs": [
+                b.replace(b.run("r1", "completed", inputs=["m1"])),
+                b.insert(b.run("r2", "running", inputs=["m2"])),
+            ],
+            "lease": b.acquire("r2", "w2", 2_000, "trigger"),
+        }
+        clock.advance(ms=999)
+        _conflict(await store.commit_thread(b.update(scope, "t", version, handover)), version)
+        assert (await _root(store, scope, "t")).lease == created.thread.lease
+        expired_at = clock.advance(ms=1)
+        taken = _committed(await store.commit_thread(b.update(scope, "t", version, handover)))
+        lease = taken.thread.lease
+        assert lease is not None
+        assert (lease.run_id, lease.owner_id, lease.operation) == ("r2", "w2", "trigger")
+        assert lease.acquired_at == expired_at
+        assert lease.renewed_at is None
+        assert lease.expires_at == expired_at + timedelta(seconds=2)
+
+    async def test_lease_times_are_milliseconds_of_the_commit_clock(
+        self, store: ThreadStore, clock: ManualClock
+    ) -> None:
+        scope = new_scope()
+        clock.set(datetime(2031, 5, 6, 7, 8, 9, 123_999, tzinfo=UTC))
+        created = _committed(
+            await store.commit_thread(b.create(scope, "t", _turn(b.acquire("r1", "w1", 1_000))))
+        )
+        lease = created.thread.lease
+        assert lease is not None
+        assert lease.acquired_at == datetime(2031, 5, 6, 7, 8, 9, 123_000, tzinfo=UTC)
+        assert lease.expires_at == datetime(2031, 5, 6, 7, 8, 10, 123_000, tzinfo=UTC)
+        assert created.thread.to_json()["lease"]["expiresAt"] == "2031-05-06T07:08:10.123Z"
+        # 1 microsecond before expiresAt: live; at expiresAt (sub-millisecond clock): expired
+        clock.set(datetime(2031, 5, 6, 7, 8, 10, 122_999, tzinfo=UTC))
+        renewed = _committed(
+            await store.commit_thread(
+                b.update(scope, "t", created.thread.version, {"lease": b.renew("r1", "w1", 1)})
+            )
+        )
+        assert renewed.thread.lease is not None
+        assert renewed.thread.lease.renewed_at == datetime(
+            2031, 5, 6, 7, 8, 10, 122_000, tzinfo=UTC
+        )
+        assert renewed.thread.lease.expires_at == datetime(
+            2031, 5, 6, 7, 8, 10, 123_000, tzinfo=UTC
+        )
+        clock.set(datetime(2031, 5, 6, 7, 8, 10, 123_500, tzinfo=UTC))
+        _conflict(
+            await store.commit_thread(
+                b.update(scope, "t", renewed.thread.version, {"lease": b.renew("r1", "w1")})
+            ),
+            renewed.thread.version,
+        )
+
     # ---------------------------------------------------------------- durations
 
     @pytest.mark.parametrize("duration", [0, -1, MAX_DURATION_MS + 1])
