@@ -453,18 +453,33 @@ def test_the_plugin_is_a_pytest11_entry_point() -> None:
     assert plugin.value == "pai_storage_conformance.plugin"
 
 
-@pytest.mark.parametrize("how", ["option", "environment"])
+UNREACHABLE_BY_BACKEND = {
+    "postgres": (UNREACHABLE, "cannot reach PostgreSQL"),
+    "sql": ("mysql://root:hunter2-secret@127.0.0.1:1/test", "cannot reach the database"),
+    "mongo": (
+        "mongodb://app:hunter2-secret@127.0.0.1:1/?serverSelectionTimeoutMS=300",
+        "cannot reach MongoDB",
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("backend", "how"),
+    [("postgres", "option"), ("postgres", "environment"), ("sql", "option"), ("mongo", "option")],
+)
 def test_an_unreachable_server_is_a_loud_failure_without_the_password(
-    tmp_path: Path, how: str
+    tmp_path: Path, backend: str, how: str
 ) -> None:
+    url, words = UNREACHABLE_BY_BACKEND[backend]
     if how == "option":
-        run = _suite(tmp_path, "--pai-backend=postgres", f"--pai-url={UNREACHABLE}")
+        run = _suite(tmp_path, f"--pai-backend={backend}", f"--pai-url={url}")
     else:
-        run = _suite(tmp_path, "--pai-backend=postgres", env={"PAI_TEST_POSTGRES_URL": UNREACHABLE})
+        variable = f"PAI_TEST_{backend.upper()}_URL"
+        run = _suite(tmp_path, f"--pai-backend={backend}", env={variable: url})
     output = run.stdout + run.stderr
     assert run.returncode not in (0, 5), output  # neither a pass nor "nothing collected"
     assert "skipped" not in output
-    assert "cannot reach PostgreSQL" in output
+    assert words in output
     assert "127.0.0.1:1" in output
     assert "hunter2-secret" not in output
 
