@@ -600,6 +600,75 @@ class ExecutionGuardTests:
             await guard.acquire(resource, owner="w1", on_lost="later")  # type: ignore[arg-type]
         assert await guard.inspect(resource) is None
 
+    # ------------------------------------------------------------ defaults and edges
+
+    async def test_guard_defaults(self, guard: ExecutionGuard) -> None:
+        assert guard.lock_timeout == timedelta(minutes=30)
+        assert guard.lease_ttl == timedelta(minutes=30)
+        assert guard.retry_interval == timedelta(milliseconds=500)
+
+    async def test_the_token_is_a_random_uuid4(self, guard: ExecutionGuard) -> None:
+        lock = await _held(guard, _resource("uuid"))
+        assert uuid.UUID(hex=lock.token).version == 4
+        assert lock.token == uuid.UUID(hex=lock.token).hex
+        await lock.release()
+
+    async def test_an_expired_lock_nobody_took_is_not_released(
+        self, guard: ExecutionGuard, clock: ManualClock
+    ) -> None:
+        resource = _resource("expired-release")
+        lock = await guard.try_acquire(resource, owner="w1", lease_ttl=timedelta(seconds=5))
+        assert lock is not None
+        clock.advance(timedelta(seconds=5))
+        assert await lock.release() is False  # the lease had ended: it was no longer held
+        assert await guard.inspect(resource) is None
+        again = await _held(guard, resource, owner="w2")
+        assert again.fencing_token > lock.fencing_token
+        assert await again.release() is True
+
+    async def test_lock_timeout_shorter_than_retry_interval(self, guard: ExecutionGuard) -> None:
+        resource = _resource("short-timeout")
+        holder = await _held(guard, resource)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        with pytest.raises(LockTimeoutError, match="lock_timeout"):
+            await guard.acquire(
+                resource,
+                owner="w2",
+                lock_timeout=timedelta(milliseconds=100),
+                retry_interval=timedelta(seconds=30),
+            )
+        assert 0.1 <= loop.time() - started < WAIT  # the wait ends at lock_timeout
+        assert await holder.release() is True
+
+    async def test_acquire_of_a_free_resource_does_not_wait(self, guard: ExecutionGuard) -> None:
+        resource = _resource("no-wait")
+        await guard.inspect(resource)  # any lazy start-up happens first
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        lock = await guard.acquire(resource, owner="w1", retry_interval=timedelta(seconds=30))
+        assert loop.time() - started < WAIT
+        assert await lock.release() is True
+
+    async def test_lock_times_are_utc_whole_milliseconds(
+        self, guard: ExecutionGuard, clock: ManualClock
+    ) -> None:
+        resource = _resource("ms")
+        clock.advance(timedelta(microseconds=1_999))  # the clock is now between milliseconds
+        now = clock()
+        whole = now.replace(microsecond=now.microsecond - now.microsecond % 1000)
+        lease = timedelta(seconds=10)
+        lock = await guard.try_acquire(resource, owner="w1", lease_ttl=lease)
+        assert lock is not None
+        assert (lock.acquired_at, lock.expires_at) == (whole, whole + lease)
+        assert lock.acquired_at.utcoffset() == timedelta(0)
+        info = await guard.inspect(resource)
+        assert info is not None
+        assert (info.acquired_at, info.expires_at) == (whole, whole + lease)
+        assert await lock.renew() is True
+        assert lock.expires_at == whole + lease
+        assert await lock.release() is True
+
     # ------------------------------------------------------------ model-based
 
     async def test_guard_agrees_with_a_model(

@@ -950,6 +950,83 @@ class KeyValueStoreTests:
         ):
             await _refused(call, ConfigurationError, "closed")
 
+    # ------------------------------------------------------------ more rules
+
+    async def test_put_if_version_sets_and_removes_the_ttl(
+        self, kv_store: KeyValueStore, clock: ManualClock
+    ) -> None:
+        ns = (_root("cas-ttl"),)
+        ttl = timedelta(seconds=5)
+        created = await kv_store.put_if_version(ns, "k", 1, None, ttl=ttl)
+        assert isinstance(created, Item)
+        assert (created.ttl, created.expires_at) == (ttl, clock() + ttl)
+        assert await kv_store.get(ns, "k") == created
+        clock.advance(ms=10)
+        kept = await kv_store.put_if_version(ns, "k", 2, 1)  # no ttl: the expiry goes
+        assert isinstance(kept, Item)
+        assert (kept.version, kept.ttl, kept.expires_at) == (2, None, None)
+        clock.advance(timedelta(days=400))
+        assert await kv_store.get(ns, "k") == kept
+        again = await kv_store.put_if_version(ns, "k", 3, 2, ttl=ttl)
+        assert isinstance(again, Item)
+        assert again.expires_at == clock() + ttl
+        clock.advance(ttl)
+        assert await kv_store.get(ns, "k") is None
+
+    async def test_delete_at_an_expected_version_of_an_expired_item(
+        self, kv_store: KeyValueStore, clock: ManualClock
+    ) -> None:
+        ns = (_root("delete-expired"),)
+        await kv_store.put(ns, "k", 1, ttl=timedelta(seconds=1))
+        clock.advance(timedelta(seconds=1))
+        assert await kv_store.delete(ns, "k", expected_version=1) is False
+        assert await kv_store.get(ns, "k") is None
+        assert (await kv_store.put(ns, "k", 2)).version == 1
+
+    async def test_timestamps_are_utc_whole_milliseconds(
+        self, kv_store: KeyValueStore, clock: ManualClock
+    ) -> None:
+        ns = (_root("ms"),)
+        clock.advance(timedelta(microseconds=1_999))  # the clock is now between milliseconds
+        now = clock()
+        assert now.microsecond % 1000 != 0
+        whole = now.replace(microsecond=now.microsecond - now.microsecond % 1000)
+        ttl = timedelta(seconds=3)
+        item = await kv_store.put(ns, "k", 1, ttl=ttl)
+        assert (item.created_at, item.updated_at, item.expires_at) == (whole, whole, whole + ttl)
+        for moment in (item.created_at, item.updated_at, item.expires_at):
+            assert moment is not None
+            assert moment.utcoffset() == timedelta(0)
+        assert await kv_store.get(ns, "k") == item
+        refreshed = await kv_store.get(ns, "k", refresh_ttl=True)
+        assert refreshed is not None
+        assert refreshed.expires_at == whole + ttl
+
+    async def test_the_longest_ttl_round_trips(
+        self, kv_store: KeyValueStore, clock: ManualClock
+    ) -> None:
+        ns = (_root("long-ttl"),)
+        ttl = timedelta(days=365_000)  # the largest duration a store takes
+        item = await kv_store.put(ns, "k", 1, ttl=ttl)
+        assert (item.ttl, item.expires_at) == (ttl, clock() + ttl)
+        assert await kv_store.get(ns, "k") == item
+        clock.advance(timedelta(days=36_500))
+        refreshed = await kv_store.get(ns, "k", refresh_ttl=True)
+        assert refreshed is not None
+        assert refreshed.expires_at == clock() + ttl
+        assert await kv_store.get(ns, "k") == refreshed
+
+    async def test_list_namespaces_pages_100_by_default(self, kv_store: KeyValueStore) -> None:
+        root = _root("ns-default")
+        names = [(root, f"n{i:03d}") for i in range(101)]
+        await asyncio.gather(*(kv_store.put(ns, "k", 1) for ns in names))
+        first = await kv_store.list_namespaces((root,))
+        assert first.items == names[:100]
+        assert first.next_page_token is not None
+        rest = await kv_store.list_namespaces((root,), page_token=first.next_page_token)
+        assert rest.items == names[100:]
+        assert rest.next_page_token is None
+
     # ------------------------------------------------------------ model-based
 
     async def test_store_agrees_with_a_model(

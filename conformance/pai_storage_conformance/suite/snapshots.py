@@ -48,7 +48,8 @@ pytestmark = pytest.mark.asyncio
 T = TypeVar("T")
 RACERS = 12
 MS = timedelta(milliseconds=1)
-LARGEST_TESTED_LIMIT = 32 * 1024 * 1024
+MIB = 1024 * 1024
+LARGEST_TESTED_LIMIT = 32 * MIB
 """A backend limit up to this is also checked by writing a snapshot of exactly that size."""
 
 
@@ -507,6 +508,80 @@ class SnapshotStoreTests:
         assert await _scopes_from(store, prefix, 10) == [old, young]
         clock.advance(MS)  # exactly ttl after its creation: the old scope is empty
         assert await _scopes_from(store, prefix, 10) == [young]
+
+    # ------------------------------------------------------------ defaults and stated limits
+
+    async def test_snapshot_defaults_and_stated_limits(self, snapshot_store: SnapshotStore) -> None:
+        assert snapshot_store.snapshot_ttl == timedelta(days=30), "snapshots expire after 30 days"
+        limit = snapshot_store.max_snapshot_bytes
+        stated = {"memory": None, "mongo": 15 * MIB}
+        backend = snapshot_store.backend_name
+        if backend in stated:
+            assert limit == stated[backend], backend
+        elif backend in ("postgres", "sql"):
+            assert limit is not None
+            assert limit >= 256 * MIB, backend
+        else:
+            assert limit is None or limit > 0, backend
+
+    async def test_snapshot_list_pages_100_by_default(self, snapshot_store: SnapshotStore) -> None:
+        scope = _scope("default-limit")
+        ids = [f"s{i:03d}" for i in range(101)]
+        await asyncio.gather(*(snapshot_store.put(scope, i, b"x") for i in ids))
+        first = await snapshot_store.list(scope)
+        assert len(first.items) == 100
+        assert first.next_page_token is not None
+        rest = await snapshot_store.list(scope, page_token=first.next_page_token)
+        assert len(rest.items) == 1
+        assert rest.next_page_token is None
+        assert sorted(i.snapshot_id for i in first.items + rest.items) == ids
+
+    async def test_snapshot_info_is_frozen(self, snapshot_store: SnapshotStore) -> None:
+        scope = _scope("frozen")
+        info = await snapshot_store.put(scope, "s", b"data", metadata={"a": 1})
+        with pytest.raises((TypeError, ValueError, AttributeError)):
+            info.size = 7  # type: ignore[misc]
+        got = await snapshot_store.get(scope, "s")
+        assert got is not None
+        with pytest.raises((TypeError, ValueError, AttributeError)):
+            got.data = b"other"  # type: ignore[misc]
+        assert (await snapshot_store.get(scope, "s")) == got
+
+    async def test_snapshot_replacement_starts_a_new_lifetime(
+        self, snapshot_store: SnapshotStore, clock: ManualClock
+    ) -> None:
+        ttl = snapshot_store.snapshot_ttl
+        if ttl is None:
+            return  # nothing expires: test_snapshot_expiry_is_exact covers it
+        scope = _scope("new-lifetime")
+        await snapshot_store.put(scope, "s", b"first")
+        clock.advance(ttl - MS)
+        info = await snapshot_store.put(scope, "s", b"second")
+        assert info.expires_at == clock() + ttl
+        clock.advance(MS)
+        got = await snapshot_store.get(scope, "s")
+        assert got is not None
+        assert got.data == b"second"
+        assert got.info == info
+        clock.advance(ttl - MS)
+        assert await snapshot_store.get(scope, "s") is None
+
+    async def test_snapshot_timestamps_are_utc_whole_milliseconds(
+        self, snapshot_store: SnapshotStore, clock: ManualClock
+    ) -> None:
+        scope = _scope("ms")
+        clock.advance(timedelta(microseconds=1_999))  # the clock is now between milliseconds
+        now = clock()
+        whole = now.replace(microsecond=now.microsecond - now.microsecond % 1000)
+        info = await snapshot_store.put(scope, "s", b"x")
+        assert info.created_at == whole
+        assert info.created_at.utcoffset() == timedelta(0)
+        ttl = snapshot_store.snapshot_ttl
+        assert info.expires_at == (None if ttl is None else whole + ttl)
+        got = await snapshot_store.get(scope, "s")
+        assert got is not None
+        assert got.info == info
+        assert [i.created_at for i in await _all(snapshot_store, scope)] == [whole]
 
     # ------------------------------------------------------------ model-based
 

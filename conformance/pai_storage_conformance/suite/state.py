@@ -854,6 +854,65 @@ class AgentStateStoreTests:
         assert await store._session_keys(None, session) == ([], ["l"])
         assert await store.delete(None, session)
 
+    # ------------------------------------------------------------ defaults and fresh starts
+
+    async def test_state_defaults(self, state_store: AgentStateStore) -> None:
+        assert state_store.session_ttl == timedelta(days=30), "sessions expire after 30 days"
+        user, _ = _ids("default-limit")
+        sessions = [f"s{i:03d}" for i in range(101)]
+        await asyncio.gather(*(state_store.save(user, s, "k", 1) for s in sessions))
+        first = await state_store.list_session_ids(user)
+        assert first.items == sessions[:100]
+        assert first.next_page_token is not None
+        rest = await state_store.list_session_ids(user, page_token=first.next_page_token)
+        assert rest.items == sessions[100:]
+        assert rest.next_page_token is None
+
+    async def test_state_expired_session_starts_again_whatever_the_write(
+        self, state_store: AgentStateStore, clock: ManualClock
+    ) -> None:
+        ttl = _ttl(state_store)
+        if ttl is None:
+            return  # sessions never expire: test_state_session_expires_all_at_once covers it
+        s = state_store
+        # (label, the write after expiry, its answer, then the value v, the list l)
+        cases: list[tuple[str, Callable[[str, str], Awaitable[Any]], Any, Any, list[Any]]] = [
+            ("save", lambda u, i: s.save(u, i, "v", "new"), 1, ("new", 1), []),
+            ("stale cas", lambda u, i: s.save_if_version(u, i, "v", "new", 2), None, None, []),
+            ("append", lambda u, i: s.append_list(u, i, "l", ["c"]), 1, None, ["c"]),
+            (
+                "stale append",
+                lambda u, i: s.append_list(u, i, "l", ["c"], expected_length=2),
+                -1,
+                None,
+                [],
+            ),
+            (
+                "extend",
+                lambda u, i: s.save_list(u, i, "l", ["a", "b", "c"]),
+                None,
+                None,
+                ["a", "b", "c"],
+            ),
+            ("same list", lambda u, i: s.save_list(u, i, "l", ["a", "b"]), None, None, ["a", "b"]),
+            ("rewrite", lambda u, i: s.save_list(u, i, "l", ["c"]), None, None, ["c"]),
+        ]
+        for label, write, answer, value, items in cases:
+            user, session = _ids("restart")
+            await s.save(user, session, "v", "old")
+            await s.save(user, session, "v", "old")
+            await s.save(user, session, "other", "old")
+            await s.save_list(user, session, "l", ["a", "b"])
+            clock.advance(ttl)
+            assert await write(user, session) == answer, label
+            assert await s.get(user, session, "other") is None, label
+            got = await s.get_versioned(user, session, "v")
+            assert (None if got is None else (got.value, got.version)) == value, label
+            assert await s.get_list(user, session, "l") == items, label
+            written = value is not None or items != []
+            assert await s.exists(user, session) is written, label
+            assert await _all_sessions(s, user) == ([session] if written else []), label
+
     # ------------------------------------------------------------ model-based
 
     async def test_state_agrees_with_model(
