@@ -28,6 +28,7 @@ from pymongo.errors import DuplicateKeyError
 from pai_storage import (
     CommittedResult,
     ManualClock,
+    StoreWarning,
     ThreadStoreConfigurationError,
     ThreadStoreInvariantError,
     ThreadStoreUnavailableError,
@@ -509,3 +510,40 @@ async def test_order_is_kept_by_replace_and_never_reused(mongo_store: MongoThrea
     root = await cols["threads"].find_one({})
     assert root is not None
     assert root["_nextOrder"]["runs"] == 4
+
+
+@pytest.mark.parametrize(
+    "corruption",
+    [
+        {"$unset": {"privateMetadata": ""}},
+        {"$unset": {"metadata": ""}},
+        {"$set": {"privateMetadata": [1, 2]}},
+        {"$unset": {"version": ""}},
+        {"$unset": {"createdAt": ""}},
+    ],
+    ids=["no-private-metadata", "no-metadata", "private-metadata-list", "no-version", "no-date"],
+)
+async def test_a_root_missing_a_required_field_is_skipped_by_lists_and_rejected_by_reads(
+    mongo_harness: Any, corruption: dict[str, Any]
+) -> None:
+    warnings: list[StoreWarning] = []
+    store = mongo_harness.open_store(on_warning=warnings.append)
+    try:
+        await _committed(store, b.create("scope", "bad", metadata={"note": "personal"}))
+        await _committed(store, b.create("scope", "good"))
+        updated = await raw_collections(store)["threads"].update_one(
+            {"threadId": "bad"}, corruption
+        )
+        assert updated.modified_count == 1
+        page = await store.list_threads({"scopeKey": "scope", "limit": 10})
+        assert [t.thread_id for t in page.items] == ["good"]
+        (warning,) = warnings
+        assert warning.kind == "invalid_thread_skipped"
+        assert (warning.scope_key, warning.thread_id) == ("scope", "bad")
+        assert "personal" not in repr(warning)
+        with pytest.raises(ThreadStoreInvariantError) as caught:
+            await store.read_thread(b.read("scope", "bad"))
+        assert "personal" not in str(caught.value)
+    finally:
+        await drop_store_collections(store)
+        await store.close()
