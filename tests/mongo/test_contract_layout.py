@@ -12,15 +12,17 @@ document missing a required field is invalid.
 from __future__ import annotations
 
 import logging
+import sys
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
 import pytest_asyncio
 from bson import ObjectId
-from pai_storage_mongo.harness import drop_store_collections
+from pai_storage_mongo.harness import drop_store_collections, find_mongod
 from pai_storage_mongo.store import MongoThreadStore
 from pymongo import AsyncMongoClient, monitoring
 from pymongo.errors import DuplicateKeyError
@@ -547,3 +549,53 @@ async def test_a_root_missing_a_required_field_is_skipped_by_lists_and_rejected_
     finally:
         await drop_store_collections(store)
         await store.close()
+
+
+def _executable(path: Path) -> Path:
+    path.write_text("#!/bin/sh\nexit 0\n")
+    path.chmod(0o755)
+    return path
+
+
+async def test_the_harness_finds_mongod_by_variable_then_path_then_the_wheel(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    on_path = tmp_path / "bin"
+    on_path.mkdir()
+    _executable(on_path / "mongod")
+    explicit = _executable(tmp_path / "my-mongod")
+    monkeypatch.setenv("PATH", str(on_path))
+    monkeypatch.setenv("PAI_MONGOD", str(explicit))
+    assert find_mongod() == str(explicit)
+    monkeypatch.delenv("PAI_MONGOD")
+    assert find_mongod() == str(on_path / "mongod")
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    wheel = find_mongod()
+    if wheel is not None:  # the test-only wheel, when installed
+        assert Path(wheel).parts[-4:] == ("fiftyone", "db", "bin", "mongod")
+    # Without the wheel on the import path, nothing is found.
+    monkeypatch.setattr(sys, "path", [str(tmp_path)])
+    assert find_mongod() is None
+
+
+async def test_the_harness_server_is_a_replica_set_with_transactions(
+    mongo_harness: Any, mongo_url: str
+) -> None:
+    client: AsyncMongoClient[Any] = AsyncMongoClient(mongo_url)
+    try:
+        hello = await client.admin.command("hello")
+        assert hello.get("setName"), "not a replica set"
+        if mongo_harness._mongod is not None:  # the throwaway one the harness started
+            assert hello["setName"] == "rs0"
+        store = mongo_harness.open_store()
+        try:
+            await store.initialize()
+            assert isinstance(store.database.client, AsyncMongoClient)
+            info = await store.info()
+            assert info.transactions is True
+        finally:
+            await drop_store_collections(store)
+            await store.close()
+    finally:
+        await client.close()
+    assert "motor" not in sys.modules
