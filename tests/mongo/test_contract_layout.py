@@ -599,3 +599,13 @@ async def test_the_harness_server_is_a_replica_set_with_transactions(
     finally:
         await client.close()
     assert "motor" not in sys.modules
+
+
+@pytest.mark.parametrize("url", ["mongodb+motor://u:pw-9z@127.0.0.1/app", "mongo://u:pw-9z@h/app"])
+async def test_another_mongodb_driver_or_scheme_is_refused_without_the_password(url: str) -> None:
+    with pytest.raises(ThreadStoreConfigurationError) as caught:
+        open_store(url)
+    assert "pw-9z" not in str(caught.value)
+    if url.startswith("mongodb+"):
+        assert "mongodb://" in str(caught.value)
+        assert "mongodb+srv://" in str(caught.value)
