@@ -1027,6 +1027,32 @@ class KeyValueStoreTests:
         assert rest.items == names[100:]
         assert rest.next_page_token is None
 
+    async def test_prefixes_next_to_the_surrogates_and_the_last_code_point(
+        self, kv_store: KeyValueStore
+    ) -> None:
+        # A prefix's range ends at the prefix with its last code point incremented:
+        # U+D7FF is followed by the surrogates (not valid text), U+10FFFF by nothing.
+        root = _root("top")
+        ns = (root,)
+        keys = ["a\ud7ff", "a\ud7ffz", "a\ue000", "a\U0010fffe", "a\U0010ffff", "a\U0010ffffb", "b"]
+        for key in keys:
+            await kv_store.put(ns, key, key)
+        for prefix, expected in (
+            ("a\ud7ff", ["a\ud7ff", "a\ud7ffz"]),
+            ("a\U0010fffe", ["a\U0010fffe"]),
+            ("a\U0010ffff", ["a\U0010ffff", "a\U0010ffffb"]),
+            ("\U0010ffff", []),
+        ):
+            assert (await kv_store.list_keys(ns, prefix=prefix)).items == expected, prefix
+            found = await _walk_search(kv_store, ns, key_prefix=prefix, limit=1)
+            assert [item.key for item in found] == expected, prefix
+        for segment in ("s\ud7ff", "s\U0010ffff"):
+            await kv_store.put((root, segment, "x"), "k", 1)
+            await kv_store.put((root, segment + "y"), "k", 1)
+            found = await _walk_search(kv_store, (root, segment), limit=1)
+            assert _addresses(found) == [((root, segment, "x"), "k")], segment
+            assert (await kv_store.list_namespaces((root, segment))).items == [(root, segment, "x")]
+
     # ------------------------------------------------------------ model-based
 
     async def test_store_agrees_with_a_model(
