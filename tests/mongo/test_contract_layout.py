@@ -609,3 +609,25 @@ async def test_another_mongodb_driver_or_scheme_is_refused_without_the_password(
     if url.startswith("mongodb+"):
         assert "mongodb://" in str(caught.value)
         assert "mongodb+srv://" in str(caught.value)
+
+
+async def test_without_on_warning_a_skipped_root_is_logged_without_its_contents(
+    mongo_harness: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = mongo_harness.open_store()
+    try:
+        await _committed(store, b.create("scope", "bad", metadata={"note": "personal"}))
+        await raw_collections(store)["threads"].update_one(
+            {"threadId": "bad"}, {"$unset": {"privateMetadata": ""}}
+        )
+        with caplog.at_level(logging.WARNING, logger="pai_storage"):
+            page = await store.list_threads({"scopeKey": "scope", "limit": 10})
+        assert page.items == []
+        logged = [r for r in caplog.records if r.name == "pai_storage"]
+        assert len(logged) == 1
+        assert logged[0].levelno == logging.WARNING
+        assert "invalid_thread_skipped" in logged[0].getMessage()
+        assert "personal" not in caplog.text
+    finally:
+        await drop_store_collections(store)
+        await store.close()

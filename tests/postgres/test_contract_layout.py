@@ -435,3 +435,21 @@ async def test_a_role_without_privileges_or_an_unknown_role_is_a_configuration_e
     finally:
         await pg_conn.execute(f'DROP OWNED BY "{role}"')
         await pg_conn.execute(f'DROP ROLE "{role}"')
+
+
+async def test_without_on_warning_a_skipped_root_is_logged_without_its_contents(
+    pg_schema: str, pg_conn: asyncpg.Connection, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with PostgresThreadStore(URL, schema=pg_schema, table_prefix=PREFIX) as store:
+        await _committed(store, b.create("scope", "bad", metadata={"note": "personal"}))
+        doc = json.loads(await pg_conn.fetchval(f'SELECT doc FROM "{pg_schema}".{PREFIX}'))
+        del doc["privateMetadata"]
+        await pg_conn.execute(f'UPDATE "{pg_schema}".{PREFIX} SET doc = $1', json.dumps(doc))
+        with caplog.at_level(logging.WARNING, logger="pai_storage"):
+            page = await store.list_threads({"scopeKey": "scope", "limit": 10})
+    assert page.items == []
+    logged = [r for r in caplog.records if r.name == "pai_storage"]
+    assert len(logged) == 1
+    assert logged[0].levelno == logging.WARNING
+    assert "invalid_thread_skipped" in logged[0].getMessage()
+    assert "personal" not in caplog.text

@@ -379,3 +379,24 @@ async def test_lazy_initialize_idempotent_initialize_and_close(target: Target) -
         assert (await scoped.read_thread(b.read("scope", "t1"))).thread is not None
     with pytest.raises(ThreadStoreConfigurationError, match="closed"):
         await scoped.read_thread(b.read("scope", "t1"))
+
+
+async def test_without_on_warning_a_skipped_root_is_logged_without_its_contents(
+    target: Target, engine: AsyncEngine, caplog: pytest.LogCaptureFixture
+) -> None:
+    prefix = _prefix(target)
+    async with target.store() as store:
+        created = await store.commit_thread(b.create("scope", "bad", metadata={"note": "personal"}))
+        assert isinstance(created, CommittedResult)
+        async with engine.begin() as conn:
+            doc = json.loads((await conn.execute(text(f"SELECT doc FROM {prefix}"))).scalar_one())
+            del doc["privateMetadata"]
+            await conn.execute(text(f"UPDATE {prefix} SET doc = :doc"), {"doc": json.dumps(doc)})
+        with caplog.at_level(logging.WARNING, logger="pai_storage"):
+            page = await store.list_threads({"scopeKey": "scope", "limit": 10})
+    assert page.items == []
+    logged = [r for r in caplog.records if r.name == "pai_storage"]
+    assert len(logged) == 1
+    assert logged[0].levelno == logging.WARNING
+    assert "invalid_thread_skipped" in logged[0].getMessage()
+    assert "personal" not in caplog.text
