@@ -11,6 +11,7 @@ document missing a required field is invalid.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sys
 import uuid
@@ -628,6 +629,27 @@ async def test_without_on_warning_a_skipped_root_is_logged_without_its_contents(
         assert logged[0].levelno == logging.WARNING
         assert "invalid_thread_skipped" in logged[0].getMessage()
         assert "personal" not in caplog.text
+    finally:
+        await drop_store_collections(store)
+        await store.close()
+
+
+async def test_a_coroutine_on_warning_is_awaited(mongo_harness: Any) -> None:
+    received: list[StoreWarning] = []
+
+    async def on_warning(warning: StoreWarning) -> None:
+        await asyncio.sleep(0)
+        received.append(warning)
+
+    store = mongo_harness.open_store(on_warning=on_warning)
+    try:
+        await _committed(store, b.create("scope", "bad"))
+        await raw_collections(store)["threads"].update_one(
+            {"threadId": "bad"}, {"$set": {"_schemaVersion": 0}}
+        )
+        page = await store.list_threads({"scopeKey": "scope", "limit": 10})
+        assert page.items == []
+        assert [(w.kind, w.thread_id) for w in received] == [("invalid_thread_skipped", "bad")]
     finally:
         await drop_store_collections(store)
         await store.close()
