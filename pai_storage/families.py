@@ -50,10 +50,13 @@ TERMINAL_STATUSES = frozenset({"completed", "failed", "cancelled"})
 
 def stamp_message(previous: Message | None, draft: MessageDraft, now: datetime) -> Message:
     """The stored message for ``draft``: ``created_at`` kept on replace."""
-    return Message.model_construct(
-        **dict(draft),
-        created_at=previous.created_at if previous else now,
-        updated_at=now,
+    # Every field is the validated draft's or a stamp: built without validation.
+    return Message.trusted(
+        {
+            **draft.__dict__,
+            "created_at": previous.created_at if previous else now,
+            "updated_at": now,
+        }
     )
 
 
@@ -69,17 +72,20 @@ def stamp_run(previous: RunRecord | None, draft: RunDraft, now: datetime) -> Run
             finished_at = previous.finished_at or now
         else:
             finished_at = now
-    fields = dict(draft)
-    fields["admission"] = Admission.model_construct(
-        queue_item_id=draft.admission.queue_item_id,
-        admitted=draft.admission.admitted,
-        admitted_at=admitted_at,
-    )
-    return RunRecord.model_construct(
-        **fields,
-        created_at=previous.created_at if previous else now,
-        updated_at=now,
-        finished_at=finished_at,
+    return RunRecord.trusted(
+        {
+            **draft.__dict__,
+            "admission": Admission.trusted(
+                {
+                    "queue_item_id": draft.admission.queue_item_id,
+                    "admitted": draft.admission.admitted,
+                    "admitted_at": admitted_at,
+                }
+            ),
+            "created_at": previous.created_at if previous else now,
+            "updated_at": now,
+            "finished_at": finished_at,
+        }
     )
 
 
@@ -87,8 +93,8 @@ def stamp_queued_item(
     previous: QueuedItem | None, draft: QueuedItemDraft, now: datetime
 ) -> QueuedItem:
     """The stored queued item for ``draft``: ``created_at`` kept on replace."""
-    return QueuedItem.model_construct(
-        **dict(draft), created_at=previous.created_at if previous else now
+    return QueuedItem.trusted(
+        {**draft.__dict__, "created_at": previous.created_at if previous else now}
     )
 
 

@@ -61,8 +61,9 @@ def apply_lease_change(
     if isinstance(change, RenewLease):
         if current is None or not _holds(current, change) or is_expired(current, now):
             return LEASE_CONFLICT
-        return current.model_copy(
-            update={
+        return ThreadLease.trusted(
+            {
+                **current.__dict__,
                 "renewed_at": now,
                 "expires_at": now + timedelta(milliseconds=change.duration_ms),
             }

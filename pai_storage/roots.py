@@ -85,29 +85,37 @@ def apply_thread_root_update(
         raise ValueError("a delete commits no root")
     root = mutation.root
     if isinstance(mutation, CreateMutation):
-        return ThreadRecord.model_construct(
-            scope_key=commit.scope_key,
-            thread_id=commit.thread_id,
-            version=ThreadVersion.model_construct(thread_instance_id=instance_id(), revision=1),
-            agent=mutation.root.agent,
-            direct_execution_allowed=mutation.root.direct_execution_allowed,
-            parent_thread_id=mutation.root.parent_thread_id,
-            list_visibility=root.list_visibility,
-            category=root.category,
-            title=root.title,
-            metadata=root.metadata,
-            private_metadata=root.private_metadata,
-            lease=lease,
-            created_at=now,
-            updated_at=now,
+        # Every field is the validated commit's or a stamp: built without validation.
+        return ThreadRecord.trusted(
+            {
+                "scope_key": commit.scope_key,
+                "thread_id": commit.thread_id,
+                "version": ThreadVersion.trusted(
+                    {"thread_instance_id": instance_id(), "revision": 1}
+                ),
+                "agent": mutation.root.agent,
+                "direct_execution_allowed": mutation.root.direct_execution_allowed,
+                "parent_thread_id": mutation.root.parent_thread_id,
+                "list_visibility": root.list_visibility,
+                "category": root.category,
+                "title": root.title,
+                "metadata": root.metadata,
+                "private_metadata": root.private_metadata,
+                "lease": lease,
+                "created_at": now,
+                "updated_at": now,
+            }
         )
     if previous is None:
         raise ValueError("an update needs the previous root")
-    return previous.model_copy(
-        update={
-            "version": ThreadVersion.model_construct(
-                thread_instance_id=previous.version.thread_instance_id,
-                revision=previous.version.revision + 1,
+    return ThreadRecord.trusted(
+        {
+            **previous.__dict__,
+            "version": ThreadVersion.trusted(
+                {
+                    "thread_instance_id": previous.version.thread_instance_id,
+                    "revision": previous.version.revision + 1,
+                }
             ),
             "list_visibility": root.list_visibility,
             "category": root.category,
