@@ -29,6 +29,7 @@ from pai_storage import (
     ThreadVersion,
 )
 from pai_storage import builders as b
+from pai_storage.strict_json import MAX_JSON_DEPTH
 
 from ._support import new_scope
 
@@ -94,6 +95,14 @@ HOSTILE_OBJECTS: list[Any] = [
         id="nested-dbrefs",
     ),
 ]
+
+
+def _nested(levels: int) -> dict[str, Any]:
+    """An object ``levels`` containers deep, alternating objects and arrays."""
+    value: Any = "leaf"
+    for level in range(levels - 1):
+        value = [value, level] if level % 2 else {"k": value, "$n": level}
+    return {"top": value}
 
 
 def _same(got: Any, expected: Any) -> None:
@@ -606,6 +615,31 @@ class TestHostileValues:
         again = await store.read_thread(b.read(scope, "t2"))
         assert again.thread is not None
         _same(again.thread.metadata, {"k": [1]})
+
+    # ------------------------------------------------------------ deep values
+
+    async def test_deepest_allowed_value_round_trips_everywhere(self, store: ThreadStore) -> None:
+        # 64 levels of containers is the documented limit of one opaque value: every
+        # backend stores it in every location, and refuses one level more up front.
+        scope = new_scope("hostile")
+        deepest = _nested(MAX_JSON_DEPTH)
+        result = await store.commit_thread(
+            b.create(scope, "t1", _changes(deepest), metadata=deepest, privateMetadata=deepest)
+        )
+        assert isinstance(result, CommittedResult)
+        _assert_holds(await _read_all(store, scope), deepest, deepest)
+        listed = await store.list_threads({"scopeKey": scope, "limit": 5})
+        _same(listed.items[0].metadata, deepest)
+
+        too_deep = _nested(MAX_JSON_DEPTH + 1)
+        for root, changes in (
+            ({"metadata": too_deep}, None),
+            ({}, {"messages": [b.insert(b.message("m1", metadata=too_deep))]}),
+            ({}, _changes(too_deep)),
+        ):
+            with pytest.raises(ThreadStoreSerializationError, match="nesting deeper"):
+                await store.commit_thread(b.create(scope, "t2", changes, **root))
+        assert (await store.read_thread(b.read(scope, "t2"))).thread is None
 
     # ------------------------------------------------------------ JSON bombs
 
