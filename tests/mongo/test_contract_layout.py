@@ -16,7 +16,7 @@ import logging
 import sys
 import uuid
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -653,3 +653,33 @@ async def test_a_coroutine_on_warning_is_awaited(mongo_harness: Any) -> None:
     finally:
         await drop_store_collections(store)
         await store.close()
+
+
+async def test_no_command_ever_drops_or_deletes_beyond_one_thread(
+    recorded: tuple[MongoThreadStore, Recorder],
+) -> None:
+    store, recorder = recorded  # the commands of initialize() are recorded too
+    version = await _committed(store, _turn())
+    await _committed(store, _turn("t2"))
+    await _committed(store, b.create("other", "t1"))
+    await store.read_thread(
+        b.read("scope", "t1", messages={"type": "page", "view": "raw", "page": {"limit": 5}})
+    )
+    await store.list_threads({"scopeKey": "scope", "limit": 5, "includeHidden": True})
+    await _committed(store, b.delete("scope", "t1", version))
+    pruned = await store.prune_threads(
+        "other", updated_before=datetime.now(UTC) + timedelta(days=1)
+    )
+    assert [(p.scope_key, p.thread_id) for p in pruned] == [("other", "t1")]
+    await store.erase_scope("scope")
+    commands = recorder.take()
+    names = {c["name"] for c in commands}
+    assert not names & {"drop", "dropDatabase", "dropIndexes", "deleteIndexes"}, names
+    deletes = [s for c in commands if c["name"] == "delete" for s in c["deletes"]]
+    assert deletes
+    for statement in deletes:
+        assert isinstance(statement["q"].get("scopeKey"), str), statement
+        assert isinstance(statement["q"].get("threadId"), str), statement
+    remaining = raw_collections(store)
+    for family in remaining:
+        assert await remaining[family].count_documents({}) == 0, family
