@@ -117,10 +117,19 @@ def duplicate_insert_error(
 
 def record_id(record: Any) -> str:
     """The id of a child record or draft."""
-    for attr in ("queue_item_id", "message_id", "run_id"):
-        if attr in type(record).model_fields:
-            return str(getattr(record, attr))
-    raise TypeError(f"not a child record: {type(record).__name__}")
+    cls = type(record)
+    attr = _ID_ATTRS.get(cls)
+    if attr is None:
+        fields = getattr(cls, "model_fields", {})
+        found = [a for a in ("queue_item_id", "message_id", "run_id") if a in fields]
+        if not found:
+            raise TypeError(f"not a child record: {cls.__name__}")
+        attr = _ID_ATTRS[cls] = found[0]
+    return str(getattr(record, attr))
+
+
+_ID_ATTRS: dict[type, str] = {}
+"""The id field of each child record and draft class, found once per class."""
 
 
 def apply_family_changes(

@@ -265,7 +265,7 @@ async def _judge(
     mutation = commit.mutation
     if isinstance(mutation, DeleteMutation):
         await tx.delete_thread()
-        return CommittedResult(type="committed", thread=None, committed_at=now)
+        return CommittedResult.trusted({"type": "committed", "thread": None, "committed_at": now})
 
     changes = mutation.changes or ThreadChanges()
     loaded: dict[FamilyName, Mapping[str, Entry[Any]]] = {}
@@ -299,7 +299,8 @@ async def _judge(
         lease=lease,
     )
     await tx.check_relationships(RelationshipContext(plan, changes, writes, lease))
-    return CommittedResult(type="committed", thread=root, committed_at=now)
+    # The root and the time were stamped here: no second validation of the result.
+    return CommittedResult.trusted({"type": "committed", "thread": root, "committed_at": now})
 
 
 # ------------------------------------------------------------------ reads
