@@ -1234,3 +1234,56 @@ class TestConflicts:
             "threadInstanceId": created.version.thread_instance_id,
             "revision": 1,
         }
+
+    async def test_judging_order_when_several_things_are_wrong(self, store: ThreadStore) -> None:
+        # Mechanics in family order (messages, runs, queued items), then the lease
+        # precondition, then the relationship rules of the result.
+        scope = new_scope()
+        created = await _create(
+            store,
+            scope,
+            changes={
+                "messages": [b.insert(b.message("m1"))],
+                "runs": [b.insert(b.run("r1", "completed"))],
+            },
+        )
+        version = created.version
+        wrong = {
+            "messages": [b.delete_record("m9")],
+            "runs": [b.delete_record("r9")],
+            "queuedItems": [b.delete_record("q9")],
+        }
+        for family, named in (("messages", "m9"), ("runs", "r9"), ("queuedItems", "q9")):
+            with pytest.raises(ThreadStoreInvariantError) as caught:
+                await store.commit_thread(b.update(scope, "t1", version, wrong))
+            message = str(caught.value)
+            assert f"{family}[0]" in message
+            assert named in message
+            del wrong[family]
+        # a mechanical error wins over a lease conflict (there is no lease to renew)
+        with pytest.raises(ThreadStoreInvariantError, match="q9"):
+            await store.commit_thread(
+                b.update(
+                    scope,
+                    "t1",
+                    version,
+                    {"queuedItems": [b.delete_record("q9")], "lease": b.renew("r1", "w1")},
+                )
+            )
+        # a lease conflict wins over a broken relationship rule
+        conflict = await store.commit_thread(
+            b.update(
+                scope,
+                "t1",
+                version,
+                {
+                    "messages": [b.insert(b.message("m2", run_id="ghost"))],
+                    "lease": b.renew("r1", "w1"),
+                },
+            )
+        )
+        assert isinstance(conflict, ConflictResult)
+        assert conflict.current_version == version
+        read = await _read_all(store, scope)
+        assert read.thread == created
+        assert _ids(read) == (["m1"], ["r1"], [])
