@@ -632,11 +632,12 @@ class TestHostileValues:
         _same(listed.items[0].metadata, deepest)
 
         too_deep = _nested(MAX_JSON_DEPTH + 1)
-        for root, changes in (
+        cases: list[tuple[dict[str, Any], dict[str, Any] | None]] = [
             ({"metadata": too_deep}, None),
             ({}, {"messages": [b.insert(b.message("m1", metadata=too_deep))]}),
             ({}, _changes(too_deep)),
-        ):
+        ]
+        for root, changes in cases:
             with pytest.raises(ThreadStoreSerializationError, match="nesting deeper"):
                 await store.commit_thread(b.create(scope, "t2", changes, **root))
         assert (await store.read_thread(b.read(scope, "t2"))).thread is None
