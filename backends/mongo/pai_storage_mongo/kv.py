@@ -359,15 +359,49 @@ def _skip(path: str, depth: int, max_depth: int | None) -> str:
 
 
 def _record(doc: Mapping[str, Any]) -> KVRecord:
-    ttl_ms = doc.get("ttlMs")
-    value = doc.get("value")
+    """The record of a stored document.
+
+    A document whose fields are missing or of the wrong type (edited by hand,
+    written by another program) becomes a record whose text is not JSON: the
+    core reports it (``invalid_record``) and treats the item as absent.
+    """
+    value, version = doc.get("value"), doc.get("version")
+    created_at, updated_at = doc.get("createdAt"), doc.get("updatedAt")
+    expires_at, ttl_ms = doc.get("expiresAt"), doc.get("ttlMs")
+    if (
+        isinstance(value, str)
+        and isinstance(version, int)
+        and _count(version)
+        and isinstance(created_at, datetime)
+        and isinstance(updated_at, datetime)
+        and (expires_at is None or isinstance(expires_at, datetime))
+        and (ttl_ms is None or _count(ttl_ms))
+    ):
+        return KVRecord(
+            namespace=namespace_from_path(str(doc["ns"])),
+            key=str(doc["key"]),
+            text=value,
+            version=int(version),
+            created_at=created_at,
+            updated_at=updated_at,
+            expires_at=expires_at,
+            ttl=None if ttl_ms is None else timedelta(milliseconds=int(ttl_ms)),
+        )
     return KVRecord(
         namespace=namespace_from_path(str(doc["ns"])),
         key=str(doc["key"]),
-        text=value if isinstance(value, str) else "\x00",  # not a string: reported as invalid
-        version=int(doc["version"]),
-        created_at=doc["createdAt"],
-        updated_at=doc["updatedAt"],
-        expires_at=doc.get("expiresAt"),
-        ttl=None if ttl_ms is None else timedelta(milliseconds=int(ttl_ms)),
+        text="\x00",  # never decodes: reported as invalid
+        version=1,
+        created_at=_EPOCH,
+        updated_at=_EPOCH,
+        expires_at=None,
+        ttl=None,
     )
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _count(value: object) -> bool:
+    """A stored version or ``ttlMs``: a positive 64-bit integer (never a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value < 2**63

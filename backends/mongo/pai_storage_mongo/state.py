@@ -31,7 +31,7 @@ from bson.min_key import MinKey
 from pymongo import ASCENDING, IndexModel, ReturnDocument
 from pymongo.errors import DuplicateKeyError
 
-from pai_storage import Clock, InvalidInputError, StoreURL, WarningCallback
+from pai_storage import Clock, InvalidInputError, StorageError, StoreURL, WarningCallback
 from pai_storage.backend import (
     ENUMERATE,
     AgentStateStore,
@@ -309,11 +309,12 @@ class MongoAgentStateStore(MongoRuntimeStore, AgentStateStore):
         versions = doc.get("versions") or {}
         if f not in versions:
             return None
-        text = (doc.get("states") or {}).get(f)
+        version = versions[f]
+        text = (doc.get("states") or {}).get(f) if _count(version) else None  # damaged: absent
         value = await self.decode_stored(session, key, text)
         if value is UNDECODABLE:
             return None
-        return VersionedState.model_construct(value=value, version=int(versions[f]))
+        return VersionedState.model_construct(value=value, version=int(version))
 
     # ------------------------------------------------------------ lists
 
@@ -331,7 +332,13 @@ class MongoAgentStateStore(MongoRuntimeStore, AgentStateStore):
         hashes = doc.get("hashes") or {}
         if f not in hashes:
             return None
-        return ListHead(int((doc.get("lengths") or {}).get(f, 0)), str(hashes[f]))
+        length, digest = (doc.get("lengths") or {}).get(f, 0), hashes[f]
+        if not (_count(length, low=0) and isinstance(digest, str) and _HASH.fullmatch(digest)):
+            raise StorageError(
+                f"the stored list under key {key!r} is damaged (its length or content hash "
+                "is not what this store writes); delete_state() removes it"
+            )
+        return ListHead(int(length), digest)
 
     async def _write_list(
         self, session: SessionKey, key: str, write: ListWrite
@@ -549,6 +556,14 @@ def append_update(field: str, length: int, texts: list[str]) -> Doc:
     items once. The stored array is the same.
     """
     return {f"states.{field}.{length + i}": text for i, text in enumerate(texts)}
+
+
+_HASH = re.compile("[0-9a-f]{64}")
+
+
+def _count(value: object, *, low: int = 1) -> bool:
+    """A stored version (``low`` 1) or list length (``low`` 0): a 64-bit integer, not a bool."""
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value < 2**63
 
 
 def _touch(now: datetime | None) -> Doc:
