@@ -521,6 +521,68 @@ class TestCreateUpdateDelete:
             )
         assert (await store.read_thread(b.read(scope, "t1"))).thread is None
 
+    @pytest.mark.parametrize(
+        ("changes", "named"),
+        [
+            ({"messages": [b.replace(b.message("m1"))]}, "m1"),
+            ({"runs": [b.delete_record("r1")]}, "r1"),
+            ({"messages": [b.truncate("m1")]}, "m1"),
+            ({"queuedItems": [b.delete_record("q1")]}, "q1"),
+            (
+                {
+                    "messages": [
+                        b.insert(b.message("a")),
+                        b.delete_record("a"),
+                        b.delete_record("a"),
+                    ]
+                },
+                "a",
+            ),
+        ],
+    )
+    async def test_create_judges_changes_against_an_empty_thread(
+        self, store: ThreadStore, changes: dict[str, Any], named: str
+    ) -> None:
+        scope = new_scope()
+        with pytest.raises(ThreadStoreInvariantError, match=named):
+            await store.commit_thread(b.create(scope, "t1", changes))
+        assert (await store.read_thread(b.read(scope, "t1"))).thread is None
+
+    async def test_create_applies_changes_in_list_order(self, store: ThreadStore) -> None:
+        scope = new_scope()
+        await _create(
+            store,
+            scope,
+            changes={
+                "messages": [
+                    b.truncate(None),
+                    b.insert(b.message("a")),
+                    b.insert(b.message("b")),
+                    b.truncate(None),
+                    b.insert(b.message("c")),
+                    b.insert(b.message("d")),
+                    b.delete_record("c"),
+                    b.replace(b.message("d", "edited")),
+                ],
+                "runs": [
+                    b.insert(b.run("r1", "queued", queue_item_id="q1")),
+                    b.replace(b.run("r1", "queued", queue_item_id="q1", metadata={"v": 2})),
+                ],
+                "queuedItems": [
+                    b.insert(b.queued_item("q1", "r1", 1)),
+                    b.replace(b.queued_item("q1", "r1", 2)),
+                ],
+            },
+        )
+        read = await _read_all(store, scope)
+        assert _ids(read) == (["d"], ["r1"], ["q1"])
+        assert read.messages is not None
+        assert read.runs is not None
+        assert read.queued_items is not None
+        assert getattr(read.messages.items[0].parts[0], "text", None) == "edited"
+        assert read.runs.items[0].metadata == {"v": 2}
+        assert read.queued_items.items[0].input == 2
+
     async def test_truncate_null_removes_all(self, store: ThreadStore) -> None:
         scope = new_scope()
         created = await _create(
