@@ -164,6 +164,19 @@ class _ChildCursor:
         )
 
 
+def _mismatched(record: Any) -> ThreadStoreInvariantError:
+    if isinstance(record, Message):
+        what = f"message {record.message_id!r}"
+    elif isinstance(record, RunRecord):
+        what = f"run {record.run_id!r}"
+    else:
+        what = f"queued item {record.queue_item_id!r}"
+    return ThreadStoreInvariantError(
+        f"stored {what} was read for a page whose filter it does not pass "
+        "(its stored view, status or run column disagrees with the record)"
+    )
+
+
 def _list_cursor(position: Mapping[str, Any]) -> tuple[int, str]:
     _token_keys(position, "u", "t")
     updated = position["u"]
@@ -301,7 +314,16 @@ class ChildPagePlan:
     def finish(
         self, window: Window, rows: Sequence[tuple[int, T]], version: ThreadVersion
     ) -> ThreadPage[T]:
-        """Cut the page from up to ``window.fetch`` matching rows, in window order."""
+        """Cut the page from up to ``window.fetch`` matching rows, in window order.
+
+        Raises :class:`ThreadStoreInvariantError` for a row that does not pass
+        the selection's filter: a normalized backend filters on columns it
+        derives from each record, and a row whose columns disagree with its
+        record is invalid stored data, refused rather than served.
+        """
+        for _, record in rows:
+            if not self.matches(record):  # type: ignore[arg-type]
+                raise _mismatched(record)
         items = rows[: self.limit]
         token = None
         if len(rows) > self.limit:

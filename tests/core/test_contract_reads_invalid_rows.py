@@ -130,3 +130,57 @@ async def test_a_page_or_id_read_of_an_invalid_message_is_refused(
         )
         assert others.messages is not None
         assert [m.message_id for m in others.messages.items] == ["m3", "m1"]
+
+
+# (table, SQL assignment, the read's include, word in the error): a filter column
+# that disagrees with the row's record puts the row in a page it does not belong to.
+MISMATCHES = {
+    "transcript column": (
+        "pai_threads_messages",
+        "transcript = 1",
+        {"messages": {"type": "page", "view": "transcript", "page": {"limit": 10}}},
+        "message 'm2'",
+    ),
+    "context column": (
+        "pai_threads_messages",
+        "context = 1",
+        {"messages": {"type": "page", "view": "context", "order": "newest", "page": {"limit": 1}}},
+        "message 'm2'",
+    ),
+    "status column": (
+        "pai_threads_runs",
+        "status = 'failed'",
+        {"runs": {"type": "page", "statuses": ["failed"], "page": {"limit": 10}}},
+        "run 'r1'",
+    ),
+}
+
+
+@pytest.mark.parametrize("mismatch", MISMATCHES.values(), ids=MISMATCHES.keys())
+async def test_a_row_whose_filter_column_disagrees_with_its_record_is_refused(
+    tmp_path: Path, mismatch: tuple[str, str, dict[str, Any], str]
+) -> None:
+    path = tmp_path / "pai.db"
+    table, assignment, include, words = mismatch
+    async with open_store(f"sqlite:///{path}") as store:
+        hidden = b.message("m2", transcript=False, context=False)
+        await store.commit_thread(
+            b.create(
+                "s",
+                "t",
+                {
+                    "messages": [b.insert(b.message("m1")), b.insert(hidden)],
+                    "runs": [b.insert(b.run("r1", "completed", operation=None))],
+                },
+            )
+        )
+        with sqlite3.connect(path) as conn:
+            conn.execute(f"UPDATE {table} SET {assignment}")
+        with pytest.raises(ThreadStoreInvariantError, match=words):
+            await store.read_thread({"scopeKey": "s", "threadId": "t", "include": include})
+        # The same rows by id are what they say they are.
+        by_id = await store.read_thread(
+            b.read("s", "t", messages={"type": "ids", "messageIds": ["m2"]})
+        )
+        assert by_id.messages is not None
+        assert by_id.messages.items[0].visibility.transcript is False
