@@ -332,11 +332,12 @@ class TestReads:
         # Ids that differ only by U+0000, a trailing character or case, with
         # the longest allowed id: ids selections and bounds match them exactly.
         odd = ["a", "a\x00", "\x00", "a\x00b", "A", "a ", "a\uffff", "a\U0001f9f5", "k" * 1024]
+        odd += ["\u00e9", "e\u0301"]  # one text, two code-point sequences: two ids
         scope, thread = new_scope(), "odd"
         await _commit_create(
             store, scope, thread, {"messages": [b.insert(b.message(mid, mid)) for mid in odd]}
         )
-        wanted = ["k" * 1024, "a\x00b", "\x00", "missing", "a"]
+        wanted = ["k" * 1024, "e\u0301", "a\x00b", "\x00", "missing", "a", "\u00e9"]
         result = await store.read_thread(
             b.read(scope, thread, messages={"type": "ids", "messageIds": wanted})
         )
