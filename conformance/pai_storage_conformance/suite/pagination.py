@@ -776,6 +776,33 @@ class TestPagination:
         expected = ["m1", "m2", "m3", "m7"]
         assert fresh == (expected if order == "oldest" else expected[::-1])
 
+    async def test_two_families_walk_together_in_one_read(self, store: ThreadStore) -> None:
+        # Each family's token continues its own query; one read carries both.
+        scope = new_scope()
+        await _full_thread(store, scope)
+        messages = {"type": "page", "view": "transcript", "order": "newest"}
+        runs = {"type": "page", "statuses": ["completed", "queued"]}
+        tokens: dict[str, str | None] = {"messages": None, "runs": None}
+        seen: dict[str, list[str]] = {"messages": [], "runs": []}
+        limits = {"messages": 1, "runs": 3}
+        first = True
+        while first or any(tokens.values()):
+            include = {
+                family: _with_page(selection, limits[family], tokens[family])
+                for family, selection in (("messages", messages), ("runs", runs))
+                if first or tokens[family] is not None
+            }
+            first = False
+            result = await store.read_thread(b.read(scope, "t1", **include))
+            assert result.thread is not None
+            for family in include:
+                page = getattr(result, ATTR[family])
+                assert page.version == result.thread.version
+                seen[family].extend(getattr(item, ID_ATTR[family]) for item in page.items)
+                tokens[family] = page.next_page_token
+        assert seen["messages"] == VIEWS["transcript"][::-1]
+        assert seen["runs"] == ["r1", "r4", "r6", "rq1", "rq2", "rq3", "rq4", "rq5"]
+
 
 async def _walk_from(
     store: ThreadStore,
