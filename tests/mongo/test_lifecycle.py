@@ -5,7 +5,7 @@ tests check how MongoDB serves them: every ``_thread_heads`` query is a bounded
 index range with no blocking sort, a fork streams the kept transcript through
 the client in ``insert_many`` batches of at most 1,000 documents (no
 ``$out``/``$merge``, which a transaction refuses) without changing the source,
-and restored and forked roots are format 2 with the facts a commit would store.
+and restored and forked roots carry the facts a commit would store.
 """
 
 from __future__ import annotations
@@ -211,7 +211,7 @@ async def test_restored_and_forked_roots_carry_the_facts_a_commit_stores(
     assert await store._restore_thread(aggregate) is None
     restored = await threads.find_one({"threadId": "restored"})
     assert restored is not None
-    assert restored["_schemaVersion"] == 2
+    assert restored["_schemaVersion"] == 1
     assert restored["_facts"] == stored["_facts"]
     assert restored["_nextOrder"] == stored["_nextOrder"]
     assert await store._restore_thread(aggregate) == aggregate.root.version
@@ -221,7 +221,7 @@ async def test_restored_and_forked_roots_carry_the_facts_a_commit_stores(
     assert isinstance(forked, CommittedResult)
     fork = await threads.find_one({"threadId": "fork"})
     assert fork is not None
-    assert fork["_schemaVersion"] == 2
+    assert fork["_schemaVersion"] == 1
     assert fork["_facts"]["open"] == []
     assert fork["_facts"]["tail"]["messageId"] == "q1"
     # The next commit of the fork judges from these facts and keeps the thread valid.

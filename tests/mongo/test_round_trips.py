@@ -358,14 +358,14 @@ async def test_the_facts_on_the_root_match_the_children(mongo_store: MongoThread
         await _assert_facts(mongo_store)
 
 
-async def test_a_format_1_root_is_read_and_upgraded_by_its_next_commit(
+async def test_a_root_without_facts_is_read_and_given_them_by_its_next_commit(
     mongo_store: MongoThreadStore,
 ) -> None:
     thread = Thread(mongo_store)
     await thread.commit()
     await thread.open_turn(1)
     threads = mongo_store.database[mongo_store.collection_name]
-    await threads.update_one({}, {"$set": {"_schemaVersion": 1}, "$unset": {"_facts": ""}})
+    await threads.update_one({}, {"$unset": {"_facts": ""}})
     mongo_store._roots.clear()
     read = await mongo_store.read_thread(b.read("s", "t"))
     assert read.thread is not None
@@ -375,19 +375,26 @@ async def test_a_format_1_root_is_read_and_upgraded_by_its_next_commit(
     await thread.output(1, 1)
     root = await threads.find_one({})
     assert root is not None
-    assert root["_schemaVersion"] == 2
+    assert root["_schemaVersion"] == 1
+    assert "_facts" in root
     await _assert_facts(mongo_store)
-    # A format-2 root without its facts, or format-1 with them, is invalid.
+    # A root of development builds (version 2, the same layout) reads the same.
+    await threads.update_one({}, {"$set": {"_schemaVersion": 2}})
+    mongo_store._roots.clear()
+    await thread.output(1, 2)
+    # Malformed facts, or a version that is not the integer 1 or 2, are invalid.
     for corruption in (
-        {"$unset": {"_facts": ""}},
-        {"$set": {"_schemaVersion": 1}},
+        {"$set": {"_facts": "nope"}},
         {"$set": {"_facts.tail": "nope"}},
+        {"$set": {"_schemaVersion": 3}},
+        {"$set": {"_schemaVersion": True}},
+        {"$set": {"_schemaVersion": 1.0}},
     ):
         mongo_store._roots.clear()
         stored = await threads.find_one({})
         await threads.update_one({}, corruption)
         with pytest.raises(ThreadStoreInvariantError, match="invalid stored thread"):
-            await thread.output(1, 2)
+            await thread.output(1, 3)
         await threads.replace_one({}, stored)  # type: ignore[arg-type]
 
 

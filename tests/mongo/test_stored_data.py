@@ -187,7 +187,7 @@ async def test_root_document_is_flat_and_typed(mongo_store: MongoThreadStore) ->
     assert len(roots) == 1
     root = roots[0]
     assert isinstance(root["_id"], ObjectId)
-    assert root["_schemaVersion"] == 2
+    assert root["_schemaVersion"] == 1
     assert set(root) == {
         "_id",
         "_schemaVersion",

@@ -9,11 +9,12 @@ escape: BSON keys cannot contain U+0000, so an opaque value holding such a key
 is stored as its JSON text in a binary value of a user-defined subtype, which
 no strict-JSON value can be confused with.
 
-Roots carry one more provider key since format 2, ``_facts``: the
+Roots written by commits carry one more provider key, ``_facts``: the
 relationship facts of the thread's open runs and its last message, kept by
 every commit so that the next one can check the relationship rules without
-querying the children (see :class:`RootFacts`). A format-1 root (no
-``_facts``) is still read; the next commit of its thread writes format 2.
+querying the children (see :class:`RootFacts`). A root without ``_facts`` is
+read like any other (its next commit queries the children and writes them).
+Every document is ``_schemaVersion: 1``.
 
 Reading is exact too. PyMongo turns every embedded document with a string
 ``$ref`` and an ``$id`` into a ``DBRef`` (reordering its keys and dropping a
@@ -65,7 +66,6 @@ __all__ = [
     "CODEC_OPTIONS",
     "PLAIN_CODEC_OPTIONS",
     "RAW_CODEC_OPTIONS",
-    "ROOT_SCHEMA_VERSION",
     "SCHEMA_VERSION",
     "OpenRunFacts",
     "RootFacts",
@@ -79,9 +79,10 @@ __all__ = [
 ]
 
 SCHEMA_VERSION = 1
-"""The format of children, and of roots written without ``_facts``."""
-ROOT_SCHEMA_VERSION = 2
-"""The format of roots carrying ``_facts`` (every root a commit writes)."""
+"""The ``_schemaVersion`` of every document this backend writes."""
+_READ_ROOT_VERSIONS = (SCHEMA_VERSION, 2)
+"""Root versions read: development builds wrote roots carrying ``_facts`` as 2,
+in the same layout."""
 JSON_SUBTYPE = 0x80
 """User-defined binary subtype holding the JSON text of an opaque value with a NUL key."""
 
@@ -272,13 +273,9 @@ def root_document(
     next_order: Mapping[FamilyName, int],
     facts: RootFacts | None = None,
 ) -> dict[str, Any]:
-    """The stored root: the record's fields, ``_schemaVersion``, ``_nextOrder`` and ``_facts``.
-
-    Without ``facts`` it is a format-1 root (which every reader accepts).
-    """
-    doc: dict[str, Any] = {
-        "_schemaVersion": SCHEMA_VERSION if facts is None else ROOT_SCHEMA_VERSION
-    }
+    """The stored root: the record's fields, ``_schemaVersion``, ``_nextOrder`` and,
+    when given, ``_facts`` (a root without them is valid too)."""
+    doc: dict[str, Any] = {"_schemaVersion": SCHEMA_VERSION}
     doc.update(_dump(record))
     _escape_keys(doc, _OPAQUE["threads"])
     doc["_nextOrder"] = {spec.name: int(next_order[spec.name]) for spec in FAMILIES}
@@ -331,10 +328,10 @@ def parse_root(
     data.pop("_id", None)
     version = data.pop("_schemaVersion", None)
     facts = data.pop("_facts", None)
-    if type(version) is not int or version not in (SCHEMA_VERSION, ROOT_SCHEMA_VERSION):
+    if type(version) is not int or version not in _READ_ROOT_VERSIONS:
         raise _invalid("thread", "missing or unknown _schemaVersion")
-    if (version == ROOT_SCHEMA_VERSION) != isinstance(facts, dict):
-        raise _invalid("thread", "missing or unexpected _facts")
+    if facts is not None and type(facts) is not dict:
+        raise _invalid("thread", "malformed _facts")
     counters = data.pop("_nextOrder", None)
     if not isinstance(counters, dict) or set(counters) != {spec.name for spec in FAMILIES}:
         raise _invalid("thread", "missing or malformed _nextOrder")
@@ -363,7 +360,8 @@ def parse_child(
     data.pop("scopeKey", None)
     data.pop("threadId", None)
     what = model.__name__
-    if data.pop("_schemaVersion", None) != SCHEMA_VERSION:
+    version = data.pop("_schemaVersion", None)
+    if type(version) is not int or version != SCHEMA_VERSION:  # not True, not 1.0
         raise _invalid(what, "missing or unknown _schemaVersion")
     order = data.pop("_order", None)
     if type(order) is not int or order < 1:
@@ -541,7 +539,7 @@ def _parse_open(value: Any) -> OpenRunFacts:
 
 
 def root_facts(doc: Mapping[str, Any]) -> RootFacts | None:
-    """The ``_facts`` of a decoded root, or ``None`` for a format-1 root.
+    """The ``_facts`` of a decoded root, or ``None`` for a root without them.
 
     Raises :class:`ThreadStoreInvariantError` when they are malformed.
     """
