@@ -141,6 +141,28 @@ async def test_a_collection_with_a_collation_is_refused(mongo_harness: Any) -> N
         await store.close()
 
 
+@pytest.mark.parametrize(
+    ("keys", "options"),
+    [
+        ([("threadId", 1)], {"name": "scope_updated"}),  # the name, other keys (code 86)
+        ([("scopeKey", 1), ("threadId", 1)], {"name": "mine", "unique": True}),  # code 85
+    ],
+)
+async def test_a_conflicting_existing_index_is_a_configuration_error(
+    mongo_harness: Any, keys: list[tuple[str, int]], options: dict[str, Any]
+) -> None:
+    store = mongo_harness.open_store()
+    client: Any = __import__("pymongo").AsyncMongoClient(mongo_harness.url)
+    try:
+        await client[store.db_name][store.collection_name].create_index(keys, **options)
+        with pytest.raises(ThreadStoreConfigurationError, match="conflicts with an index"):
+            await store.initialize()
+    finally:
+        await client[store.db_name].drop_collection(store.collection_name)
+        await client.close()
+        await store.close()
+
+
 async def test_token_secret_is_a_common_option_of_open_store() -> None:
     store = open_store("mongodb://127.0.0.1:9/app", token_secret=b"k" * 32)
     assert store.selections.codec is not None

@@ -187,6 +187,13 @@ def map_error(
         return configuration(redact(f"invalid MongoDB configuration: {exc}", url))
     if isinstance(exc, pm.OperationFailure) and exc.code in _AUTH_CODES:
         return configuration(f"MongoDB refused the credentials or access: {what}")
+    if isinstance(exc, pm.OperationFailure) and exc.code in (85, 86):
+        # IndexOptionsConflict, IndexKeySpecsConflict: an existing index holds a name
+        # or keys this store needs with another definition.
+        return configuration(
+            f"an existing MongoDB index conflicts with an index this store needs ({what}): "
+            "drop or rename it, or use another collection name"
+        )
     if phase == "commit":
         return _unknown(
             f"the outcome of the MongoDB transaction commit is unknown ({what})", runtime
