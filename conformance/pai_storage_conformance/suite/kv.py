@@ -1027,6 +1027,18 @@ class KeyValueStoreTests:
         assert rest.items == names[100:]
         assert rest.next_page_token is None
 
+    async def test_list_keys_pages_1000_by_default(self, kv_store: KeyValueStore) -> None:
+        ns = (_root("keys-default"),)
+        keys = [f"k{i:04d}" for i in range(1001)]
+        for start in range(0, len(keys), 100):
+            await asyncio.gather(*(kv_store.put(ns, key, 1) for key in keys[start : start + 100]))
+        first = await kv_store.list_keys(ns)
+        assert first.items == keys[:1000]
+        assert first.next_page_token is not None
+        rest = await kv_store.list_keys(ns, page_token=first.next_page_token)
+        assert rest.items == keys[1000:]
+        assert rest.next_page_token is None
+
     async def test_prefixes_next_to_the_surrogates_and_the_last_code_point(
         self, kv_store: KeyValueStore
     ) -> None:
