@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 from uuid import uuid4
 
@@ -242,6 +242,59 @@ class TestCreateUpdateDelete:
         assert created.created_at == datetime.fromisoformat("2031-02-03T04:05:06.789+00:00")
         assert created.created_at.microsecond % 1000 == 0
         assert created.created_at.utcoffset() is not None
+
+    async def test_committed_at_never_goes_backwards_within_a_thread(
+        self, store: ThreadStore, clock: ManualClock
+    ) -> None:
+        # A clock that steps back (or a server whose clock lags) stamps the commit
+        # with the thread's updatedAt instead: commit times, every stamp of the
+        # commit and lease times stay monotonic within the thread.
+        scope = new_scope()
+        created = await _create(store, scope, changes={"messages": [b.insert(b.message("m1"))]})
+        t0 = created.updated_at
+        clock.set(t0 - timedelta(hours=1))
+        result = await _update(
+            store,
+            scope,
+            created.version,
+            {
+                "messages": [b.insert(b.message("m2", run_id="r1"))],
+                "runs": [b.insert(b.run("r1", "running", inputs=["m2"]))],
+                "lease": b.acquire("r1", "w1", 1_000),
+            },
+            title="stepped back",
+        )
+        assert result.committed_at == t0
+        assert result.thread is not None
+        assert result.thread.updated_at == t0
+        assert result.thread.created_at == t0
+        lease = result.thread.lease
+        assert lease is not None
+        assert lease.acquired_at == t0
+        assert lease.expires_at == t0 + timedelta(seconds=1)
+        read = await _read_all(store, scope)
+        assert read.messages is not None
+        assert read.runs is not None
+        assert read.messages.items[1].created_at == t0
+        assert read.runs.items[0].admission.admitted_at == t0
+        # the clock moves on, still behind: the lease is judged at the clamped time
+        clock.advance(ms=30 * 60_000)
+        renewed = await _update(
+            store, scope, result.thread.version, {"lease": b.renew("r1", "w1", 2_000)}
+        )
+        assert renewed.committed_at == t0
+        assert renewed.thread is not None
+        assert renewed.thread.lease is not None
+        assert renewed.thread.lease.renewed_at == t0
+        # a delete is stamped the same way
+        deleted = await store.commit_thread(b.delete(scope, "t1", renewed.thread.version))
+        assert isinstance(deleted, CommittedResult)
+        assert deleted.committed_at == t0
+        # once the clock passes updatedAt again, commits take its time
+        later = t0 + timedelta(seconds=5)
+        clock.set(later)
+        again = await _create(store, scope)
+        assert again.created_at == later
 
     # ------------------------------------------------------------ child stamps
 
