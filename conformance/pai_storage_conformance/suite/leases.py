@@ -568,7 +568,7 @@ class TestLeases:
         assert lease.acquired_at == datetime(2031, 5, 6, 7, 8, 9, 123_000, tzinfo=UTC)
         assert lease.expires_at == datetime(2031, 5, 6, 7, 8, 10, 123_000, tzinfo=UTC)
         assert created.thread.to_json()["lease"]["expiresAt"] == "2031-05-06T07:08:10.123Z"
-        # 1 microsecond before expiresAt: live; at expiresAt (sub-millisecond clock): expired
+        # set between milliseconds: just before expiresAt the lease is live, at it expired
         clock.set(datetime(2031, 5, 6, 7, 8, 10, 122_999, tzinfo=UTC))
         renewed = _committed(
             await store.commit_thread(
