@@ -243,6 +243,57 @@ class TestCreateUpdateDelete:
         assert created.created_at.microsecond % 1000 == 0
         assert created.created_at.utcoffset() is not None
 
+    async def test_a_clock_between_milliseconds_stamps_whole_milliseconds(
+        self, store: ThreadStore, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        # ManualClock.set truncates; a provider clock does not. Put microseconds in
+        # the clock itself so the store's own truncation is what is checked, for
+        # every stamp a commit or a read makes.
+        def between(moment: str) -> datetime:
+            value = datetime.fromisoformat(moment)
+            monkeypatch.setattr(clock, "_now", value)
+            assert clock() == value
+            return value.replace(microsecond=value.microsecond // 1000 * 1000)
+
+        scope = new_scope()
+        t0 = between("2031-02-03T04:05:06.789999+00:00")
+        created = await _create(
+            store,
+            scope,
+            changes={
+                "messages": [b.insert(b.message("m1", run_id="r1"))],
+                "runs": [b.insert(b.run("r1", "running", inputs=["m1"]))],
+                "lease": b.acquire("r1", "w1", 1_000),
+            },
+        )
+        t1 = between("2031-02-03T04:05:07.000500+00:00")
+        done = await _update(
+            store,
+            scope,
+            created.version,
+            {
+                "runs": [b.replace(b.run("r1", "completed", inputs=["m1"]))],
+                "lease": b.release("r1", "w1", "any"),
+            },
+        )
+        t2 = between("2031-02-03T04:05:07.123456+00:00")
+        read = await _read_all(store, scope)
+        assert created.lease is not None
+        assert (created.created_at, created.lease.acquired_at) == (t0, t0)
+        assert created.lease.expires_at == t0 + timedelta(seconds=1)
+        assert done.committed_at == t1
+        assert read.observed_at == t2
+        assert read.thread is not None
+        assert read.thread.updated_at == t1
+        assert read.messages is not None
+        assert read.runs is not None
+        run = read.runs.items[0]
+        assert (run.admission.admitted_at, run.finished_at, run.updated_at) == (t0, t1, t1)
+        assert read.messages.items[0].created_at == t0
+        json = read.to_json()
+        assert json["observedAt"] == "2031-02-03T04:05:07.123Z"
+        assert json["runs"]["items"][0]["finishedAt"] == "2031-02-03T04:05:07.000Z"
+
     async def test_committed_at_never_goes_backwards_within_a_thread(
         self, store: ThreadStore, clock: ManualClock
     ) -> None:
