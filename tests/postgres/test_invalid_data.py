@@ -107,3 +107,72 @@ async def test_a_page_holding_an_invalid_message_is_rejected(
         result = await store.read_thread(b.read("s", "t", messages=others))
         assert result.messages is not None
         assert [m.message_id for m in result.messages.items] == ["m1", "m3"]
+
+
+# A row whose record disagrees with the columns its page was chosen by (the
+# second row of its family, m2 or r2, is edited).
+COLUMN_MISMATCHES = {
+    "message id": ("messages", '"messageId":"m2"', '"messageId":"zz"', {"view": "raw"}),
+    "transcript view": (
+        "messages",
+        '"transcript":true',
+        '"transcript":false',
+        {"view": "transcript"},
+    ),
+    "run id": ("runs", '"runId":"r2"', '"runId":"r9"', {}),
+    "run status filter": (
+        "runs",
+        '"status":"completed"',
+        '"status":"failed"',
+        {"statuses": ["completed"]},
+    ),
+}
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("continued", [False, True], ids=["first page", "continuation"])
+@pytest.mark.parametrize(
+    ("family", "old", "new", "selection"), COLUMN_MISMATCHES.values(), ids=COLUMN_MISMATCHES.keys()
+)
+async def test_a_page_row_whose_record_disagrees_with_its_columns_is_rejected(
+    pg_schema: str,
+    pg_conn: asyncpg.Connection,
+    family: str,
+    old: str,
+    new: str,
+    selection: dict[str, object],
+    continued: bool,
+) -> None:
+    # A first page is read with the root in one statement, a continuation on its own.
+    async with PostgresThreadStore(URL, schema=pg_schema) as store:
+        changes = {
+            "messages": [
+                b.insert(b.message("m1", "hi", run_id="r1")),
+                b.insert(b.message("m2", "there")),
+            ],
+            "runs": [
+                b.insert(b.run("r1", "completed", inputs=["m1"])),
+                b.insert(b.run("r2", "completed")),
+            ],
+        }
+        await store.commit_thread(b.create("s", "t", changes))
+        query = {"type": "page", "order": "oldest", **selection}
+        page: dict[str, object] = {"limit": 10}
+        if continued:
+            one = {family: {**query, "page": {"limit": 1}}}
+            first = getattr(await store.read_thread(b.read("s", "t", **one)), family)
+            assert first is not None
+            assert first.next_page_token is not None
+            page["pageToken"] = first.next_page_token
+        id_column, row_id = ("message_id", b"m2") if family == "messages" else ("run_id", b"r2")
+        updated = await pg_conn.execute(
+            f'UPDATE "{pg_schema}".pai_threads_{family} SET doc = replace(doc, $1, $2) '
+            f"WHERE {id_column} = $3 AND strpos(doc, $1) > 0",
+            old,
+            new,
+            row_id,
+        )
+        assert updated == "UPDATE 1"
+        # The id column (the backend's check) or a filter column (the plan's).
+        with pytest.raises(ThreadStoreInvariantError, match="column"):
+            await store.read_thread(b.read("s", "t", **{family: {**query, "page": page}}))

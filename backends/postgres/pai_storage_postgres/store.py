@@ -102,6 +102,14 @@ _LAST_POSITION = 2**63 - 1
 T = TypeVar("T")
 
 
+_ID_COLUMN: dict[FamilyName, str] = {
+    "messages": "message_id",
+    "runs": "run_id",
+    "queuedItems": "queue_item_id",
+}
+"""The record id column of each family's table."""
+
+
 @dataclass(frozen=True, slots=True)
 class _Table:
     """Where one family lives; every other fact about it is in :data:`FAMILIES`.
@@ -135,10 +143,12 @@ class _Layout:
         return cls(
             t,
             {
-                "messages": _Table(t.messages, "message_id", "messages_next", messages_extra),
-                "runs": _Table(t.runs, "run_id", "runs_next", (("status", "text"),)),
+                "messages": _Table(
+                    t.messages, _ID_COLUMN["messages"], "messages_next", messages_extra
+                ),
+                "runs": _Table(t.runs, _ID_COLUMN["runs"], "runs_next", (("status", "text"),)),
                 "queuedItems": _Table(
-                    t.queued, "queue_item_id", "queued_next", (("run_id", "bytea"),)
+                    t.queued, _ID_COLUMN["queuedItems"], "queued_next", (("run_id", "bytea"),)
                 ),
             },
         )
@@ -849,8 +859,7 @@ class _PgSnapshot(_ThreadRows, ReadSnapshot):
             # streaming merge MongoDB does for an $in on a leading index key.
             rows = sorted(rows, key=lambda r: r[0], reverse=window.order == "newest")
             del rows[window.fetch :]
-        validate = spec.model.model_validate_stored
-        return [(position, validate(doc)) for position, doc in rows]  # (position, doc) rows
+        return _page_records(spec, rows)  # (position, doc, id) rows
 
     async def head_and_page(
         self, spec: FamilySpec, plan: ChildPagePlan, window: Window
@@ -880,14 +889,14 @@ class _PgSnapshot(_ThreadRows, ReadSnapshot):
             args.append(enc(cast(str, plan.run_id)))
         args.extend(statuses)
         head: Any = None
-        page: list[tuple[int, str]] = []
+        page: list[tuple[int, str, bytes]] = []
         # Columns by index (see head_page_statement): now, doc, the three
-        # counters, position (NULL on the root row).
+        # counters, position and record id (NULL on the root row).
         for row in await self._conn.fetch(sql, *args):
             if row[5] is None:
                 head = row
             else:
-                page.append((row[5], row[1]))
+                page.append((row[5], row[1], row[6]))
         if head is None:  # unreachable: the root part always returns its one row
             raise ThreadStoreInvariantError("a read returned no root row")
         if head[1] is None:
@@ -896,10 +905,27 @@ class _PgSnapshot(_ThreadRows, ReadSnapshot):
         # UNION ALL promises no order across or within its parts: sort here
         # (the rows come in order, so this is one linear pass).
         page.sort(reverse=window.order == "newest")  # positions are unique
-        validate = spec.model.model_validate_stored
-        return ReadHead(head[0], root, self._positions(head)), [
-            (position, validate(doc)) for position, doc in page
-        ]
+        return ReadHead(head[0], root, self._positions(head)), _page_records(spec, page)
+
+
+def _page_records(spec: FamilySpec, rows: Sequence[Any]) -> list[tuple[int, Any]]:
+    """The validated records of ``(position, doc, id)`` page rows.
+
+    A record whose id is not its row's id column is invalid stored data, as it
+    is for a read by ids (:meth:`_ThreadRows.load_rows`); the page's filter
+    columns are checked against the records by the plan
+    (:meth:`~pai_storage.backend.ChildPagePlan.finish`).
+    """
+    validate = spec.model.model_validate_stored
+    page: list[tuple[int, Any]] = []
+    for position, doc, rid in rows:
+        record = validate(doc)
+        if enc(spec.record_id(record)) != rid:
+            raise ThreadStoreInvariantError(
+                f"stored {spec.noun} record does not match its id column"
+            )
+        page.append((position, record))
+    return page
 
 
 def _one_statement(plan: ChildPagePlan) -> bool:
@@ -971,8 +997,8 @@ def head_page_statement(
     return (
         f"WITH h AS MATERIALIZED ({head_statement(threads)}) "
         "SELECT h.now, h.doc, h.messages_next, h.runs_next, h.queued_next, "
-        "NULL::bigint AS position FROM h "
-        "UNION ALL (SELECT NULL, p.doc, NULL, NULL, NULL, p.position "
+        "NULL::bigint AS position, NULL::bytea AS id FROM h "
+        "UNION ALL (SELECT NULL, p.doc, NULL, NULL, NULL, p.position, p.id "
         f"FROM h, LATERAL ({page}) AS p)"
     )
 
@@ -991,8 +1017,8 @@ def page_statement(
     ``counter``, when given, is a second exclusive upper bound (the family's counter)."""
     direction = "ASC" if order == "oldest" else "DESC"
     base = (
-        f"SELECT position, doc FROM {table} WHERE scope_key = $1 AND thread_id = $2 "
-        "AND position > $3 AND position < $4"
+        f"SELECT position, doc, {_ID_COLUMN[family]} AS id FROM {table} "
+        "WHERE scope_key = $1 AND thread_id = $2 AND position > $3 AND position < $4"
     )
     if counter is not None:
         base += f" AND position < {counter}"

@@ -956,19 +956,19 @@ class _Snapshot(_ThreadRows, ReadSnapshot):
         )
         now = datetime.now(UTC)
         head: Any = None
-        found: list[tuple[int, str]] = []
-        for doc, messages, runs, queued, position, row_doc in await self._op.rows(stmt, params):
+        found: list[tuple[int, str, bytes]] = []
+        rows = await self._op.rows(stmt, params)
+        for doc, messages, runs, queued, position, row_doc, row_id in rows:
             if position is None:
                 head = (doc, messages, runs, queued)
             else:
-                found.append((int(position), row_doc))
+                found.append((int(position), row_doc, row_id))
         if head is None:
             return ReadHead(now, None), []
         # Positions are unique: the documents are never compared.
         found.sort(reverse=window.order == "newest")
         root = self._parse_root(head[0])
-        page = [(position, parse(spec.model, doc)) for position, doc in found]
-        return ReadHead(now, root, self._next(*head[1:])), page
+        return ReadHead(now, root, self._next(*head[1:])), _page_records(spec, found)
 
     async def head(self) -> ReadHead:
         t = self._t.threads
@@ -1032,23 +1032,40 @@ class _Snapshot(_ThreadRows, ReadSnapshot):
         shape = (spec.name, view, window.order, run_filter, bool(statuses))
         stmt = self._store.sql(self._op, ("scan", *shape), lambda: _page_statement(table, *shape))
         if not statuses:
-            rows = await self._op.rows(stmt, params)
-            found = [(int(position), cast(str, doc)) for position, doc in rows]
+            found = list(await self._op.rows(stmt, params))
         else:
             # One bounded index range scan per status, merged here.
             found = []
             for status in statuses:
-                rows = await self._op.rows(stmt, {**params, "status": status})
-                found.extend((int(position), cast(str, doc)) for position, doc in rows)
-            found.sort(key=lambda item: item[0], reverse=window.order == "newest")
+                found.extend(await self._op.rows(stmt, {**params, "status": status}))
+            found.sort(key=lambda row: int(row[0]), reverse=window.order == "newest")
             del found[window.fetch :]
-        return [(position, parse(spec.model, doc)) for position, doc in found]
+        return _page_records(spec, found)
 
 
 # ---------------------------------------------------------------- rows
 
 VIEWS = ("transcript", "context")
 """Message views with their own index (``raw`` reads the primary key)."""
+
+
+def _page_records(spec: FamilySpec, rows: Sequence[Any]) -> list[tuple[int, Any]]:
+    """The validated records of ``(position, doc, id)`` page rows.
+
+    A record whose id is not its row's id column is invalid stored data, as it
+    is for a read by ids (:meth:`_ThreadRows.load_rows`); the page's filter
+    columns are checked against the records by the plan
+    (:meth:`~pai_storage.backend.ChildPagePlan.finish`).
+    """
+    page: list[tuple[int, Any]] = []
+    for position, doc, stored_id in rows:
+        record = parse(spec.model, doc)
+        if spec.record_id(record) != dec(stored_id):
+            raise ThreadStoreInvariantError(
+                f"stored {spec.noun} record does not match its id column"
+            )
+        page.append((int(position), record))
+    return page
 
 
 def _page_statement(
@@ -1069,7 +1086,7 @@ def _page_statement(
         where.append(table.c.status == bindparam("status"))
     position = table.c.position
     return (
-        select(position, table.c.doc)
+        select(position, table.c.doc, table.c[_ID_COLUMN[cast(FamilyName, family)]])
         .where(*where)
         .order_by(position.asc() if order == "oldest" else position.desc())
         .limit(bindparam("n"))
@@ -1087,8 +1104,8 @@ def _head_page_statement(
 ) -> Any:
     """The root (``k``) and one page of :func:`_page_statement`'s rows below the
     family's counter, as ``doc, messages_next, runs_next, queued_next, position,
-    row_doc`` (the root's row has a ``NULL`` position, the page's rows ``NULL``
-    root columns)."""
+    row_doc, row_id`` (the root's row has a ``NULL`` position, the page's rows
+    ``NULL`` root columns)."""
     cap = select(threads.c[next_column]).where(threads.c.tkey == bindparam("k"))
     scanned = table.alias("scanned")
     page = (
@@ -1103,9 +1120,16 @@ def _head_page_statement(
         threads.c.queued_next,
         null().label("position"),
         null().label("row_doc"),
+        null().label("row_id"),
     ).where(threads.c.tkey == bindparam("k"))
     rows = select(
-        null(), null(), null(), null(), table.c.position, table.c.doc.label("row_doc")
+        null(),
+        null(),
+        null(),
+        null(),
+        table.c.position,
+        table.c.doc.label("row_doc"),
+        table.c[_ID_COLUMN[cast(FamilyName, family)]].label("row_id"),
     ).where(table.c.tkey == bindparam("k"), table.c.position.in_(page))
     return union_all(head, rows)
 
