@@ -563,26 +563,34 @@ def _loc_path(loc: tuple[int | str, ...], data: Any) -> str:
 
 
 def convert_validation_error(
-    exc: ValidationError, what: str, data: Any = None
+    exc: ValidationError, what: str, data: Any = None, *, stored: bool = False
 ) -> ThreadStoreInvariantError:
     """Turn a pydantic ``ValidationError`` into the contract's typed error.
 
     A strict-JSON failure becomes :class:`ThreadStoreSerializationError`;
     anything else :class:`ThreadStoreInvariantError`. Input values are never
-    echoed (they may hold personal data).
+    echoed (they may hold personal data). For a ``stored`` record the path
+    stops at the record's own fields: the keys inside its opaque JSON, and the
+    name of a key the record should not have, are stored contents too.
     """
     errors = exc.errors(include_url=False, include_input=False)
     for err in errors:
         if err["type"] == "strict_json":
             ctx = err.get("ctx") or {}
             outer = _loc_path(err["loc"], data)
-            inner = str(ctx.get("path", ""))
+            inner = "" if stored else str(ctx.get("path", ""))
             if inner and outer and not inner.startswith("["):
                 inner = "." + inner
-            return ThreadStoreSerializationError.at(
-                f"{outer}{inner}", f"{ctx.get('reason', err['msg'])} (in {what})"
-            )
+            reason = ctx.get("reason", err["msg"]) if ctx else err["msg"]
+            if stored and not ctx:
+                reason = "not strict JSON"  # the message would carry the inner path
+            return ThreadStoreSerializationError.at(f"{outer}{inner}", f"{reason} (in {what})")
     first = errors[0]
+    if stored and first["type"] == "extra_forbidden":
+        where = _loc_path(first["loc"][:-1], data)
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        field = f"{where}: " if where else ""
+        return ThreadStoreInvariantError(f"invalid {what}: {field}an unknown field{more}")
     if first["type"] == "union_tag_invalid":
         ctx = first.get("ctx") or {}
         first["msg"] = (
@@ -697,12 +705,14 @@ class StoreModel(BaseModel):
     def model_validate_stored(cls, text: str) -> Self:
         """Validate a record from the JSON text a store persisted.
 
-        The result, and every error, is exactly that of
+        The result, and every error class, is that of
         :meth:`model_validate_json`: invalid stored data raises. The text is
         checked by a second validator of the model in which every field check
         but the timestamps' is a pydantic-core constraint (about twice as
-        fast); whatever it refuses goes through :meth:`model_validate_json`,
-        which decides and names the problem.
+        fast); whatever it refuses goes through the model's own validator,
+        which decides and names the problem, with a path that stops at the
+        record's fields (see :func:`convert_validation_error`: stored opaque
+        JSON is never quoted).
         """
         validator = _STORED_VALIDATORS.get(cls)
         if validator is not None and len(text) < MAX_JSON_NODES:
@@ -710,18 +720,27 @@ class StoreModel(BaseModel):
                 return cast(Self, validator.validate_json(text))
             except ValidationError:
                 pass
-        return cls.model_validate_json(text)
+        try:
+            return cast(Self, cls.__pydantic_validator__.validate_json(text))
+        except ValidationError as exc:
+            try:
+                data = json.loads(text)
+            except (ValueError, RecursionError):
+                data = None
+            raise convert_validation_error(exc, cls.__name__, data, stored=True) from None
 
     @classmethod
     def model_validate_decoded(cls, data: dict[str, Any], size: int) -> Self:
         """Validate a record from a document a store decoded (BSON, JSON).
 
-        The result, and every error, is exactly that of :meth:`model_validate`,
+        The result, and every error class, is that of :meth:`model_validate`,
         as with :meth:`model_validate_stored`: the document is checked by a
         validator whose field checks are pydantic-core constraints, and
-        whatever it refuses goes through :meth:`model_validate`, which decides
-        and names the problem. ``data`` is as a decoder made it: containers and
-        scalars of exactly the JSON types (``dict``, ``list``, ``str``,
+        whatever it refuses goes through the model's own validator, which
+        decides and names the problem (the path stopping at the record's
+        fields, as for :meth:`model_validate_stored`). ``data`` is as a
+        decoder made it: containers and scalars of exactly the JSON types
+        (``dict``, ``list``, ``str``,
         ``int``, ``float``, ``bool``, ``None``; a subclass such as BSON's
         ``Int64`` converted first) or other types, which are refused.
         ``size`` is the length of the encoded document: each value took at
@@ -734,7 +753,10 @@ class StoreModel(BaseModel):
                 return cast(Self, validator.validate_python(data))
             except ValidationError:
                 pass
-        return cls.model_validate(data)
+        try:
+            return cast(Self, cls.__pydantic_validator__.validate_python(data))
+        except ValidationError as exc:
+            raise convert_validation_error(exc, cls.__name__, data, stored=True) from None
 
     @model_serializer(mode="wrap")
     def _omit_absent(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> Any:

@@ -59,6 +59,7 @@ from pai_storage.backend import (
     RunRef,
 )
 from pai_storage.models import StoreModel
+from pai_storage.strict_json import MAX_JSON_NODES
 
 M = TypeVar("M", bound=StoreModel)
 
@@ -310,9 +311,8 @@ def _invalid(what: str, reason: str) -> ThreadStoreInvariantError:
 
 
 def _validate(model: type[M], data: dict[str, Any], size: int | None) -> M:
-    if size is None:
-        return model.model_validate(data)
-    return model.model_validate_decoded(data, size)
+    # An unknown size takes the full check, which counts the values itself.
+    return model.model_validate_decoded(data, MAX_JSON_NODES if size is None else size)
 
 
 def parse_root(
