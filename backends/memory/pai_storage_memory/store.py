@@ -174,7 +174,8 @@ class MemoryThreadStore(ThreadStore):
             return _detached(plan.select_sorted(scope.roots_after))
 
     async def _commit_thread(self, request: CommitThreadInput) -> CommittedResult | ConflictResult:
-        request = _detached(request)
+        # The request is the store's own copy already: ThreadStore.commit_thread
+        # validates a mapping, or a model's fields, into a fresh model.
         with self._lock:
             thread = self._thread(request.scope_key, request.thread_id)
             before = thread.root if thread is not None else None

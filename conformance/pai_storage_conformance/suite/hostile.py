@@ -616,6 +616,35 @@ class TestHostileValues:
         assert again.thread is not None
         _same(again.thread.metadata, {"k": [1]})
 
+    async def test_a_model_changed_after_validation_is_validated_again(
+        self, store: ThreadStore
+    ) -> None:
+        # A parsed model's own dicts can still be changed, and pydantic's
+        # model_copy(update=...) does not validate: a model input is checked like
+        # its JSON form, and nothing is written.
+        scope = new_scope("hostile")
+
+        def commit() -> CommitThreadInput:
+            changes = {"messages": [b.insert(b.message("m1", "hi"))]}
+            return CommitThreadInput.model_validate(b.create(scope, "t1", changes))
+
+        changed = commit()
+        assert changed.mutation.root is not None  # type: ignore[union-attr]
+        changed.mutation.root.metadata["x"] = float("nan")  # type: ignore[union-attr]
+        with pytest.raises(ThreadStoreSerializationError, match="metadata"):
+            await store.commit_thread(changed)
+        message = commit()
+        record = message.mutation.changes.messages[0].record  # type: ignore[union-attr,index]
+        record.metadata["b"] = b"raw"
+        with pytest.raises(ThreadStoreSerializationError, match="metadata"):
+            await store.commit_thread(message)
+        for update in ({"scope_key": "a\ud800"}, {"thread_id": 5}, {"thread_id": ""}):
+            with pytest.raises(ThreadStoreInvariantError):
+                await store.commit_thread(commit().model_copy(update=update))
+        read = await store.read_thread(b.read(scope, "t1"))
+        assert read.thread is None
+        assert isinstance(await store.commit_thread(commit()), CommittedResult)
+
     # ------------------------------------------------------------ deep values
 
     async def test_deepest_allowed_value_round_trips_everywhere(self, store: ThreadStore) -> None:
