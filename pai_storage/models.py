@@ -54,6 +54,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Annotated, Any, ClassVar, Generic, Literal, Self, TypeVar, cast
@@ -230,14 +231,27 @@ def _check_indexed(value: str) -> str:
     return value
 
 
+_TIMESTAMP_TEXT = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z\Z", re.ASCII)
+"""The JSON form of a timestamp, exactly: ``2026-01-02T03:04:05.678Z``."""
+
+
 def _parse_timestamp(value: Any) -> datetime:
     if isinstance(value, str):
-        try:
-            value = datetime.fromisoformat(value)
-        except ValueError:
+        # The JSON form is one spelling: UTC, milliseconds, "Z". Another spelling of
+        # an instant (an offset, no or more fraction digits) is not that form.
+        moment = None
+        if _TIMESTAMP_TEXT.match(value):
+            try:
+                moment = datetime.fromisoformat(value)
+            except ValueError:
+                moment = None
+        if moment is None:
             raise PydanticCustomError(
-                "timestamp", "Input should be an ISO 8601 timestamp"
-            ) from None
+                "timestamp",
+                "Input should be an ISO 8601 UTC timestamp with milliseconds and Z "
+                "(2026-01-02T03:04:05.678Z)",
+            )
+        return moment
     if type(value) is not datetime:
         raise PydanticCustomError("timestamp", "Input should be a datetime or ISO 8601 string")
     if value.tzinfo is None or value.utcoffset() is None:
@@ -363,12 +377,10 @@ fall back to :func:`~pai_storage.strict_json.check_json` for those.
 
 
 def _stored_timestamp(value: Any) -> datetime:
-    # The form this store writes ("2026-01-02T03:04:05.678Z") is already UTC and
-    # whole milliseconds: fromisoformat alone gives the same value as
-    # _parse_timestamp. So is a datetime in UTC of whole milliseconds (what a
-    # BSON decoder makes), returned as it is. Anything else takes the full
-    # check. Datetimes are immutable, so the most recent results of parsing
-    # are remembered and shared.
+    # A datetime in UTC of whole milliseconds (what a BSON decoder makes) is
+    # returned as it is; anything else takes the full check. Datetimes are
+    # immutable, so the most recent results of parsing text are remembered and
+    # shared.
     if type(value) is not str:
         if type(value) is datetime and value.tzinfo is UTC and not value.microsecond % 1000:
             return value
@@ -376,16 +388,7 @@ def _stored_timestamp(value: Any) -> datetime:
     found = _TIMESTAMPS.get(value)
     if found is not None:
         return found
-    moment = None
-    if len(value) == 24 and value[23] == "Z":
-        try:
-            moment = datetime.fromisoformat(value)
-        except ValueError:
-            moment = None
-        if moment is not None and (moment.tzinfo is not UTC or moment.microsecond % 1000):
-            moment = None
-    if moment is None:
-        return _parse_timestamp(value)
+    moment = _parse_timestamp(value)  # the one spelling; anything else raises
     if len(_TIMESTAMPS) >= _TIMESTAMPS_KEPT:
         _TIMESTAMPS.clear()  # atomic: safe when several threads validate
     _TIMESTAMPS[value] = moment

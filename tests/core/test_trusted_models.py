@@ -146,6 +146,9 @@ INVALID_STORED = {
     "naive timestamp": json.dumps(_message(createdAt="2030-01-01T00:00:00.000")),
     "not a timestamp": json.dumps(_message(createdAt="2030-13-01T00:00:00.000Z")),
     "timestamp as a number": json.dumps(_message(createdAt=1893456000)),
+    "timestamp with an offset": json.dumps(_message(createdAt="2030-01-01T01:00:00.000+01:00")),
+    "timestamp with microseconds": json.dumps(_message(createdAt="2030-01-01T00:00:00.123456Z")),
+    "timestamp without milliseconds": json.dumps(_message(createdAt="2030-01-01T00:00:00Z")),
     "missing field": json.dumps({k: v for k, v in _message().items() if k != "status"}),
     "not JSON": '{"messageId":"m1",',
 }
@@ -187,8 +190,6 @@ VALID_STORED = {
     "ints stay ints": _with_metadata('{"x":[1,-0,0]}'),
     "U+0000 and escaped non-ASCII": _with_metadata('{"\\u0000":"\\u00e9\\ud83d\\ude00"}'),
     "NaN inside a string": _with_metadata('{"x":"NaN -0.0 1e400"}'),
-    "timestamp with an offset": json.dumps(_message(createdAt="2030-01-01T01:00:00.000+01:00")),
-    "timestamp with microseconds": json.dumps(_message(createdAt="2030-01-01T00:00:00.123456Z")),
     "snake_case names": json.dumps(
         {"message_id" if k == "messageId" else k: v for k, v in _message().items()}
     ),

@@ -45,8 +45,18 @@ async def _create(store: Any, thread_id: str, **root: Any) -> CommittedResult:
         {"$unset": {"_nextOrder": ""}},
         {"$set": {"unexpected": SECRET}},
         {"$set": {"lease": {"kind": "run"}}},
+        {"$set": {"createdAt": "2030-01-01T00:00:00.000Z"}},  # the JSON form, not a BSON date
     ],
-    ids=["no-schema", "future-schema", "metadata", "revision", "no-counters", "extra", "lease"],
+    ids=[
+        "no-schema",
+        "future-schema",
+        "metadata",
+        "revision",
+        "no-counters",
+        "extra",
+        "lease",
+        "date-as-text",
+    ],
 )
 async def test_corrupt_root_is_skipped_by_lists_and_rejected_by_reads(
     mongo_harness: MongoHarness, corruption: dict[str, Any]
@@ -131,6 +141,37 @@ async def test_corrupt_child_is_rejected_by_targeted_reads(mongo_store: Any) -> 
     # The root alone is still readable, and listing is unaffected.
     read = await mongo_store.read_thread(b.read("scope", "t0"))
     assert read.thread is not None
+
+
+@pytest.mark.parametrize(
+    ("family", "key", "field"),
+    [
+        ("messages", {"messageId": "m1"}, "createdAt"),
+        ("runs", {"runId": "r1"}, "finishedAt"),
+        ("runs", {"runId": "r1"}, "admission.admittedAt"),
+    ],
+)
+async def test_a_stored_timestamp_that_is_not_a_bson_date_is_refused(
+    mongo_store: Any, family: str, key: dict[str, str], field: str
+) -> None:
+    # Timestamps are BSON dates at every depth; a string there is invalid stored
+    # data, even one spelling the JSON form, and is never converted.
+    changes = {
+        "messages": [b.insert(b.message("m1", run_id="r1"))],
+        "runs": [b.insert(b.run("r1", "completed", inputs=["m1"]))],
+    }
+    result = await mongo_store.commit_thread(b.create("scope", "t0", changes))
+    assert isinstance(result, CommittedResult)
+    await raw_collections(mongo_store)[family].update_one(
+        key, {"$set": {field: "2030-01-01T00:00:00.000Z"}}
+    )
+    selection = (
+        {"type": "ids", "messageIds": ["m1"]}
+        if family == "messages"
+        else {"type": "ids", "runIds": ["r1"]}
+    )
+    with pytest.raises(ThreadStoreInvariantError, match="not a BSON date"):
+        await mongo_store.read_thread(b.read("scope", "t0", **{family: selection}))
 
 
 async def _corrupt_utf8(store: Any, thread_id: str) -> None:
