@@ -1,8 +1,9 @@
 """The page-token codec: opaque, scope-bound, query-bound, tamper-evident.
 
-A token is ``<prefix>.<payload>.<mac>``: the payload is base64url JSON, the mac
-a truncated HMAC-SHA256 of prefix and payload. Tokens are not secret (anyone can
-base64-decode one) but any edit is detected, and they cannot widen authority:
+A token is one base64url string (no padding) of ``<prefix>.<payload><mac>``:
+the payload is canonical JSON, the mac the first 16 bytes of an HMAC-SHA256 of
+prefix, dot and payload. Tokens are not secret (anyone can base64-decode one)
+but any edit is detected, and they cannot widen authority:
 every token records a digest of its scope key and of its complete query, and
 the store re-checks both against the request that carries it.
 
@@ -108,6 +109,7 @@ def _hmac_states(key: bytes) -> tuple[Any, Any]:
 
 
 _SHA256_BLOCK = 64
+_MAC_BYTES = 16
 _IPAD = bytes(b ^ 0x36 for b in range(256))
 _OPAD = bytes(b ^ 0x5C for b in range(256))
 
@@ -157,22 +159,62 @@ class PageTokenCodec:
         self.scope_digest = scope_digest
         self._key = secret if secret is not None else hashlib.sha256(prefix.encode()).digest()
         self._inner, self._outer = _hmac_states(self._key)
+        self._head = f"{prefix}.".encode()
 
-    def _mac(self, body: str) -> str:
-        # HMAC-SHA256 of prefix and payload (hmac.digest gives the same bytes), from
-        # the key's two padded states hashed once, here: every page pays for two
-        # state copies instead of the key schedule.
+    def _mac(self, payload: bytes) -> bytes:
+        # HMAC-SHA256 of prefix, dot and payload (hmac.digest gives the same bytes),
+        # from the key's two padded states hashed once, here: every page pays for
+        # two state copies instead of the key schedule.
         inner = self._inner.copy()
-        inner.update(f"{self.prefix}.{body}".encode())
+        inner.update(self._head)
+        inner.update(payload)
         outer = self._outer.copy()
         outer.update(inner.digest())
-        return _b64(outer.digest()[:16])
+        digest: bytes = outer.digest()
+        return digest[:_MAC_BYTES]
 
     def encode(self, kind: str, scope_key: str, query: str, position: dict[str, Any]) -> str:
         """Mint a token for page ``kind`` of ``query`` in ``scope_key`` at ``position``."""
         head, tail = _payload_frame(kind, self.scope_digest(scope_key), query)
-        body = _b64(f"{head}{_ENCODE(position)}{tail}".encode())
-        return f"{self.prefix}.{body}.{self._mac(body)}"
+        payload = f"{head}{_ENCODE(position)}{tail}".encode()
+        return _b64(self._head + payload + self._mac(payload))
+
+    def payload(self, token: str) -> dict[str, Any]:
+        """The JSON payload of a token of this codec's prefix, *not* verified.
+
+        Tokens are not secret: this is what anyone can read from one (kind,
+        scope and query digests, position). For tests and diagnostics; a store
+        uses :meth:`decode`. Raises :class:`ThreadStorePageTokenError` when
+        ``token`` is not of this shape.
+        """
+        payload, _ = self._split(token)
+        try:
+            found = json.loads(payload)
+        except (ValueError, RecursionError):
+            raise ThreadStorePageTokenError("page token is malformed") from None
+        if not isinstance(found, dict):
+            raise ThreadStorePageTokenError("page token is malformed")
+        return found
+
+    def _split(self, token: str) -> tuple[bytes, bytes]:
+        """``(payload, mac)`` of a token of this codec's prefix."""
+        if type(token) is not str:
+            raise ThreadStorePageTokenError("page token must be a string")
+        # Only base64url text can be a token; checking first keeps non-ASCII
+        # text and lone surrogates away from the decoder.
+        if not token or not _B64URL.match(token):
+            raise ThreadStorePageTokenError("page token is malformed")
+        try:
+            blob = _unb64(token)
+        except (binascii.Error, ValueError):
+            raise ThreadStorePageTokenError("page token is malformed") from None
+        if _b64(blob) != token:  # one spelling: no stray bits in the last character
+            raise ThreadStorePageTokenError("page token is malformed")
+        if not blob.startswith(self._head):
+            raise ThreadStorePageTokenError("page token is malformed or from another store")
+        if len(blob) <= len(self._head) + _MAC_BYTES:
+            raise ThreadStorePageTokenError("page token is malformed")
+        return blob[len(self._head) : -_MAC_BYTES], blob[-_MAC_BYTES:]
 
     def decode(self, token: str, kind: str, scope_key: str, query: str) -> dict[str, Any]:
         """Verify ``token`` for this kind, scope and query; return its position.
@@ -181,21 +223,12 @@ class PageTokenCodec:
         codec minted for exactly this kind, scope and query. The position's
         fields are the caller's to validate.
         """
-        if type(token) is not str:
-            raise ThreadStorePageTokenError("page token must be a string")
-        parts = token.split(".")
-        if len(parts) != 3 or parts[0] != self.prefix:
-            raise ThreadStorePageTokenError("page token is malformed or from another store")
-        body, mac = parts[1], parts[2]
-        # Only base64url text can be a token; checking first keeps non-ASCII
-        # text and lone surrogates away from the MAC (which needs bytes).
-        if not body or not _B64URL.match(body) or not _B64URL.match(mac):
-            raise ThreadStorePageTokenError("page token is malformed")
+        body, mac = self._split(token)
         if not hmac.compare_digest(mac, self._mac(body)):
             raise ThreadStorePageTokenError("page token failed its integrity check (tampered)")
         try:
-            payload = json.loads(_unb64(body))
-        except (binascii.Error, ValueError, RecursionError):
+            payload = json.loads(body)
+        except (ValueError, RecursionError):
             # ValueError covers bad UTF-8 and integers too long to parse.
             raise ThreadStorePageTokenError("page token is malformed") from None
         if not isinstance(payload, dict) or payload.get("v") != 1:

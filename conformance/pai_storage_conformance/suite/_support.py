@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 from collections.abc import Iterable
 from datetime import timedelta
+from typing import Any
 from uuid import uuid4
 
 from hypothesis import HealthCheck, settings
@@ -16,12 +19,34 @@ def new_scope(tag: str = "") -> str:
     return f"scope-{tag}{'-' if tag else ''}{uuid4().hex}"
 
 
+MAC_BYTES = 16
+"""The length of a page token's integrity check (the last bytes of the token)."""
+
+
+def token_parts(token: str) -> tuple[bytes, bytes, bytes]:
+    """``(prefix and dot, JSON payload, mac)`` of a page token (one base64url string)."""
+    blob = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
+    dot = blob.index(b".") + 1
+    return blob[:dot], blob[dot:-MAC_BYTES], blob[-MAC_BYTES:]
+
+
+def token_payload(token: str) -> dict[str, Any]:
+    """The JSON payload of a page token (tokens are not secret, only tamper-evident)."""
+    payload: dict[str, Any] = json.loads(token_parts(token)[1])
+    return payload
+
+
+def token_of(head: bytes, payload: bytes, mac: bytes) -> str:
+    """A page token of these parts (the inverse of :func:`token_parts`)."""
+    return base64.urlsafe_b64encode(head + payload + mac).rstrip(b"=").decode()
+
+
 def tampered_token(token: str) -> str:
-    """``token`` (``prefix.payload.mac``) with one character of its payload changed."""
-    prefix, payload, mac = token.split(".")
+    """``token`` with one character of its JSON payload changed (its mac kept)."""
+    head, payload, mac = token_parts(token)
     middle = len(payload) // 2
-    flipped = "A" if payload[middle] != "A" else "B"
-    return f"{prefix}.{payload[:middle]}{flipped}{payload[middle + 1 :]}.{mac}"
+    flipped = b"A" if payload[middle : middle + 1] != b"A" else b"B"
+    return token_of(head, payload[:middle] + flipped + payload[middle + 1 :], mac)
 
 
 async def run_model(

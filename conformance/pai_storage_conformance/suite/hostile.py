@@ -4,7 +4,6 @@ and typed errors for every bad input."""
 
 from __future__ import annotations
 
-import base64
 import copy
 import json
 import signal
@@ -31,7 +30,7 @@ from pai_storage import (
 from pai_storage import builders as b
 from pai_storage.strict_json import MAX_JSON_DEPTH
 
-from ._support import new_scope
+from ._support import new_scope, token_of, token_parts, token_payload
 
 __all__ = ["TestHostileValues"]
 
@@ -198,34 +197,33 @@ def _bomb(levels: int = 40) -> Any:
 # ---------------------------------------------------------------- tokens
 
 
-def _token_payload(token: str) -> dict[str, Any]:
-    body = token.split(".")[1]
-    payload: dict[str, Any] = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
-    return payload
-
-
 def _remint(store: ThreadStore, token: str, scope: str, **position: Any) -> str:
     """``token`` with position fields replaced, minted with the store's own codec."""
-    payload = _token_payload(token)
+    payload = token_payload(token)
     codec = store.selections.codec
     return codec.encode(payload["k"], scope, payload["q"], {**payload["p"], **position})
 
 
 def _malformed(token: str) -> list[Any]:
-    prefix = token.split(".")[0]
+    head, payload, mac = token_parts(token)
+    middle = len(token) // 2
     return [
-        pytest.param(f"{prefix}.\u00e9t\u00e9.abc", id="non-ascii"),
-        pytest.param(f"{prefix}.abc.\u00e9", id="non-ascii-mac"),
-        pytest.param(f"{prefix}.\ud800.abc", id="lone-surrogate"),
-        pytest.param(f"{prefix}.abc.\udfff", id="lone-surrogate-mac"),
+        pytest.param(token[:middle] + "\u00e9" + token[middle + 1 :], id="non-ascii"),
+        pytest.param(token[:-1] + "\u00e9", id="non-ascii-mac"),
+        pytest.param(token[:middle] + "\ud800" + token[middle + 1 :], id="lone-surrogate"),
+        pytest.param(token[:-1] + "\udfff", id="lone-surrogate-mac"),
         pytest.param("garbage", id="garbage"),
         pytest.param("!!!.???.***", id="garbage-3-parts"),
-        pytest.param(f"{prefix}.{'A' * 40}.{'A' * 22}", id="bad-mac"),
+        pytest.param(token_of(head, payload, bytes(len(mac))), id="bad-mac"),
+        pytest.param(token_of(head, payload, mac[:-1]), id="short-mac"),
+        pytest.param(token_of(head, payload[:-1], mac), id="truncated-payload"),
+        pytest.param(token_of(head, b"", mac), id="no-payload"),
         pytest.param(token[:-1], id="truncated-mac"),
         pytest.param(token[: len(token) // 2], id="truncated-half"),
-        pytest.param(token[: len(prefix) + 1], id="truncated-prefix"),
+        pytest.param(token[: len(head)], id="truncated-prefix"),
         pytest.param(token + "A", id="extended"),
         pytest.param(token + "." + token, id="doubled"),
+        pytest.param(token + "=" * (-len(token) % 4 or 4), id="padded"),
         pytest.param("", id="empty"),
         pytest.param(" " + token, id="leading-space"),
     ]
@@ -744,13 +742,13 @@ class TestHostileValues:
                 },
             ),
         ]
-        prefix = tokens["messages"].split(".")[0]
+        token = tokens["messages"]
         bad_leaves = [
             *BAD_LEAVES,
-            f"{prefix}.\u00e9.abc",
-            f"{prefix}.abc.\u00e9",
-            f"{prefix}.\ud800.abc",
-            tokens["messages"][:-1],
+            token[:-1] + "\u00e9",
+            "\u00e9" + token[1:],
+            token[:-1] + "\ud800",
+            token[:-1],
         ]
         leaked: list[str] = []
 

@@ -14,7 +14,6 @@ namespace's path is each segment followed by U+001F, and items are ordered by
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import math
 import uuid
@@ -42,7 +41,7 @@ from pai_storage.errors import (
 )
 from pai_storage.kv import Item, KeyValueStore, KVConflict
 
-from ._support import BAD_DURATIONS, BAD_NAMES, HOSTILE_NAMES, run_model
+from ._support import BAD_DURATIONS, BAD_NAMES, HOSTILE_NAMES, run_model, token_of, token_parts
 
 __all__ = ["KeyValueStoreTests"]
 
@@ -210,11 +209,10 @@ async def _nothing_under(store: KeyValueStore, root: str) -> None:
 
 
 def _tampered(token: str) -> str:
-    prefix, body, mac = token.split(".")
-    payload = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+    head, body, mac = token_parts(token)
+    payload = json.loads(body)
     payload["p"] = {"ns": ["elsewhere"], "key": "k"}
-    raw = json.dumps(payload, separators=(",", ":")).encode()
-    return f"{prefix}.{base64.urlsafe_b64encode(raw).rstrip(b'=').decode()}.{mac}"
+    return token_of(head, json.dumps(payload, separators=(",", ":")).encode(), mac)
 
 
 # ---------------------------------------------------------------- the topic
