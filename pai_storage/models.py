@@ -57,7 +57,18 @@ import math
 import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Annotated, Any, ClassVar, Generic, Literal, Self, TypeVar, cast
+from typing import (
+    Annotated,
+    Any,
+    ClassVar,
+    Generic,
+    Literal,
+    Self,
+    TypeVar,
+    cast,
+    get_args,
+    get_origin,
+)
 
 from pydantic import (
     AfterValidator,
@@ -399,6 +410,52 @@ _TIMESTAMPS: dict[str, datetime] = {}
 _TIMESTAMPS_KEPT = 8192
 
 
+def _date(value: Any) -> datetime:
+    # A decoded document's timestamp as a BSON decoder makes it: a datetime in UTC
+    # of whole milliseconds, returned as it is. Text is refused here (a JSON
+    # document takes the full check, which parses it).
+    if type(value) is datetime and value.tzinfo is UTC and not value.microsecond % 1000:
+        return value
+    if type(value) is not datetime:
+        raise PydanticCustomError("timestamp", "Input should be a datetime")
+    return _parse_timestamp(value)
+
+
+def _date_paths(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """The JSON paths of every timestamp of ``model``, nested records included."""
+    paths: list[tuple[str, ...]] = []
+    for name, field in model.model_fields.items():
+        key = (*prefix, field.alias or name)
+        kinds = [
+            get_args(kind)[0] if get_origin(kind) is Annotated else kind
+            for kind in (get_args(field.annotation) or (field.annotation,))
+        ]
+        if datetime in kinds:
+            paths.append(key)
+        for kind in kinds:
+            if isinstance(kind, type) and issubclass(kind, BaseModel):
+                paths.extend(_date_paths(kind, key))
+    return paths
+
+
+def _refuse_text_dates(model: type[BaseModel], data: Any) -> None:
+    """Raise unless every timestamp of a BSON-decoded ``data`` is a date (or absent)."""
+    paths = _DATE_PATHS.get(model)
+    if paths is None:
+        paths = _DATE_PATHS[model] = _date_paths(model)
+    for path in paths:
+        value = data
+        for key in path:
+            value = value.get(key) if type(value) is dict else None
+        if value is not None and type(value) is not datetime:
+            raise ThreadStoreInvariantError(
+                f"invalid {model.__name__}: {'.'.join(path)}: a stored timestamp must be a date"
+            )
+
+
+_DATE_PATHS: dict[type, list[tuple[str, ...]]] = {}
+
+
 def _stored_schema(node: Any) -> Any:
     """A copy of a model's core schema for validating stored JSON text.
 
@@ -482,11 +539,15 @@ def _decoded_schema(node: Any) -> Any:
     The same checks in Python mode, where a string may hold a lone surrogate
     (a JSON decoder turns ``"\\ud800"`` into one): every string, dictionary
     keys included, is strict and length-bounded, so pydantic-core refuses it.
+    A timestamp must be a ``datetime`` (:func:`_date`): text takes the full
+    check.
     """
     if isinstance(node, list):
         return [_decoded_schema(item) for item in node]
     if not isinstance(node, dict):
         return node
+    if node.get("type") == "function-plain" and node["function"]["function"] is _stored_timestamp:
+        return {"type": "function-plain", "function": {"type": "no-info", "function": _date}}
     copied = {key: _decoded_schema(value) for key, value in node.items()}
     if copied.get("type") == "str":
         copied["strict"] = True
@@ -733,7 +794,9 @@ class StoreModel(BaseModel):
             raise convert_validation_error(exc, cls.__name__, data, stored=True) from None
 
     @classmethod
-    def model_validate_decoded(cls, data: dict[str, Any], size: int) -> Self:
+    def model_validate_decoded(
+        cls, data: dict[str, Any], size: int, *, dates: bool = False
+    ) -> Self:
         """Validate a record from a document a store decoded (BSON, JSON).
 
         The result, and every error class, is that of :meth:`model_validate`,
@@ -748,7 +811,9 @@ class StoreModel(BaseModel):
         ``Int64`` converted first) or other types, which are refused.
         ``size`` is the length of the encoded document: each value took at
         least one byte of it, so it bounds the number of values (a larger
-        document takes the full check, which counts them).
+        document takes the full check, which counts them). With ``dates``
+        (a BSON document) every timestamp must be a date: text there, even
+        the JSON form, is invalid stored data.
         """
         validator = _DECODED_VALIDATORS.get(cls)
         if validator is not None and size < MAX_JSON_NODES:
@@ -756,6 +821,8 @@ class StoreModel(BaseModel):
                 return cast(Self, validator.validate_python(data))
             except ValidationError:
                 pass
+        if dates:
+            _refuse_text_dates(cls, data)
         try:
             return cast(Self, cls.__pydantic_validator__.validate_python(data))
         except ValidationError as exc:

@@ -7,6 +7,7 @@ validates stored JSON text with pydantic-core constraints only, falling back to
 
 import contextlib
 import json
+import re
 from datetime import UTC, datetime
 from typing import Any
 
@@ -242,7 +243,19 @@ def test_decoded_document_validates_like_model_validate(
 
 
 def _decoded(text: str) -> Any:
-    return json.loads(text)  # NaN, Infinity, huge ints and lone surrogates all decode
+    # NaN, Infinity, huge ints and lone surrogates all decode; timestamps in the
+    # JSON form become dates, as a BSON decoder gives them.
+    return _as_bson(json.loads(text))
+
+
+def _as_bson(doc: Any) -> Any:
+    if isinstance(doc, dict):
+        for key in ("createdAt", "updatedAt"):
+            value = doc.get(key)
+            if isinstance(value, str) and re.fullmatch(r"\d{4}-.{8}:\d\d:\d\d\.\d{3}Z", value):
+                with contextlib.suppress(ValueError):  # "2030-13-01...": left as text
+                    doc[key] = datetime.fromisoformat(value)
+    return doc
 
 
 INVALID_DECODED = {name: text for name, text in INVALID_STORED.items() if name != "not JSON"} | {
@@ -281,7 +294,7 @@ def test_valid_decoded_document_gives_what_model_validate_gives(text_id: str, te
 def test_a_large_decoded_document_takes_the_full_check() -> None:
     # The fast path does not count values; the size bound sends a document that
     # may hold more than the limit to the full check, which does.
-    value = _message(metadata={"x": [None] * MAX_JSON_NODES})
+    value = _as_bson(_message(metadata={"x": [None] * MAX_JSON_NODES}))
     _DECODED_VALIDATORS[Message].validate_python(value)
     with pytest.raises(ThreadStoreInvariantError) as expected:
         Message.model_validate(value)
@@ -307,3 +320,18 @@ def test_a_stored_error_never_quotes_stored_contents() -> None:
     # An input's error still names the path (the caller's own data).
     with pytest.raises(ThreadStoreInvariantError, match="ssn-123"):
         Message.model_validate_json(metadata)
+
+
+def test_a_decoded_document_with_text_for_a_date() -> None:
+    # A JSON document's timestamps are text: the full check parses them. A BSON
+    # document's are dates (dates=True): text there is invalid stored data.
+    text = json.dumps(_message())
+    assert Message.model_validate_decoded(json.loads(text), len(text)) == Message.model_validate(
+        json.loads(text)
+    )
+    with pytest.raises(ThreadStoreInvariantError, match=r"createdAt: a stored timestamp must"):
+        Message.model_validate_decoded(json.loads(text), len(text), dates=True)
+    bson = _decoded(text)
+    assert Message.model_validate_decoded(bson, len(text), dates=True) == Message.model_validate(
+        bson
+    )

@@ -170,7 +170,7 @@ async def test_a_stored_timestamp_that_is_not_a_bson_date_is_refused(
         if family == "messages"
         else {"type": "ids", "runIds": ["r1"]}
     )
-    with pytest.raises(ThreadStoreInvariantError, match="not a BSON date"):
+    with pytest.raises(ThreadStoreInvariantError, match="must be a date"):
         await mongo_store.read_thread(b.read("scope", "t0", **{family: selection}))
 
 

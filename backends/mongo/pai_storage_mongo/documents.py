@@ -32,7 +32,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Annotated, Any, TypeVar, get_args, get_origin
+from typing import Any, TypeVar
 
 import bson
 from bson.binary import Binary
@@ -310,39 +310,11 @@ def _invalid(what: str, reason: str) -> ThreadStoreInvariantError:
     return ThreadStoreInvariantError(f"invalid stored {what}: {reason}")
 
 
-def _date_paths(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
-    """The JSON paths of every timestamp of ``model``, nested records included."""
-    paths: list[tuple[str, ...]] = []
-    for name, field in model.model_fields.items():
-        key = (*prefix, field.alias or name)
-        kinds = [
-            get_args(kind)[0] if get_origin(kind) is Annotated else kind
-            for kind in (get_args(field.annotation) or (field.annotation,))
-        ]
-        if datetime in kinds:
-            paths.append(key)
-        for kind in kinds:
-            if isinstance(kind, type) and issubclass(kind, StoreModel):
-                paths.extend(_date_paths(kind, key))
-    return paths
-
-
-_DATE_PATHS: dict[type, list[tuple[str, ...]]] = {
-    m: _date_paths(m) for m in (ThreadRecord, Message, RunRecord, QueuedItem)
-}
-"""Where each stored record holds a BSON date (and nothing else: a string there is
-not a stored timestamp, whatever it spells)."""
-
-
 def _validate(model: type[M], data: dict[str, Any], size: int | None) -> M:
-    for path in _DATE_PATHS[model]:
-        value: Any = data
-        for key in path:
-            value = value.get(key) if type(value) is dict else None
-        if value is not None and type(value) is not datetime:
-            raise ThreadStoreInvariantError(f"{'.'.join(path)} is not a BSON date")
+    # Timestamps are BSON dates: a string there is invalid, whatever it spells.
     # An unknown size takes the full check, which counts the values itself.
-    return model.model_validate_decoded(data, MAX_JSON_NODES if size is None else size)
+    size = MAX_JSON_NODES if size is None else size
+    return model.model_validate_decoded(data, size, dates=True)
 
 
 def parse_root(
