@@ -84,8 +84,17 @@ def apply_thread_root_update(
     if isinstance(mutation, DeleteMutation):
         raise ValueError("a delete commits no root")
     root = mutation.root
+    # Every field is the validated commit's, the previous root's or a stamp:
+    # built without validation, in the model's field order (the JSON form's).
+    mutable = {
+        "list_visibility": root.list_visibility,
+        "category": root.category,
+        "title": root.title,
+        "metadata": root.metadata,
+        "private_metadata": root.private_metadata,
+        "lease": lease,
+    }
     if isinstance(mutation, CreateMutation):
-        # Every field is the validated commit's or a stamp: built without validation.
         return ThreadRecord.trusted(
             {
                 "scope_key": commit.scope_key,
@@ -96,33 +105,21 @@ def apply_thread_root_update(
                 "agent": mutation.root.agent,
                 "direct_execution_allowed": mutation.root.direct_execution_allowed,
                 "parent_thread_id": mutation.root.parent_thread_id,
-                "list_visibility": root.list_visibility,
-                "category": root.category,
-                "title": root.title,
-                "metadata": root.metadata,
-                "private_metadata": root.private_metadata,
-                "lease": lease,
+                **mutable,
                 "created_at": now,
                 "updated_at": now,
             }
         )
     if previous is None:
         raise ValueError("an update needs the previous root")
+    version = previous.version
     return ThreadRecord.trusted(
         {
             **previous.__dict__,
             "version": ThreadVersion.trusted(
-                {
-                    "thread_instance_id": previous.version.thread_instance_id,
-                    "revision": previous.version.revision + 1,
-                }
+                {"thread_instance_id": version.thread_instance_id, "revision": version.revision + 1}
             ),
-            "list_visibility": root.list_visibility,
-            "category": root.category,
-            "title": root.title,
-            "metadata": root.metadata,
-            "private_metadata": root.private_metadata,
-            "lease": lease,
+            **mutable,
             "updated_at": now,
         }
     )
