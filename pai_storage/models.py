@@ -713,7 +713,7 @@ class StoreModel(BaseModel):
         validate_by_name=True,
         validate_by_alias=True,
         serialize_by_alias=True,
-        revalidate_instances="never",
+        revalidate_instances="always",
     )
 
     # Optional fields whose JSON value may itself be null: omitted only when unset.
@@ -735,8 +735,9 @@ class StoreModel(BaseModel):
 
         For a store's hot read path: every field has been validated (or was
         built by the store itself) and ``fields`` holds every field of the
-        model, in the model's field order (the JSON form follows it). Several times cheaper than ``model_construct``; the result is
-        the same frozen model (equal, serializable, unchangeable).
+        model, in the model's field order (the JSON form follows it).
+        Several times cheaper than ``model_construct``; the result is the
+        same frozen model (equal, serializable, unchangeable).
         """
         model = _new(cls)
         _set(model, "__dict__", fields)

@@ -21,11 +21,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
 from .clock import Clock
-from .errors import (
-    ThreadStoreConfigurationError,
-    ThreadStoreInvariantError,
-    ThreadStoreSerializationError,
-)
+from .errors import ThreadStoreConfigurationError, ThreadStoreInvariantError
 from .events import WarningCallback
 from .lifecycle import ManagedStore
 from .models import (
@@ -58,19 +54,11 @@ M = TypeVar("M", bound=StoreModel)
 
 
 def _coerce(model: type[M], value: M | Mapping[str, Any]) -> M:
-    if isinstance(value, model):
-        # A model is checked again, from a copy of its fields: its dicts and lists
-        # are the caller's to change after validation, and pydantic's
-        # model_copy(update=...) skips validation. The store then holds its own
-        # copy, as for a mapping.
-        try:
-            fields = value.model_dump(exclude_unset=True, warnings=False)
-        except Exception as exc:  # a cycle, or a value pydantic cannot walk
-            raise ThreadStoreSerializationError.at(
-                "", f"the {model.__name__} holds a value that is not JSON ({type(exc).__name__})"
-            ) from None
-        return model.model_validate(fields)
-    if isinstance(value, Mapping):
+    # A model is validated again, like a mapping, down to every nested model
+    # (StoreModel's revalidate_instances="always"): its dicts and lists are the
+    # caller's to change after validation, and pydantic's model_copy(update=...)
+    # skips validation. The store then holds its own copy either way.
+    if isinstance(value, model | Mapping):
         return model.model_validate(value)
     raise ThreadStoreInvariantError(
         f"expected a {model.__name__} or its JSON form, not {type(value).__name__}"

@@ -18,6 +18,8 @@ from pai_storage import (
     CommitThreadInput,
     ConflictResult,
     InvalidInputError,
+    MessageDraft,
+    PageRequest,
     PageTokenError,
     StorageError,
     ThreadReadResult,
@@ -335,6 +337,10 @@ async def _typed_outcome(call: Callable[[], Any]) -> BaseException | None:
     return None
 
 
+class _NotJson:
+    """An object with no JSON form."""
+
+
 class TestHostileValues:
     """Hostile values are stored as data, refused with typed errors, never executed."""
 
@@ -642,6 +648,40 @@ class TestHostileValues:
         read = await store.read_thread(b.read(scope, "t1"))
         assert read.thread is None
         assert isinstance(await store.commit_thread(commit()), CommittedResult)
+
+    async def test_a_model_nested_in_a_mapping_is_validated_again_and_copied(
+        self, store: ThreadStore
+    ) -> None:
+        # The same holds for a parsed record placed inside a JSON-form request,
+        # and the store keeps its own copy of it.
+        scope = new_scope("hostile")
+        draft = MessageDraft.model_validate(b.message("m1", "hi", metadata={"k": [1]}))
+        bad_drafts: list[Any] = [
+            draft.model_copy(update={"status": "bogus"}),
+            draft.model_copy(update={"metadata": {"x": float("nan")}}),
+            draft.model_copy(update={"metadata": {"x": _NotJson()}}),
+        ]
+        for bad in bad_drafts:
+            with pytest.raises(ThreadStoreInvariantError):
+                await store.commit_thread(
+                    b.create(scope, "t1", {"messages": [{"type": "insert", "record": bad}]})
+                )
+        page = PageRequest.model_validate({"limit": 1}).model_copy(update={"limit": 10**6})
+        with pytest.raises(ThreadStoreInvariantError):
+            await store.read_thread(
+                b.read(scope, "t1", messages={"type": "page", "view": "raw", "page": page})
+            )
+        created = await store.commit_thread(
+            b.create(scope, "t1", {"messages": [{"type": "insert", "record": draft}]})
+        )
+        assert isinstance(created, CommittedResult)
+        draft.metadata["k"].append(2)  # the caller's object, after the commit
+        draft.metadata["late"] = True
+        read = await store.read_thread(
+            b.read(scope, "t1", messages={"type": "ids", "messageIds": ["m1"]})
+        )
+        assert read.messages is not None
+        assert read.messages.items[0].metadata == {"k": [1]}
 
     # ------------------------------------------------------------ deep values
 
