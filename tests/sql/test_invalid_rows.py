@@ -100,3 +100,30 @@ async def test_a_page_row_whose_record_disagrees_with_its_columns_is_refused(
         # The id column (the backend's check) or a filter column (the plan's).
         with pytest.raises(ThreadStoreInvariantError, match="column"):
             await store.read_thread(b.read("s", "t", **{family: {**query, "page": page}}))
+
+
+async def test_an_id_column_that_is_not_utf8_is_invalid_stored_data(target: Target) -> None:
+    async with target.store() as store:
+        changes = {"messages": [b.insert(b.message("m1", "hi")), b.insert(b.message("m2"))]}
+        await store.commit_thread(b.create("s", "t", changes))
+        prefix = target.options.get("table_prefix", "pai_threads")
+        sql = f"UPDATE {prefix}_messages SET message_id = :bad WHERE message_id = :id"
+        params = {"bad": b"\xff", "id": b"m2"}
+        if target.dialect == "sqlite":
+            with sqlite3.connect(target.url.removeprefix("sqlite:///")) as conn:
+                assert conn.execute(sql, params).rowcount == 1
+        else:
+            engine = mysql_engine()
+            try:
+                async with engine.begin() as conn:
+                    assert (await conn.execute(text(sql), params)).rowcount == 1
+            finally:
+                await engine.dispose()
+        page = {"type": "page", "view": "raw", "order": "oldest", "page": {"limit": 10}}
+        with pytest.raises(ThreadStoreInvariantError, match="id column"):
+            await store.read_thread(b.read("s", "t", messages=page))
+        # A read by ids does not find the damaged row under its own id (nor fail).
+        ids = {"type": "ids", "messageIds": ["m1", "m2"]}
+        read = await store.read_thread(b.read("s", "t", messages=ids))
+        assert read.messages is not None
+        assert [m.message_id for m in read.messages.items] == ["m1"]
