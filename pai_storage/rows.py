@@ -10,12 +10,16 @@ them; so may any backend of the same shape.
 from __future__ import annotations
 
 import json
-from typing import TypeVar
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .errors import ThreadStoreInvariantError
 from .models import StoreModel
 
-__all__ = ["dec", "dump", "enc", "enc_opt", "parse", "run_ref_fields"]
+if TYPE_CHECKING:
+    from .families import FamilySpec
+
+__all__ = ["dec", "dump", "enc", "enc_opt", "page_records", "parse", "run_ref_fields"]
 
 M = TypeVar("M", bound=StoreModel)
 
@@ -46,6 +50,26 @@ def parse(model: type[M], doc: str) -> M:
     """
     record: M = model.model_validate_stored(doc)
     return record
+
+
+def page_records(spec: FamilySpec, rows: Sequence[Any]) -> list[tuple[int, Any]]:
+    """The validated records of a page's ``(position, doc, id column)`` rows.
+
+    A record whose id is not its row's id column (compared as bytes: a damaged
+    column need not decode) is invalid stored data, as it is for a read by
+    ids; the page's filter columns are checked against the records by the
+    plan (:meth:`~pai_storage.backend.ChildPagePlan.finish`).
+    """
+    validate = spec.model.model_validate_stored
+    page: list[tuple[int, Any]] = []
+    for position, doc, stored_id in rows:
+        record = validate(doc)
+        if enc(spec.record_id(record)) != bytes(stored_id):
+            raise ThreadStoreInvariantError(
+                f"stored {spec.noun} record does not match its id column"
+            )
+        page.append((int(position), record))
+    return page
 
 
 def run_ref_fields(doc: str) -> tuple[str, bool, str | None, tuple[str, ...]]:

@@ -80,7 +80,7 @@ from pai_storage.backend import (
     run_read,
     timestamp_ms,
 )
-from pai_storage.rows import dec, dump, enc, enc_opt, parse, run_ref_fields
+from pai_storage.rows import dec, dump, enc, enc_opt, page_records, parse, run_ref_fields
 
 from .client import SESSION_SETTINGS, PgClient, keep_session, terminate
 from .errors import Phase, is_retryable, map_error
@@ -859,7 +859,7 @@ class _PgSnapshot(_ThreadRows, ReadSnapshot):
             # streaming merge MongoDB does for an $in on a leading index key.
             rows = sorted(rows, key=lambda r: r[0], reverse=window.order == "newest")
             del rows[window.fetch :]
-        return _page_records(spec, rows)  # (position, doc, id) rows
+        return page_records(spec, rows)  # (position, doc, id) rows
 
     async def head_and_page(
         self, spec: FamilySpec, plan: ChildPagePlan, window: Window
@@ -905,27 +905,7 @@ class _PgSnapshot(_ThreadRows, ReadSnapshot):
         # UNION ALL promises no order across or within its parts: sort here
         # (the rows come in order, so this is one linear pass).
         page.sort(reverse=window.order == "newest")  # positions are unique
-        return ReadHead(head[0], root, self._positions(head)), _page_records(spec, page)
-
-
-def _page_records(spec: FamilySpec, rows: Sequence[Any]) -> list[tuple[int, Any]]:
-    """The validated records of ``(position, doc, id)`` page rows.
-
-    A record whose id is not its row's id column is invalid stored data, as it
-    is for a read by ids (:meth:`_ThreadRows.load_rows`); the page's filter
-    columns are checked against the records by the plan
-    (:meth:`~pai_storage.backend.ChildPagePlan.finish`).
-    """
-    validate = spec.model.model_validate_stored
-    page: list[tuple[int, Any]] = []
-    for position, doc, rid in rows:
-        record = validate(doc)
-        if enc(spec.record_id(record)) != rid:
-            raise ThreadStoreInvariantError(
-                f"stored {spec.noun} record does not match its id column"
-            )
-        page.append((position, record))
-    return page
+        return ReadHead(head[0], root, self._positions(head)), page_records(spec, page)
 
 
 def _one_statement(plan: ChildPagePlan) -> bool:

@@ -90,7 +90,7 @@ from pai_storage.backend import (
     run_read,
     timestamp_ms,
 )
-from pai_storage.rows import dec, dump, enc, parse, run_ref_fields
+from pai_storage.rows import dec, dump, enc, page_records, parse, run_ref_fields
 
 from .client import Operation, SqlClient, Statement, is_unique_violation
 from .schema import ORDER_BYTES, SCHEMA_VERSION, Tables, digest
@@ -968,7 +968,7 @@ class _Snapshot(_ThreadRows, ReadSnapshot):
         # Positions are unique: the documents are never compared.
         found.sort(reverse=window.order == "newest")
         root = self._parse_root(head[0])
-        return ReadHead(now, root, self._next(*head[1:])), _page_records(spec, found)
+        return ReadHead(now, root, self._next(*head[1:])), page_records(spec, found)
 
     async def head(self) -> ReadHead:
         t = self._t.threads
@@ -1040,32 +1040,13 @@ class _Snapshot(_ThreadRows, ReadSnapshot):
                 found.extend(await self._op.rows(stmt, {**params, "status": status}))
             found.sort(key=lambda row: int(row[0]), reverse=window.order == "newest")
             del found[window.fetch :]
-        return _page_records(spec, found)
+        return page_records(spec, found)
 
 
 # ---------------------------------------------------------------- rows
 
 VIEWS = ("transcript", "context")
 """Message views with their own index (``raw`` reads the primary key)."""
-
-
-def _page_records(spec: FamilySpec, rows: Sequence[Any]) -> list[tuple[int, Any]]:
-    """The validated records of ``(position, doc, id)`` page rows.
-
-    A record whose id is not its row's id column is invalid stored data, as it
-    is for a read by ids (:meth:`_ThreadRows.load_rows`); the page's filter
-    columns are checked against the records by the plan
-    (:meth:`~pai_storage.backend.ChildPagePlan.finish`).
-    """
-    page: list[tuple[int, Any]] = []
-    for position, doc, stored_id in rows:
-        record = parse(spec.model, doc)
-        if enc(spec.record_id(record)) != bytes(stored_id):  # bytes: it may not decode
-            raise ThreadStoreInvariantError(
-                f"stored {spec.noun} record does not match its id column"
-            )
-        page.append((int(position), record))
-    return page
 
 
 def _page_statement(
