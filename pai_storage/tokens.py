@@ -108,6 +108,15 @@ def _hmac_states(key: bytes) -> tuple[Any, Any]:
     )
 
 
+def _parse(payload: bytes) -> dict[str, Any] | None:
+    """A token's JSON payload, or ``None`` when it is not a JSON object."""
+    try:
+        found = json.loads(payload)
+    except (ValueError, RecursionError):  # bad UTF-8, bad JSON, integers too long
+        raise ThreadStorePageTokenError("page token is malformed") from None
+    return found if isinstance(found, dict) else None
+
+
 _SHA256_BLOCK = 64
 _MAC_BYTES = 16
 _IPAD = bytes(b ^ 0x36 for b in range(256))
@@ -157,8 +166,8 @@ class PageTokenCodec:
             )
         self.prefix = prefix
         self.scope_digest = scope_digest
-        self._key = secret if secret is not None else hashlib.sha256(prefix.encode()).digest()
-        self._inner, self._outer = _hmac_states(self._key)
+        key = secret if secret is not None else hashlib.sha256(prefix.encode()).digest()
+        self._inner, self._outer = _hmac_states(key)
         self._head = f"{prefix}.".encode()
 
     def _mac(self, payload: bytes) -> bytes:
@@ -187,14 +196,10 @@ class PageTokenCodec:
         uses :meth:`decode`. Raises :class:`ThreadStorePageTokenError` when
         ``token`` is not of this shape.
         """
-        payload, _ = self._split(token)
-        try:
-            found = json.loads(payload)
-        except (ValueError, RecursionError):
-            raise ThreadStorePageTokenError("page token is malformed") from None
-        if not isinstance(found, dict):
+        payload = _parse(self._split(token)[0])
+        if payload is None:
             raise ThreadStorePageTokenError("page token is malformed")
-        return found
+        return payload
 
     def _split(self, token: str) -> tuple[bytes, bytes]:
         """``(payload, mac)`` of a token of this codec's prefix."""
@@ -226,12 +231,8 @@ class PageTokenCodec:
         body, mac = self._split(token)
         if not hmac.compare_digest(mac, self._mac(body)):
             raise ThreadStorePageTokenError("page token failed its integrity check (tampered)")
-        try:
-            payload = json.loads(body)
-        except (ValueError, RecursionError):
-            # ValueError covers bad UTF-8 and integers too long to parse.
-            raise ThreadStorePageTokenError("page token is malformed") from None
-        if not isinstance(payload, dict) or payload.get("v") != 1:
+        payload = _parse(body)
+        if payload is None or payload.get("v") != 1:
             raise ThreadStorePageTokenError("page token has an unknown format version")
         token_kind = payload.get("k")
         if token_kind != kind:
