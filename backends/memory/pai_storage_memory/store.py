@@ -175,7 +175,7 @@ class MemoryThreadStore(ThreadStore):
 
     async def _commit_thread(self, request: CommitThreadInput) -> CommittedResult | ConflictResult:
         # The request is the store's own copy already: ThreadStore.commit_thread
-        # validates a mapping, or a model's fields, into a fresh model.
+        # validates a mapping or a model (nested models too) into a fresh model.
         with self._lock:
             thread = self._thread(request.scope_key, request.thread_id)
             before = thread.root if thread is not None else None
