@@ -670,6 +670,9 @@ class TestLeases:
         assert lease.expires_at - lease.acquired_at == timedelta(minutes=10)
         assert created.thread.created_at == created.thread.updated_at == committed_at
 
+        # Each renewal is for a minute: a read and a commit that stall for seconds on a
+        # busy machine must not let the lease run out between renewals.
+        renewal_ms = 60_000
         previous_observed = None
         previous_committed = committed_at
         version = created.thread.version
@@ -682,7 +685,7 @@ class TestLeases:
             previous_observed = read.observed_at
             result = _committed(
                 await store.commit_thread(
-                    b.update(scope, "t", version, {"lease": b.renew("r1", "w1", 2_500)})
+                    b.update(scope, "t", version, {"lease": b.renew("r1", "w1", renewal_ms)})
                 )
             )
             assert result.committed_at >= previous_committed
@@ -691,7 +694,7 @@ class TestLeases:
             renewed = result.thread.lease
             assert renewed is not None
             assert renewed.renewed_at == result.committed_at
-            assert renewed.expires_at - result.committed_at == timedelta(milliseconds=2_500)
+            assert renewed.expires_at - result.committed_at == timedelta(milliseconds=renewal_ms)
             assert renewed.acquired_at == committed_at
             previous_committed = result.committed_at
             version = result.thread.version
