@@ -73,13 +73,17 @@ async def test_guard_on_the_server_clock(pg_schema: str) -> None:
         PostgresExecutionGuard(URL, schema=pg_schema) as one,
         PostgresExecutionGuard(URL, schema=pg_schema) as two,
     ):
-        lease = timedelta(milliseconds=300)
+        # Held for a minute while the checks that need a live lock run (a busy machine
+        # may stall them for seconds); then stopped and renewed once for 300 ms, which
+        # the test waits out.
+        lease, short = timedelta(minutes=1), timedelta(milliseconds=300)
         first = await one.try_acquire("clocked", owner="w1", lease_ttl=lease)
         assert first is not None
         assert first.expires_at - first.acquired_at == lease
         assert first.acquired_at.microsecond % 1000 == 0  # whole milliseconds
         assert await two.try_acquire("clocked", owner="w2", lease_ttl=lease) is None
         await first._guard._forget(first)  # stop its watchdog: let the lease run out
+        assert await one._renew("clocked", first.token, short) is not None
         await asyncio.sleep(0.45)
         assert await two.inspect("clocked") is None  # expired: free at once, unpurged
         second = await two.try_acquire("clocked", owner="w2", lease_ttl=lease)
@@ -90,6 +94,7 @@ async def test_guard_on_the_server_clock(pg_schema: str) -> None:
         assert info is not None
         assert info.owner == "w2"
         await second._guard._forget(second)
+        assert await two._renew("clocked", second.token, short) is not None
         await asyncio.sleep(0.45)
         assert await one.purge_expired() == 1
         third = await one.try_acquire("clocked", owner="w3")
@@ -99,16 +104,16 @@ async def test_guard_on_the_server_clock(pg_schema: str) -> None:
 
 
 async def test_snapshots_on_the_server_clock(pg_schema: str, pg_conn: asyncpg.Connection) -> None:
-    async with PostgresSnapshotStore(
-        URL, schema=pg_schema, snapshot_ttl=timedelta(seconds=1)
-    ) as store:
+    # Two seconds: the read right after the write must find it live on a busy machine.
+    ttl = timedelta(seconds=2)
+    async with PostgresSnapshotStore(URL, schema=pg_schema, snapshot_ttl=ttl) as store:
         server_now = await pg_conn.fetchval("SELECT clock_timestamp()")
         info = await store.put("s", "a", b"data", metadata={"n": 1})
         assert abs((info.created_at - server_now).total_seconds()) < 5
         assert info.created_at.microsecond % 1000 == 0
-        assert info.expires_at == info.created_at + timedelta(seconds=1)
+        assert info.expires_at == info.created_at + ttl
         assert (await store.get("s", "a")) is not None
-        await asyncio.sleep(1.15)
+        await asyncio.sleep(ttl.total_seconds() + 0.15)
         assert await store.get("s", "a") is None
         assert await store.latest("s") is None
         assert (await store.list("s")).items == []
