@@ -21,7 +21,7 @@ from bson import Int64
 from pai_storage_conformance.suite.guard import ExecutionGuardTests
 from pai_storage_conformance.suite.snapshots import SnapshotStoreTests
 from pai_storage_mongo.guard import COUNTER_ID, MongoExecutionGuard
-from pai_storage_mongo.harness import TEST_DB
+from pai_storage_mongo.harness import TEST_DB, MongoHarness
 from pai_storage_mongo.snapshots import MAX_SNAPSHOT_BYTES, MongoSnapshotStore
 from pymongo import AsyncMongoClient
 from pymongo.errors import PyMongoError
@@ -110,8 +110,28 @@ async def raw_db(mongo_url: str) -> AsyncIterator[Any]:
         await client.close()
 
 
-SHORT_TTL = timedelta(seconds=1)
-"""Long enough for a few reads on a busy machine, short enough to wait out."""
+@pytest_asyncio.fixture
+async def ttl_monitor_paused(mongo_harness: MongoHarness, mongo_url: str) -> AsyncIterator[None]:
+    """MongoDB's TTL monitor paused for the test, on the harness's own mongod only.
+
+    The monitor deletes expired documents once a minute on the server's clock, so
+    a pass may land between a document's expiry and the test's ``purge_expired``
+    and leave the purge less to count. Someone else's server is left alone.
+    """
+    if mongo_harness._mongod is None:
+        yield
+        return
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(mongo_url)
+    try:
+        await client.admin.command("setParameter", 1, ttlMonitorEnabled=False)
+        yield
+    finally:
+        await client.admin.command("setParameter", 1, ttlMonitorEnabled=True)
+        await client.close()
+
+
+SHORT_TTL = timedelta(seconds=2)
+"""Long enough for a few reads stalled by a busy machine, short enough to wait out once."""
 
 
 async def _snapshot_store(mongo_url: str, ttl: timedelta) -> AsyncIterator[MongoSnapshotStore]:
@@ -176,6 +196,7 @@ def _assert_indexed(explained: dict[str, Any]) -> list[str]:
 # --------------------------------------------------------------------------- server clock
 
 
+@pytest.mark.usefixtures("ttl_monitor_paused")
 async def test_snapshot_expiry_on_the_server_clock(
     expiring_snapshots: MongoSnapshotStore, raw_db: Any
 ) -> None:
@@ -192,22 +213,24 @@ async def test_snapshot_expiry_on_the_server_clock(
     assert latest is not None
     assert latest.info.snapshot_id == "s1"
     assert [i.snapshot_id for i in (await snapshots.list("scope")).items] == ["s1"]
-    await asyncio.sleep(SHORT_TTL.total_seconds() + 0.15)
+    await snapshots.put("scope", "s2", b"x")
+    await snapshots.put("scope", "s3", b"y")
+    await asyncio.sleep(SHORT_TTL.total_seconds() + 0.15)  # s1, s2 and s3 expire
     assert await snapshots.get("scope", "s1") is None
     assert await snapshots.latest("scope") is None
     assert (await snapshots.list("scope")).items == []
     assert await snapshots.delete("scope", "s1") is False  # expired: not there any more
-    await snapshots.put("scope", "s2", b"x")
-    await snapshots.put("scope", "s3", b"y")
-    await asyncio.sleep(SHORT_TTL.total_seconds() + 0.15)
     await snapshots.put("scope", "s4", b"z")
     assert await snapshots.purge_expired() == 2
     assert await snapshots.delete("scope", "s4") is True
     assert await raw_db[snapshots.collection.name].count_documents({}) == 0
 
 
+@pytest.mark.usefixtures("ttl_monitor_paused")
 async def test_guard_primitives_on_the_server_clock(guard: MongoExecutionGuard) -> None:
-    lease = timedelta(milliseconds=300)
+    # A minute while the checks that need a live lock run (a busy machine may stall
+    # them for seconds); 300 ms where the test waits the lease out.
+    lease, short = timedelta(minutes=1), timedelta(milliseconds=300)
     first = await guard._acquire("r", "w1", "t1", lease)
     assert first is not None
     assert first.owner == "w1"
@@ -221,6 +244,9 @@ async def test_guard_primitives_on_the_server_clock(guard: MongoExecutionGuard) 
     assert seen is not None
     assert seen.owner == "w1"
     assert seen.fencing_token == first.fencing_token
+    shortened = await guard._renew("r", "t1", short)  # a renewal may shorten the lease
+    assert shortened is not None
+    assert shortened < renewed
     await asyncio.sleep(0.45)
     assert await guard._inspect("r") is None  # expired: free at once, swept or not
     assert await guard._renew("r", "t1", lease) is None
@@ -230,8 +256,8 @@ async def test_guard_primitives_on_the_server_clock(guard: MongoExecutionGuard) 
     assert await guard._release("r", "t1") is False  # the old holder cannot release it
     assert await guard._release("r", "t2") is True
     assert await guard._release("r", "t2") is False
-    assert await guard._acquire("a", "w", "t3", lease) is not None
-    assert await guard._acquire("b", "w", "t4", lease) is not None
+    assert await guard._acquire("a", "w", "t3", short) is not None
+    assert await guard._acquire("b", "w", "t4", short) is not None
     await asyncio.sleep(0.45)
     assert await guard.purge_expired() == 2  # the fencing counter is not a lock
     third = await guard._acquire("r", "w3", "t5", lease)
@@ -571,7 +597,10 @@ async def test_lock_lost_before_its_lease_runs_out(
         else:  # the next renewal reaches the server, whose answer never comes back
             proxy.cut_on(b"findAndModify\x00", forward=True)
         await asyncio.wait_for(lock.lost.wait(), timeout=5)
-        assert loop.time() < granted + lease.total_seconds() + 0.05
+        # Given up when the lease ended here: 0.3 s leaves room for a late wake-up on a
+        # busy machine and stays below the 0.8 s a renewal left to the driver's server
+        # selection would take.
+        assert loop.time() < granted + lease.total_seconds() + 0.3
         assert lost == [lock]
         proxy.restore()
     finally:
