@@ -169,7 +169,9 @@ def _gaps(times: list[float]) -> list[float]:
 async def test_waiting_retries_at_the_retry_interval(flaky: _FlakyGuard) -> None:
     started, times = await _wait_in_vain(flaky)
     gaps = _gaps(times)
-    assert times[0] - started < 0.01  # the first attempt at once
+    # The first attempt at once: before the shortest pause (40 ms), with room for a
+    # late wake-up on a busy machine.
+    assert times[0] - started < 0.03
     assert times[-1] - started >= 0.5  # the last one at the deadline
     assert gaps[0] >= 0.035  # never sooner than 50 ms - 20%
     assert gaps[len(gaps) // 2] <= 0.08  # the median near 50 ms, robust to late wake-ups
