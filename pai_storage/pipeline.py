@@ -466,7 +466,9 @@ def run_sync(awaitable: Awaitable[T]) -> T:
     """Run a pipeline over primitives that never suspend, without an event loop.
 
     The in-memory reference answers every primitive at once, so its pipeline
-    finishes on the first step; anything that does suspend is a bug.
+    finishes on the first step; so does a write a backend runs whole in its
+    database's own thread (SQLite). Anything that does suspend is a bug: the
+    coroutine is closed and ``RuntimeError`` raised.
     """
     coroutine = awaitable.__await__()
     try:
@@ -474,4 +476,4 @@ def run_sync(awaitable: Awaitable[T]) -> T:
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
     coroutine.close()
-    raise RuntimeError("an in-memory pipeline step suspended")
+    raise RuntimeError("a pipeline step suspended where nothing may wait")

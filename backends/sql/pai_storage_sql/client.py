@@ -42,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.util
+import sqlite3
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -49,7 +50,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 from pai_storage import StorageError, ThreadStoreConfigurationError
-from pai_storage.backend import SharedClient, StoreURL, make_url
+from pai_storage.backend import SharedClient, StoreURL, make_url, run_sync
 from pai_storage.shared import closed_error
 
 from .errors import Phase, RetryableError, is_driver_exception, is_driver_failure, map_error
@@ -666,22 +667,70 @@ class SqlClient(SharedClient[Engines]):
                         # between operations).
                         await op.rollback()
             except BaseException as exc:
-                if not isinstance(exc, Exception) or (
-                    is_driver_failure(exc) and not isinstance(exc, RetryableError)
-                ):
-                    # Cancelled mid-way or the driver failed: the state is unknown.
-                    with contextlib.suppress(BaseException):
-                        await op.conn.invalidate()
-                    await self._checkin(op, reuse=False)
-                else:
-                    with contextlib.suppress(Exception):
-                        await op.rollback()
-                    await self._checkin(op, reuse=True)
+                await self._failed(op, exc)
                 raise
             await self._checkin(op, reuse=True)
         finally:
             if lock is not None:
                 lock.release()
+
+    async def run_write(self, body: Callable[[Operation], Awaitable[T]]) -> T:
+        """``await body(op)`` in one write transaction (see :meth:`write`), committed
+        when it returns.
+
+        On SQLite engines the client made, the whole transaction (``BEGIN
+        IMMEDIATE``, ``body``, ``COMMIT``) runs in the writer connection's
+        database thread as one call: ``body``'s statements run at once, with no
+        trip between threads per statement (it must not wait for anything but
+        ``op``'s statements; :func:`~pai_storage.backend.run_sync` raises if it
+        does). Elsewhere it runs in :meth:`writing`. Errors, rollback and the
+        connection's fate are those of :meth:`write`.
+        """
+        engines = self._made
+        if engines is None or self._closed:
+            engines = await self._ready()
+        if engines.held_writer is None:
+            async with self.writing() as op:
+                return await body(op)
+        lock = engines.lock
+        if lock is not None:
+            await lock.acquire()
+        try:
+            op = await self._checkout(engines, True)
+            try:
+                driver = op.driver
+                inline = Operation(op.conn, InlineDriver(driver._conn), True, op.held)
+                try:
+                    with self.errors("write"):
+                        result: T = await driver._execute(
+                            lambda: run_sync(_transaction(inline, body))
+                        )
+                except _CommitFailed as failed:
+                    with self.errors("commit"):
+                        raise failed.error from None
+            except BaseException as exc:
+                await self._failed(op, exc)
+                raise
+            await self._checkin(op, reuse=True)
+            return result
+        finally:
+            if lock is not None:
+                lock.release()
+
+    async def _failed(self, op: Operation, exc: BaseException) -> None:
+        """Put ``op``'s connection back after ``exc``: rolled back and reused, or,
+        when its state is unknown (cancelled mid-way, or the driver failed),
+        invalidated: closed, never reused."""
+        if not isinstance(exc, Exception) or (
+            is_driver_failure(exc) and not isinstance(exc, RetryableError)
+        ):
+            with contextlib.suppress(BaseException):
+                await op.conn.invalidate()
+            await self._checkin(op, reuse=False)
+        else:
+            with contextlib.suppress(Exception):
+                await op.rollback()
+            await self._checkin(op, reuse=True)
 
     async def _checkout(self, engines: Engines, write: bool) -> Operation:
         """A connection for one operation: a held one (SQLite engines the client
@@ -837,6 +886,12 @@ class Operation:
         events = conn.sync_engine.dispatch.before_cursor_execute
         self._events: Any = events if events else None
 
+    @property
+    def inline(self) -> bool:
+        """Whether this operation runs whole in the database's thread
+        (:meth:`SqlClient.run_write`)."""
+        return isinstance(self.driver, InlineDriver)
+
     def _announce(self, text: str, args: Any, many: bool) -> None:
         self._events(self.conn.sync_connection, None, text, args, None, many)
 
@@ -902,6 +957,64 @@ class Operation:
             await self.conn.rollback()
         elif not self.sqlite or self.driver.in_transaction:
             await self.driver.rollback()
+
+
+class InlineDriver:
+    """aiosqlite's connection as :class:`Operation` and :class:`CoreConnection`
+    use it, over its ``sqlite3`` connection, inside the database thread.
+
+    For :meth:`SqlClient.run_write`: every method is a coroutine that runs its
+    statement at once and never suspends.
+    """
+
+    __slots__ = ("_raw",)
+
+    def __init__(self, raw: sqlite3.Connection) -> None:
+        self._raw = raw
+
+    @property
+    def in_transaction(self) -> bool:
+        return self._raw.in_transaction
+
+    async def execute_fetchall(self, sql: str, args: Any) -> list[Any]:
+        return self._raw.execute(sql, args).fetchall()
+
+    async def execute(self, sql: str, args: Any = ()) -> sqlite3.Cursor:
+        return self._raw.execute(sql, args)
+
+    async def executemany(self, sql: str, rows: Any) -> sqlite3.Cursor:
+        return self._raw.executemany(sql, rows)
+
+    async def commit(self) -> None:
+        self._raw.commit()
+
+    async def rollback(self) -> None:
+        self._raw.rollback()
+
+
+class _CommitFailed(Exception):
+    """The ``COMMIT`` of an inline write failed with ``error`` (mapped as a commit's)."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+async def _transaction(op: Operation, body: Callable[[Operation], Awaitable[T]]) -> T:
+    """One write transaction around ``body``, in the database thread (see
+    :meth:`SqlClient.run_write`)."""
+    await op.run_text("BEGIN IMMEDIATE")
+    try:
+        result = await body(op)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await op.rollback()
+        raise
+    try:
+        await op.commit()
+    except Exception as exc:
+        raise _CommitFailed(exc) from exc
+    return result
 
 
 class _Prepared:

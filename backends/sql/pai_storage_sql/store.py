@@ -97,6 +97,7 @@ from .schema import ORDER_BYTES, SCHEMA_VERSION, Tables, digest
 
 if TYPE_CHECKING:
     from sqlalchemy import Table
+    from sqlalchemy.ext.asyncio import AsyncConnection
 
 __all__ = ["SqlThreadStore", "thread_key"]
 
@@ -627,13 +628,16 @@ class SqlThreadStore(ThreadStore):
 
     async def _commit_once(self, request: CommitThreadInput) -> CommittedResult | ConflictResult:
         """One attempt: the write transaction, the core's commit pipeline, commit or roll back."""
+
+        async def attempt(op: Operation) -> CommittedResult:
+            tx = _Transaction(op, self, request.scope_key, request.thread_id, request.mutation)
+            result = await run_commit(tx, request, clock=self.now)
+            if isinstance(result, ConflictResult):
+                raise _Conflict(result)
+            return result
+
         try:
-            async with self._client.writing() as op:
-                tx = _Transaction(op, self, request.scope_key, request.thread_id, request.mutation)
-                result = await run_commit(tx, request, clock=self.now)
-                if isinstance(result, ConflictResult):
-                    raise _Conflict(result)
-                return result
+            return await self._client.run_write(attempt)
         except _Conflict as conflict:
             return conflict.result
 
@@ -648,7 +652,7 @@ class _ThreadRows:
         self, op: Operation, store: SqlThreadStore, scope_key: str, thread_id: str
     ) -> None:
         self._op = op
-        self._conn = op.conn
+        self._conn = _connection(op, store)
         self._store = store
         self._client = store.client
         self._t = store.tables
@@ -1139,6 +1143,13 @@ _RESTORE = object()
 """The mutation of a restore: held like a create (the key must be missing)."""
 
 
+def _connection(op: Operation, store: SqlThreadStore) -> AsyncConnection:
+    """The connection for SQLAlchemy Core statements in ``op``: inside the database
+    thread (:meth:`SqlClient.run_write`) they run on the driver, never through
+    SQLAlchemy's asyncio layer."""
+    return store.client.connection(op) if op.inline else op.conn
+
+
 def _version(row: Any) -> ThreadVersion:
     return ThreadVersion(thread_instance_id=row.instance_id, revision=int(row.revision))
 
@@ -1174,7 +1185,7 @@ class _Reader:
 
     def __init__(self, op: Operation, store: SqlThreadStore, key: bytes) -> None:
         self._op = op
-        self._conn = op.conn
+        self._conn = _connection(op, store)
         self._store = store
         self._t = store.tables
         self._key = key

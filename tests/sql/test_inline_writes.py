@@ -1,0 +1,180 @@
+"""Commits on SQLite run whole in the writer connection's database thread.
+
+On SQLite engines the client made, ``SqlClient.run_write`` runs ``BEGIN
+IMMEDIATE``, the commit pipeline's statements and ``COMMIT`` in one call to the
+writer's thread (see docs/sql.md) instead of one trip between threads per
+statement. These tests pin what that must keep: one trip per commit, every
+statement still seen by the engine's ``before_cursor_execute`` listeners, a
+body that would wait is refused and rolled back, a failed ``COMMIT`` is an
+unknown outcome, a cancelled commit leaves nothing half-written and the store
+usable, and MySQL keeps its own path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+from typing import Any
+
+import aiosqlite
+import pytest
+from pai_storage_sql.client import InlineDriver, Operation
+from sqlalchemy import event
+
+from pai_storage import (
+    CommittedResult,
+    ThreadStoreCommitUnknownError,
+)
+from pai_storage import builders as b
+
+from .conftest import Target
+
+pytestmark = pytest.mark.asyncio
+
+
+@pytest.fixture
+def trips(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The name of every function aiosqlite runs in a database thread."""
+    seen: list[str] = []
+    original = aiosqlite.Connection._execute
+
+    async def counted(self: Any, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        seen.append(getattr(fn, "__name__", repr(fn)))
+        return await original(self, fn, *args, **kwargs)
+
+    monkeypatch.setattr(aiosqlite.Connection, "_execute", counted)
+    return seen
+
+
+def _turn(n: int) -> dict[str, Any]:
+    run_id = f"r{n}"
+    return {
+        "messages": [
+            b.insert(b.message(f"u{n}", "question", run_id=run_id, relation="input")),
+            b.insert(
+                b.message(f"a{n}", "answer", role="assistant", run_id=run_id, relation="output")
+            ),
+        ],
+        "runs": [b.insert(b.run(run_id, "completed", inputs=[f"u{n}"]))],
+    }
+
+
+async def test_a_commit_is_one_trip_to_the_database_thread(
+    sqlite_target: Target, trips: list[str]
+) -> None:
+    async with sqlite_target.store() as store:
+        created = await store.commit_thread(b.create("s", "t"))
+        assert isinstance(created, CommittedResult)
+        assert created.thread is not None
+        engine = (await store.client.ready()).writer
+        statements: list[tuple[str, str]] = []
+
+        def before(conn: Any, cursor: Any, text: str, *args: Any) -> None:
+            statements.append((text.split()[0], threading.current_thread().name))
+
+        event.listen(engine.sync_engine, "before_cursor_execute", before)
+        try:
+            trips.clear()
+            result = await store.commit_thread(b.update("s", "t", created.thread.version, _turn(1)))
+        finally:
+            event.remove(engine.sync_engine, "before_cursor_execute", before)
+        assert isinstance(result, CommittedResult)
+        assert len(trips) == 1
+        # The listeners still see every statement, in the database thread.
+        kinds = [kind for kind, _ in statements]
+        assert kinds[0] == "BEGIN"
+        assert kinds.count("INSERT") == 2  # messages, runs
+        assert "UPDATE" in kinds
+        assert {name for _, name in statements} != {threading.current_thread().name}
+        read = await store.read_thread(
+            b.read("s", "t", messages={"type": "page", "view": "transcript", "page": {"limit": 10}})
+        )
+        assert read.messages is not None
+        assert [m.message_id for m in read.messages.items] == ["u1", "a1"]
+
+
+async def test_a_body_that_waits_is_refused_and_rolled_back(sqlite_target: Target) -> None:
+    async with sqlite_target.store() as store:
+        await store.commit_thread(b.create("s", "t"))
+
+        async def body(op: Operation) -> None:
+            assert op.inline
+            await op.run_text("CREATE TABLE written_then_waited (x INTEGER)")
+            await asyncio.sleep(0)  # a wait: not allowed in the database thread
+
+        with pytest.raises(RuntimeError, match="suspended"):
+            await store.client.run_write(body)
+        async with store.client.reading() as op:
+            tables = await op.driver.execute_fetchall(
+                "SELECT name FROM sqlite_master WHERE name = 'written_then_waited'", ()
+            )
+        assert list(tables) == []
+        # The writer is still usable.
+        assert isinstance(await store.commit_thread(b.create("s", "t2")), CommittedResult)
+
+
+async def test_a_failed_commit_is_an_unknown_outcome(
+    sqlite_target: Target, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with sqlite_target.store() as store:
+        await store.commit_thread(b.create("s", "t"))
+
+        async def failing_commit(self: InlineDriver) -> None:
+            exc = sqlite3.OperationalError("disk I/O error")
+            exc.sqlite_errorcode = 10  # type: ignore[attr-defined]  # SQLITE_IOERR
+            raise exc
+
+        with monkeypatch.context() as patch:
+            patch.setattr(InlineDriver, "commit", failing_commit)
+            with pytest.raises(ThreadStoreCommitUnknownError, match="COMMIT was pending"):
+                await store.commit_thread(b.create("s", "t2"))
+        # The connection whose COMMIT failed is not reused; nothing was applied here.
+        read = await store.read_thread(b.read("s", "t2"))
+        assert read.thread is None
+        assert isinstance(await store.commit_thread(b.create("s", "t2")), CommittedResult)
+
+
+async def test_a_cancelled_commit_leaves_the_store_usable(sqlite_target: Target) -> None:
+    async with sqlite_target.store() as store:
+        created = await store.commit_thread(b.create("s", "t"))
+        assert isinstance(created, CommittedResult)
+        assert created.thread is not None
+        version = created.thread.version
+        for n in range(20):
+            task = asyncio.create_task(store.commit_thread(b.update("s", "t", version, _turn(n))))
+            await asyncio.sleep(0.0002 * (n % 5))
+            task.cancel()
+            try:
+                result = await task
+            except asyncio.CancelledError:
+                pass  # applied or not: read it back
+            else:
+                assert isinstance(result, CommittedResult)
+            read = await store.read_thread(
+                b.read(
+                    "s",
+                    "t",
+                    messages={"type": "page", "view": "transcript", "page": {"limit": 100}},
+                )
+            )
+            assert read.thread is not None
+            assert read.messages is not None
+            # All of a turn or none of it.
+            assert len(read.messages.items) == 2 * (read.thread.version.revision - 1)
+            version = read.thread.version
+        final = await store.commit_thread(b.update("s", "t", version, _turn(99)))
+        assert isinstance(final, CommittedResult)
+
+
+async def test_mysql_commits_take_the_usual_path(mysql_target: Target) -> None:
+    async with mysql_target.store() as store:
+        engines = await store.client.ready()
+        assert engines.held_writer is None
+        seen: list[bool] = []
+
+        async def body(op: Operation) -> None:
+            seen.append(op.inline)
+
+        await store.client.run_write(body)
+        assert seen == [False]
