@@ -37,6 +37,7 @@ import asyncio
 import functools
 import json
 import shutil
+import sqlite3
 import statistics
 import sys
 import tempfile
@@ -47,6 +48,7 @@ from typing import Any
 
 import aiosqlite
 from pai_storage_sql import SqlThreadStore
+from pai_storage_sql.client import InlineDriver
 
 from pai_storage import CommittedResult, ThreadVersion
 from pai_storage import builders as b
@@ -115,19 +117,22 @@ async def timed(
     floor: Callable[[], Awaitable[Any]],
     n: int,
     warmup: int = 10,
-) -> tuple[float, float]:
-    """Median milliseconds of ``n`` calls of each side after ``warmup`` untimed ones,
-    the two sides alternating call by call so that drift on the machine hits both."""
+    *more: Callable[[], Awaitable[Any]],
+) -> list[float]:
+    """Median milliseconds of ``n`` calls of each side (the store, its floor, any
+    ``more``) after ``warmup`` untimed ones, the sides alternating call by call so
+    that drift on the machine hits all of them."""
+    sides = (store, floor, *more)
     for _ in range(warmup):
-        await store()
-        await floor()
-    samples: tuple[list[float], list[float]] = ([], [])
+        for fn in sides:
+            await fn()
+    samples: list[list[float]] = [[] for _ in sides]
     for _ in range(n):
-        for side, fn in enumerate((store, floor)):
+        for side, fn in enumerate(sides):
             t0 = time.perf_counter()
             await fn()
             samples[side].append(time.perf_counter() - t0)
-    return statistics.median(samples[0]) * 1000, statistics.median(samples[1]) * 1000
+    return [statistics.median(s) * 1000 for s in samples]
 
 
 # ---------------------------------------------------------------- recording
@@ -139,17 +144,23 @@ class Recorder:
     It listens at the driver (``aiosqlite.Connection._execute``, through which
     every call to the database thread goes), so it sees the statements the
     store runs through SQLAlchemy and those it runs on the driver connection
-    alike, and the transaction control of both.
+    alike, and the transaction control of both; and at :class:`InlineDriver`,
+    through which a commit run whole in the database thread runs each of its
+    statements.
     """
+
+    _INLINE = ("execute_fetchall", "execute", "executemany", "commit", "rollback")
 
     def __init__(self) -> None:
         self.log: list[Statement] = []
         self.on = False
-        self._original: Any = None
+        self._originals: dict[str, Any] = {}
 
     def attach(self) -> None:
-        self._original = original = aiosqlite.Connection._execute
-        call: Callable[..., Awaitable[Any]] = original
+        self._originals = {"_execute": aiosqlite.Connection._execute} | {
+            name: getattr(InlineDriver, name) for name in self._INLINE
+        }
+        call: Callable[..., Awaitable[Any]] = self._originals["_execute"]
         recorder = self
 
         async def execute(conn: Any, fn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -158,14 +169,26 @@ class Recorder:
             return await call(conn, fn, *args, **kwargs)
 
         aiosqlite.Connection._execute = execute  # type: ignore[method-assign,assignment]
+        for name in self._INLINE:
+            setattr(InlineDriver, name, self._inline(name, self._originals[name]))
+
+    def _inline(self, name: str, original: Any) -> Any:
+        recorder = self
+
+        async def run(driver: Any, *args: Any) -> Any:
+            if recorder.on:
+                recorder._note(name, args)
+            return await original(driver, *args)
+
+        return run
 
     def detach(self) -> None:
-        if self._original is not None:
-            aiosqlite.Connection._execute = self._original  # type: ignore[method-assign]
-            self._original = None
+        for name, original in self._originals.items():
+            setattr(InlineDriver if name != "_execute" else aiosqlite.Connection, name, original)
+        self._originals = {}
 
     def _note(self, name: str, args: tuple[Any, ...]) -> None:
-        if name in ("execute", "_execute_fetchall"):
+        if name in ("execute", "_execute_fetchall", "execute_fetchall"):
             self.log.append((args[0], args[1] if len(args) > 1 else (), False))
         elif name == "executemany":
             self.log.append((args[0], list(args[1]), True))
@@ -222,11 +245,37 @@ class Floor:
             else:
                 # One trip to the driver's thread per statement (execute and fetch).
                 rows = await conn.execute_fetchall(sql, params)
-                # Like a store, decode what it read (json.loads, not model validation).
-                for row in rows:
-                    for value in row:
-                        if isinstance(value, str) and value.startswith("{"):
-                            json.loads(value)
+                _decode(rows)
+
+    async def replay_in_one_trip(self, statements: list[Statement]) -> None:
+        """The statements of one write, all in one trip to the driver's thread.
+
+        What a commit of the store costs at the least: its statements with no
+        trip between threads per statement (through aiosqlite's own queue, as
+        the store's commits run; see ``SqlClient.run_write``).
+        """
+        assert self.writer is not None
+        await self.writer._execute(_run_all, self.writer._conn, statements)
+
+
+def _run_all(conn: sqlite3.Connection, statements: list[Statement]) -> None:
+    for sql, params, many in statements:
+        if sql == "COMMIT":
+            conn.commit()
+        elif sql == "ROLLBACK":
+            conn.rollback()
+        elif many:
+            conn.executemany(sql, params)
+        else:
+            _decode(conn.execute(sql, params).fetchall())
+
+
+def _decode(rows: Any) -> None:
+    # Like a store, decode what it read (json.loads, not model validation).
+    for row in rows:
+        for value in row:
+            if isinstance(value, str) and value.startswith("{"):
+                json.loads(value)
 
 
 # ---------------------------------------------------------------- peers
@@ -415,14 +464,17 @@ async def record_turns(
 async def time_turns(
     store: SqlThreadStore,
     floor: Floor,
+    one_trip: Floor,
     size: int,
     version: ThreadVersion,
     recorded: list[list[Statement]],
     turns: int,
-) -> tuple[float, float]:
-    """A turn on the store's thread of ``size`` messages against its recorded replay."""
+) -> list[float]:
+    """A turn on the store's thread of ``size`` messages against its recorded replay,
+    statement by statement and in one trip (each on its own copy of the database)."""
     counter = iter(range(turns + 10))
     replay = iter(recorded)
+    replay_again = iter(recorded)
 
     async def store_turn() -> None:
         nonlocal version
@@ -436,12 +488,15 @@ async def time_turns(
     async def floor_turn() -> None:
         await floor.replay(next(replay), write=True)
 
-    return await timed(store_turn, floor_turn, turns)
+    async def one_trip_turn() -> None:
+        await one_trip.replay_in_one_trip(next(replay_again))
+
+    return await timed(store_turn, floor_turn, turns, 10, one_trip_turn)
 
 
 async def time_reads(
     store: SqlThreadStore, floor: Floor, size: int, recorded: list[Statement], reads: int
-) -> tuple[float, float]:
+) -> list[float]:
     """Reading the newest 20 transcript messages against the recorded replay."""
 
     async def store_read() -> None:
@@ -505,7 +560,7 @@ async def run(
         for i in range(threads):
             result = await store.commit_thread(b.create(LIST_SCOPE, f"l{i:05}", title=f"{i}"))
             assert isinstance(result, CommittedResult)
-    for name in ("store", "record", "floor"):
+    for name in ("store", "record", "floor", "one-trip"):
         shutil.copy(base, work / f"{name}.db")
 
     # Record the statements of every timed operation on a copy of the database.
@@ -530,39 +585,59 @@ async def run(
         finally:
             recorder.detach()
 
-    rows: list[tuple[str, float, float]] = []
+    rows: list[tuple[str, float, float, float | None]] = []
     floor = Floor(str(work / "floor.db"))
+    one_trip = Floor(str(work / "one-trip.db"))
     await floor.open()
+    await one_trip.open()
     try:
         async with SqlThreadStore(f"sqlite:///{work / 'store.db'}") as store:
             await store.initialize()
             for size in sizes:
-                store_ms, floor_ms = await time_turns(
-                    store, floor, size, versions[size], recorded_turns[size], turns
+                store_ms, floor_ms, one_trip_ms = await time_turns(
+                    store, floor, one_trip, size, versions[size], recorded_turns[size], turns
                 )
-                rows.append((f"turn @ {size:,} messages", store_ms, floor_ms))
+                rows.append((f"turn @ {size:,} messages", store_ms, floor_ms, one_trip_ms))
             for size in sizes:
                 store_ms, floor_ms = await time_reads(
                     store, floor, size, recorded_reads[size], reads
                 )
-                rows.append((f"read newest 20 @ {size:,} messages", store_ms, floor_ms))
+                rows.append((f"read newest 20 @ {size:,} messages", store_ms, floor_ms, None))
             store_ms, floor_ms = await timed(
                 lambda: store.list_threads(LIST_20),
                 lambda: floor.replay(recorded_list, write=False),
                 reads,
             )
-            rows.append((f"list 20 of {threads:,} threads", store_ms, floor_ms))
+            rows.append((f"list 20 of {threads:,} threads", store_ms, floor_ms, None))
     finally:
         await floor.close()
+        await one_trip.close()
 
-    header = ("operation", "store ms", "aiosqlite floor ms", "store / floor")
-    table = [header] + [(op, f"{s:.3f}", f"{f:.3f}", f"{s / f:.2f}x") for op, s, f in rows]
-    widths = [max(len(r[i]) for r in table) for i in range(4)]
+    header = (
+        "operation",
+        "store ms",
+        "aiosqlite floor ms",
+        "store / floor",
+        "one-trip floor ms",
+        "store / one-trip",
+    )
+    table = [header] + [
+        (
+            op,
+            f"{s:.3f}",
+            f"{f:.3f}",
+            f"{s / f:.2f}x",
+            "" if o is None else f"{o:.3f}",
+            "" if o is None else f"{s / o:.2f}x",
+        )
+        for op, s, f, o in rows
+    ]
+    widths = [max(len(r[i]) for r in table) for i in range(len(header))]
     for i, r in enumerate(table):
         print("| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |")
         if i == 0:
             print("| " + " | ".join("-" * w for w in widths) + " |")
-    by_op = {op: s for op, s, _ in rows}
+    by_op = {op: s for op, s, _, _ in rows}
     small, large = sizes[0], sizes[-1]
     growth = by_op[f"turn @ {large:,} messages"] / by_op[f"turn @ {small:,} messages"]
     print(f"\nturn at {large:,} messages / turn at {small:,} messages: {growth:.2f}x")
