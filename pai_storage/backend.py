@@ -66,7 +66,14 @@ from .changes import (
 )
 from .clock import Clock, ManualClock, system_clock
 from .errormap import map_errors
-from .events import StoreWarning, WarningCallback, emit_warning
+from .events import (
+    HeldWarnings,
+    StoreWarning,
+    WarningCallback,
+    deliver_held_warnings,
+    emit_warning,
+    holding_warnings,
+)
 from .families import (
     FAMILIES,
     TERMINAL_STATUSES,
@@ -181,6 +188,7 @@ __all__ = [
     "FamilyWrite",
     "ForkPlan",
     "HeldThread",
+    "HeldWarnings",
     "IdsPlan",
     "IndexedFamily",
     "IndexedThread",
@@ -243,6 +251,7 @@ __all__ = [
     "check_value",
     "commit_time",
     "default_scope_digest",
+    "deliver_held_warnings",
     "duplicate_insert_error",
     "emit_warning",
     "facts_from_aggregate",
@@ -250,6 +259,7 @@ __all__ = [
     "fork_aggregate",
     "format_timestamp",
     "get_backend",
+    "holding_warnings",
     "is_expired",
     "make_url",
     "map_errors",

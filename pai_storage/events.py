@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
-from collections.abc import Awaitable, Callable
+import threading
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["StoreWarning", "WarningCallback", "emit_warning"]
+__all__ = [
+    "HeldWarnings",
+    "StoreWarning",
+    "WarningCallback",
+    "deliver_held_warnings",
+    "emit_warning",
+    "holding_warnings",
+]
 
 _log = logging.getLogger("pai_storage")
 
@@ -36,8 +45,46 @@ class StoreWarning:
 WarningCallback = Callable[[StoreWarning], Awaitable[None] | None]
 
 
+HeldWarnings = list[tuple["WarningCallback | None", StoreWarning]]
+"""Warnings kept by :func:`holding_warnings`, with the callback each was for."""
+
+_held = threading.local()
+
+
+@contextlib.contextmanager
+def holding_warnings(held: HeldWarnings) -> Iterator[None]:
+    """Keep the warnings this thread emits inside the block in ``held`` instead of
+    delivering them.
+
+    For a backend that runs an operation outside the event loop (in its
+    database's own thread): ``on_warning`` may be a coroutine function and
+    expects the loop's thread, so the warnings are delivered afterwards, on
+    the loop, by :func:`deliver_held_warnings`.
+    """
+    previous = getattr(_held, "warnings", None)
+    _held.warnings = held
+    try:
+        yield
+    finally:
+        _held.warnings = previous
+
+
+async def deliver_held_warnings(held: HeldWarnings) -> None:
+    """Deliver what :func:`holding_warnings` kept, in the order it was emitted."""
+    while held:
+        callback, warning = held.pop(0)
+        await emit_warning(callback, warning)
+
+
 async def emit_warning(callback: WarningCallback | None, warning: StoreWarning) -> None:
-    """Deliver ``warning``; a callback that raises (or whose coroutine fails) is ignored."""
+    """Deliver ``warning``; a callback that raises (or whose coroutine fails) is ignored.
+
+    Inside :func:`holding_warnings` (in its thread) it is kept for later instead.
+    """
+    held = getattr(_held, "warnings", None)
+    if held is not None:
+        held.append((callback, warning))
+        return
     if callback is None:
         _log.warning("%s: %s", warning.kind, warning.reason)
         return
