@@ -1,13 +1,14 @@
-"""Commits on SQLite run whole in the writer connection's database thread.
+"""Operations on SQLite run whole in their connection's database thread.
 
 On SQLite engines the client made, ``SqlClient.run_write`` runs ``BEGIN
 IMMEDIATE``, the commit pipeline's statements and ``COMMIT`` in one call to the
 writer's thread (see docs/sql.md) instead of one trip between threads per
-statement. These tests pin what that must keep: one trip per commit, every
-statement still seen by the engine's ``before_cursor_execute`` listeners, a
-body that would wait is refused and rolled back, a failed ``COMMIT`` is an
-unknown outcome, a cancelled commit leaves nothing half-written and the store
-usable, and MySQL keeps its own path.
+statement, and ``run_read`` a read snapshot in one call to a reader's. These
+tests pin what that must keep: one trip per operation, every statement still
+seen by the engine's ``before_cursor_execute`` listeners, a body that would
+wait is refused and rolled back, warnings reach ``on_warning`` on the event
+loop, a failed ``COMMIT`` is an unknown outcome, a cancelled commit leaves
+nothing half-written and the store usable, and MySQL keeps its own path.
 """
 
 from __future__ import annotations
@@ -24,9 +25,11 @@ from sqlalchemy import event
 
 from pai_storage import (
     CommittedResult,
+    StoreWarning,
     ThreadStoreCommitUnknownError,
 )
 from pai_storage import builders as b
+from pai_storage.backend import emit_warning
 
 from .conftest import Target
 
@@ -112,6 +115,42 @@ async def test_a_body_that_waits_is_refused_and_rolled_back(sqlite_target: Targe
         assert list(tables) == []
         # The writer is still usable.
         assert isinstance(await store.commit_thread(b.create("s", "t2")), CommittedResult)
+
+
+async def test_warnings_reach_on_warning_on_the_event_loop(
+    sqlite_target: Target, trips: list[str]
+) -> None:
+    async with sqlite_target.store() as store:
+        await store.commit_thread(b.create("s", "t"))
+        loop_thread = threading.current_thread()
+        got: list[tuple[str, threading.Thread]] = []
+
+        async def on_warning(warning: StoreWarning) -> None:
+            await asyncio.sleep(0)  # a callback that waits: only on the loop
+            got.append((warning.reason, threading.current_thread()))
+
+        async def body(op: Operation) -> int:
+            assert op.inline
+            assert threading.current_thread() is not loop_thread
+            for reason in ("first", "second"):
+                await emit_warning(on_warning, StoreWarning("invalid_record", reason))
+            assert got == []  # kept, not delivered, in the database thread
+            rows = await op.driver.execute_fetchall("SELECT 1", ())
+            return int(rows[0][0])
+
+        await store.read_thread(b.read("s", "t"))  # the reader connection is open
+        trips.clear()
+        assert await store.client.run_read(body) == 1
+        assert len(trips) == 1
+        assert got == [("first", loop_thread), ("second", loop_thread)]
+
+        async def failing(op: Operation) -> None:
+            await emit_warning(on_warning, StoreWarning("invalid_record", "third"))
+            raise ValueError("the body failed")
+
+        with pytest.raises(ValueError, match="the body failed"):
+            await store.client.run_write(failing)
+        assert got[-1] == ("third", loop_thread)  # delivered when the operation fails too
 
 
 async def test_a_failed_commit_is_an_unknown_outcome(

@@ -50,7 +50,15 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 from pai_storage import StorageError, ThreadStoreConfigurationError
-from pai_storage.backend import SharedClient, StoreURL, make_url, run_sync
+from pai_storage.backend import (
+    HeldWarnings,
+    SharedClient,
+    StoreURL,
+    deliver_held_warnings,
+    holding_warnings,
+    make_url,
+    run_sync,
+)
 from pai_storage.shared import closed_error
 
 from .errors import Phase, RetryableError, is_driver_exception, is_driver_failure, map_error
@@ -683,27 +691,41 @@ class SqlClient(SharedClient[Engines]):
         database thread as one call: ``body``'s statements run at once, with no
         trip between threads per statement (it must not wait for anything but
         ``op``'s statements; :func:`~pai_storage.backend.run_sync` raises if it
-        does). Elsewhere it runs in :meth:`writing`. Errors, rollback and the
-        connection's fate are those of :meth:`write`.
+        does, and the transaction is rolled back). Warnings it emits are
+        delivered afterwards, on the event loop. Elsewhere it runs in
+        :meth:`writing`. Errors, rollback and the connection's fate are those of
+        :meth:`write`.
         """
+        return await self._run(True, True, body)
+
+    async def run_read(
+        self, body: Callable[[Operation], Awaitable[T]], *, snapshot: bool = True
+    ) -> T:
+        """``await body(op)`` in one read snapshot (see :meth:`read`), in the reader
+        connection's database thread as one call where :meth:`run_write` runs a
+        write in one."""
+        return await self._run(False, snapshot, body)
+
+    async def _run(self, write: bool, begin: bool, body: Callable[[Operation], Awaitable[T]]) -> T:
         engines = self._made
         if engines is None or self._closed:
             engines = await self._ready()
-        if engines.held_writer is None:
-            async with self.writing() as op:
+        if (engines.held_writer if write else engines.held_reader) is None:
+            async with self._operation(write, begin) as op:
                 return await body(op)
+        held: HeldWarnings = []
         lock = engines.lock
         if lock is not None:
             await lock.acquire()
         try:
-            op = await self._checkout(engines, True)
+            op = await self._checkout(engines, write)
             try:
                 driver = op.driver
                 inline = Operation(op.conn, InlineDriver(driver._conn), True, op.held)
                 try:
-                    with self.errors("write"):
+                    with self.errors("write" if write else "read"):
                         result: T = await driver._execute(
-                            lambda: run_sync(_transaction(inline, body))
+                            _in_thread, inline, write, begin, body, held
                         )
                 except _CommitFailed as failed:
                     with self.errors("commit"):
@@ -716,6 +738,7 @@ class SqlClient(SharedClient[Engines]):
         finally:
             if lock is not None:
                 lock.release()
+            await deliver_held_warnings(held)
 
     async def _failed(self, op: Operation, exc: BaseException) -> None:
         """Put ``op``'s connection back after ``exc``: rolled back and reused, or,
@@ -1000,16 +1023,35 @@ class _CommitFailed(Exception):
         self.error = error
 
 
-async def _transaction(op: Operation, body: Callable[[Operation], Awaitable[T]]) -> T:
-    """One write transaction around ``body``, in the database thread (see
-    :meth:`SqlClient.run_write`)."""
-    await op.run_text("BEGIN IMMEDIATE")
+def _in_thread(
+    op: Operation,
+    write: bool,
+    begin: bool,
+    body: Callable[[Operation], Awaitable[T]],
+    held: HeldWarnings,
+) -> T:
+    """One operation around ``body``, run in the database thread (see
+    :meth:`SqlClient.run_write`): its warnings are kept in ``held``."""
+    with holding_warnings(held):
+        return run_sync(_transaction(op, write, begin, body))
+
+
+async def _transaction(
+    op: Operation, write: bool, begin: bool, body: Callable[[Operation], Awaitable[T]]
+) -> T:
+    if write:
+        await op.run_text("BEGIN IMMEDIATE")
+    elif begin:
+        await op.run_text("BEGIN")
     try:
         result = await body(op)
     except BaseException:
         with contextlib.suppress(Exception):
             await op.rollback()
         raise
+    if not write:
+        await op.rollback()  # ends the snapshot
+        return result
     try:
         await op.commit()
     except Exception as exc:
@@ -1176,6 +1218,11 @@ class CoreConnection:
             elif isinstance(parameters, list) and parameters:
                 prepared = self._prepare(statement, parameters)
         if prepared is None:
+            if self._op.inline:  # SQLAlchemy's asyncio layer waits on the event loop
+                raise RuntimeError(
+                    f"{type(statement).__name__} needs SQLAlchemy's execution layer, which "
+                    "cannot run in the database thread"
+                )
             return await self._op.conn.execute(statement, parameters, **options)
         entry, sets = prepared
         compiled = entry.compiled

@@ -146,19 +146,23 @@ class RuntimeDb:
 
         The transaction commits when ``operation`` returns; when it raises,
         nothing is applied. ``operation`` may roll back itself
-        (``await conn.rollback()``) to apply nothing and still return.
+        (``await conn.rollback()``) to apply nothing and still return. On
+        SQLite engines the client made it runs whole in the database thread
+        (:meth:`~pai_storage_sql.client.SqlClient.run_write`), as does
+        :meth:`read`.
         """
 
-        async def attempt() -> T:
-            async with self.client.writing() as op:
-                return await operation(self.client.connection(op))
+        client = self.client
 
-        return await self.client.retrying(attempt)
+        async def attempt() -> T:
+            return await client.run_write(lambda op: operation(client.connection(op)))
+
+        return await client.retrying(attempt)
 
     async def read(self, operation: Callable[[AsyncConnection], Awaitable[T]]) -> T:
         """``operation(conn)`` in one read snapshot."""
-        async with self.client.reading() as op:
-            return await operation(self.client.connection(op))
+        client = self.client
+        return await client.run_read(lambda op: operation(client.connection(op)))
 
     async def now(self, conn: AsyncConnection, store: ManagedStore) -> datetime:
         """The store's time in whole milliseconds: the test clock, else the server's.
