@@ -206,6 +206,30 @@ async def test_a_cancelled_commit_leaves_the_store_usable(sqlite_target: Target)
         assert isinstance(final, CommittedResult)
 
 
+async def test_a_commit_cancelled_while_waiting_for_the_lock_is_not_applied(
+    sqlite_target: Target,
+) -> None:
+    async with sqlite_target.store() as store:
+        await store.commit_thread(b.create("s", "t"))
+        path = sqlite_target.url.removeprefix("sqlite:///")
+        blocker = sqlite3.connect(path, isolation_level=None)
+        try:
+            blocker.execute("BEGIN IMMEDIATE")  # another writer holds the lock
+            task = asyncio.create_task(store.commit_thread(b.create("s", "t2")))
+            await asyncio.sleep(0.3)  # waiting for the lock, in the database thread
+            assert not task.done()
+            task.cancel()
+            await asyncio.sleep(0.05)
+            blocker.execute("ROLLBACK")  # the lock is free: the cancelled commit goes on
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        finally:
+            blocker.close()
+        # Its caller gave up before it committed: it rolled back.
+        assert (await store.read_thread(b.read("s", "t2"))).thread is None
+        assert isinstance(await store.commit_thread(b.create("s", "t3")), CommittedResult)
+
+
 async def test_mysql_commits_take_the_usual_path(mysql_target: Target) -> None:
     async with mysql_target.store() as store:
         engines = await store.client.ready()

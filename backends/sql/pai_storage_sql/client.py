@@ -43,6 +43,7 @@ import asyncio
 import contextlib
 import importlib.util
 import sqlite3
+import threading
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -714,6 +715,7 @@ class SqlClient(SharedClient[Engines]):
             async with self._operation(write, begin) as op:
                 return await body(op)
         held: HeldWarnings = []
+        abandoned = threading.Event()
         lock = engines.lock
         if lock is not None:
             await lock.acquire()
@@ -724,12 +726,17 @@ class SqlClient(SharedClient[Engines]):
                 inline = Operation(op.conn, InlineDriver(driver._conn), True, op.held)
                 try:
                     with self.errors("write" if write else "read"):
+                        # aiosqlite's own queue to its thread (no public API runs a
+                        # function there).
                         result: T = await driver._execute(
-                            _in_thread, inline, write, begin, body, held
+                            _in_thread, inline, write, begin, body, held, abandoned
                         )
                 except _CommitFailed as failed:
                     with self.errors("commit"):
                         raise failed.error from None
+                except asyncio.CancelledError:
+                    abandoned.set()  # rolled back there unless already committing
+                    raise
             except BaseException as exc:
                 await self._failed(op, exc)
                 raise
@@ -1023,28 +1030,43 @@ class _CommitFailed(Exception):
         self.error = error
 
 
+class _Abandoned(Exception):
+    """The caller of an operation was cancelled before it committed: roll back."""
+
+
 def _in_thread(
     op: Operation,
     write: bool,
     begin: bool,
     body: Callable[[Operation], Awaitable[T]],
     held: HeldWarnings,
+    abandoned: threading.Event,
 ) -> T:
     """One operation around ``body``, run in the database thread (see
-    :meth:`SqlClient.run_write`): its warnings are kept in ``held``."""
+    :meth:`SqlClient.run_write`): its warnings are kept in ``held``; once
+    ``abandoned`` is set (its caller was cancelled) it is not begun, and a
+    write not yet committing is rolled back."""
+    if abandoned.is_set():
+        raise _Abandoned
     with holding_warnings(held):
-        return run_sync(_transaction(op, write, begin, body))
+        return run_sync(_transaction(op, write, begin, body, abandoned))
 
 
 async def _transaction(
-    op: Operation, write: bool, begin: bool, body: Callable[[Operation], Awaitable[T]]
+    op: Operation,
+    write: bool,
+    begin: bool,
+    body: Callable[[Operation], Awaitable[T]],
+    abandoned: threading.Event,
 ) -> T:
     if write:
-        await op.run_text("BEGIN IMMEDIATE")
+        await op.run_text("BEGIN IMMEDIATE")  # may wait up to busy_timeout
     elif begin:
         await op.run_text("BEGIN")
     try:
         result = await body(op)
+        if abandoned.is_set():
+            raise _Abandoned
     except BaseException:
         with contextlib.suppress(Exception):
             await op.rollback()
