@@ -3,9 +3,10 @@
 ``SqlClient.run_write`` / ``run_read`` run a whole transaction in one call to
 aiosqlite's thread (see docs/sql.md, "A commit is one call into the database
 thread"). These tests pin what must hold around that call: a caller cancelled
-at any point, a body that fails or waits where nothing may wait, a later
-operation never seeing what an earlier one left behind, and the in-memory
-database.
+at any point (a write or a lease renewal whose caller gave up while it waited
+for another connection's write lock is not applied), a body that fails or
+waits where nothing may wait, a later operation never seeing what an earlier
+one left behind, and the in-memory database.
 
 Tests marked ``xfail`` describe behaviour the backend does not have yet.
 """
@@ -73,12 +74,6 @@ async def _rows(client: SqlClient, name: str) -> list[int]:
 # ---------------------------------------------------------------- cancellation
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a caller cancelled while its write waits for the database lock is applied "
-    "afterwards: the body runs and commits in the thread once the lock frees "
-    "(before run_write, the connection was closed before the body's statements)",
-)
 async def test_a_write_cancelled_while_waiting_for_the_lock_is_not_applied(
     tmp_path: Path,
 ) -> None:
@@ -95,12 +90,6 @@ async def test_a_write_cancelled_while_waiting_for_the_lock_is_not_applied(
         assert item.value == {"v": 1}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a renewal abandoned by its caller (the watchdog's timeout_at at the lease's "
-    "end) still extends the lease once the database lock frees: the lock is reported "
-    "lost but stays held in the table for another lease_ttl",
-)
 async def test_a_renewal_abandoned_by_its_caller_does_not_extend_the_lease(
     tmp_path: Path,
 ) -> None:
