@@ -6,9 +6,8 @@ thread"). These tests pin what must hold around that call: a caller cancelled
 at any point (a write or a lease renewal whose caller gave up while it waited
 for another connection's write lock is not applied), a body that fails or
 waits where nothing may wait, a later operation never seeing what an earlier
-one left behind, and the in-memory database.
-
-Tests marked ``xfail`` describe behaviour the backend does not have yet.
+one left behind, and the in-memory database (its one connection is kept
+when an operation is cancelled: closing it would lose the database).
 """
 
 from __future__ import annotations
@@ -252,13 +251,6 @@ async def test_sqlalchemy_execution_in_the_thread_is_refused_and_rolled_back(
         assert await _rows(client, "t") == [3]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="SQLAlchemy's own execution inside the thread (op.conn, or an AsyncConnection "
-    "method reached through CoreConnection.__getattr__) is not refused with the "
-    "documented RuntimeError: it fails in aiosqlite and is reported as "
-    "ThreadStoreError('unexpected SQL driver failure ...'), and the writer is discarded",
-)
 async def test_sqlalchemy_execution_in_the_thread_is_a_runtime_error(tmp_path: Path) -> None:
     _, url = _db(tmp_path)
     async with SqlClient(url) as client:
@@ -314,12 +306,6 @@ async def test_a_failed_body_keeps_its_own_exception(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- in memory
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an in-memory database is one connection; a cancelled operation invalidates "
-    "it, and the next one opens a new, empty database (the data and the schema are "
-    "gone). Not new with run_write: _operation does the same.",
-)
 async def test_an_in_memory_database_survives_a_cancelled_operation() -> None:
     async with SqlKeyValueStore("sqlite:///:memory:") as kv:
         await kv.put(["ns"], "kept", {"v": 0})
@@ -339,6 +325,32 @@ async def test_an_in_memory_database_survives_a_cancelled_operation() -> None:
         item = await kv.get(["ns"], "kept")
         assert item is not None
         assert item.value == {"v": 0}
+
+
+async def test_an_in_memory_database_survives_a_cancelled_read() -> None:
+    from pai_storage_sql import SqlThreadStore
+
+    from pai_storage import builders as b
+
+    async with SqlThreadStore("sqlite:///:memory:") as store:
+        await store.commit_thread(b.create("s", "t"))
+        client = store.client
+        started = asyncio.Event()
+        loop = asyncio.get_running_loop()
+
+        async def slow_read() -> None:
+            async with client.reading() as op:  # the statement-by-statement path
+                await op.driver._execute(lambda: loop.call_soon_threadsafe(started.set))
+                await op.driver._execute(_busy, 0.1)
+
+        task = asyncio.create_task(slow_read())
+        await started.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        read = await store.read_thread(b.read("s", "t"))
+        assert read.thread is not None  # the database, and the thread, are still there
+        assert (await store.list_threads({"scopeKey": "s", "limit": 10})).items
 
 
 async def test_in_memory_reads_and_writes_take_turns(tmp_path: Path) -> None:

@@ -42,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.util
+import inspect
 import sqlite3
 import threading
 from collections import deque
@@ -691,8 +692,9 @@ class SqlClient(SharedClient[Engines]):
         IMMEDIATE``, ``body``, ``COMMIT``) runs in the writer connection's
         database thread as one call: ``body``'s statements run at once, with no
         trip between threads per statement (it must not wait for anything but
-        ``op``'s statements; :func:`~pai_storage.backend.run_sync` raises if it
-        does, and the transaction is rolled back). Warnings it emits are
+        ``op``'s statements, and never use ``op.conn``, SQLAlchemy's execution
+        layer; :func:`~pai_storage.backend.run_sync` raises if it does, and the
+        transaction is rolled back). Warnings it emits are
         delivered afterwards, on the event loop. Elsewhere it runs in
         :meth:`writing`. Errors, rollback and the connection's fate are those of
         :meth:`write`.
@@ -721,22 +723,29 @@ class SqlClient(SharedClient[Engines]):
             await lock.acquire()
         try:
             op = await self._checkout(engines, write)
+            driver = op.driver
+            inline = Operation(op.conn, InlineDriver(driver._conn), True, op.held)
+            # aiosqlite's own queue to its thread (no public API runs a function there).
+            call = asyncio.ensure_future(
+                driver._execute(_in_thread, inline, write, begin, body, held, abandoned)
+            )
             try:
-                driver = op.driver
-                inline = Operation(op.conn, InlineDriver(driver._conn), True, op.held)
                 try:
                     with self.errors("write" if write else "read"):
-                        # aiosqlite's own queue to its thread (no public API runs a
-                        # function there).
-                        result: T = await driver._execute(
-                            _in_thread, inline, write, begin, body, held, abandoned
-                        )
+                        result: T = await asyncio.shield(call)
                 except _CommitFailed as failed:
                     with self.errors("commit"):
                         raise failed.error from None
-                except asyncio.CancelledError:
-                    abandoned.set()  # rolled back there unless already committing
-                    raise
+            except asyncio.CancelledError:
+                # The call ends its own transaction there (rolled back unless it
+                # was committing): once it has, the connection is clean and kept
+                # (closing the only connection of an in-memory database would
+                # lose the database).
+                abandoned.set()
+                with contextlib.suppress(BaseException):
+                    await asyncio.wait({call})
+                await self._failed(op, _call_failure(call))
+                raise
             except BaseException as exc:
                 await self._failed(op, exc)
                 raise
@@ -750,7 +759,26 @@ class SqlClient(SharedClient[Engines]):
     async def _failed(self, op: Operation, exc: BaseException) -> None:
         """Put ``op``'s connection back after ``exc``: rolled back and reused, or,
         when its state is unknown (cancelled mid-way, or the driver failed),
-        invalidated: closed, never reused."""
+        invalidated: closed, never reused.
+
+        The one connection of an in-memory database is kept after a
+        cancellation (closing it would lose the database) when only the driver
+        ran the operation's statements: its transaction is rolled back in the
+        driver's thread, after whatever statement is still running there.
+        """
+        if (
+            self.memory
+            and isinstance(exc, asyncio.CancelledError)
+            and not op.conn.in_transaction()
+            and op.held is not None
+        ):
+            ended = False
+            with contextlib.suppress(BaseException):
+                await op.driver._execute(_end_transaction, op.driver._conn)
+                ended = True
+            if ended:
+                await self._checkin(op, reuse=True)
+                return
         if not isinstance(exc, Exception) or (
             is_driver_failure(exc) and not isinstance(exc, RetryableError)
         ):
@@ -1030,8 +1058,27 @@ class _CommitFailed(Exception):
         self.error = error
 
 
+def _end_transaction(raw: sqlite3.Connection) -> None:
+    if raw.in_transaction:
+        raw.rollback()
+
+
 class _Abandoned(Exception):
     """The caller of an operation was cancelled before it committed: roll back."""
+
+
+def _call_failure(call: asyncio.Future[Any]) -> BaseException:
+    """What a cancelled caller's call into the database thread left its connection
+    with, for :meth:`SqlClient._failed`: its driver failure, a clean end
+    (:class:`_Abandoned`), or, while the call still runs, an unknown state."""
+    if not call.done():
+        return asyncio.CancelledError()
+    if call.cancelled():  # never queued
+        return _Abandoned()
+    failure = call.exception()
+    if isinstance(failure, _CommitFailed):
+        failure = failure.error
+    return failure if failure is not None and is_driver_failure(failure) else _Abandoned()
 
 
 def _in_thread(
@@ -1180,7 +1227,13 @@ class CoreConnection:
         self._cache = cache
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._op.conn, name)
+        found = getattr(self._op.conn, name)
+        if self._op.inline and inspect.iscoroutinefunction(found):
+            raise RuntimeError(
+                f"AsyncConnection.{name} needs SQLAlchemy's execution layer, which cannot "
+                "run in the database thread"
+            )
+        return found
 
     async def rollback(self) -> None:
         """Roll the operation's transaction back (nothing it wrote is applied)."""
