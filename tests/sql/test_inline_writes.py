@@ -230,6 +230,22 @@ async def test_a_commit_cancelled_while_waiting_for_the_lock_is_not_applied(
         assert isinstance(await store.commit_thread(b.create("s", "t3")), CommittedResult)
 
 
+async def test_without_aiosqlite_s_queue_commits_run_statement_by_statement(
+    sqlite_target: Target, trips: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pai_storage_sql import client
+
+    monkeypatch.setattr(client, "_inline", lambda: False)
+    async with sqlite_target.store() as store:
+        created = await store.commit_thread(b.create("s", "t"))
+        assert isinstance(created, CommittedResult)
+        assert created.thread is not None
+        trips.clear()
+        result = await store.commit_thread(b.update("s", "t", created.thread.version, _turn(1)))
+        assert isinstance(result, CommittedResult)
+        assert len(trips) > 1
+
+
 async def test_mysql_commits_take_the_usual_path(mysql_target: Target) -> None:
     async with mysql_target.store() as store:
         engines = await store.client.ready()

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import importlib.util
 import inspect
 import sqlite3
@@ -713,7 +714,7 @@ class SqlClient(SharedClient[Engines]):
         engines = self._made
         if engines is None or self._closed:
             engines = await self._ready()
-        if (engines.held_writer if write else engines.held_reader) is None:
+        if (engines.held_writer if write else engines.held_reader) is None or not _inline():
             async with self._operation(write, begin) as op:
                 return await body(op)
         held: HeldWarnings = []
@@ -1056,6 +1057,19 @@ class _CommitFailed(Exception):
     def __init__(self, error: Exception) -> None:
         super().__init__(str(error))
         self.error = error
+
+
+@functools.cache
+def _inline() -> bool:
+    """Whether aiosqlite's connection can run a function in its thread (its own
+    ``_execute`` queue and ``_conn``, present through at least aiosqlite 0.22);
+    otherwise operations run statement by statement."""
+    import aiosqlite
+
+    connection = aiosqlite.Connection
+    return callable(getattr(connection, "_execute", None)) and isinstance(
+        getattr(connection, "_conn", None), property
+    )
 
 
 def _end_transaction(raw: sqlite3.Connection) -> None:
