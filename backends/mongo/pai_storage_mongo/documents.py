@@ -77,6 +77,7 @@ __all__ = [
     "parse_root",
     "root_document",
     "root_facts",
+    "stored_count",
 ]
 
 SCHEMA_VERSION = 1
@@ -148,6 +149,12 @@ backend's decoding afterwards (:func:`decoded`)."""
 _UNDECODED = frozenset({str, int, float, bool, bytes, datetime, type(None)})
 """Python types of decoded BSON values that the backend's type decoders leave alone
 (exact types: ``Int64`` is an ``int`` subclass and is decoded)."""
+
+
+def stored_count(value: object, *, low: int = 1) -> bool:
+    """Whether a stored version, ``ttlMs`` (``low`` 1) or list length (``low`` 0) is
+    what this backend writes: a 64-bit integer from ``low`` up, never a bool."""
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value < 2**63
 
 
 def decoded(doc: dict[str, Any] | None) -> dict[str, Any] | None:

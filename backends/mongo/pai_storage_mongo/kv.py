@@ -39,7 +39,7 @@ from pai_storage.backend import (
 from pai_storage.runtime import DEFAULT_MAX_VALUE_BYTES
 
 from .client import Doc
-from .documents import decoded
+from .documents import decoded, stored_count
 from .runtime import MongoRuntimeStore
 
 __all__ = [
@@ -365,43 +365,31 @@ def _record(doc: Mapping[str, Any]) -> KVRecord:
     written by another program) becomes a record whose text is not JSON: the
     core reports it (``invalid_record``) and treats the item as absent.
     """
-    value, version = doc.get("value"), doc.get("version")
+    value: Any = doc.get("value")
+    version: Any = doc.get("version")
     created_at, updated_at = doc.get("createdAt"), doc.get("updatedAt")
     expires_at, ttl_ms = doc.get("expiresAt"), doc.get("ttlMs")
-    if (
+    if not (
         isinstance(value, str)
-        and isinstance(version, int)
-        and _count(version)
+        and stored_count(version)
         and isinstance(created_at, datetime)
         and isinstance(updated_at, datetime)
         and (expires_at is None or isinstance(expires_at, datetime))
-        and (ttl_ms is None or _count(ttl_ms))
+        and (ttl_ms is None or stored_count(ttl_ms))
     ):
-        return KVRecord(
-            namespace=namespace_from_path(str(doc["ns"])),
-            key=str(doc["key"]),
-            text=value,
-            version=int(version),
-            created_at=created_at,
-            updated_at=updated_at,
-            expires_at=expires_at,
-            ttl=None if ttl_ms is None else timedelta(milliseconds=int(ttl_ms)),
-        )
+        # Never decodes: reported as invalid.
+        value, version, created_at, updated_at = "\x00", 1, _EPOCH, _EPOCH
+        expires_at = ttl_ms = None
     return KVRecord(
         namespace=namespace_from_path(str(doc["ns"])),
         key=str(doc["key"]),
-        text="\x00",  # never decodes: reported as invalid
-        version=1,
-        created_at=_EPOCH,
-        updated_at=_EPOCH,
-        expires_at=None,
-        ttl=None,
+        text=value,
+        version=int(version),
+        created_at=created_at,
+        updated_at=updated_at,
+        expires_at=expires_at,
+        ttl=None if ttl_ms is None else timedelta(milliseconds=int(ttl_ms)),
     )
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
-def _count(value: object) -> bool:
-    """A stored version or ``ttlMs``: a positive 64-bit integer (never a bool)."""
-    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value < 2**63

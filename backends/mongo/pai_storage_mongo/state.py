@@ -49,7 +49,7 @@ from pai_storage.state import (
 )
 
 from .client import Doc
-from .documents import decoded
+from .documents import decoded, stored_count
 from .errors import is_too_large
 from .runtime import MongoRuntimeStore
 
@@ -310,7 +310,8 @@ class MongoAgentStateStore(MongoRuntimeStore, AgentStateStore):
         if f not in versions:
             return None
         version = versions[f]
-        text = (doc.get("states") or {}).get(f) if _count(version) else None  # damaged: absent
+        # A damaged version: the value is treated as absent.
+        text = (doc.get("states") or {}).get(f) if stored_count(version) else None
         value = await self.decode_stored(session, key, text)
         if value is UNDECODABLE:
             return None
@@ -333,7 +334,8 @@ class MongoAgentStateStore(MongoRuntimeStore, AgentStateStore):
         if f not in hashes:
             return None
         length, digest = (doc.get("lengths") or {}).get(f, 0), hashes[f]
-        if not (_count(length, low=0) and isinstance(digest, str) and _HASH.fullmatch(digest)):
+        valid = isinstance(digest, str) and _HASH.fullmatch(digest)
+        if not (stored_count(length, low=0) and valid):
             raise StorageError(
                 f"the stored list under key {key!r} is damaged (its length or content hash "
                 "is not what this store writes); delete_state() removes it"
@@ -559,11 +561,6 @@ def append_update(field: str, length: int, texts: list[str]) -> Doc:
 
 
 _HASH = re.compile("[0-9a-f]{64}")
-
-
-def _count(value: object, *, low: int = 1) -> bool:
-    """A stored version (``low`` 1) or list length (``low`` 0): a 64-bit integer, not a bool."""
-    return isinstance(value, int) and not isinstance(value, bool) and low <= value < 2**63
 
 
 def _touch(now: datetime | None) -> Doc:
