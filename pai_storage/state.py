@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import hashlib
 from abc import abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import Enum
@@ -477,6 +477,24 @@ class AgentStateStore(RuntimeStore):
                 )
             )
             return UNDECODABLE
+
+    async def stored_value(
+        self, session: SessionKey, key: str, text: object, version: int
+    ) -> VersionedState | None:
+        """A stored single value at ``version`` (for ``_get_value``), ``None`` when its
+        ``text`` no longer decodes (reported, see :meth:`decode_stored`)."""
+        value = await self.decode_stored(session, key, text)
+        if value is UNDECODABLE:
+            return None
+        return VersionedState.model_construct(value=value, version=version)
+
+    async def stored_items(
+        self, session: SessionKey, key: str, texts: Iterable[object]
+    ) -> list[Any]:
+        """A stored list's items (for ``_get_list``), decoded in order; an item whose
+        text no longer decodes is left out (reported, see :meth:`decode_stored`)."""
+        values = [await self.decode_stored(session, key, text) for text in texts]
+        return [value for value in values if value is not UNDECODABLE]
 
     # ------------------------------------------------------------ hooks
 

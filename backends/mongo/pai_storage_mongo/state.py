@@ -43,7 +43,6 @@ from pai_storage.runtime import DEFAULT_MAX_VALUE_BYTES
 from pai_storage.state import (
     ANONYMOUS_USER,
     DEFAULT_SESSION_TTL,
-    UNDECODABLE,
     StoredKind,
     VersionedState,
 )
@@ -310,12 +309,10 @@ class MongoAgentStateStore(MongoRuntimeStore, AgentStateStore):
         if f not in versions:
             return None
         version = versions[f]
-        # A damaged version: the value is treated as absent.
-        text = (doc.get("states") or {}).get(f) if stored_count(version) else None
-        value = await self.decode_stored(session, key, text)
-        if value is UNDECODABLE:
-            return None
-        return VersionedState.model_construct(value=value, version=int(version))
+        sound = stored_count(version)
+        # A damaged version: the value is treated as absent (and reported).
+        text = (doc.get("states") or {}).get(f) if sound else None
+        return await self.stored_value(session, key, text, int(version) if sound else 0)
 
     # ------------------------------------------------------------ lists
 
@@ -412,12 +409,7 @@ class MongoAgentStateStore(MongoRuntimeStore, AgentStateStore):
         stored = (doc.get("states") or {}).get(f)
         if not isinstance(stored, list):
             return None
-        out = []
-        for text in stored:
-            value = await self.decode_stored(session, key, text)
-            if value is not UNDECODABLE:
-                out.append(value)
-        return out
+        return await self.stored_items(session, key, stored)
 
     # ------------------------------------------------------------ sessions
 

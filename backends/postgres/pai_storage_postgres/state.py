@@ -32,7 +32,6 @@ from pai_storage.runtime import DEFAULT_MAX_VALUE_BYTES
 from pai_storage.state import (
     ANONYMOUS_USER,
     DEFAULT_SESSION_TTL,
-    UNDECODABLE,
     StoredKind,
     VersionedState,
 )
@@ -348,10 +347,7 @@ class PostgresAgentStateStore(PgRuntimeStore, AgentStateStore):
             return None
         if row["is_list"]:
             return StoredKind.LIST
-        value = await self.decode_stored(session, key, row["value"])
-        if value is UNDECODABLE:
-            return None
-        return VersionedState.model_construct(value=value, version=int(row["version"]))
+        return await self.stored_value(session, key, row["value"], int(row["version"]))
 
     # ------------------------------------------------------------ lists
 
@@ -406,8 +402,7 @@ class PostgresAgentStateStore(PgRuntimeStore, AgentStateStore):
             return None
         if not row["is_list"]:
             return StoredKind.VALUE
-        values = [await self.decode_stored(session, key, text) for text in row["items"]]
-        return [value for value in values if value is not UNDECODABLE]
+        return await self.stored_items(session, key, row["items"])
 
     # ------------------------------------------------------------ sessions
 

@@ -44,7 +44,6 @@ from pai_storage.runtime import DEFAULT_MAX_VALUE_BYTES
 from pai_storage.state import (
     ANONYMOUS_USER,
     DEFAULT_SESSION_TTL,
-    UNDECODABLE,
     StoredKind,
     VersionedState,
 )
@@ -294,10 +293,7 @@ class SqlAgentStateStore(SqlRuntimeStore, AgentStateStore):
         if row.is_list:
             return StoredKind.LIST
         text = bytes(row.value).decode(errors="surrogateescape")
-        value = await self.decode_stored(session, key, text)
-        if value is UNDECODABLE:
-            return None
-        return VersionedState.model_construct(value=value, version=int(row.version))
+        return await self.stored_value(session, key, text, int(row.version))
 
     # ------------------------------------------------------------ lists
 
@@ -405,11 +401,9 @@ class SqlAgentStateStore(SqlRuntimeStore, AgentStateStore):
             return None
         if not row.is_list:
             return StoredKind.VALUE
-        values = [
-            await self.decode_stored(session, key, t.decode(errors="surrogateescape"))
-            for t in texts
-        ]
-        return [value for value in values if value is not UNDECODABLE]
+        return await self.stored_items(
+            session, key, (t.decode(errors="surrogateescape") for t in texts)
+        )
 
     # ------------------------------------------------------------ sessions
 
