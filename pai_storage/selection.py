@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 
 from .aggregate import FamilyName, FamilyView, ThreadAggregate
 from .errors import ThreadStoreInvariantError, ThreadStorePageTokenError
+from .families import family as family_spec
 from .models import (
     MAX_ID_LENGTH,
     Message,
@@ -164,16 +165,11 @@ class _ChildCursor:
         )
 
 
-def _mismatched(record: Any) -> ThreadStoreInvariantError:
-    if isinstance(record, Message):
-        what = f"message {record.message_id!r}"
-    elif isinstance(record, RunRecord):
-        what = f"run {record.run_id!r}"
-    else:
-        what = f"queued item {record.queue_item_id!r}"
+def _mismatched(name: FamilyName, record: Any) -> ThreadStoreInvariantError:
+    spec = family_spec(name)
     return ThreadStoreInvariantError(
-        f"stored {what} was read for a page whose filter it does not pass "
-        "(its stored view, status or run column disagrees with the record)"
+        f"stored {spec.noun} {spec.record_id(record)!r} was read for a page whose filter "
+        "it does not pass (its stored view, status or run column disagrees with the record)"
     )
 
 
@@ -323,7 +319,7 @@ class ChildPagePlan:
         """
         for _, record in rows:
             if not self.matches(record):  # type: ignore[arg-type]
-                raise _mismatched(record)
+                raise _mismatched(self.family, record)
         items = rows[: self.limit]
         token = None
         if len(rows) > self.limit:
