@@ -112,17 +112,10 @@ def read_20(thread_id: str) -> dict[str, Any]:
 LIST_20 = {"scopeKey": LIST_SCOPE, "limit": 20}
 
 
-async def timed(
-    store: Callable[[], Awaitable[Any]],
-    floor: Callable[[], Awaitable[Any]],
-    n: int,
-    warmup: int = 10,
-    *more: Callable[[], Awaitable[Any]],
-) -> list[float]:
-    """Median milliseconds of ``n`` calls of each side (the store, its floor, any
-    ``more``) after ``warmup`` untimed ones, the sides alternating call by call so
-    that drift on the machine hits all of them."""
-    sides = (store, floor, *more)
+async def timed(n: int, *sides: Callable[[], Awaitable[Any]], warmup: int = 10) -> list[float]:
+    """Median milliseconds of ``n`` calls of each side (the store, its floors) after
+    ``warmup`` untimed ones, the sides alternating call by call so that drift on
+    the machine hits all of them."""
     for _ in range(warmup):
         for fn in sides:
             await fn()
@@ -416,13 +409,9 @@ async def time_peer(peer: Any, sizes: tuple[int, ...], turns: int, reads: int) -
         async def one_read(conv: str = conv) -> None:
             await peer.read_20(conv)
 
-        out[f"turn @ {size:,} messages"], _ = await timed(one_turn, _nothing, turns)
-        out[f"read newest 20 @ {size:,} messages"], _ = await timed(one_read, _nothing, reads)
+        (out[f"turn @ {size:,} messages"],) = await timed(turns, one_turn)
+        (out[f"read newest 20 @ {size:,} messages"],) = await timed(reads, one_read)
     return out
-
-
-async def _nothing() -> None:
-    return None
 
 
 async def run_peers(work: Path, sizes: tuple[int, ...], turns: int, reads: int) -> list[Any]:
@@ -491,7 +480,7 @@ async def time_turns(
     async def one_trip_turn() -> None:
         await one_trip.replay_in_one_trip(next(replay_again))
 
-    return await timed(store_turn, floor_turn, turns, 10, one_trip_turn)
+    return await timed(turns, store_turn, floor_turn, one_trip_turn)
 
 
 async def time_reads(
@@ -505,7 +494,7 @@ async def time_reads(
     async def floor_read() -> None:
         await floor.replay(recorded, write=False)
 
-    return await timed(store_read, floor_read, reads)
+    return await timed(reads, store_read, floor_read)
 
 
 async def main(directory: str, quick: bool, peers: bool) -> None:
@@ -604,9 +593,9 @@ async def run(
                 )
                 rows.append((f"read newest 20 @ {size:,} messages", store_ms, floor_ms, None))
             store_ms, floor_ms = await timed(
+                reads,
                 lambda: store.list_threads(LIST_20),
                 lambda: floor.replay(recorded_list, write=False),
-                reads,
             )
             rows.append((f"list 20 of {threads:,} threads", store_ms, floor_ms, None))
     finally:
