@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncpg  # type: ignore[import-untyped]
 import pytest
 from pai_storage_postgres import PostgresThreadStore
+from support.pages import EDITED_ROW, MISMATCHES, page_read
 
 from pai_storage import Message, StoreWarning, ThreadStoreInvariantError
 from pai_storage import builders as b
@@ -110,30 +111,10 @@ async def test_a_page_holding_an_invalid_message_is_rejected(
         assert [m.message_id for m in result.messages.items] == ["m1", "m3"]
 
 
-# A row whose record disagrees with the columns its page was chosen by (the
-# second row of its family, m2 or r2, is edited).
-COLUMN_MISMATCHES = {
-    "message id": ("messages", '"messageId":"m2"', '"messageId":"zz"', {"view": "raw"}),
-    "transcript view": (
-        "messages",
-        '"transcript":true',
-        '"transcript":false',
-        {"view": "transcript"},
-    ),
-    "run id": ("runs", '"runId":"r2"', '"runId":"r9"', {}),
-    "run status filter": (
-        "runs",
-        '"status":"completed"',
-        '"status":"failed"',
-        {"statuses": ["completed"]},
-    ),
-}
-
-
 @pytest.mark.asyncio
 @pytest.mark.parametrize("continued", [False, True], ids=["first page", "continuation"])
 @pytest.mark.parametrize(
-    ("family", "old", "new", "selection"), COLUMN_MISMATCHES.values(), ids=COLUMN_MISMATCHES.keys()
+    ("family", "old", "new", "selection"), MISMATCHES.values(), ids=MISMATCHES.keys()
 )
 async def test_a_page_row_whose_record_disagrees_with_its_columns_is_rejected(
     pg_schema: str,
@@ -144,28 +125,9 @@ async def test_a_page_row_whose_record_disagrees_with_its_columns_is_rejected(
     selection: dict[str, object],
     continued: bool,
 ) -> None:
-    # A first page is read with the root in one statement, a continuation on its own.
     async with PostgresThreadStore(URL, schema=pg_schema) as store:
-        changes = {
-            "messages": [
-                b.insert(b.message("m1", "hi", run_id="r1")),
-                b.insert(b.message("m2", "there")),
-            ],
-            "runs": [
-                b.insert(b.run("r1", "completed", inputs=["m1"])),
-                b.insert(b.run("r2", "completed")),
-            ],
-        }
-        await store.commit_thread(b.create("s", "t", changes))
-        query = {"type": "page", "order": "oldest", **selection}
-        page: dict[str, object] = {"limit": 10}
-        if continued:
-            one = {family: {**query, "page": {"limit": 1}}}
-            first = getattr(await store.read_thread(b.read("s", "t", **one)), family)
-            assert first is not None
-            assert first.next_page_token is not None
-            page["pageToken"] = first.next_page_token
-        id_column, row_id = ("message_id", b"m2") if family == "messages" else ("run_id", b"r2")
+        request = await page_read(store, family, selection, continued)
+        id_column, row_id = EDITED_ROW[family]
         updated = await pg_conn.execute(
             f'UPDATE "{pg_schema}".pai_threads_{family} SET doc = replace(doc, $1, $2) '
             f"WHERE {id_column} = $3 AND strpos(doc, $1) > 0",
@@ -176,4 +138,4 @@ async def test_a_page_row_whose_record_disagrees_with_its_columns_is_rejected(
         assert updated == "UPDATE 1"
         # The id column (the backend's check) or a filter column (the plan's).
         with pytest.raises(ThreadStoreInvariantError, match="column"):
-            await store.read_thread(b.read("s", "t", **{family: {**query, "page": page}}))
+            await store.read_thread(request)
