@@ -27,6 +27,7 @@ from pai_storage_mongo.harness import drop_store_collections, find_mongod
 from pai_storage_mongo.store import MongoThreadStore
 from pymongo import AsyncMongoClient, monitoring
 from pymongo.errors import DuplicateKeyError
+from support.threads import every_family_create
 
 from pai_storage import (
     CommittedResult,
@@ -87,23 +88,6 @@ async def recorded(mongo_url: str) -> AsyncIterator[tuple[MongoThreadStore, Reco
         await client.close()
 
 
-def _turn(thread_id: str = "t1") -> dict[str, Any]:
-    """A create touching every family and the lease: m1 + r1 running, r2 queued with q1."""
-    return b.create(
-        "scope",
-        thread_id,
-        {
-            "messages": [{"type": "insert", "record": b.message("m1", run_id="r1")}],
-            "runs": [
-                {"type": "insert", "record": b.run("r1", inputs=["m1"])},
-                {"type": "insert", "record": b.run("r2", "queued", queue_item_id="q1")},
-            ],
-            "queuedItems": [{"type": "insert", "record": b.queued_item("q1", "r2", {"n": 1})}],
-            "lease": b.acquire("r1", "w1"),
-        },
-    )
-
-
 async def _committed(store: MongoThreadStore, request: dict[str, Any]) -> ThreadVersion | None:
     result = await store.commit_thread(request)
     assert isinstance(result, CommittedResult), result
@@ -130,7 +114,7 @@ async def test_every_commit_is_one_multi_document_transaction(
 ) -> None:
     store, recorder = recorded
     recorder.take()
-    version = await _committed(store, _turn())
+    version = await _committed(store, every_family_create())
     created = recorder.take()
     _assert_one_transaction(created)
     written = {c[c["name"]] for c in created if c["name"] in _WRITES}
@@ -164,8 +148,8 @@ async def test_a_delete_is_scoped_and_nothing_is_ever_dropped(
     recorded: tuple[MongoThreadStore, Recorder],
 ) -> None:
     store, recorder = recorded
-    version = await _committed(store, _turn())
-    await _committed(store, _turn("t2"))
+    version = await _committed(store, every_family_create())
+    await _committed(store, every_family_create("t2"))
     recorder.take()
     await _committed(store, b.delete("scope", "t1", version))
     commands = recorder.take()
@@ -226,7 +210,7 @@ async def test_a_list_always_binds_list_visibility_exactly(
 async def test_every_document_has_an_object_id_and_a_schema_version(
     mongo_store: MongoThreadStore,
 ) -> None:
-    await _committed(mongo_store, _turn())
+    await _committed(mongo_store, every_family_create())
     cols = raw_collections(mongo_store)
     (root,) = await cols["threads"].find({}).to_list()
     assert isinstance(root["_id"], ObjectId)
@@ -255,7 +239,7 @@ async def test_every_document_has_an_object_id_and_a_schema_version(
 async def test_every_timestamp_is_a_bson_date_and_reads_back_exactly(
     mongo_store: MongoThreadStore, clock: ManualClock
 ) -> None:
-    version = await _committed(mongo_store, _turn())
+    version = await _committed(mongo_store, every_family_create())
     clock.advance(ms=1500)
     await _committed(
         mongo_store,
@@ -321,7 +305,7 @@ async def test_every_timestamp_is_a_bson_date_and_reads_back_exactly(
 async def test_a_lease_is_stored_with_bson_dates(
     mongo_store: MongoThreadStore, clock: ManualClock
 ) -> None:
-    version = await _committed(mongo_store, _turn())
+    version = await _committed(mongo_store, every_family_create())
     clock.advance(ms=1000)
     await _committed(mongo_store, b.update("scope", "t1", version, {"lease": b.renew("r1", "w1")}))
     root = await raw_collections(mongo_store)["threads"].find_one({})
@@ -336,7 +320,7 @@ async def test_a_custom_collection_name_holds_every_document(mongo_harness: Any)
     base = f"agent_threads_{uuid.uuid4().hex[:12]}"
     store = mongo_harness.open_store(collection_name=base)
     try:
-        await _committed(store, _turn())
+        await _committed(store, every_family_create())
         names = await store.database.list_collection_names()
         expected = {base, f"{base}_messages", f"{base}_pending_messages", f"{base}_runs"}
         assert expected <= set(names)
@@ -396,7 +380,7 @@ async def test_open_store_takes_the_documented_options() -> None:
 async def test_the_unique_indexes_enforce_identity(
     mongo_store: MongoThreadStore, family: str, document: dict[str, Any]
 ) -> None:
-    await _committed(mongo_store, _turn())
+    await _committed(mongo_store, every_family_create())
     collection = raw_collections(mongo_store)[family]
     with pytest.raises(DuplicateKeyError) as caught:
         await collection.insert_one(dict(document))
@@ -431,7 +415,7 @@ async def test_the_unique_indexes_enforce_identity(
 async def test_a_child_missing_a_required_field_is_invalid(
     mongo_store: MongoThreadStore, family: str, corruption: dict[str, Any]
 ) -> None:
-    await _committed(mongo_store, _turn())
+    await _committed(mongo_store, every_family_create())
     ids = {"messages": "m1", "runs": "r1", "queuedItems": "q1"}
     id_field = {"messages": "messageId", "runs": "runId", "queuedItems": "queueItemId"}
     updated = await raw_collections(mongo_store)[family].update_one(
@@ -486,7 +470,7 @@ async def test_lazy_initialize_idempotent_initialize_and_close(mongo_harness: An
 
 
 async def test_order_is_kept_by_replace_and_never_reused(mongo_store: MongoThreadStore) -> None:
-    version = await _committed(mongo_store, _turn())
+    version = await _committed(mongo_store, every_family_create())
     await _committed(
         mongo_store,
         b.update(
@@ -659,8 +643,8 @@ async def test_no_command_ever_drops_or_deletes_beyond_one_thread(
     recorded: tuple[MongoThreadStore, Recorder],
 ) -> None:
     store, recorder = recorded  # the commands of initialize() are recorded too
-    version = await _committed(store, _turn())
-    await _committed(store, _turn("t2"))
+    version = await _committed(store, every_family_create())
+    await _committed(store, every_family_create("t2"))
     await _committed(store, b.create("other", "t1"))
     await store.read_thread(
         b.read("scope", "t1", messages={"type": "page", "view": "raw", "page": {"limit": 5}})

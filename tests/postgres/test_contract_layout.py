@@ -19,6 +19,7 @@ from typing import Any
 import asyncpg  # type: ignore[import-untyped]
 import pytest
 from pai_storage_postgres import SCHEMA_VERSION, PostgresThreadStore
+from support.threads import every_family_create
 
 from pai_storage import (
     CommittedResult,
@@ -116,21 +117,8 @@ UNIQUE: dict[str, str] = {
 
 
 def _turn(thread_id: str = "t1") -> dict[str, Any]:
-    """A create touching every family and the lease."""
-    return b.create(
-        "scope",
-        thread_id,
-        {
-            "messages": [{"type": "insert", "record": b.message("m1", run_id="r1")}],
-            "runs": [
-                {"type": "insert", "record": b.run("r1", inputs=["m1"])},
-                {"type": "insert", "record": b.run("r2", "queued", queue_item_id="q1")},
-            ],
-            "queuedItems": [{"type": "insert", "record": b.queued_item("q1", "r2", {"n": 1})}],
-            "lease": b.acquire("r1", "w1"),
-        },
-        title="hello",
-        metadata={"k": [1, 1.0, "2030-01-01T00:00:00Z"]},
+    return every_family_create(
+        thread_id, title="hello", metadata={"k": [1, 1.0, "2030-01-01T00:00:00Z"]}
     )
 
 

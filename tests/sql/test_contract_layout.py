@@ -24,6 +24,7 @@ import pytest_asyncio
 from pai_storage_sql import SqlThreadStore
 from sqlalchemy import inspect, text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from support.threads import every_family_create
 
 from pai_storage import (
     CommittedResult,
@@ -139,19 +140,8 @@ async def engine(target: Target) -> AsyncIterator[AsyncEngine]:
 
 
 def _turn(thread_id: str = "t1") -> dict[str, Any]:
-    """A create touching every family and the lease."""
-    return b.create(
-        "scope",
+    return every_family_create(
         thread_id,
-        {
-            "messages": [{"type": "insert", "record": b.message("m1", run_id="r1")}],
-            "runs": [
-                {"type": "insert", "record": b.run("r1", inputs=["m1"])},
-                {"type": "insert", "record": b.run("r2", "queued", queue_item_id="q1")},
-            ],
-            "queuedItems": [{"type": "insert", "record": b.queued_item("q1", "r2", {"n": 1})}],
-            "lease": b.acquire("r1", "w1"),
-        },
         parentThreadId="p",
         category="c",
         metadata={"k": [1, 1.0, "2030-01-01T00:00:00Z"]},
