@@ -425,7 +425,7 @@ class KeyValueStore(RuntimeStore):
         prefix = check_namespace(namespace_prefix, kind="namespace_prefix", allow_empty=True)
         key_prefix = _check_prefix("key_prefix", key_prefix)
         limit = check_limit(limit)
-        query = {"search": list(prefix), "keyPrefix": key_prefix}
+        query = {"search": prefix, "keyPrefix": key_prefix}
         after = None
         if page_token is not None:
             position = self.decode_token(page_token, _SEARCH, _TOKEN_SCOPE, query)
@@ -459,7 +459,7 @@ class KeyValueStore(RuntimeStore):
         token = None
         if more:
             last = page[-1]
-            position = {"ns": list(last.namespace), "key": last.key}
+            position = {"ns": last.namespace, "key": last.key}
             token = self.encode_token(_SEARCH, _TOKEN_SCOPE, query, position)
         # Every item was built by this store: the page needs no validation either.
         return _ItemPage.trusted({"items": items, "next_page_token": token})
@@ -487,7 +487,7 @@ class KeyValueStore(RuntimeStore):
         ns = check_namespace(namespace)
         prefix = _check_prefix("prefix", prefix)
         limit = check_limit(limit)
-        query = {"keys": list(ns), "prefix": prefix}
+        query = {"keys": ns, "prefix": prefix}
         after = None
         if page_token is not None:
             position = self.decode_token(page_token, _KEYS, _TOKEN_SCOPE, query)
@@ -528,7 +528,7 @@ class KeyValueStore(RuntimeStore):
                 f"max_depth must be None or an integer from 1 to {MAX_NAMESPACE_DEPTH}"
             )
         limit = check_limit(limit)
-        query = {"namespaces": list(prefix_ns), "maxDepth": max_depth}
+        query = {"namespaces": prefix_ns, "maxDepth": max_depth}
         after = None
         if page_token is not None:
             position = self.decode_token(page_token, _NAMESPACES, _TOKEN_SCOPE, query)
@@ -538,7 +538,7 @@ class KeyValueStore(RuntimeStore):
         token = None
         if len(found) > limit:
             found = found[:limit]
-            position = {"ns": list(found[-1])}
+            position = {"ns": tuple(found[-1])}
             token = self.encode_token(_NAMESPACES, _TOKEN_SCOPE, query, position)
         return Page[tuple[str, ...]](items=found, next_page_token=token)
 

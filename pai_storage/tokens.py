@@ -87,8 +87,42 @@ def default_scope_digest(scope_key: str) -> str:
 
 
 def query_digest(query: Any) -> str:
-    """A digest of a canonical query description (a JSON-able value)."""
+    """A digest of a canonical query description (a JSON-able value).
+
+    A flat query (see :func:`_flat_items`: what the stores' page queries are)
+    is remembered by its items, so a repeated query is not encoded again;
+    anything else is encoded each time. Both give the digest of the same
+    canonical JSON.
+    """
+    items = _flat_items(query)
+    if items is not None:
+        return _flat_digest(items)
     return _digest(_canonical(query))
+
+
+def _flat_items(value: Any) -> tuple[Any, ...] | None:
+    """A hashable key of a ``dict`` whose values are strings, integers, ``None``
+    or tuples of strings: equal keys encode to the same canonical JSON (the
+    value types are part of the key, since ``True == 1``). ``None`` for any
+    other value."""
+    if type(value) is not dict:
+        return None
+    kinds = tuple(map(type, value.values()))
+    if not _FLAT.issuperset(kinds):
+        return None
+    if tuple in kinds:
+        for item in value.values():
+            if type(item) is tuple and not all(type(part) is str for part in item):
+                return None
+    return (*value.items(), kinds)
+
+
+_FLAT = frozenset({str, int, type(None), tuple})
+
+
+@lru_cache(maxsize=4096)
+def _flat_digest(items: tuple[Any, ...]) -> str:
+    return _digest(_canonical(dict(items[:-1])))
 
 
 @lru_cache(maxsize=4096)
@@ -117,6 +151,8 @@ def _parse(payload: bytes) -> dict[str, Any] | None:
     return found if isinstance(found, dict) else None
 
 
+_MINTED_KEPT = 1024
+"""How many recently minted tokens a codec remembers."""
 _SHA256_BLOCK = 64
 _MAC_BYTES = 16
 _IPAD = bytes(b ^ 0x36 for b in range(256))
@@ -169,6 +205,7 @@ class PageTokenCodec:
         key = secret if secret is not None else hashlib.sha256(prefix.encode()).digest()
         self._inner, self._outer = _hmac_states(key)
         self._head = f"{prefix}.".encode()
+        self._minted: dict[tuple[Any, ...], str] = {}
 
     def _mac(self, payload: bytes) -> bytes:
         # HMAC-SHA256 of prefix, dot and payload (hmac.digest gives the same bytes),
@@ -183,7 +220,25 @@ class PageTokenCodec:
         return digest[:_MAC_BYTES]
 
     def encode(self, kind: str, scope_key: str, query: str, position: dict[str, Any]) -> str:
-        """Mint a token for page ``kind`` of ``query`` in ``scope_key`` at ``position``."""
+        """Mint a token for page ``kind`` of ``query`` in ``scope_key`` at ``position``.
+
+        Tokens are deterministic: the most recent ones minted for a flat
+        position (:func:`_flat_items`) are remembered, so a page read again
+        unchanged does not mint its token again.
+        """
+        items = _flat_items(position)
+        if items is None:
+            return self._mint(kind, scope_key, query, position)
+        key = (kind, scope_key, query, items)
+        token = self._minted.get(key)
+        if token is None:
+            token = self._mint(kind, scope_key, query, position)
+            if len(self._minted) >= _MINTED_KEPT:
+                self._minted.clear()  # atomic: safe when several threads mint
+            self._minted[key] = token
+        return token
+
+    def _mint(self, kind: str, scope_key: str, query: str, position: dict[str, Any]) -> str:
         head, tail = _payload_frame(kind, self.scope_digest(scope_key), query)
         payload = f"{head}{_ENCODE(position)}{tail}".encode()
         return _b64(self._head + payload + self._mac(payload))

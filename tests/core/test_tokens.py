@@ -280,6 +280,70 @@ def test_query_digest_is_order_independent_and_distinct() -> None:
     assert query_digest({"a": 1}) != query_digest({"a": 2})
 
 
+def _canonical_digest(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()[:16]).decode().rstrip("=")
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.dictionaries(
+        st.text(max_size=4),
+        st.one_of(
+            st.none(),
+            st.booleans(),
+            st.integers(),
+            st.floats(allow_nan=False, allow_infinity=False),
+            st.text(max_size=4),
+            st.tuples(st.text(max_size=3)),
+            st.lists(st.text(max_size=3), max_size=2),
+        ),
+        max_size=4,
+    )
+)
+def test_query_digest_is_the_digest_of_the_canonical_json_remembered_or_not(
+    query: dict[str, Any],
+) -> None:
+    # Flat queries are remembered by their items: twice, and beside values that
+    # compare equal but encode differently (True == 1 == 1.0), it is the same
+    # digest of the same canonical JSON.
+    for value in (query, {k: (1 if v is True else v) for k, v in query.items()}):
+        assert query_digest(value) == _canonical_digest(value)
+        assert query_digest(dict(value)) == _canonical_digest(value)
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        ({"a": 1}, {"a": True}),
+        ({"a": 0}, {"a": False}),
+        ({"a": 1}, {"a": 1.0}),
+        ({"a": ("x",)}, {"a": "x"}),
+    ],
+)
+def test_equal_comparing_positions_mint_different_tokens(
+    first: dict[str, Any], second: dict[str, Any]
+) -> None:
+    codec = PageTokenCodec("pai-test")
+    one, two = (codec.encode("messages", "s", "q", p) for p in (first, second))
+    assert one != two
+    # Minting again gives the remembered token, which still decodes to its position.
+    assert codec.encode("messages", "s", "q", dict(first)) == one
+    assert codec.decode(two, "messages", "s", "q") == json.loads(json.dumps(second))
+
+
+def test_remembered_tokens_are_the_tokens_minted_afresh() -> None:
+    remembered = PageTokenCodec("pai-test", secret=b"k")
+    for i in range(3000):  # past the codec's memory: it starts over
+        position = {"i": "instance", "a": i % 1500, "lo": 0, "hi": None, "c": i}
+        token = remembered.encode("messages", "s", "q", position)
+        assert token == PageTokenCodec("pai-test", secret=b"k").encode(
+            "messages", "s", "q", position
+        )
+        assert remembered.encode("messages", "s", "q", dict(position)) == token
+        assert remembered.decode(token, "messages", "s", "q") == position
+
+
 # ---------------------------------------------------------------- via the memory store
 
 
