@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from operator import attrgetter, itemgetter
 from typing import Any, TypeVar
 
 from .aggregate import FamilyName, FamilyView, ThreadAggregate
@@ -215,6 +216,7 @@ class ChildPagePlan:
         self._codec = codec
         self._scope_key = scope_key
         self._query = query_digest(query)
+        self._accepts = _filter(family, self.view, self.statuses, self.run_id)
         self._cursor = (
             _ChildCursor.parse(codec.decode(page_token, family, scope_key, self._query))
             if page_token is not None
@@ -296,16 +298,10 @@ class ChildPagePlan:
         )
 
     def matches(self, record: Message | RunRecord | QueuedItem) -> bool:
-        """Whether ``record`` passes this selection's filter (view, statuses, run)."""
-        if isinstance(record, Message):
-            if self.view == "transcript":
-                return record.visibility.transcript
-            if self.view == "context":
-                return record.visibility.context
-            return True
-        if isinstance(record, RunRecord):
-            return self.statuses is None or record.status in self.statuses
-        return self.run_id is None or record.run_id == self.run_id
+        """Whether ``record`` (of this selection's family) passes its filter (view,
+        statuses, run)."""
+        accepts = self._accepts
+        return accepts is None or bool(accepts(record))
 
     def finish(
         self, window: Window, rows: Sequence[tuple[int, T]], version: ThreadVersion
@@ -317,9 +313,10 @@ class ChildPagePlan:
         derives from each record, and a row whose columns disagree with its
         record is invalid stored data, refused rather than served.
         """
-        for _, record in rows:
-            if not self.matches(record):  # type: ignore[arg-type]
-                raise _mismatched(self.family, record)
+        accepts = self._accepts
+        if accepts is not None and not all(map(accepts, map(_record_of, rows))):
+            record = next(r for _, r in rows if not accepts(r))
+            raise _mismatched(self.family, record)
         items = rows[: self.limit]
         token = None
         if len(rows) > self.limit:
@@ -363,6 +360,23 @@ class ChildPagePlan:
                 if len(rows) == window.fetch:
                     break
         return rows
+
+
+_record_of = itemgetter(1)
+
+
+def _filter(
+    family: FamilyName, view: str | None, statuses: frozenset[str] | None, run_id: str | None
+) -> Callable[[Any], bool] | None:
+    """:meth:`ChildPagePlan.matches` for one selection, as one callable (``None``:
+    every record passes): a page checks each of its records with it."""
+    if family == "messages":
+        if view in ("transcript", "context"):
+            return attrgetter(f"visibility.{view}")
+        return None
+    if family == "runs":
+        return None if statuses is None else lambda record: record.status in statuses
+    return None if run_id is None else lambda record: record.run_id == run_id
 
 
 @dataclass(frozen=True, slots=True)
