@@ -584,21 +584,13 @@ class SqlClient(SharedClient[Engines]):
 
     # ------------------------------------------------------------ operations
 
-    @contextlib.contextmanager
-    def errors(self, phase: Phase) -> Iterator[None]:
+    def errors(self, phase: Phase) -> contextlib.AbstractContextManager[None]:
         """Map every driver exception of the block to the contract's errors.
 
         Exceptions that do not come from the driver or the connection (the
         store's own, a conflict signal, a bug) pass through unchanged.
         """
-        try:
-            yield
-        except StorageError:
-            raise
-        except Exception as exc:
-            if not is_driver_exception(exc):
-                raise
-            raise map_error(exc, phase, self.url) from exc
+        return _MappedErrors(phase, self.url)
 
     @contextlib.asynccontextmanager
     async def write(self) -> AsyncIterator[AsyncConnection]:
@@ -658,29 +650,56 @@ class SqlClient(SharedClient[Engines]):
             op = await self._checkout(engines, write)
             try:
                 with self.errors("write" if write else "read"):
-                    if write:
-                        # MySQL: the driver connection is not in autocommit mode;
-                        # its transaction begins with the first statement.
-                        if op.sqlite:
-                            await op.run_text("BEGIN IMMEDIATE")
-                    elif begin:
-                        await op.run_text(
-                            "BEGIN"
-                            if op.sqlite
-                            else "START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY"
-                        )
+                    await self._begin(op, write, begin)
                     yield op
-                    if write:
-                        with self.errors("commit"):
-                            await op.commit()
-                    elif op.sqlite:
-                        # Ends the snapshot (SQLite connections are not reset
-                        # between operations).
-                        await op.rollback()
+                    await self._end(op, write)
             except BaseException as exc:
                 await self._failed(op, exc)
                 raise
             await self._checkin(op, reuse=True)
+        finally:
+            if lock is not None:
+                lock.release()
+
+    async def _begin(self, op: Operation, write: bool, begin: bool) -> None:
+        if write:
+            # MySQL: the driver connection is not in autocommit mode; its
+            # transaction begins with the first statement.
+            if op.sqlite:
+                await op.run_text("BEGIN IMMEDIATE")
+        elif begin:
+            await op.run_text(
+                "BEGIN" if op.sqlite else "START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY"
+            )
+
+    async def _end(self, op: Operation, write: bool) -> None:
+        if write:
+            with self.errors("commit"):
+                await op.commit()
+        elif op.sqlite:
+            # Ends the snapshot (SQLite connections are not reset between operations).
+            await op.rollback()
+
+    async def _run_here(
+        self, engines: Engines, write: bool, begin: bool, body: Callable[[Operation], Awaitable[T]]
+    ) -> T:
+        """:meth:`_operation` around ``body``, as one coroutine (no generator per
+        operation): statement by statement, on the event loop."""
+        lock = engines.lock
+        if lock is not None:
+            await lock.acquire()
+        try:
+            op = await self._checkout(engines, write)
+            try:
+                with self.errors("write" if write else "read"):
+                    await self._begin(op, write, begin)
+                    result = await body(op)
+                    await self._end(op, write)
+            except BaseException as exc:
+                await self._failed(op, exc)
+                raise
+            await self._checkin(op, reuse=True)
+            return result
         finally:
             if lock is not None:
                 lock.release()
@@ -703,20 +722,34 @@ class SqlClient(SharedClient[Engines]):
         return await self._run(True, True, body)
 
     async def run_read(
-        self, body: Callable[[Operation], Awaitable[T]], *, snapshot: bool = True
+        self,
+        body: Callable[[Operation], Awaitable[T]],
+        *,
+        snapshot: bool = True,
+        in_thread: bool = True,
     ) -> T:
         """``await body(op)`` in one read snapshot (see :meth:`read`), in the reader
         connection's database thread as one call where :meth:`run_write` runs a
-        write in one."""
-        return await self._run(False, snapshot, body)
+        write in one. ``in_thread=False`` runs it statement by statement (for a
+        read of one statement, that one trip is all)."""
+        return await self._run(False, snapshot, body, in_thread)
 
-    async def _run(self, write: bool, begin: bool, body: Callable[[Operation], Awaitable[T]]) -> T:
+    async def _run(
+        self,
+        write: bool,
+        begin: bool,
+        body: Callable[[Operation], Awaitable[T]],
+        in_thread: bool = True,
+    ) -> T:
         engines = self._made
         if engines is None or self._closed:
             engines = await self._ready()
-        if (engines.held_writer if write else engines.held_reader) is None or not _inline():
-            async with self._operation(write, begin) as op:
-                return await body(op)
+        if (
+            not in_thread
+            or (engines.held_writer if write else engines.held_reader) is None
+            or not _inline()
+        ):
+            return await self._run_here(engines, write, begin, body)
         held: HeldWarnings = []
         abandoned = threading.Event()
         lock = engines.lock
@@ -862,6 +895,23 @@ class SqlClient(SharedClient[Engines]):
     @property
     def schema_version(self) -> int:
         return SCHEMA_VERSION
+
+
+class _MappedErrors(contextlib.AbstractContextManager[None]):
+    """:meth:`SqlClient.errors`, as a plain class (it wraps every operation: no
+    generator per use)."""
+
+    __slots__ = ("_phase", "_url")
+
+    def __init__(self, phase: Phase, url: StoreURL) -> None:
+        self._phase = phase
+        self._url = url
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        if exc is None or not isinstance(exc, Exception) or isinstance(exc, StorageError):
+            return
+        if is_driver_exception(exc):
+            raise map_error(exc, self._phase, self._url) from exc
 
 
 class Statement:
@@ -1153,6 +1203,7 @@ class _Prepared:
         "metadata",
         "positions",
         "processors",
+        "row_processors",
     )
 
     @classmethod
@@ -1187,6 +1238,9 @@ class _Prepared:
         columns = compiled._result_columns
         self.keys = [c.keyname for c in columns]
         results = [c.type._cached_result_processor(compiled.dialect, None) for c in columns]
+        self.row_processors: tuple[tuple[int, Any], ...] = tuple(
+            (i, process) for i, process in enumerate(results) if process is not None
+        )
         self.metadata: Any = None
         if columns:
             from sqlalchemy.engine.result import SimpleResultMetaData
@@ -1200,24 +1254,59 @@ class _Prepared:
 
 class CoreResult:
     """The result of a Core statement run on the driver: its rows (SQLAlchemy
-    ``Row`` objects, by position, name and attribute), ``rowcount`` and, for an
-    insert into a table keyed by an auto-increment column, ``inserted_primary_key``."""
+    ``Row`` objects, by position, name and attribute; or :meth:`tuples`),
+    ``rowcount`` and, for an insert into a table keyed by an auto-increment
+    column, ``inserted_primary_key``."""
 
-    __slots__ = ("_result", "inserted_primary_key", "rowcount")
+    __slots__ = ("_prepared", "_result", "_rows", "inserted_primary_key", "rowcount")
 
     def __init__(
-        self, result: Any, rowcount: int, inserted_primary_key: tuple[Any, ...] | None = None
+        self,
+        rows: list[Any] | None,
+        rowcount: int,
+        inserted_primary_key: tuple[Any, ...] | None = None,
+        prepared: _Prepared | None = None,
     ) -> None:
-        self._result = result
+        self._rows = rows
+        self._prepared = prepared
+        self._result: Any = None
         self.rowcount = rowcount
         self.inserted_primary_key = inserted_primary_key
 
+    def tuples(self) -> list[Any]:
+        """The rows as sequences of their values (the columns' result processors
+        applied), without building SQLAlchemy ``Row`` objects: for a caller that
+        reads rows by position. Consumes them, as iterating does."""
+        rows, self._rows = self._rows or [], []
+        prepared = self._prepared
+        if prepared is None or not prepared.row_processors:
+            return rows
+        processors = prepared.row_processors
+        out = []
+        for row in rows:
+            values = list(row)
+            for i, process in processors:
+                values[i] = process(values[i])
+            out.append(values)
+        return out
+
+    def _rows_result(self) -> Any:
+        if self._result is None:
+            from sqlalchemy.engine import IteratorResult
+            from sqlalchemy.exc import ResourceClosedError
+
+            if self._prepared is None:
+                raise ResourceClosedError("This result object does not return rows.")
+            rows, self._rows = self._rows or [], []
+            self._result = IteratorResult(self._prepared.metadata, iter(rows))
+        return self._result
+
     def __iter__(self) -> Iterator[Any]:
-        return iter(self._result)
+        return iter(self._rows_result())
 
     def __getattr__(self, name: str) -> Any:
         # first(), one(), all(), scalar(), scalar_one(), ... of SQLAlchemy's Result.
-        return getattr(self._result, name)
+        return getattr(self._rows_result(), name)
 
 
 class CoreConnection:
@@ -1347,9 +1436,7 @@ class CoreConnection:
             key = (cursor.lastrowid,) if entry.lastrowid_key else None
             return CoreResult(None, cursor.rowcount, key)
         rows = await op.driver.execute_fetchall(text, args)
-        from sqlalchemy.engine import IteratorResult
-
-        return CoreResult(IteratorResult(entry.metadata, iter(rows)), -1)
+        return CoreResult(rows, -1, None, entry)
 
 
 def is_unique_violation(exc: BaseException) -> bool:

@@ -31,6 +31,7 @@ SQLite the process clock; or the test clock).
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -281,7 +282,7 @@ class SqlKeyValueStore(SqlRuntimeStore, KeyValueStore):
                 return self._select().where(wanted, self._live(self._now_param() if bound else now))
 
             rows = await conn.execute(self._db.statement(("get", one, bound), build), params)
-            return [_record(r) for r in rows]
+            return _records(rows.tuples())
 
         return await self._db.read(read)
 
@@ -430,7 +431,7 @@ class SqlKeyValueStore(SqlRuntimeStore, KeyValueStore):
                 limit,
                 where,
             )
-            return [_record(r) for r in rows]
+            return _records(rows)
 
         return await self._db.read(read)
 
@@ -488,7 +489,7 @@ class SqlKeyValueStore(SqlRuntimeStore, KeyValueStore):
             first_bound is not None,
         )
         rows = await conn.execute(self._db.statement(shape, build), params)
-        return [_record(r) for r in rows]
+        return _records(rows.tuples())
 
     async def _list_keys(
         self, namespace: tuple[str, ...], prefix: str, after: str | None, limit: int
@@ -577,15 +578,31 @@ def _skip(path: bytes, max_depth: int | None, depth: int) -> bytes:
     return path + b"\x01"  # past path || 0x00 || every key
 
 
+def _records(rows: Iterable[Sequence[Any]]) -> list[KVRecord]:
+    """The records of rows of :meth:`SqlKeyValueStore._select` (a page's rows
+    mostly share a namespace: each path is decoded once)."""
+    spaces: dict[bytes, tuple[str, ...]] = {}
+    return [_record(row, spaces=spaces) for row in rows]
+
+
 def _record(
-    row: Row[Any], namespace: tuple[str, ...] | None = None, key: str | None = None
+    row: Sequence[Any],
+    namespace: tuple[str, ...] | None = None,
+    key: str | None = None,
+    *,
+    spaces: dict[bytes, tuple[str, ...]] | None = None,
 ) -> KVRecord:
     # The columns of _select(), by position.
-    head, tail, value, version, created, updated, expires, ttl_ms = tuple(row)[:8]
+    head, tail, value, version, created, updated, expires, ttl_ms = row[:8]
     if namespace is None or key is None:
         sk = join_key(head, tail)
         path, _, raw_key = sk.partition(b"\x00")
-        namespace = namespace_from_path(path.decode())
+        found = None if spaces is None else spaces.get(path)
+        if found is None:
+            found = namespace_from_path(path.decode())
+            if spaces is not None:
+                spaces[path] = found
+        namespace = found
         key = raw_key.decode()
     return KVRecord(
         namespace=namespace,

@@ -247,17 +247,23 @@ class SqlThreadStore(ThreadStore):
         combined = (
             single is not None and self._client.dialect == "sqlite" and single[1].statuses is None
         )
-        async with self._client.reading(snapshot=paged and not combined) as op:
+        clock_now = self.now()
+
+        async def read(op: Operation) -> ThreadReadResult:
             snapshot = _Snapshot(op, self, request.scope_key, request.thread_id)
             snapshot.combined = combined
-            return await run_read(snapshot, plan, clock_now=self.now())
+            return await run_read(snapshot, plan, clock_now=clock_now)
+
+        # Statement by statement: a read is one or a few statements.
+        return await self._client.run_read(read, snapshot=paged and not combined, in_thread=False)
 
     # ------------------------------------------------------------ listing
 
     async def _list_threads(self, request: ListThreadsInput) -> Page[ThreadRecord]:
         plan = self.selections.plan_list(request)
-        async with self._client.reading(snapshot=plan.include_hidden) as op:
-            return await self._list(op, plan)
+        return await self._client.run_read(
+            lambda op: self._list(op, plan), snapshot=plan.include_hidden, in_thread=False
+        )
 
     def _ord(self, thread_id: bytes) -> bytes:
         return thread_id if self._ord_bytes is None else thread_id[: self._ord_bytes]
