@@ -324,6 +324,9 @@ def _validate(model: type[M], data: dict[str, Any], size: int | None) -> M:
     return model.model_validate_decoded(data, size, dates=True)
 
 
+_FAMILY_NAMES = frozenset(spec.name for spec in FAMILIES)
+
+
 def parse_root(
     doc: Mapping[str, Any], size: int | None = None
 ) -> tuple[ThreadRecord, dict[FamilyName, int]]:
@@ -342,14 +345,12 @@ def parse_root(
     if facts is not None and type(facts) is not dict:
         raise _invalid("thread", "malformed _facts")
     counters = data.pop("_nextOrder", None)
-    if not isinstance(counters, dict) or set(counters) != {spec.name for spec in FAMILIES}:
+    if not isinstance(counters, dict) or counters.keys() != _FAMILY_NAMES:
         raise _invalid("thread", "missing or malformed _nextOrder")
-    next_order: dict[FamilyName, int] = {}
-    for spec in FAMILIES:
-        value = counters[spec.name]
+    next_order: dict[FamilyName, int] = dict(counters)
+    for value in next_order.values():
         if type(value) is not int or value < 1:
             raise _invalid("thread", "malformed _nextOrder")
-        next_order[spec.name] = value
     try:
         record = _validate(ThreadRecord, data, size)
     except ThreadStoreInvariantError as exc:
