@@ -421,6 +421,14 @@ def _date(value: Any) -> datetime:
     return _parse_timestamp(value)
 
 
+def _plain_bson_date(value: Any) -> datetime:
+    # A plain BSON decoder's date: naive, in UTC, whole milliseconds. Anything
+    # else is left to the exact path (a plain decoder never makes it).
+    if type(value) is datetime and value.tzinfo is None and not value.microsecond % 1000:
+        return value.replace(tzinfo=UTC)
+    raise PydanticCustomError("timestamp", "Input should be a naive BSON date")
+
+
 def _date_paths(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
     """The JSON paths of every timestamp of ``model``, nested records included."""
     paths: list[tuple[str, ...]] = []
@@ -502,9 +510,12 @@ def _model_classes(node: Any, found: dict[int, type[BaseModel]]) -> dict[int, ty
     return found
 
 
-def _stored_validator(model: type[BaseModel], decoded: bool = False) -> SchemaValidator:
+def _stored_validator(
+    model: type[BaseModel], decoded: bool = False, *, plain_bson: bool = False
+) -> SchemaValidator:
     """Compile :func:`_stored_schema` of ``model`` (for JSON text, or with
-    :func:`_decoded_schema` for decoded documents) into its own validator.
+    :func:`_decoded_schema` for decoded documents, and :func:`_plain_bson_schema`
+    for plainly decoded BSON) into its own validator.
 
     pydantic-core reuses a finished model's own validator for every nested
     model it meets while compiling a schema; each model class is marked
@@ -518,6 +529,8 @@ def _stored_validator(model: type[BaseModel], decoded: bool = False) -> SchemaVa
     }
     if decoded:
         schema = _decoded_schema(schema)
+    if plain_bson:
+        schema = _plain_bson_schema(schema)
     classes = list(_model_classes(schema, {}).values())
     for cls in classes:
         cls.__pydantic_complete__ = False
@@ -553,6 +566,21 @@ def _decoded_schema(node: Any) -> Any:
         copied["strict"] = True
         copied.setdefault("max_length", _UNICODE_CHECKED)
     return copied
+
+
+def _plain_bson_schema(node: Any) -> Any:
+    """A copy of a decoded-document schema (:func:`_decoded_schema`) whose dates
+    are those of a plain BSON decoder (:func:`_plain_bson_date`)."""
+    if isinstance(node, list):
+        return [_plain_bson_schema(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    if node.get("type") == "function-plain" and node["function"]["function"] is _date:
+        return {
+            "type": "function-plain",
+            "function": {"type": "no-info", "function": _plain_bson_date},
+        }
+    return {key: _plain_bson_schema(value) for key, value in node.items()}
 
 
 def _is_none(value: Any) -> bool:
@@ -828,6 +856,30 @@ class StoreModel(BaseModel):
             return cast(Self, cls.__pydantic_validator__.validate_python(data))
         except ValidationError as exc:
             raise convert_validation_error(exc, cls.__name__, data, stored=True) from None
+
+    @classmethod
+    def model_validate_plain_bson(cls, data: dict[str, Any], size: int) -> Self | None:
+        """The record of a BSON document decoded plainly, or ``None`` when it takes
+        the exact path.
+
+        ``data`` is as PyMongo's C decoder makes it with its default options:
+        naive datetimes (BSON dates are UTC), ``Int64`` for 64-bit integers,
+        no type decoders. The same checks as the fast path of
+        :meth:`model_validate_decoded` with ``dates``: the record returned is
+        the one that method gives for the same document decoded exactly
+        (aware UTC dates, integers as ``int``). Anything that check refuses,
+        and what a plain decoder leaves uninterpreted (a ``Binary``, a
+        ``DBRef``), gives ``None``: the caller decodes the document exactly
+        and calls :meth:`model_validate_decoded`, which decides and names the
+        problem.
+        """
+        validator = _PLAIN_BSON_VALIDATORS.get(cls)
+        if validator is None or size >= MAX_JSON_NODES:
+            return None
+        try:
+            return cast(Self, validator.validate_python(data))
+        except ValidationError:
+            return None
 
     @model_serializer(mode="wrap")
     def _omit_absent(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> Any:
@@ -1407,4 +1459,7 @@ _STORED_VALIDATORS: dict[type, SchemaValidator] = {
 }
 _DECODED_VALIDATORS: dict[type, SchemaValidator] = {
     model: _stored_validator(model, decoded=True) for model in _STORED_RECORDS
+}
+_PLAIN_BSON_VALIDATORS: dict[type, SchemaValidator] = {
+    model: _stored_validator(model, decoded=True, plain_bson=True) for model in _STORED_RECORDS
 }

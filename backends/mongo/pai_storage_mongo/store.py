@@ -121,6 +121,8 @@ from .documents import (
     decode_or_invalid,
     parse_child,
     parse_root,
+    read_child,
+    read_root,
     root_document,
     root_facts,
 )
@@ -671,12 +673,11 @@ class MongoThreadStore(ThreadStore):
         found: dict[str, Entry[Any]] = {}
         if not ids:
             return found
-        what = spec.model.__name__
         cursor = self._raw(spec.name).find(
             {**key, spec.id_field: {"$in": list(ids)}}, session=session
         )
         for raw in await cursor.to_list():
-            order, record = parse_child(spec.model, decode_or_invalid(raw, what), len(raw.raw))
+            order, record = read_child(spec.model, raw)
             found[spec.record_id(record)] = Entry(order, record)
         return found
 
@@ -799,9 +800,7 @@ class MongoThreadStore(ThreadStore):
                         seen += len(batch)
                         for raw in batch:
                             try:
-                                record, _ = parse_root(
-                                    decode_or_invalid(raw, "thread"), len(raw.raw)
-                                )
+                                record, _ = read_root(raw)
                             except ThreadStoreInvariantError as exc:
                                 skipped.append(_skipped(request.scope_key, raw, exc))
                                 continue
@@ -1518,7 +1517,7 @@ class _MongoCommit(CommitTransaction):
         raw = await threads.find_one(self._key, session=self._session)
         if raw is None:
             return HeldThread(None)
-        return HeldThread(*parse_root(decode_or_invalid(raw, "thread"), len(raw.raw)))
+        return HeldThread(*read_root(raw))
 
     async def server_time(self) -> datetime:
         """The primary's ``$$NOW`` when the hold wrote the root."""
@@ -1859,13 +1858,9 @@ class _MongoSnapshot(ReadSnapshot):
         self, spec: FamilySpec, plan: ChildPagePlan, window: Window
     ) -> Sequence[tuple[int, Any]]:
         """One index-ordered range scan (one per status, merged, for a status filter)."""
-        what = spec.model.__name__
         prefetched = self._prefetched.pop(spec.name, None)
         if prefetched is not None and window.lower == 0:
-            rows = [
-                parse_child(spec.model, decode_or_invalid(raw, what), len(raw.raw))
-                for raw in prefetched
-            ]
+            rows = [read_child(spec.model, raw) for raw in prefetched]
             if all(window.contains(position) for position, _ in rows):
                 return rows
         collection = self._store._raw(spec.name)
@@ -1874,12 +1869,7 @@ class _MongoSnapshot(ReadSnapshot):
             cursor = collection.find(
                 query, sort=sort, limit=window.fetch, hint=hint, session=self._session
             )
-            scans.append(
-                [
-                    parse_child(spec.model, decode_or_invalid(raw, what), len(raw.raw))
-                    for raw in await cursor.to_list()
-                ]
-            )
+            scans.append([read_child(spec.model, raw) for raw in await cursor.to_list()])
         if len(scans) == 1:
             return scans[0]
         merged = heapq.merge(*scans, key=lambda row: row[0], reverse=window.order == "newest")
