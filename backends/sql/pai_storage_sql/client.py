@@ -631,8 +631,7 @@ class SqlClient(SharedClient[Engines]):
         """:meth:`read` as an :class:`Operation` (see :meth:`writing`)."""
         return self._operation(False, snapshot)
 
-    @contextlib.asynccontextmanager
-    async def _operation(self, write: bool, begin: bool) -> AsyncIterator[Operation]:
+    def _operation(self, write: bool, begin: bool) -> _Scope:
         """One write transaction (``write``) or read, on a connection of its own.
 
         Driver exceptions are mapped (phase ``connect``, then ``write`` or
@@ -640,26 +639,7 @@ class SqlClient(SharedClient[Engines]):
         transaction back; a connection whose state is unknown (cancelled
         mid-way, or the driver failed) is invalidated: closed, never reused.
         """
-        engines = self._made
-        if engines is None or self._closed:
-            engines = await self._ready()
-        lock = engines.lock
-        if lock is not None:
-            await lock.acquire()
-        try:
-            op = await self._checkout(engines, write)
-            try:
-                with self.errors("write" if write else "read"):
-                    await self._begin(op, write, begin)
-                    yield op
-                    await self._end(op, write)
-            except BaseException as exc:
-                await self._failed(op, exc)
-                raise
-            await self._checkin(op, reuse=True)
-        finally:
-            if lock is not None:
-                lock.release()
+        return _Scope(self, write, begin)
 
     async def _begin(self, op: Operation, write: bool, begin: bool) -> None:
         if write:
@@ -679,30 +659,6 @@ class SqlClient(SharedClient[Engines]):
         elif op.sqlite:
             # Ends the snapshot (SQLite connections are not reset between operations).
             await op.rollback()
-
-    async def _run_here(
-        self, engines: Engines, write: bool, begin: bool, body: Callable[[Operation], Awaitable[T]]
-    ) -> T:
-        """:meth:`_operation` around ``body``, as one coroutine (no generator per
-        operation): statement by statement, on the event loop."""
-        lock = engines.lock
-        if lock is not None:
-            await lock.acquire()
-        try:
-            op = await self._checkout(engines, write)
-            try:
-                with self.errors("write" if write else "read"):
-                    await self._begin(op, write, begin)
-                    result = await body(op)
-                    await self._end(op, write)
-            except BaseException as exc:
-                await self._failed(op, exc)
-                raise
-            await self._checkin(op, reuse=True)
-            return result
-        finally:
-            if lock is not None:
-                lock.release()
 
     async def run_write(self, body: Callable[[Operation], Awaitable[T]]) -> T:
         """``await body(op)`` in one write transaction (see :meth:`write`), committed
@@ -749,7 +705,8 @@ class SqlClient(SharedClient[Engines]):
             or (engines.held_writer if write else engines.held_reader) is None
             or not _inline()
         ):
-            return await self._run_here(engines, write, begin, body)
+            async with self._operation(write, begin) as op:
+                return await body(op)
         held: HeldWarnings = []
         abandoned = threading.Event()
         lock = engines.lock
@@ -895,6 +852,57 @@ class SqlClient(SharedClient[Engines]):
     @property
     def schema_version(self) -> int:
         return SCHEMA_VERSION
+
+
+class _Scope(contextlib.AbstractAsyncContextManager["Operation"]):
+    """:meth:`SqlClient._operation`, as a plain class (every operation runs in one:
+    no generator per operation)."""
+
+    __slots__ = ("_begin", "_client", "_lock", "_op", "_phase", "_write")
+
+    def __init__(self, client: SqlClient, write: bool, begin: bool) -> None:
+        self._client = client
+        self._write = write
+        self._begin = begin
+        self._phase: Phase = "write" if write else "read"
+
+    async def __aenter__(self) -> Operation:
+        client = self._client
+        engines = client._made
+        if engines is None or client._closed:
+            engines = await client._ready()
+        lock = self._lock = engines.lock
+        if lock is not None:
+            await lock.acquire()
+        try:
+            op = self._op = await client._checkout(engines, self._write)
+            try:
+                with client.errors(self._phase):
+                    await client._begin(op, self._write, self._begin)
+            except BaseException as exc:
+                await client._failed(op, exc)
+                raise
+        except BaseException:
+            if lock is not None:
+                lock.release()
+            raise
+        return op
+
+    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        client, op = self._client, self._op
+        try:
+            try:
+                with client.errors(self._phase):  # the block's driver errors, mapped
+                    if exc is not None:
+                        raise exc
+                    await client._end(op, self._write)
+            except BaseException as failure:
+                await client._failed(op, failure)
+                raise
+            await client._checkin(op, reuse=True)
+        finally:
+            if self._lock is not None:
+                self._lock.release()
 
 
 class _MappedErrors(contextlib.AbstractContextManager[None]):
