@@ -101,11 +101,11 @@ def query_digest(query: Any) -> str:
 
 
 def _flat_items(value: Any) -> tuple[Any, ...] | None:
-    """A hashable key of a ``dict`` whose values are strings, integers, ``None``
-    or tuples of strings: equal keys encode to the same canonical JSON (the
-    value types are part of the key, since ``True == 1``). ``None`` for any
-    other value."""
-    if type(value) is not dict:
+    """A hashable key of a ``dict`` with string keys whose values are strings,
+    integers, ``None`` or tuples of strings: equal keys encode to the same
+    canonical JSON (the value types are part of the key, since ``True == 1``).
+    ``None`` for any other value."""
+    if type(value) is not dict or not _STR.issuperset(map(type, value)):
         return None
     kinds = tuple(map(type, value.values()))
     if not _FLAT.issuperset(kinds):
@@ -118,6 +118,7 @@ def _flat_items(value: Any) -> tuple[Any, ...] | None:
 
 
 _FLAT = frozenset({str, int, type(None), tuple})
+_STR = frozenset({str})
 
 
 @lru_cache(maxsize=4096)
@@ -226,20 +227,21 @@ class PageTokenCodec:
         position (:func:`_flat_items`) are remembered, so a page read again
         unchanged does not mint its token again.
         """
+        scope = self.scope_digest(scope_key)
         items = _flat_items(position)
         if items is None:
-            return self._mint(kind, scope_key, query, position)
-        key = (kind, scope_key, query, items)
+            return self._mint(kind, scope, query, position)
+        key = (kind, scope, query, items)
         token = self._minted.get(key)
         if token is None:
-            token = self._mint(kind, scope_key, query, position)
+            token = self._mint(kind, scope, query, position)
             if len(self._minted) >= _MINTED_KEPT:
                 self._minted.clear()  # atomic: safe when several threads mint
             self._minted[key] = token
         return token
 
-    def _mint(self, kind: str, scope_key: str, query: str, position: dict[str, Any]) -> str:
-        head, tail = _payload_frame(kind, self.scope_digest(scope_key), query)
+    def _mint(self, kind: str, scope: str, query: str, position: dict[str, Any]) -> str:
+        head, tail = _payload_frame(kind, scope, query)
         payload = f"{head}{_ENCODE(position)}{tail}".encode()
         return _b64(self._head + payload + self._mac(payload))
 

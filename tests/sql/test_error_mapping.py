@@ -7,9 +7,17 @@ from __future__ import annotations
 import sqlite3
 
 import pytest
+from pai_storage_sql.client import SqlClient
 from pai_storage_sql.errors import map_error
 
-from pai_storage import ThreadStoreCommitUnknownError, ThreadStoreUnavailableError, make_url
+from pai_storage import (
+    ThreadStoreCommitUnknownError,
+    ThreadStoreError,
+    ThreadStoreUnavailableError,
+    make_url,
+)
+
+from .conftest import Target
 
 
 def _sqlite_error(code: int) -> sqlite3.OperationalError:
@@ -28,3 +36,29 @@ def test_an_io_failure_during_commit_is_an_unknown_outcome(code: int) -> None:
     during = map_error(_sqlite_error(code), "commit", url)
     assert isinstance(during, ThreadStoreCommitUnknownError)
     assert "may or may not have been applied" in str(during)
+
+
+@pytest.mark.asyncio
+async def test_an_operations_block_raises_what_it_raised_or_the_mapped_driver_error(
+    target: Target,
+) -> None:
+    # Any exception of the block propagates as it was raised (StopIteration
+    # included); a driver exception becomes the contract's error, the driver's
+    # own as its cause; the connection is usable afterwards either way.
+    async with SqlClient(target.url) as client:
+        await client.ready()
+        for scope in (client.reading, client.writing):
+            with pytest.raises(StopIteration):
+                async with scope():
+                    next(iter([]))
+            with pytest.raises(KeyError):
+                async with scope():
+                    raise KeyError("k")
+            with pytest.raises(ThreadStoreError) as raised:
+                async with scope() as op:
+                    await op.run_text("SELECT * FROM no_such_table")
+            assert "no_such_table" in str(raised.value)
+            assert raised.value.__cause__ is not None
+            assert not isinstance(raised.value.__cause__, ThreadStoreError)
+            async with scope() as op:
+                await op.run_text("SELECT 1")

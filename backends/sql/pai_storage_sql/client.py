@@ -47,7 +47,15 @@ import inspect
 import sqlite3
 import threading
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
@@ -891,13 +899,19 @@ class _Scope(contextlib.AbstractAsyncContextManager["Operation"]):
     async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         client, op = self._client, self._op
         try:
-            try:
-                with client.errors(self._phase):  # the block's driver errors, mapped
-                    if exc is not None:
-                        raise exc
-                    await client._end(op, self._write)
-            except BaseException as failure:
+            if exc is not None:
+                # The block's driver errors are mapped; anything else propagates
+                # as it was raised.
+                failure = _mapped(exc, self._phase, client.url)
                 await client._failed(op, failure)
+                if failure is not exc:
+                    raise failure from exc
+                return
+            try:
+                with client.errors(self._phase):
+                    await client._end(op, self._write)
+            except BaseException as failed:
+                await client._failed(op, failed)
                 raise
             await client._checkin(op, reuse=True)
         finally:
@@ -916,10 +930,17 @@ class _MappedErrors(contextlib.AbstractContextManager[None]):
         self._url = url
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        if exc is None or not isinstance(exc, Exception) or isinstance(exc, StorageError):
-            return
-        if is_driver_exception(exc):
-            raise map_error(exc, self._phase, self._url) from exc
+        if exc is not None:
+            mapped = _mapped(exc, self._phase, self._url)
+            if mapped is not exc:
+                raise mapped from exc
+
+
+def _mapped(exc: BaseException, phase: Phase, url: StoreURL) -> BaseException:
+    """The contract's error for a driver exception; any other exception itself."""
+    if not isinstance(exc, Exception) or isinstance(exc, StorageError):
+        return exc
+    return map_error(exc, phase, url) if is_driver_exception(exc) else exc
 
 
 class Statement:
@@ -1281,11 +1302,11 @@ class CoreResult:
         self.rowcount = rowcount
         self.inserted_primary_key = inserted_primary_key
 
-    def tuples(self) -> list[Any]:
+    def value_rows(self) -> list[Any]:
         """The rows as sequences of their values (the columns' result processors
         applied), without building SQLAlchemy ``Row`` objects: for a caller that
-        reads rows by position. Consumes them, as iterating does."""
-        rows, self._rows = self._rows or [], []
+        reads rows by position (see :func:`value_rows`)."""
+        rows = self._rows or []
         prepared = self._prepared
         if prepared is None or not prepared.row_processors:
             return rows
@@ -1298,23 +1319,30 @@ class CoreResult:
             out.append(values)
         return out
 
-    def _rows_result(self) -> Any:
+    def _rows_result(self, name: str) -> Any:
         if self._result is None:
-            from sqlalchemy.engine import IteratorResult
-            from sqlalchemy.exc import ResourceClosedError
-
             if self._prepared is None:
-                raise ResourceClosedError("This result object does not return rows.")
-            rows, self._rows = self._rows or [], []
-            self._result = IteratorResult(self._prepared.metadata, iter(rows))
+                raise AttributeError(f"the result of a statement without rows has no {name!r}")
+            from sqlalchemy.engine import IteratorResult
+
+            self._result = IteratorResult(self._prepared.metadata, iter(self._rows or []))
         return self._result
 
     def __iter__(self) -> Iterator[Any]:
-        return iter(self._rows_result())
+        return iter(self._rows_result("__iter__"))
 
     def __getattr__(self, name: str) -> Any:
         # first(), one(), all(), scalar(), scalar_one(), ... of SQLAlchemy's Result.
-        return getattr(self._rows_result(), name)
+        return getattr(self._rows_result(name), name)
+
+
+def value_rows(result: Any) -> Iterable[Any]:
+    """The rows of ``result`` (a :class:`CoreResult` or SQLAlchemy's result) by
+    position: plain sequences from a :class:`CoreResult`, SQLAlchemy's ``Row``
+    objects otherwise."""
+    if isinstance(result, CoreResult):
+        return result.value_rows()
+    return cast(Iterable[Any], result)
 
 
 class CoreConnection:

@@ -58,6 +58,7 @@ from pai_storage.backend import (
 )
 from pai_storage.runtime import DEFAULT_MAX_VALUE_BYTES
 
+from .client import value_rows
 from .runtime_support import SqlRuntimeStore, escaped_size, ordered_scan
 from .runtime_tables import join_key, sort_key, split_key
 
@@ -282,7 +283,7 @@ class SqlKeyValueStore(SqlRuntimeStore, KeyValueStore):
                 return self._select().where(wanted, self._live(self._now_param() if bound else now))
 
             rows = await conn.execute(self._db.statement(("get", one, bound), build), params)
-            return _records(rows.tuples())
+            return _records(value_rows(rows))
 
         return await self._db.read(read)
 
@@ -489,7 +490,7 @@ class SqlKeyValueStore(SqlRuntimeStore, KeyValueStore):
             first_bound is not None,
         )
         rows = await conn.execute(self._db.statement(shape, build), params)
-        return _records(rows.tuples())
+        return _records(value_rows(rows))
 
     async def _list_keys(
         self, namespace: tuple[str, ...], prefix: str, after: str | None, limit: int

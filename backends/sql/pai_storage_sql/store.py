@@ -247,12 +247,11 @@ class SqlThreadStore(ThreadStore):
         combined = (
             single is not None and self._client.dialect == "sqlite" and single[1].statuses is None
         )
-        clock_now = self.now()
 
         async def read(op: Operation) -> ThreadReadResult:
             snapshot = _Snapshot(op, self, request.scope_key, request.thread_id)
             snapshot.combined = combined
-            return await run_read(snapshot, plan, clock_now=clock_now)
+            return await run_read(snapshot, plan, clock_now=self.now())
 
         # Statement by statement: a read is one or a few statements.
         return await self._client.run_read(read, snapshot=paged and not combined, in_thread=False)
