@@ -211,6 +211,25 @@ def test_valid_stored_text_gives_what_model_validate_json_gives(text_id: str, te
     assert got.created_at.tzinfo is UTC
 
 
+def test_a_page_of_stored_texts_validates_like_each_text() -> None:
+    # Valid texts (fast path and full check alike) give the records each gives
+    # alone; an invalid one anywhere in the page raises what it raises alone.
+    valid = list(VALID_STORED.values())
+    got = Message.model_validate_stored_many(valid)
+    assert got == [Message.model_validate_stored(text) for text in valid]
+    assert [json.dumps(r.to_json()) for r in got] == [
+        json.dumps(Message.model_validate_json(text).to_json()) for text in valid
+    ]
+    assert Message.model_validate_stored_many([]) == []
+    for text in INVALID_STORED.values():
+        with pytest.raises(ThreadStoreInvariantError) as alone:
+            Message.model_validate_stored(text)
+        with pytest.raises(ThreadStoreInvariantError) as in_page:
+            Message.model_validate_stored_many([*valid[:2], text, *valid[2:]])
+        assert type(in_page.value) is type(alone.value)
+        assert str(in_page.value) == str(alone.value)
+
+
 def test_stored_opaque_values_are_fresh_objects() -> None:
     text = _with_metadata('{"x":[1,{"y":2}]}')
     first, second = Message.model_validate_stored(text), Message.model_validate_stored(text)
