@@ -23,7 +23,10 @@ import contextlib
 import json
 import os
 import platform
+import shutil
+import sqlite3
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
 from importlib.metadata import PackageNotFoundError, version
@@ -82,6 +85,9 @@ SYSTEMS: dict[str, tuple[str, Callable[[], Peer]]] = {
     "pai-mongo": ("mongodb", _pai("mongo")),
     "langgraph-mongo": ("mongodb", _langgraph("mongodb")),
     "openai-mongo": ("mongodb", _openai("mongodb")),
+    "pai-sql": ("sqlite", _pai("sql")),
+    "langgraph-sqlite": ("sqlite", _langgraph("sqlite")),
+    "openai-sqlite": ("sqlite", _openai("sqlite")),
 }
 
 DISTRIBUTIONS = (
@@ -92,6 +98,8 @@ DISTRIBUTIONS = (
     "langgraph-checkpoint",
     "langgraph-checkpoint-postgres",
     "langgraph-checkpoint-mongodb",
+    "langgraph-checkpoint-sqlite",
+    "aiosqlite",
     "langchain-core",
     "google-adk",
     "openai-agents",
@@ -184,11 +192,15 @@ async def _servers(
     """The servers the systems ``keys`` need, started (and dropped, stopped after)."""
     wants_pg = any(SYSTEMS[k][0] == "postgresql" for k in keys)
     wants_mongo = any(SYSTEMS[k][0] == "mongodb" for k in keys)
+    wants_sqlite = any(SYSTEMS[k][0] == "sqlite" for k in keys)
     postgres = Postgres(args.pg_url) if wants_pg else None
     mongo = Mongo(args.mongo_url) if wants_mongo else None
+    sqlite_dir = tempfile.mkdtemp(prefix="peers-sqlite-") if wants_sqlite else None
     try:
         if postgres is not None:
             servers["postgresql"] = postgres.server_version()
+        if sqlite_dir is not None:
+            servers["sqlite"] = sqlite3.sqlite_version
         if mongo is not None:
             try:
                 await asyncio.to_thread(mongo.start)
@@ -199,8 +211,10 @@ async def _servers(
                     if SYSTEMS[k][0] == "mongodb":
                         skipped[k] = f"MongoDB unavailable: {exc}"
                 mongo = None
-        yield Infra(postgres=postgres, mongo=mongo)
+        yield Infra(postgres=postgres, mongo=mongo, sqlite_dir=sqlite_dir)
     finally:
+        if sqlite_dir is not None and not args.keep:
+            shutil.rmtree(sqlite_dir, ignore_errors=True)
         if not args.keep:
             if postgres is not None:
                 postgres.drop_all()

@@ -6,6 +6,8 @@
 * MongoDB: ``langgraph.checkpoint.mongodb.MongoDBSaver`` (its async methods run
   the synchronous PyMongo calls in a thread pool; the package ships no native
   async saver).
+* SQLite: ``langgraph.checkpoint.sqlite.aio.AsyncSqliteSaver`` on one
+  ``aiosqlite`` connection to a file.
 
 The graph is ``START -> respond -> END`` over ``MessagesState`` (the
 ``add_messages`` reducer); ``respond`` returns the turn's assistant message. A
@@ -108,12 +110,17 @@ class LangGraphPeer(Peer):
             self.key = "langgraph-postgres"
             self.component = "AsyncPostgresSaver"
             self.distributions += ("langgraph-checkpoint-postgres",)
+        elif database == "sqlite":
+            self.key = "langgraph-sqlite"
+            self.component = "AsyncSqliteSaver"
+            self.distributions += ("langgraph-checkpoint-sqlite",)
         else:
             self.key = "langgraph-mongo"
             self.component = "MongoDBSaver"
             self.distributions += ("langgraph-checkpoint-mongodb",)
         self.saver: Any = None
         self.pool: Any = None
+        self.conn: Any = None
         self.client: Any = None
         self.infra: Infra | None = None
         self.url = ""
@@ -138,6 +145,14 @@ class LangGraphPeer(Peer):
             await self.pool.open()
             self.saver = AsyncPostgresSaver(self.pool)
             await self.saver.setup()
+        elif self.database == "sqlite":
+            import aiosqlite
+            from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+
+            self.db_name = infra.sqlite_file("langgraph")
+            self.conn = await aiosqlite.connect(self.db_name)
+            self.saver = AsyncSqliteSaver(self.conn)
+            await self.saver.setup()
         else:
             from langgraph.checkpoint.mongodb import MongoDBSaver
             from pymongo import MongoClient
@@ -156,6 +171,8 @@ class LangGraphPeer(Peer):
         self.graph = builder.compile(checkpointer=self.saver)
 
     async def close(self) -> None:
+        if self.conn is not None:
+            await self.conn.close()
         if self.pool is not None:
             await self.pool.close()
         if self.client is not None:
@@ -222,4 +239,6 @@ class LangGraphPeer(Peer):
         assert self.infra is not None
         if self.database == "postgresql":
             return await asyncio.to_thread(self.infra.pg_storage, self.url)
+        if self.database == "sqlite":
+            return self.infra.sqlite_storage(self.db_name)
         return await asyncio.to_thread(self.infra.mongo_storage, self.db_name)

@@ -1,4 +1,4 @@
-"""OpenAI Agents SDK sessions: ``SQLAlchemySession`` (PostgreSQL) and ``MongoDBSession``.
+"""OpenAI Agents SDK sessions: ``SQLAlchemySession``, ``SQLiteSession``, ``MongoDBSession``.
 
 The SDK's runner saves the turn's input items before calling the model and the
 new items after it, so a turn is two ``add_items`` calls: ``[user message]``
@@ -11,6 +11,9 @@ then ``[assistant message]`` (Responses-API input-item dicts).
 * ``MongoDBSession(session_id, client=AsyncMongoClient(url), database=...)``:
   each ``add_items`` reserves sequence numbers on the session document and
   inserts one document holding the batch.
+
+* ``SQLiteSession(session_id, db_path)``, the SDK's default session: one
+  SQLite file, one row per item, each ``add_items`` one transaction.
 
 Reading the newest 20: ``get_items(limit=20)``.
 
@@ -52,6 +55,9 @@ class OpenAIAgentsPeer(Peer):
         if database == "postgresql":
             self.key = "openai-postgres"
             self.component = "SQLAlchemySession"
+        elif database == "sqlite":
+            self.key = "openai-sqlite"
+            self.component = "SQLiteSession"
         else:
             self.key = "openai-mongo"
             self.component = "MongoDBSession"
@@ -71,6 +77,8 @@ class OpenAIAgentsPeer(Peer):
             self.engine = create_async_engine(
                 self.url.replace("postgresql://", "postgresql+asyncpg://", 1)
             )
+        elif self.database == "sqlite":
+            self.db_name = infra.sqlite_file("openai")
         else:
             from pymongo import AsyncMongoClient
 
@@ -85,11 +93,18 @@ class OpenAIAgentsPeer(Peer):
             from agents.extensions.memory import SQLAlchemySession
 
             return SQLAlchemySession(conv, engine=self.engine, create_tables=True)
+        if self.database == "sqlite":
+            from agents import SQLiteSession
+
+            return SQLiteSession(conv, self.db_name)
         from agents.extensions.memory import MongoDBSession
 
         return MongoDBSession(conv, client=self.client, database=self.db_name)
 
     async def close(self) -> None:
+        if self.database == "sqlite":
+            for session in self.sessions.values():
+                session.close()
         if self.engine is not None:
             await self.engine.dispose()
         if self.client is not None:
@@ -116,4 +131,6 @@ class OpenAIAgentsPeer(Peer):
         assert self.infra is not None
         if self.database == "postgresql":
             return await asyncio.to_thread(self.infra.pg_storage, self.url)
+        if self.database == "sqlite":
+            return self.infra.sqlite_storage(self.db_name)
         return await asyncio.to_thread(self.infra.mongo_storage, self.db_name)

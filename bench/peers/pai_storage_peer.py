@@ -64,8 +64,18 @@ class PaiStoragePeer(Peer):
     def __init__(self, backend: str) -> None:
         self.backend = backend
         self.key = f"pai-{backend}"
-        self.component = {"postgres": "postgres", "mongo": "mongo", "memory": "memory"}[backend]
-        self.database = {"postgres": "postgresql", "mongo": "mongodb", "memory": "memory"}[backend]
+        self.component = {
+            "postgres": "postgres",
+            "mongo": "mongo",
+            "sql": "sqlite",
+            "memory": "memory",
+        }[backend]
+        self.database = {
+            "postgres": "postgresql",
+            "mongo": "mongodb",
+            "sql": "sqlite",
+            "memory": "memory",
+        }[backend]
         self.turn_shape = (
             "2 commits/turn: (user message + running run + lease acquire), "
             "(assistant message + run completed + lease release); "
@@ -85,6 +95,9 @@ class PaiStoragePeer(Peer):
             self.url = infra.pg_database("pai")
         elif self.backend == "mongo":
             self.db_name, self.url = infra.mongo_database("pai")
+        elif self.backend == "sql":
+            self.db_name = infra.sqlite_file("pai")
+            self.url = f"sqlite:///{self.db_name}"
         else:
             self.url = "memory://"
         self.store = pai_storage.open_store(self.url)
@@ -204,4 +217,6 @@ class PaiStoragePeer(Peer):
             return await asyncio.to_thread(self.infra.pg_storage, self.url)
         if self.backend == "mongo":
             return await asyncio.to_thread(self.infra.mongo_storage, self.db_name)
+        if self.backend == "sql":
+            return self.infra.sqlite_storage(self.db_name)
         return None

@@ -11,12 +11,20 @@ START = "<!-- peers:start -->"
 END = "<!-- peers:end -->"
 COMMAND = ".venv/bin/python -m bench.peers --report"
 
-DB_TITLES = {"postgresql": "PostgreSQL", "mongodb": "MongoDB", "memory": "In process (no database)"}
+DB_TITLES = {
+    "postgresql": "PostgreSQL",
+    "mongodb": "MongoDB",
+    "sqlite": "SQLite",
+    "memory": "In process (no database)",
+}
 BASELINE = {
     "postgresql": "pai-postgres/2 commits/turn",
     "mongodb": "pai-mongo/2 commits/turn",
+    "sqlite": "pai-sql/2 commits/turn",
     "memory": "pai-memory/2 commits/turn",
 }
+DATABASES = ("postgresql", "mongodb", "sqlite")
+"""The databases with servers or files (every section but the in-process one)."""
 
 SYSTEM_DISTS = {
     "pai-storage": ["pai-storage"],
@@ -30,8 +38,10 @@ COMPONENT_DISTS = {
     "DatabaseSessionService": ["sqlalchemy", "asyncpg"],
     "SQLAlchemySession": ["sqlalchemy", "asyncpg"],
     "MongoDBSession": ["pymongo"],
+    "AsyncSqliteSaver": ["langgraph-checkpoint-sqlite", "aiosqlite"],
     "postgres": ["asyncpg"],
     "mongo": ["pymongo"],
+    "sqlite": ["sqlalchemy", "aiosqlite"],
 }
 
 
@@ -180,6 +190,8 @@ def storage_detail_table(results: dict[str, Any]) -> str:
         detail = storage["detail_per_msg"]
         if row["database"] == "postgresql":
             second = f"{_bytes(detail.get('as_written'))} as written (before VACUUM FULL)"
+        elif row["database"] == "sqlite":
+            second = f"{_bytes(detail.get('file'))} file after a checkpoint"
         else:
             second = f"{_bytes(detail.get('size'))} BSON `size`"
         total = storage["at"]["primary"]
@@ -192,7 +204,7 @@ def storage_detail_table(results: dict[str, Any]) -> str:
 
 def markdown_tables(results: dict[str, Any]) -> str:
     parts = []
-    for database in ("postgresql", "mongodb", "memory"):
+    for database in (*DATABASES, "memory"):
         table = database_table(results, database)
         if table:
             parts.append(f"### {DB_TITLES[database]}\n\n{table}")
@@ -231,7 +243,7 @@ def _wins(results: dict[str, Any]) -> list[str]:
         noise = " — within noise" if v / b > 1 / 1.5 else ""
         return f"{what} ({fmt(v)} vs {fmt(b)}{noise})"
 
-    for database in ("postgresql", "mongodb"):
+    for database in DATABASES:
         rows = _rows_for(results, database)
         base = next((r for r in rows if r["key"] == BASELINE[database]), None)
         if base is None:
@@ -449,7 +461,8 @@ def section(results: dict[str, Any], images: list[str], notes: str) -> str:
         "indexes) of every table after `VACUUM FULL` (the as-written size is in the detail "
         "table); MongoDB: `collStats` `storageSize + totalIndexSize` after `fsync` "
         "(WiredTiger sizes are block-granular and vary by a few hundred bytes per message "
-        "between runs).",
+        "between runs); SQLite: the database file after a checkpoint that empties its "
+        "write-ahead log into it (page-granular).",
         "",
         "Each system first runs a few untimed warm-up turns; every PostgreSQL database is "
         "`ANALYZE`d (untimed) before each timed window and after each bulk load.",
@@ -508,9 +521,9 @@ def write_report(results: dict[str, Any], root: Path) -> None:
     img = root / "docs" / "img"
     img.mkdir(parents=True, exist_ok=True)
     images: list[str] = []
-    for database in ("postgresql", "mongodb"):
+    for database in DATABASES:
         images += plot(results, database, img)
-    if not any(r["database"] in ("postgresql", "mongodb") for r in results["rows"]):
+    if not any(r["database"] in DATABASES for r in results["rows"]):
         images += plot(results, "memory", img)
     notes_path = Path(__file__).with_name("NOTES.md")
     notes = notes_path.read_text() if notes_path.exists() else ""

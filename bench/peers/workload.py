@@ -24,7 +24,10 @@ assistant reply, persisted the way the system's own runtime persists a turn
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import random
+import sqlite3
 import zlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -78,6 +81,25 @@ class Infra:
 
     postgres: Any = None  # _infra.Postgres
     mongo: Any = None  # _infra.Mongo
+    sqlite_dir: str | None = None  # a temporary directory for SQLite files
+
+    def sqlite_file(self, tag: str) -> str:
+        """The path of a new SQLite database file (not created yet)."""
+        if self.sqlite_dir is None:
+            raise RuntimeError("no SQLite directory configured")
+        return os.path.join(self.sqlite_dir, f"{tag}.db")
+
+    def sqlite_storage(self, path: str) -> Storage:
+        """The file and its write-ahead log after a checkpoint that copies what the
+        log held into the file and empties the log."""
+        with contextlib.closing(sqlite3.connect(path)) as conn:
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        sizes = {
+            name: os.path.getsize(path + suffix)
+            for name, suffix in (("file", ""), ("wal", "-wal"))
+            if os.path.exists(path + suffix)
+        }
+        return Storage(sum(sizes.values()), sizes)
 
     def pg_database(self, tag: str) -> str:
         if self.postgres is None:
@@ -123,7 +145,7 @@ class Peer(ABC):
     key: str  # e.g. "langgraph-pg"
     system: str  # e.g. "LangGraph"
     component: str  # e.g. "AsyncPostgresSaver"
-    database: str  # "postgresql" | "mongodb" | "memory"
+    database: str  # "postgresql" | "mongodb" | "sqlite" | "memory"
     distributions: tuple[str, ...] = ()  # whose versions the report names
     turn_shape: str = ""  # how one turn is persisted
     read_shape: str = ""  # how the newest 20 messages are read
