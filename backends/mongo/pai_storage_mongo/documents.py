@@ -29,7 +29,7 @@ the like only mean something in Extended JSON, which is never used here).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -62,6 +62,7 @@ from pai_storage.models import StoreModel
 from pai_storage.strict_json import MAX_JSON_NODES
 
 M = TypeVar("M", bound=StoreModel)
+K = TypeVar("K")
 
 __all__ = [
     "CODEC_OPTIONS",
@@ -414,35 +415,36 @@ def _child_keys(data: dict[str, Any], what: str) -> int:
 def read_root(raw: RawBSONDocument) -> tuple[ThreadRecord, dict[FamilyName, int]]:
     """:func:`parse_root` of a raw stored root: plainly decoded first, exactly
     when that does not serve."""
-    size = len(raw.raw)
-    try:
-        data = bson.decode(raw.raw)
-        next_order = _root_keys(data)
-    except Exception:  # anything at all: the exact path decides
-        pass
-    else:
-        record = ThreadRecord.model_validate_plain_bson(data, size)
-        if record is not None:
-            return record, next_order
-    return parse_root(decode_or_invalid(raw, "thread"), size)
+    plain = _read_plainly(raw, ThreadRecord, _root_keys)
+    if plain is not None:
+        return plain
+    return parse_root(decode_or_invalid(raw, "thread"), len(raw.raw))
 
 
 def read_child(
     model: type[Message] | type[RunRecord] | type[QueuedItem], raw: RawBSONDocument
 ) -> tuple[int, Any]:
     """:func:`parse_child` of a raw stored child, as :func:`read_root` reads a root."""
-    size = len(raw.raw)
     what = model.__name__
+    plain = _read_plainly(raw, model, _child_keys, what)
+    if plain is not None:
+        record, order = plain
+        return order, record
+    return parse_child(model, decode_or_invalid(raw, what), len(raw.raw))
+
+
+def _read_plainly(
+    raw: RawBSONDocument, model: type[M], keys: Callable[..., K], *args: Any
+) -> tuple[M, K] | None:
+    """The record of ``raw`` plainly decoded, with what ``keys(data, *args)`` took
+    of its provider keys; ``None`` when the exact path must decide."""
     try:
         data = bson.decode(raw.raw)
-        order = _child_keys(data, what)
+        taken = keys(data, *args)
     except Exception:  # anything at all: the exact path decides
-        pass
-    else:
-        record = model.model_validate_plain_bson(data, size)
-        if record is not None:
-            return order, record
-    return parse_child(model, decode_or_invalid(raw, what), size)
+        return None
+    record = model.model_validate_plain_bson(data, len(raw.raw))
+    return None if record is None else (record, taken)
 
 
 # --------------------------------------------------------------- relationship facts
