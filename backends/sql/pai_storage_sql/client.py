@@ -1283,7 +1283,7 @@ class _Prepared:
 
 class CoreResult:
     """The result of a Core statement run on the driver: its rows (SQLAlchemy
-    ``Row`` objects, by position, name and attribute; or :meth:`tuples`),
+    ``Row`` objects, by position, name and attribute; or :meth:`value_rows`),
     ``rowcount`` and, for an insert into a table keyed by an auto-increment
     column, ``inserted_primary_key``."""
 
