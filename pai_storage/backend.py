@@ -95,7 +95,7 @@ from .kv import (
 from .leases import LEASE_CONFLICT, LeaseConflict, apply_lease_change, is_expired
 from .lifecycle import ManagedStore
 from .maintenance import ForkPlan, SourceChanged, ThreadHead, fork_aggregate
-from .models import StoreModel, format_timestamp, truncate_ms
+from .models import StoreModel, detached, format_timestamp, stored_records, truncate_ms
 from .pipeline import (
     CommitTransaction,
     HeldThread,
@@ -252,6 +252,7 @@ __all__ = [
     "commit_time",
     "default_scope_digest",
     "deliver_held_warnings",
+    "detached",
     "duplicate_insert_error",
     "emit_warning",
     "facts_from_aggregate",
@@ -279,6 +280,7 @@ __all__ = [
     "stamp_message",
     "stamp_queued_item",
     "stamp_run",
+    "stored_records",
     "system_clock",
     "thread_digest",
     "timestamp_ms",

@@ -54,7 +54,10 @@ from __future__ import annotations
 import copy
 import json
 import math
+import operator
 import re
+import types
+import typing
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import (
@@ -90,6 +93,7 @@ from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError, SchemaSerializer, SchemaValidator
 
 from .errors import ThreadStoreInvariantError, ThreadStoreSerializationError
+from .memo import StoredMemo
 from .strict_json import INT64_MAX, MAX_JSON_DEPTH, MAX_JSON_NODES, check_json, is_valid_text
 
 __all__ = [
@@ -727,6 +731,99 @@ class _Opaque:
 
 _new = object.__new__
 _set = object.__setattr__
+
+
+# Values nobody can change in place.
+_SCALARS: frozenset[type] = frozenset({str, int, float, bool, type(None), datetime})
+_CHANGEABLE: dict[type, tuple[str, ...]] = {}
+"""Per model class: the fields whose values may be changed in place (dicts,
+lists, opaque JSON, nested models holding such values)."""
+
+
+def detached(value: T) -> T:
+    """A copy of ``value`` that shares nothing mutable with it.
+
+    The effect of ``copy.deepcopy`` at the cost of the mutable values alone:
+    ``dict`` and ``list`` values are copied, and a model is re-created only
+    around a copied value (a model holding none is itself); strings, numbers,
+    timestamps and tuples of them are shared. What is neither a model nor one
+    of these is deep-copied.
+    """
+    fresh: T = _fresh(value)
+    return fresh
+
+
+def _fresh(value: Any) -> Any:
+    # detached(), untyped: a read's hot path (no cast() calls, scalars inline).
+    kind = type(value)
+    if kind in _SCALARS:
+        return value
+    if kind is dict:
+        return {k: v if type(v) in _SCALARS else _fresh(v) for k, v in value.items()}
+    if kind is list:
+        return [v if type(v) in _SCALARS else _fresh(v) for v in value]
+    names = _CHANGEABLE.get(kind)
+    if names is not None or isinstance(value, StoreModel):
+        return _fresh_model(value, names)
+    if kind is tuple:
+        items = tuple(map(_fresh, value))
+        return value if all(map(operator.is_, items, value)) else items
+    return copy.deepcopy(value)
+
+
+def _fresh_model(model: Any, names: tuple[str, ...] | None) -> Any:
+    if names is None:
+        names = _changeable_fields(type(model))
+    fields = model.__dict__
+    copied = None
+    for name in names:
+        value = fields.get(name)
+        if type(value) in _SCALARS:
+            continue
+        fresh = _fresh(value)
+        if fresh is not value:
+            if copied is None:
+                copied = fields.copy()
+            copied[name] = fresh
+    if copied is None:
+        return model  # nothing in it can change: safe to share
+    clone = _new(type(model))
+    _set(clone, "__dict__", copied)
+    _set(clone, "__pydantic_fields_set__", set(model.__pydantic_fields_set__))
+    _set(clone, "__pydantic_extra__", _fresh(model.__pydantic_extra__))
+    _set(clone, "__pydantic_private__", _fresh(model.__pydantic_private__))
+    return clone
+
+
+def _changeable_fields(cls: type[StoreModel]) -> tuple[str, ...]:
+    _CHANGEABLE[cls] = tuple(cls.model_fields)  # meanwhile (a recursive model): every field
+    names = tuple(name for name, field in cls.model_fields.items() if _may_change(field.annotation))
+    _CHANGEABLE[cls] = names
+    return names
+
+
+def _may_change(kind: Any) -> bool:
+    """Whether a value of the annotation ``kind`` may be changed in place."""
+    origin = get_origin(kind)
+    if origin is Annotated:
+        return _may_change(get_args(kind)[0])
+    if origin is Literal:
+        return False
+    if origin is typing.Union or origin is types.UnionType:
+        return any(_may_change(arg) for arg in get_args(kind))
+    if isinstance(kind, type) and origin is None:
+        if issubclass(kind, StoreModel):  # the class or any subclass its values may be
+            found, classes = False, [kind]
+            while classes and not found:
+                one = classes.pop()
+                names = _CHANGEABLE.get(one)
+                found = bool(names if names is not None else _changeable_fields(one))
+                classes.extend(one.__subclasses__())
+            return found
+        return not issubclass(kind, (str, int, float, bool, type(None), datetime))
+    return True  # dict, list, Any, or anything else
+
+
 _OPTIONAL_FIELDS: dict[type, tuple[tuple[str, str | None, bool], ...]] = {}
 """Per model class: (name, alias, omitted only when unset) of each optional field."""
 
@@ -798,6 +895,9 @@ class StoreModel(BaseModel):
     def model_validate_stored(cls, text: str) -> Self:
         """Validate a record from the JSON text a store persisted.
 
+        A text validated before may give a copy of the record it gave then
+        (:data:`stored_records`).
+
         The result, and every error class, is that of
         :meth:`model_validate_json`: invalid stored data raises. The text is
         checked by a second validator of the model in which every field check
@@ -807,30 +907,35 @@ class StoreModel(BaseModel):
         record's fields (see :func:`convert_validation_error`: stored opaque
         JSON is never quoted).
         """
-        validator = _STORED_VALIDATORS.get(cls)
-        if validator is not None and len(text) < MAX_JSON_NODES:
-            try:
-                return cast(Self, validator.validate_json(text))
-            except ValidationError:
-                pass
-        return cls._validate_stored_fully(text)
+        record = stored_records.get(cls, text)
+        if record is None:
+            record = cls._validate_stored(text, _STORED_VALIDATORS.get(cls))
+            stored_records.add(cls, text, record)
+        return cast(Self, record)
 
     @classmethod
     def model_validate_stored_many(cls, texts: Iterable[str]) -> list[Self]:
         """:meth:`model_validate_stored` of each text (a page's records): the
         same results and errors, in one call."""
         validator = _STORED_VALIDATORS.get(cls)
-        fast = validator.validate_json if validator is not None else None
+        remembered, remember = stored_records.get, stored_records.add
         records: list[Self] = []
         for text in texts:
-            if fast is not None and len(text) < MAX_JSON_NODES:
-                try:
-                    records.append(fast(text))
-                    continue
-                except ValidationError:
-                    pass
-            records.append(cls._validate_stored_fully(text))
+            record = remembered(cls, text)
+            if record is None:
+                record = cls._validate_stored(text, validator)
+                remember(cls, text, record)
+            records.append(cast(Self, record))
         return records
+
+    @classmethod
+    def _validate_stored(cls, text: str, validator: SchemaValidator | None) -> Self:
+        if validator is not None and len(text) < MAX_JSON_NODES:
+            try:
+                return cast(Self, validator.validate_json(text))
+            except ValidationError:
+                pass
+        return cls._validate_stored_fully(text)
 
     @classmethod
     def _validate_stored_fully(cls, text: str) -> Self:
@@ -948,7 +1053,7 @@ class StoreModel(BaseModel):
 
     def deep_copy(self) -> Self:
         """A copy sharing no mutable state (opaque JSON included) with this one."""
-        return copy.deepcopy(self)
+        return detached(self)
 
 
 # ---------------------------------------------------------------- thread root
@@ -1485,3 +1590,11 @@ _DECODED_VALIDATORS: dict[type, SchemaValidator] = {
 _PLAIN_BSON_VALIDATORS: dict[type, SchemaValidator] = {
     model: _stored_validator(model, decoded=True, plain_bson=True) for model in _STORED_RECORDS
 }
+
+stored_records: StoredMemo[Any] = StoredMemo(detached, entries=4096, size=4 * 2**20)
+"""The records :meth:`StoreModel.model_validate_stored` validated more than once,
+by model and exact stored text, shared by every store of the process (a
+backend may keep its own decoded records in it too, under its own kind).
+At most 4,096 records built from 4 MiB of stored text;
+``stored_records.resize(entries=0, size=0)`` keeps none. See
+:mod:`pai_storage.memo`."""

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import copy
 import threading
 from collections.abc import Iterator, Sequence
 from datetime import datetime
 from itertools import islice
-from typing import Any, TypeVar, cast
+from typing import Any
 
-from pydantic import BaseModel
 from sortedcontainers import SortedList  # type: ignore[import-untyped]
 
 from pai_storage import (
@@ -36,6 +34,7 @@ from pai_storage.backend import (
     ThreadAggregate,
     ThreadConflict,
     ThreadHead,
+    detached,
     fork_aggregate,
     read_aggregate,
     run_commit,
@@ -44,41 +43,6 @@ from pai_storage.backend import (
 )
 
 __all__ = ["MemoryThreadStore"]
-
-T = TypeVar("T")
-
-# Values a record may hold that nobody can change in place.
-_IMMUTABLE: frozenset[type] = frozenset({str, int, float, bool, type(None), datetime})
-
-
-def _detached(value: T) -> T:
-    """A copy of an input or result that shares nothing mutable with ``value``.
-
-    Records are frozen models, so only their ``dict`` and ``list`` values
-    (opaque JSON, parts, id lists) can be changed by whoever holds them: those
-    are copied, and a model is re-created only around a copied value. Strings,
-    numbers and timestamps are shared. The effect of ``copy.deepcopy`` at the
-    cost of the mutable values alone.
-    """
-    kind = type(value)
-    if kind in _IMMUTABLE:
-        return value
-    if kind is dict:
-        return cast(T, {key: _detached(sub) for key, sub in cast(dict[str, Any], value).items()})
-    if kind is list:
-        return cast(T, [_detached(sub) for sub in cast(list[Any], value)])
-    if isinstance(value, BaseModel):
-        copied = {}
-        for name, sub in value.__dict__.items():
-            fresh = _detached(sub)
-            if fresh is not sub:
-                copied[name] = fresh
-        if not copied:
-            return value  # immutable all the way down: safe to share
-        clone = copy.copy(value)
-        clone.__dict__.update(copied)
-        return clone
-    return copy.deepcopy(value)  # anything else: no shortcut
 
 
 class _Scope:
@@ -163,7 +127,7 @@ class MemoryThreadStore(ThreadStore):
         plan = self.selections.plan_read(request)
         with self._lock:
             thread = self._thread(request.scope_key, request.thread_id)
-            return _detached(read_aggregate(thread, plan, self._clock()))
+            return detached(read_aggregate(thread, plan, self._clock()))
 
     async def _list_threads(self, request: ListThreadsInput) -> Page[ThreadRecord]:
         plan = self.selections.plan_list(request)
@@ -171,7 +135,7 @@ class MemoryThreadStore(ThreadStore):
             scope = self._scopes.get(request.scope_key)
             if scope is None:
                 return plan.finish([])
-            return _detached(plan.select_sorted(scope.roots_after))
+            return detached(plan.select_sorted(scope.roots_after))
 
     async def _commit_thread(self, request: CommitThreadInput) -> CommittedResult | ConflictResult:
         # The request is the store's own copy already: ThreadStore.commit_thread
@@ -186,7 +150,7 @@ class MemoryThreadStore(ThreadStore):
             result = run_sync(run_commit(tx, request))
             if isinstance(result, CommittedResult):
                 self._store(request.scope_key, request.thread_id, before, tx.apply())
-            return _detached(result)
+            return detached(result)
 
     def _store(
         self,
@@ -258,7 +222,7 @@ class MemoryThreadStore(ThreadStore):
                 raise ThreadConflict(target.root.version)
             fork = fork_aggregate(source.to_aggregate(), plan, self._clock())
             self._store(plan.scope_key, plan.thread_id, None, IndexedThread.from_aggregate(fork))
-            return _detached(fork.root)
+            return detached(fork.root)
 
     async def _info(self) -> StoreInfo:
         return StoreInfo(

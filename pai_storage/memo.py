@@ -1,0 +1,115 @@
+"""Records validated from stored data, remembered by that exact data.
+
+An agent reads the newest messages of its thread on every turn, so a store
+reads the same stored records again and again, and validating a record costs
+more than fetching it. A record is a function of its stored text (or bytes)
+alone, so a store keeps, per process, the records it validated more than
+once, keyed by their model and their exact stored data: reading that data
+again gives a copy of the record without parsing it (``docs/performance.md``,
+"Stored records remembered").
+
+What this keeps:
+
+- **Only what was stored and read twice.** A record read once (a history
+  page walked once, a thread read once) is never kept, so it costs nothing
+  but a lookup. The second read of the same data keeps a copy.
+- **Copies only.** The kept value is never handed out: every hit is a copy
+  sharing nothing mutable with it (``copy``), so mutating a record you read
+  never changes what a later read gives.
+- **Valid data only.** Data that fails validation raises each time it is read.
+- **A bound.** At most ``entries`` values, built from at most ``size``
+  characters (or bytes) of stored data in all, and none from data longer than
+  ``size // 64``; the oldest go first. ``resize(entries=0, size=0)`` keeps
+  none.
+
+Lookups take no lock; adding takes one, so stores in several threads share a
+memo safely.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Hashable
+from typing import Generic, TypeVar
+
+__all__ = ["StoredMemo"]
+
+V = TypeVar("V")
+
+
+class StoredMemo(Generic[V]):
+    """Values built from stored data, by ``(kind, data)``; see the module docstring."""
+
+    def __init__(self, copy: Callable[[V], V], *, entries: int, size: int) -> None:
+        self._copy = copy
+        self._values: dict[tuple[Hashable, str | bytes], V] = {}
+        self._seen: set[int] = set()
+        self._used = 0
+        self._lock = threading.Lock()
+        self._entries = self._size = self._largest = 0
+        self.resize(entries=entries, size=size)
+
+    def __len__(self) -> int:
+        """How many values are kept now."""
+        return len(self._values)
+
+    @property
+    def used(self) -> int:
+        """The length of the stored data the kept values were built from, in all."""
+        return self._used
+
+    @property
+    def limits(self) -> tuple[int, int]:
+        """``(entries, size)`` as last given to :meth:`resize`."""
+        return self._entries, self._size
+
+    def resize(self, *, entries: int, size: int) -> None:
+        """Keep at most ``entries`` values built from at most ``size`` characters
+        (or bytes) of stored data in all; the oldest kept go first. ``0`` keeps none."""
+        for name, value in (("entries", entries), ("size", size)):
+            if type(value) is not int or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0")
+        with self._lock:
+            self._entries, self._size, self._largest = entries, size, size // 64
+            self._shrink()
+            self._seen.clear()
+
+    def clear(self) -> None:
+        """Forget every value."""
+        with self._lock:
+            self._values.clear()
+            self._seen.clear()
+            self._used = 0
+
+    def get(self, kind: Hashable, data: str | bytes) -> V | None:
+        """A copy of the value built from ``data`` as ``kind``, or ``None``."""
+        found = self._values.get((kind, data))
+        return None if found is None else self._copy(found)
+
+    def add(self, kind: Hashable, data: str | bytes, value: V) -> None:
+        """Offer ``value``, just built from ``data`` as ``kind`` and handed out by
+        the caller: a copy is kept when the same data was offered before."""
+        if len(data) > self._largest or not self._entries:
+            return
+        key = (kind, data)
+        mark = hash(key)  # a collision only keeps a value early
+        seen = self._seen
+        if mark not in seen:
+            if len(seen) >= 4 * self._entries:
+                seen.clear()
+            seen.add(mark)
+            return
+        kept = self._copy(value)
+        with self._lock:
+            if key in self._values:
+                return
+            self._values[key] = kept
+            self._used += len(data)
+            self._shrink()
+
+    def _shrink(self) -> None:
+        values = self._values
+        while values and (len(values) > self._entries or self._used > self._size):
+            oldest = next(iter(values))
+            del values[oldest]
+            self._used -= len(oldest[1])

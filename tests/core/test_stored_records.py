@@ -1,0 +1,277 @@
+"""Records validated from stored data are remembered, and handed out as copies.
+
+``StoreModel.model_validate_stored`` (and ``_many``) keep, in
+``pai_storage.models.stored_records``, the records of texts validated more
+than once; a later read of the same text gives a copy made by ``detached``,
+which shares nothing mutable with the kept record. Invalid stored data is
+never kept: it raises every time.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import BaseModel
+
+from core import strategies as s
+from pai_storage import Message, QueuedItem, RunRecord, ThreadRecord, ThreadStoreInvariantError
+from pai_storage.memo import StoredMemo
+from pai_storage.models import detached, stored_records
+
+RECORDS: dict[str, tuple[Any, Any]] = {
+    "threads": (ThreadRecord, s.thread_records()),
+    "messages": (Message, s.messages()),
+    "runs": (RunRecord, s.run_records()),
+    "queuedItems": (QueuedItem, s.queued_items()),
+}
+
+
+@pytest.fixture(autouse=True)
+def fresh_memo() -> Iterator[None]:
+    entries, size = stored_records.limits
+    stored_records.clear()
+    yield
+    stored_records.resize(entries=entries, size=size)
+    stored_records.clear()
+
+
+def _containers(value: Any, found: dict[int, Any] | None = None) -> dict[int, Any]:
+    """Every dict and list reachable from ``value`` (through models too), by id."""
+    found = {} if found is None else found
+    if isinstance(value, BaseModel):
+        _containers(value.__dict__, found)
+        found.pop(id(value.__dict__))  # a model's own namespace is never shared
+    elif isinstance(value, dict):
+        found[id(value)] = value
+        for sub in value.values():
+            _containers(sub, found)
+    elif isinstance(value, (list, tuple)):
+        if isinstance(value, list):
+            found[id(value)] = value
+        for sub in value:
+            _containers(sub, found)
+    return found
+
+
+def _assert_detached(copy: Any, original: Any) -> None:
+    assert copy == original
+    assert type(copy) is type(original)
+    assert repr(copy) == repr(original)
+    assert copy.model_fields_set == original.model_fields_set
+    assert copy.to_json() == original.to_json()
+    assert not _containers(copy).keys() & _containers(original).keys()
+
+
+@settings(max_examples=100, deadline=None)
+@given(data=st.data(), name=st.sampled_from(sorted(RECORDS)))
+def test_detached_copies_share_nothing_mutable(data: st.DataObject, name: str) -> None:
+    model, strategy = RECORDS[name]
+    record = model.model_validate(data.draw(strategy))
+    _assert_detached(detached(record), record)
+    _assert_detached(record.deep_copy(), record)
+
+
+def test_detached_shares_what_cannot_change() -> None:
+    record = Message.model_validate(_message())
+    copy = detached(record)
+    assert copy is not record
+    assert copy.producer is record.producer  # strings only
+    assert copy.created_at is record.created_at
+    assert copy.parts[0] is record.parts[0]  # a text part without provider metadata
+    assert copy.metadata is not record.metadata
+    frozen = (1, "a", None)
+    assert detached(frozen) is frozen
+    nested = ([1], {"k": (2, [3])})
+    copied = detached(nested)
+    assert copied == nested
+    assert copied[0] is not nested[0]
+    assert copied[1]["k"][1] is not nested[1]["k"][1]
+
+
+def _message(**changes: Any) -> dict[str, Any]:
+    return {
+        "messageId": "m1",
+        "role": "user",
+        "parts": [{"type": "text", "text": "hi"}],
+        "producer": {"kind": "user"},
+        "association": {"kind": "standalone"},
+        "visibility": {"transcript": True, "context": True},
+        "status": "complete",
+        "metadata": {"k": [1, {"n": 2}]},
+        "createdAt": "2026-01-02T03:04:05.678Z",
+        "updatedAt": "2026-01-02T03:04:05.678Z",
+        **changes,
+    }
+
+
+@pytest.mark.parametrize("many", [False, True], ids=["one", "many"])
+def test_a_text_read_again_gives_an_equal_record_sharing_nothing(many: bool) -> None:
+    text = Message.model_validate(_message()).to_json_text()
+
+    def read() -> Message:
+        if many:
+            return Message.model_validate_stored_many([text])[0]
+        return Message.model_validate_stored(text)
+
+    first = read()
+    assert len(stored_records) == 0  # read once: nothing kept
+    second = read()
+    assert len(stored_records) == 1  # read twice: a copy kept
+    assert stored_records.used == len(text)
+    reads = [first, second, read(), read()]
+    for one in reads[1:]:
+        _assert_detached(one, first)
+    for one, other in itertools.pairwise(reads[1:]):
+        assert not _containers(one).keys() & _containers(other).keys()
+    for one in reads:  # changing what was handed out changes no later read
+        one.metadata["k"].append("changed")
+        one.parts.clear()
+    assert read().to_json() == Message.model_validate(_message()).to_json()
+
+
+def test_records_are_kept_by_model_and_exact_text() -> None:
+    text = Message.model_validate(_message()).to_json_text()
+    spaced = text.replace(',"role"', ', "role"')  # the same record, another text
+    for _ in range(2):
+        Message.model_validate_stored(text)
+    assert stored_records.get(Message, text) is not None
+    assert stored_records.get(Message, spaced) is None
+    assert stored_records.get(ThreadRecord, text) is None
+    assert Message.model_validate_stored(spaced) == Message.model_validate_stored(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"messageId": "m1"}',
+        "not json",
+        Message.model_validate(_message()).to_json_text().replace('"complete"', '"done"'),
+    ],
+)
+def test_invalid_stored_text_raises_every_time_and_is_never_kept(text: str) -> None:
+    errors = []
+    for _ in range(4):
+        with pytest.raises(ThreadStoreInvariantError) as caught:
+            Message.model_validate_stored(text)
+        errors.append(str(caught.value))
+        with pytest.raises(ThreadStoreInvariantError):
+            Message.model_validate_stored_many([text])
+    assert len(set(errors)) == 1
+    assert len(stored_records) == 0
+
+
+def test_a_page_mixes_kept_and_new_records_in_order() -> None:
+    texts = [Message.model_validate(_message(messageId=f"m{i}")).to_json_text() for i in range(4)]
+    Message.model_validate_stored_many(texts[:2])
+    Message.model_validate_stored_many(texts[:2])
+    assert len(stored_records) == 2
+    page = Message.model_validate_stored_many(texts)
+    assert [m.message_id for m in page] == ["m0", "m1", "m2", "m3"]
+
+
+def test_off_keeps_nothing_and_reads_the_same() -> None:
+    stored_records.resize(entries=0, size=0)
+    text = Message.model_validate(_message()).to_json_text()
+    reads = [Message.model_validate_stored(text) for _ in range(3)]
+    assert len(stored_records) == 0
+    assert reads[0] == reads[2]
+
+
+# ------------------------------------------------------------------ the memo
+
+
+def _memo(entries: int = 3, size: int = 6400) -> StoredMemo[Any]:
+    return StoredMemo(detached, entries=entries, size=size)
+
+
+def _offer_twice(memo: StoredMemo[Any], data: str | bytes, value: Any, kind: Any = "k") -> None:
+    memo.add(kind, data, value)
+    memo.add(kind, data, value)
+
+
+def test_a_value_is_kept_the_second_time_and_handed_out_as_copies() -> None:
+    memo = _memo()
+    value: dict[str, list[Any]] = {"a": [1]}
+    memo.add("k", "x", value)
+    assert memo.get("k", "x") is None
+    memo.add("k", "x", value)
+    value["a"].append("changed by the caller")
+    found = memo.get("k", "x")
+    assert found == {"a": [1]}
+    found["a"].append(2)
+    assert memo.get("k", "x") == {"a": [1]}
+    assert memo.get("other kind", "x") is None
+
+
+def test_the_oldest_go_first_within_both_bounds() -> None:
+    memo = _memo(entries=3, size=6400)  # data of up to 100 characters
+    for data in ("a" * 10, "b" * 10, "c" * 10, "d" * 10):
+        _offer_twice(memo, data, data)
+    assert len(memo) == 3
+    assert memo.get("k", "a" * 10) is None
+    assert memo.get("k", "d" * 10) == "d" * 10
+    _offer_twice(memo, "e" * 101, "too long")
+    assert memo.get("k", "e" * 101) is None
+    memo.resize(entries=10, size=6400)
+    for data in ("f" * 100, "g" * 100, "h" * 60):
+        _offer_twice(memo, data, data)
+    assert len(memo) == 6
+    assert memo.used == 290
+    memo.resize(entries=10, size=250)  # b, c, d and f go
+    assert memo.used == 160
+    assert memo.get("k", "h" * 60) == "h" * 60
+    assert memo.get("k", "f" * 100) is None
+    assert memo.limits == (10, 250)
+    memo.clear()
+    assert len(memo) == 0
+    assert memo.used == 0
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "1", None])
+def test_resize_takes_integers_of_zero_or_more(bad: Any) -> None:
+    memo = _memo()
+    with pytest.raises(ValueError, match="entries"):
+        memo.resize(entries=bad, size=10)
+    with pytest.raises(ValueError, match="size"):
+        memo.resize(entries=10, size=bad)
+    assert memo.limits == (3, 6400)
+
+
+def test_bytes_and_text_are_kept_apart() -> None:
+    memo = _memo()
+    _offer_twice(memo, "x", "text")
+    _offer_twice(memo, b"x", "bytes")
+    assert memo.get("k", "x") == "text"
+    assert memo.get("k", b"x") == "bytes"
+
+
+def test_threads_sharing_a_memo_keep_it_within_its_bounds() -> None:
+    memo = _memo(entries=50, size=64 * 400)
+    failures: list[BaseException] = []
+
+    def work(worker: int) -> None:
+        try:
+            for i in range(3000):
+                data = f"{worker}-{i % 120}-" + "x" * (i % 300)
+                found = memo.get("k", data)
+                if found is not None and found != [data]:
+                    raise AssertionError(f"{data!r} gave {found!r}")
+                memo.add("k", data, [data])
+        except BaseException as exc:  # reported below
+            failures.append(exc)
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failures
+    assert len(memo) <= 50
+    assert memo.used <= 64 * 400
+    assert memo.used == sum(len(key[1]) for key in memo._values)
