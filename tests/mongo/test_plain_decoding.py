@@ -182,3 +182,38 @@ def test_undecodable_bytes_are_the_exact_paths_error() -> None:
     raw = RawBSONDocument(broken)
     with pytest.raises(ThreadStoreInvariantError, match="cannot be decoded"):
         read_child(Message, raw)
+
+
+def test_a_document_read_again_gives_a_copy_of_the_same_record() -> None:
+    # Documents read more than once come from stored_records, by their bytes:
+    # every read gives the same record, and none shares anything changeable.
+    raw = _raw(_message_doc())
+    expected = _exact_child(Message, raw)
+    for _ in range(4):
+        order, record = read_child(Message, raw)
+        assert (order, record) == expected
+        record.metadata["n"] = "changed"
+        record.parts.clear()
+    root = ThreadRecord.model_validate(
+        {
+            "scopeKey": "scope",
+            "threadId": "t",
+            "version": {"threadInstanceId": "i", "revision": 1},
+            "agent": "a",
+            "directExecutionAllowed": True,
+            "listVisibility": "visible",
+            "metadata": {"a": [1]},
+            "privateMetadata": {},
+            "createdAt": "2026-01-02T03:04:05.678Z",
+            "updatedAt": "2026-01-02T03:04:05.678Z",
+        }
+    )
+    raw_root = _raw(root_document(root, COUNTERS))
+    for _ in range(4):
+        record, counters = read_root(raw_root)
+        assert (record, counters) == (root, COUNTERS)
+        record.metadata["a"].append("changed")
+        counters["messages"] = 0
+    damaged = _message_doc(status="done")  # other bytes: read anew, and refused
+    with pytest.raises(ThreadStoreInvariantError):
+        read_child(Message, _raw(damaged))

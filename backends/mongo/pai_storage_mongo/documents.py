@@ -57,6 +57,7 @@ from pai_storage.backend import (
     FamilySpec,
     MessageRef,
     RunRef,
+    stored_records,
 )
 from pai_storage.models import StoreModel
 from pai_storage.strict_json import MAX_JSON_NODES
@@ -437,14 +438,25 @@ def _read_plainly(
     raw: RawBSONDocument, model: type[M], keys: Callable[..., K], *args: Any
 ) -> tuple[M, K] | None:
     """The record of ``raw`` plainly decoded, with what ``keys(data, *args)`` took
-    of its provider keys; ``None`` when the exact path must decide."""
+    of its provider keys; ``None`` when the exact path must decide.
+
+    Documents read before come from ``stored_records``, by their exact bytes.
+    """
+    kind = (model, keys)
+    stored = raw.raw if type(raw.raw) is bytes else bytes(raw.raw)
+    found: tuple[M, K] | None = stored_records.get(kind, stored)
+    if found is not None:
+        return found
     try:
-        data = bson.decode(raw.raw)
+        data = bson.decode(stored)
         taken = keys(data, *args)
     except Exception:  # anything at all: the exact path decides
         return None
-    record = model.model_validate_plain_bson(data, len(raw.raw))
-    return None if record is None else (record, taken)
+    record = model.model_validate_plain_bson(data, len(stored))
+    if record is None:
+        return None
+    stored_records.add(kind, stored, (record, taken))
+    return record, taken
 
 
 # --------------------------------------------------------------- relationship facts
