@@ -8,7 +8,9 @@ per operation is not, and it is what pai-storage adds on top of the database::
 Prints, for the newest-20 read of a 1,000-message transcript and the first list
 page of 20, the median wall time and the CPU time per operation of the store
 and of the floor (``bench/postgres_bench.py``'s hand-written statements), in
-alternating blocks. ``--profile`` runs the store's side under ``cProfile`` and
+alternating blocks. The store is measured twice: as it runs (records read
+before come from ``stored_records``), and "cold", with that memo off, so that
+every stored record is validated again. ``--profile`` runs the store's side under ``cProfile`` and
 prints the top functions by own time.
 """
 
@@ -32,6 +34,7 @@ from pai_storage_postgres.store import SESSION_SETTINGS, keep_session
 
 from pai_storage import builders as b
 from pai_storage import make_url
+from pai_storage.models import stored_records
 
 sys.path.insert(0, str(Path(__file__).parent))
 from postgres_bench import SCOPE, Floor, build_thread
@@ -39,10 +42,20 @@ from postgres_bench import SCOPE, Floor, build_thread
 BLOCK = 50
 
 
+DEFAULT_MEMO = stored_records.limits
+
+
+def memo(on: bool) -> None:
+    """``stored_records`` at its default size, or off."""
+    entries, size = DEFAULT_MEMO if on else (0, 0)
+    stored_records.resize(entries=entries, size=size)
+
+
 async def measure(
     cases: dict[str, Callable[[], Awaitable[Any]]], n: int
 ) -> dict[str, tuple[float, float]]:
-    """(median wall ms, CPU ms per operation) of each case, alternating blocks."""
+    """(median wall ms, CPU ms per operation) of each case, alternating blocks;
+    a ``-cold`` case runs with ``stored_records`` off."""
     walls: dict[str, list[float]] = {k: [] for k in cases}
     cpus: dict[str, list[float]] = {k: [] for k in cases}
     for fn in cases.values():
@@ -50,6 +63,9 @@ async def measure(
             await fn()
     for _ in range(max(1, n // BLOCK)):
         for key, fn in cases.items():
+            memo(not key.endswith("-cold"))
+            for _ in range(2):  # a record is kept when it is read the second time
+                await fn()
             c0 = time.process_time()
             for _ in range(BLOCK):
                 t0 = time.perf_counter()
@@ -89,11 +105,14 @@ async def main(url: str, n: int, profile: str | None) -> None:
         first = {"scopeKey": SCOPE, "limit": 20}
         cases: dict[str, Callable[[], Awaitable[Any]]] = {
             "read": lambda: store.read_thread(request),
+            "read-cold": lambda: store.read_thread(request),
             "read-floor": lambda: floor.read_newest("t1000"),
             "list": lambda: store.list_threads(first),
+            "list-cold": lambda: store.list_threads(first),
             "list-floor": lambda: floor.list_page(None),
         }
         if profile is not None:
+            memo(not profile.endswith("-cold"))
             fn = cases[profile]
             for _ in range(50):
                 await fn()
@@ -110,8 +129,8 @@ async def main(url: str, n: int, profile: str | None) -> None:
         print(f"{'case':<12} {'wall ms':>8} {'cpu ms':>8}")
         for key, (wall, cpu) in results.items():
             print(f"{key:<12} {wall:8.3f} {cpu:8.3f}")
-        for kind in ("read", "list"):
-            (w, c), (fw, fc) = results[kind], results[f"{kind}-floor"]
+        for kind in ("read", "read-cold", "list", "list-cold"):
+            (w, c), (fw, fc) = results[kind], results[f"{kind.split('-')[0]}-floor"]
             print(f"{kind}: wall {w / fw:.2f}x, cpu {c / fc:.2f}x of the floor")
     finally:
         await pool.close()
@@ -125,6 +144,8 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", default="postgresql://postgres@127.0.0.1:5432/test")
     parser.add_argument("--n", type=int, default=2000)
-    parser.add_argument("--profile", choices=["read", "list", "read-floor", "list-floor"])
+    parser.add_argument(
+        "--profile", choices=["read", "read-cold", "list", "list-cold", "read-floor", "list-floor"]
+    )
     args = parser.parse_args()
     asyncio.run(main(args.url, args.n, args.profile))
