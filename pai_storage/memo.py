@@ -14,16 +14,19 @@ What this keeps:
   page walked once, a thread read once) is never kept, so it costs nothing
   but a lookup. The second read of the same data keeps a copy.
 - **Copies only.** The kept value is never handed out: every hit is a copy
-  sharing nothing mutable with it (``copy``), so mutating a record you read
-  never changes what a later read gives.
+  made by ``copy`` (for records, ``pai_storage.models.detached``: every
+  ``dict`` and ``list`` copied), so mutating a record you read never changes
+  what a later read gives.
 - **Valid data only.** Data that fails validation raises each time it is read.
 - **A bound.** At most ``entries`` values, built from at most ``size``
   characters (or bytes) of stored data in all, and none from data longer than
-  ``size // 64``; the oldest go first. ``resize(entries=0, size=0)`` keeps
-  none.
+  ``size // 64``; the oldest kept go first (a hit does not make a value
+  younger: lookups take no lock and change nothing). ``resize(entries=0,
+  size=0)`` keeps none. The bound counts stored data, not the Python objects
+  kept, which take several times as much memory.
+- **``str`` or ``bytes`` data only**; anything else is never kept.
 
-Lookups take no lock; adding takes one, so stores in several threads share a
-memo safely.
+Adding takes a lock, so stores in several threads share a memo safely.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ from typing import Generic, TypeVar
 __all__ = ["StoredMemo"]
 
 V = TypeVar("V")
+
+_KEYS = frozenset({str, bytes})  # immutable and hashable (not bytearray, not memoryview)
 
 
 class StoredMemo(Generic[V]):
@@ -71,6 +76,9 @@ class StoredMemo(Generic[V]):
                 raise ValueError(f"{name} must be an integer >= 0")
         with self._lock:
             self._entries, self._size, self._largest = entries, size, size // 64
+            for key in [key for key in self._values if len(key[1]) > self._largest]:
+                del self._values[key]
+                self._used -= len(key[1])
             self._shrink()
             self._seen.clear()
 
@@ -82,14 +90,17 @@ class StoredMemo(Generic[V]):
             self._used = 0
 
     def get(self, kind: Hashable, data: str | bytes) -> V | None:
-        """A copy of the value built from ``data`` as ``kind``, or ``None``."""
+        """A copy of the value built from ``data`` as ``kind``, or ``None``
+        (always for data that is not ``str`` or ``bytes``, or too long to keep)."""
+        if type(data) not in _KEYS or len(data) > self._largest:
+            return None
         found = self._values.get((kind, data))
         return None if found is None else self._copy(found)
 
     def add(self, kind: Hashable, data: str | bytes, value: V) -> None:
         """Offer ``value``, just built from ``data`` as ``kind`` and handed out by
         the caller: a copy is kept when the same data was offered before."""
-        if len(data) > self._largest or not self._entries:
+        if type(data) not in _KEYS or len(data) > self._largest or not self._entries:
             return
         key = (kind, data)
         mark = hash(key)  # a collision only keeps a value early

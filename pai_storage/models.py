@@ -741,13 +741,18 @@ lists, opaque JSON, nested models holding such values)."""
 
 
 def detached(value: T) -> T:
-    """A copy of ``value`` that shares nothing mutable with it.
+    """A copy of ``value`` that shares no value anyone can change with it.
 
     The effect of ``copy.deepcopy`` at the cost of the mutable values alone:
-    ``dict`` and ``list`` values are copied, and a model is re-created only
-    around a copied value (a model holding none is itself); strings, numbers,
-    timestamps and tuples of them are shared. What is neither a model nor one
-    of these is deep-copied.
+    ``dict`` and ``list`` values are copied, and a :class:`StoreModel` is
+    re-created around its copied values; strings, numbers, timestamps, tuples
+    of them, and a model holding nothing else are shared (``value`` itself
+    when it is such a model). A model whose JSON form depends on which fields
+    were set (a tool-call part's ``output``) is always re-created, with its own
+    fields set. What is none of these is deep-copied. Values are taken to be
+    what their model's annotations say (as validation makes them): a field
+    annotated with a string or a nested model holding only such values is
+    shared.
     """
     fresh: T = _fresh(value)
     return fresh
@@ -772,8 +777,9 @@ def _fresh(value: Any) -> Any:
 
 
 def _fresh_model(model: Any, names: tuple[str, ...] | None) -> Any:
+    cls = type(model)
     if names is None:
-        names = _changeable_fields(type(model))
+        names = _changeable_fields(cls)
     fields = model.__dict__
     copied = None
     for name in names:
@@ -786,8 +792,10 @@ def _fresh_model(model: Any, names: tuple[str, ...] | None) -> Any:
                 copied = fields.copy()
             copied[name] = fresh
     if copied is None:
-        return model  # nothing in it can change: safe to share
-    clone = _new(type(model))
+        if not cls._json_optional:
+            return model  # nothing in it can change: safe to share
+        copied = fields.copy()
+    clone = _new(cls)
     _set(clone, "__dict__", copied)
     _set(clone, "__pydantic_fields_set__", set(model.__pydantic_fields_set__))
     _set(clone, "__pydantic_extra__", _fresh(model.__pydantic_extra__))
@@ -803,7 +811,8 @@ def _changeable_fields(cls: type[StoreModel]) -> tuple[str, ...]:
 
 
 def _may_change(kind: Any) -> bool:
-    """Whether a value of the annotation ``kind`` may be changed in place."""
+    """Whether a value of the annotation ``kind`` may be changed in place (or,
+    for a model whose JSON form depends on its fields set, must be re-created)."""
     origin = get_origin(kind)
     if origin is Annotated:
         return _may_change(get_args(kind)[0])
@@ -812,15 +821,12 @@ def _may_change(kind: Any) -> bool:
     if origin is typing.Union or origin is types.UnionType:
         return any(_may_change(arg) for arg in get_args(kind))
     if isinstance(kind, type) and origin is None:
-        if issubclass(kind, StoreModel):  # the class or any subclass its values may be
-            found, classes = False, [kind]
-            while classes and not found:
-                one = classes.pop()
-                names = _CHANGEABLE.get(one)
-                found = bool(names if names is not None else _changeable_fields(one))
-                classes.extend(one.__subclasses__())
-            return found
-        return not issubclass(kind, (str, int, float, bool, type(None), datetime))
+        if issubclass(kind, StoreModel):
+            names = _CHANGEABLE.get(kind)
+            return bool(
+                kind._json_optional or (names if names is not None else _changeable_fields(kind))
+            )
+        return not issubclass(kind, tuple(_SCALARS))
     return True  # dict, list, Any, or anything else
 
 
@@ -1053,7 +1059,7 @@ class StoreModel(BaseModel):
 
     def deep_copy(self) -> Self:
         """A copy sharing no mutable state (opaque JSON included) with this one."""
-        return detached(self)
+        return copy.deepcopy(self)
 
 
 # ---------------------------------------------------------------- thread root
@@ -1595,6 +1601,8 @@ stored_records: StoredMemo[Any] = StoredMemo(detached, entries=4096, size=4 * 2*
 """The records :meth:`StoreModel.model_validate_stored` validated more than once,
 by model and exact stored text, shared by every store of the process (a
 backend may keep its own decoded records in it too, under its own kind).
-At most 4,096 records built from 4 MiB of stored text;
+At most 4,096 records built from 4 MiB of stored text; the records take
+several times their text in memory (about 4 KB for a message of 650
+characters, some 16 MB when full of such messages).
 ``stored_records.resize(entries=0, size=0)`` keeps none. See
-:mod:`pai_storage.memo`."""
+:mod:`pai_storage.memo` and ``docs/performance.md``."""

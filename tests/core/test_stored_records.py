@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from hypothesis import given, settings
@@ -85,6 +85,9 @@ def test_detached_shares_what_cannot_change() -> None:
     assert copy.created_at is record.created_at
     assert copy.parts[0] is record.parts[0]  # a text part without provider metadata
     assert copy.metadata is not record.metadata
+    producer = record.producer  # a model of strings only
+    assert detached(producer) is producer
+    assert producer.deep_copy() is not producer
     frozen = (1, "a", None)
     assert detached(frozen) is frozen
     nested = ([1], {"k": (2, [3])})
@@ -92,6 +95,20 @@ def test_detached_shares_what_cannot_change() -> None:
     assert copied == nested
     assert copied[0] is not nested[0]
     assert copied[1]["k"][1] is not nested[1]["k"][1]
+
+
+def test_a_part_whose_json_depends_on_its_fields_set_is_never_shared() -> None:
+    # A tool-call part's "output" is written when it was set, even to null: its
+    # fields set is part of its value, so every copy has its own.
+    call = {"type": "tool-call", "toolCallId": "c1", "toolName": "t", "input": "x"}
+    text = Message.model_validate(
+        _message(parts=[{**call, "state": "input-available"}])
+    ).to_json_text()
+    reads = [Message.model_validate_stored(text) for _ in range(4)]
+    for read in reads:
+        read.parts[0].model_fields_set.add("output")
+    assert Message.model_validate_stored(text).to_json_text() == text
+    assert len({id(read.parts[0]) for read in reads}) == 4
 
 
 def _message(**changes: Any) -> dict[str, Any]:
@@ -218,16 +235,20 @@ def test_the_oldest_go_first_within_both_bounds() -> None:
     assert memo.get("k", "d" * 10) == "d" * 10
     _offer_twice(memo, "e" * 101, "too long")
     assert memo.get("k", "e" * 101) is None
-    memo.resize(entries=10, size=6400)
-    for data in ("f" * 100, "g" * 100, "h" * 60):
-        _offer_twice(memo, data, data)
-    assert len(memo) == 6
-    assert memo.used == 290
-    memo.resize(entries=10, size=250)  # b, c, d and f go
-    assert memo.used == 160
-    assert memo.get("k", "h" * 60) == "h" * 60
-    assert memo.get("k", "f" * 100) is None
-    assert memo.limits == (10, 250)
+    assert memo.used == 30
+    memo.resize(entries=100, size=6400)
+    for n in range(70):  # 100 characters each: 64 of them fill the size
+        _offer_twice(memo, f"{n:03d}" + "x" * 97, n)
+    assert memo.used <= 6400
+    assert len(memo) == 64
+    assert memo.get("k", "000" + "x" * 97) is None  # the oldest went first
+    assert memo.get("k", "069" + "x" * 97) == 69
+    memo.resize(entries=100, size=3200)  # data of up to 50 characters from now on
+    assert len(memo) == 0
+    assert memo.used == 0
+    _offer_twice(memo, "f" * 50, "kept")
+    assert memo.get("k", "f" * 50) == "kept"
+    assert memo.limits == (100, 3200)
     memo.clear()
     assert len(memo) == 0
     assert memo.used == 0
@@ -241,6 +262,19 @@ def test_resize_takes_integers_of_zero_or_more(bad: Any) -> None:
     with pytest.raises(ValueError, match="size"):
         memo.resize(entries=10, size=bad)
     assert memo.limits == (3, 6400)
+
+
+def test_only_text_and_bytes_are_kept() -> None:
+    memo = _memo()
+    for data in (bytearray(b"x"), memoryview(b"x"), memoryview(bytearray(b"x"))):
+        _offer_twice(memo, cast(Any, data), "value")
+        assert memo.get("k", cast(Any, data)) is None
+    assert len(memo) == 0
+    text = Message.model_validate(_message()).to_json_text()
+    for _ in range(3):  # a stored record may come as a bytearray, never kept
+        record = Message.model_validate_stored(cast(Any, bytearray(text.encode())))
+        assert record == Message.model_validate_json(text)
+    assert len(stored_records) == 0
 
 
 def test_bytes_and_text_are_kept_apart() -> None:
