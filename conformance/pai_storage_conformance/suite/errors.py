@@ -12,8 +12,10 @@ from pai_storage import (
     CommittedResult,
     CommitThreadInput,
     ConflictResult,
+    DataPart,
     ListThreadsInput,
     ReadThreadInput,
+    TextPart,
     ThreadRecord,
     ThreadStore,
     ThreadStoreCommitUnknownError,
@@ -23,6 +25,7 @@ from pai_storage import (
     ThreadStorePageTokenError,
     ThreadStoreSerializationError,
     ThreadStoreUnavailableError,
+    ToolCallPart,
 )
 from pai_storage import builders as b
 
@@ -982,6 +985,98 @@ class TestErrorsAndWarnings:
             listed = await store.list_threads({"scopeKey": scope, "limit": 5})
             assert listed.items[0].metadata == {"a": {"b": [1]}}
             listed.items[0].metadata["a"]["b"].append("listed")
+
+    async def test_changing_every_value_of_read_records_changes_no_later_read(
+        self, store: ThreadStore
+    ) -> None:
+        # Runs, queued items and every kind of part, read and changed again and
+        # again: each read gives the stored JSON form.
+        scope = new_scope()
+        message = b.message("m1", run_id="r1", metadata={"k": {"n": [1]}})
+        message["parts"] = [
+            {"type": "text", "text": "hi", "providerMetadata": {"p": [1]}},
+            {
+                "type": "tool-call",
+                "toolCallId": "c1",
+                "toolName": "search",
+                "input": {"q": ["a"]},
+                "state": "output-available",
+                "output": {"hits": [{"id": 1}]},
+                "callProviderMetadata": {"c": {}},
+            },
+            {
+                "type": "tool-call",
+                "toolCallId": "c2",
+                "toolName": "search",
+                "input": "text input",
+                "state": "input-available",
+            },
+            {"type": "data", "name": "d", "data": [{"x": 1}]},
+        ]
+        run = b.run("r1", "completed", inputs=["m1"], metadata={"m": [1]})
+        queued = b.run("r2", "queued", queue_item_id="q1")
+        created = await store.commit_thread(
+            b.create(
+                scope,
+                "t1",
+                {
+                    "messages": [b.insert(message)],
+                    "runs": [b.insert(run), b.insert(queued)],
+                    "queuedItems": [b.insert(b.queued_item("q1", "r2", {"input": [1]}))],
+                },
+            )
+        )
+        assert isinstance(created, CommittedResult)
+        request = b.read(
+            scope,
+            "t1",
+            messages={"type": "ids", "messageIds": ["m1"]},
+            runs={"type": "ids", "runIds": ["r1", "r2"]},
+            queuedItems={"type": "ids", "queueItemIds": ["q1"]},
+        )
+        first = await store.read_thread(request)
+        assert first.messages is not None
+        assert first.runs is not None
+        assert first.queued_items is not None
+        expected = (
+            [m.to_json() for m in first.messages.items],
+            [r.to_json() for r in first.runs.items],
+            [q.to_json() for q in first.queued_items.items],
+        )
+        assert expected[0][0]["parts"][2] == message["parts"][2]  # no output: none read
+        for _ in range(3):
+            read = await store.read_thread(request)
+            assert read.messages is not None
+            assert read.runs is not None
+            assert read.queued_items is not None
+            found = (
+                [m.to_json() for m in read.messages.items],
+                [r.to_json() for r in read.runs.items],
+                [q.to_json() for q in read.queued_items.items],
+            )
+            assert found == expected
+            read_message = read.messages.items[0]
+            read_message.metadata["k"]["n"].append("changed")
+            text, call, bare, data = read_message.parts
+            assert isinstance(text, TextPart)
+            assert isinstance(call, ToolCallPart)
+            assert isinstance(bare, ToolCallPart)
+            assert isinstance(data, DataPart)
+            assert text.provider_metadata is not None
+            text.provider_metadata["p"].append("changed")
+            call.input["q"].append("changed")
+            call.output["hits"][0]["id"] = "changed"
+            assert call.call_provider_metadata is not None
+            call.call_provider_metadata["c"]["new"] = 1
+            bare.model_fields_set.add("output")  # would write "output": null
+            data.data.append("changed")
+            read_message.parts.reverse()
+            for read_run in read.runs.items:
+                read_run.input_message_ids.append("changed")
+                read_run.metadata["m"] = "changed"
+                read_run.private_metadata["new"] = 1
+            read.queued_items.items[0].input["input"].append("changed")
+            read.queued_items.items[0].metadata["new"] = 1
 
     async def test_mutating_inputs_after_commit_does_not_change_the_store(
         self, store: ThreadStore
