@@ -798,8 +798,9 @@ def _fresh_model(model: Any, names: tuple[str, ...] | None) -> Any:
     clone = _new(cls)
     _set(clone, "__dict__", copied)
     _set(clone, "__pydantic_fields_set__", set(model.__pydantic_fields_set__))
-    _set(clone, "__pydantic_extra__", _fresh(model.__pydantic_extra__))
-    _set(clone, "__pydantic_private__", _fresh(model.__pydantic_private__))
+    extra, private = model.__pydantic_extra__, model.__pydantic_private__
+    _set(clone, "__pydantic_extra__", None if extra is None else _fresh(extra))
+    _set(clone, "__pydantic_private__", None if private is None else _fresh(private))
     return clone
 
 
@@ -1597,7 +1598,7 @@ _PLAIN_BSON_VALIDATORS: dict[type, SchemaValidator] = {
     model: _stored_validator(model, decoded=True, plain_bson=True) for model in _STORED_RECORDS
 }
 
-stored_records: StoredMemo[Any] = StoredMemo(detached, entries=4096, size=4 * 2**20)
+stored_records: StoredMemo[Any] = StoredMemo(_fresh, entries=4096, size=4 * 2**20)
 """The records :meth:`StoreModel.model_validate_stored` validated more than once,
 by model and exact stored text, shared by every store of the process (a
 backend may keep its own decoded records in it too, under its own kind).
