@@ -1820,19 +1820,20 @@ class _MongoSnapshot(ReadSnapshot):
             raise ThreadStoreInvariantError(
                 "invalid stored thread: the stored document cannot be decoded"
             ) from None
-        doc = decode_or_invalid(stored, "thread")
         observed = self.test_now or now
         if not isinstance(observed, datetime):  # pragma: no cover - $$NOW is a date
             raise ThreadStoreInvariantError("invalid stored thread: no observation time")
         if observed.tzinfo is None:
             observed = observed.replace(tzinfo=UTC)
-        root, next_positions = parse_root(doc, len(stored.raw))
-        facts = root_facts(doc)
-        if facts is not None:
-            # What a commit of this thread will most likely hold next (see _RootCache).
-            self._store._roots.offer(
-                (root.scope_key, root.thread_id), _Cached(stored, root, next_positions, facts)
-            )
+        root, next_positions = read_root(stored)
+        # What a commit of this thread will most likely hold next (see _RootCache),
+        # unless the cache holds these very bytes already (a commit's or a read's).
+        roots, key = self._store._roots, (root.scope_key, root.thread_id)
+        known = roots.get(key)
+        if known is None or known.raw.raw != stored.raw:
+            facts = root_facts(decode_or_invalid(stored, "thread"))
+            if facts is not None:
+                roots.offer(key, _Cached(stored, root, next_positions, facts))
         return ReadHead(observed, root, next_positions)
 
     async def load_rows(self, spec: FamilySpec, ids: Sequence[str]) -> Mapping[str, Entry[Any]]:
