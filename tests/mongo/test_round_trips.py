@@ -490,3 +490,33 @@ async def test_connect_with_an_application_client_serves_every_store_on_it(
         names = await client[DB].list_collection_names(filter={"name": {"$regex": f"^{prefix}"}})
         for name in names:
             await client[DB].drop_collection(name)
+
+
+async def test_the_root_cache_shares_nothing_with_what_callers_receive(
+    mongo_store: MongoThreadStore,
+) -> None:
+    # The cache a commit stamps from keeps its own copy of each root: changing a
+    # committed or read root changes neither the cache nor what is written next.
+    thread = Thread(mongo_store)
+    created = await thread.commit(metadata={"k": [1]}, privateMetadata={"p": {}})
+    assert created.thread is not None
+    created.thread.metadata["k"].append("changed")
+    cached = mongo_store._roots.get(("s", "t"))
+    assert cached is not None
+    assert cached.root.metadata == {"k": [1]}
+    assert cached.root is not created.thread
+    read = await mongo_store.read_thread(b.read("s", "t"))
+    assert read.thread is not None
+    read.thread.metadata["k"].append("changed")
+    read.thread.private_metadata["p"]["new"] = 1
+    cached = mongo_store._roots.get(("s", "t"))
+    assert cached is not None
+    assert cached.root.metadata == {"k": [1]}
+    assert cached.root.private_metadata == {"p": {}}
+    await thread.commit(
+        {"messages": [b.insert(b.message("m1"))]}, metadata={"k": [1]}, privateMetadata={"p": {}}
+    )
+    again = await mongo_store.read_thread(b.read("s", "t"))
+    assert again.thread is not None
+    assert again.thread.metadata == {"k": [1]}
+    assert again.thread.private_metadata == {"p": {}}

@@ -102,6 +102,7 @@ from pai_storage.backend import (
     Window,
     apply_thread_root_update,
     commit_time,
+    detached,
     duplicate_insert_error,
     map_errors,
     redact,
@@ -305,7 +306,10 @@ class _RootCache:
         return entry
 
     def put(self, key: tuple[str, str], entry: _Cached) -> None:
-        self._entries[key] = entry
+        # Its own copy: the root a commit or a read hands its caller is never this one.
+        self._entries[key] = entry._replace(
+            root=detached(entry.root), next_positions=dict(entry.next_positions)
+        )
         self._entries.move_to_end(key)
         while len(self._entries) > self.LIMIT:
             self._entries.popitem(last=False)
