@@ -147,6 +147,24 @@ def test_both_paths_agree_on_every_child_document(changes: dict[str, Any]) -> No
     assert _outcome(read_child, Message, raw) == _outcome(_exact_child, Message, raw)
 
 
+def _root_record(**changes: Any) -> ThreadRecord:
+    return ThreadRecord.model_validate(
+        {
+            "scopeKey": "scope",
+            "threadId": "t",
+            "version": {"threadInstanceId": "i", "revision": 1},
+            "agent": "a",
+            "directExecutionAllowed": True,
+            "listVisibility": "visible",
+            "metadata": {},
+            "privateMetadata": {},
+            "createdAt": "2026-01-02T03:04:05.678Z",
+            "updatedAt": "2026-01-02T03:04:05.678Z",
+            **changes,
+        }
+    )
+
+
 @pytest.mark.parametrize(
     "changes",
     [
@@ -165,21 +183,7 @@ def test_both_paths_agree_on_every_child_document(changes: dict[str, Any]) -> No
     ids=repr,
 )
 def test_both_paths_agree_on_every_root_document(changes: dict[str, Any]) -> None:
-    record = ThreadRecord.model_validate(
-        {
-            "scopeKey": "scope",
-            "threadId": "t",
-            "version": {"threadInstanceId": "i", "revision": 1},
-            "agent": "a",
-            "directExecutionAllowed": True,
-            "listVisibility": "visible",
-            "metadata": {},
-            "privateMetadata": {},
-            "createdAt": "2026-01-02T03:04:05.678Z",
-            "updatedAt": "2026-01-02T03:04:05.678Z",
-        }
-    )
-    doc = root_document(record, COUNTERS)
+    doc = root_document(_root_record(), COUNTERS)
     doc.update(changes)
     raw = _raw(doc)
     assert _outcome(read_root, raw) == _outcome(_exact_root, raw)
@@ -204,20 +208,7 @@ def test_a_document_read_again_gives_a_copy_of_the_same_record() -> None:
         assert len(stored_records) == kept
         record.metadata["n"] = "changed"
         record.parts.clear()
-    root = ThreadRecord.model_validate(
-        {
-            "scopeKey": "scope",
-            "threadId": "t",
-            "version": {"threadInstanceId": "i", "revision": 1},
-            "agent": "a",
-            "directExecutionAllowed": True,
-            "listVisibility": "visible",
-            "metadata": {"a": [1]},
-            "privateMetadata": {},
-            "createdAt": "2026-01-02T03:04:05.678Z",
-            "updatedAt": "2026-01-02T03:04:05.678Z",
-        }
-    )
+    root = _root_record(metadata={"a": [1]})
     raw_root = _raw(root_document(root, COUNTERS))
     for _ in range(4):
         record, counters = read_root(raw_root)

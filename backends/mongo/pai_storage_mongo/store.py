@@ -1364,7 +1364,7 @@ class _MongoCommit(CommitTransaction):
         root, next_positions = self._root
         if result.thread is None or result.thread.version != root.version:
             return None
-        return _Cached(self._stored, root, dict(next_positions), self._facts)
+        return _Cached(self._stored, root, next_positions, self._facts)  # put() copies
 
     async def hold(self) -> HeldThread:
         """Write the root first, so the transaction holds the thread against others.

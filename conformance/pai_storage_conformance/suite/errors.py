@@ -16,6 +16,7 @@ from pai_storage import (
     ListThreadsInput,
     ReadThreadInput,
     TextPart,
+    ThreadReadResult,
     ThreadRecord,
     ThreadStore,
     ThreadStoreCommitUnknownError,
@@ -1034,27 +1035,24 @@ class TestErrorsAndWarnings:
             runs={"type": "ids", "runIds": ["r1", "r2"]},
             queuedItems={"type": "ids", "queueItemIds": ["q1"]},
         )
-        first = await store.read_thread(request)
-        assert first.messages is not None
-        assert first.runs is not None
-        assert first.queued_items is not None
-        expected = (
-            [m.to_json() for m in first.messages.items],
-            [r.to_json() for r in first.runs.items],
-            [q.to_json() for q in first.queued_items.items],
-        )
-        assert expected[0][0]["parts"][2] == message["parts"][2]  # no output: none read
-        for _ in range(3):
-            read = await store.read_thread(request)
+
+        def json_forms(read: ThreadReadResult) -> tuple[list[Any], ...]:
             assert read.messages is not None
             assert read.runs is not None
             assert read.queued_items is not None
-            found = (
-                [m.to_json() for m in read.messages.items],
-                [r.to_json() for r in read.runs.items],
-                [q.to_json() for q in read.queued_items.items],
+            return tuple(
+                [item.to_json() for item in page.items]
+                for page in (read.messages, read.runs, read.queued_items)
             )
-            assert found == expected
+
+        expected = json_forms(await store.read_thread(request))
+        assert expected[0][0]["parts"][2] == message["parts"][2]  # no output: none read
+        for _ in range(3):
+            read = await store.read_thread(request)
+            assert json_forms(read) == expected
+            assert read.messages is not None
+            assert read.runs is not None
+            assert read.queued_items is not None
             read_message = read.messages.items[0]
             read_message.metadata["k"]["n"].append("changed")
             text, call, bare, data = read_message.parts
