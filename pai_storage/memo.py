@@ -10,9 +10,11 @@ again gives a copy of the record without parsing it (``docs/performance.md``,
 
 What this keeps:
 
-- **Only what was stored and read twice.** A record read once (a history
-  page walked once, a thread read once) is never kept, so it costs nothing
-  but a lookup. The second read of the same data keeps a copy.
+- **Only what was stored and read twice, or written.** A record read once (a
+  history page walked once, a thread read once) is never kept, so it costs
+  nothing but a lookup. The second read of the same data keeps a copy. A
+  store may also keep what it has just written (:meth:`StoredMemo.keep`): a
+  commit's root and records are what the next read reads.
 - **Copies only.** The kept value is never handed out: every hit is a copy
   made by ``copy`` (for records, ``pai_storage.models.detached``: every
   ``dict`` and ``list`` copied), so mutating a record you read never changes
@@ -110,12 +112,22 @@ class StoredMemo(Generic[V]):
                 seen.clear()
             seen.add(mark)
             return
-        kept = self._copy(value)
+        self._put(key, self._copy(value))
+
+    def keep(self, kind: Hashable, data: str | bytes, value: V) -> None:
+        """Keep ``value`` as the value built from ``data`` as ``kind``, at once:
+        for data a store has just written, which it reads back next. ``value``
+        becomes the memo's own: pass a value nobody else holds."""
+        if type(data) not in _KEYS or len(data) > self._largest or not self._entries:
+            return
+        self._put((kind, data), value)
+
+    def _put(self, key: tuple[Hashable, str | bytes], value: V) -> None:
         with self._lock:
             if key in self._values:
                 return
-            self._values[key] = kept
-            self._used += len(data)
+            self._values[key] = value
+            self._used += len(key[1])
             self._shrink()
 
     def _shrink(self) -> None:

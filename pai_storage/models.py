@@ -835,6 +835,50 @@ _OPTIONAL_FIELDS: dict[type, tuple[tuple[str, str | None, bool], ...]] = {}
 """Per model class: (name, alias, omitted only when unset) of each optional field."""
 
 
+def _optional_fields(cls: type[StoreModel]) -> tuple[tuple[str, str | None, bool], ...]:
+    """:data:`_OPTIONAL_FIELDS` of ``cls``: the fields its JSON form may omit."""
+    optional = _OPTIONAL_FIELDS.get(cls)
+    if optional is None:
+        optional = _OPTIONAL_FIELDS[cls] = tuple(
+            (name, field.alias, name in cls._json_optional)
+            for name, field in cls.model_fields.items()
+            if not field.is_required()
+        )
+    return optional
+
+
+def as_validated(value: T) -> T:
+    """A copy of ``value`` as validating its JSON form gives it back.
+
+    The same values, sharing nothing changeable with ``value`` (as
+    :func:`detached`), and every model with the fields set validation sets:
+    the fields its JSON form holds (an optional field that is ``None`` is
+    omitted from it, so it is not set). For a record a store has just written,
+    kept as what reading that text back gives (:meth:`StoreModel.keep_written`).
+    """
+    copied: T = _as_validated(value)
+    return copied
+
+
+def _as_validated(value: Any) -> Any:
+    if isinstance(value, StoreModel):
+        cls = type(value)
+        fields = {name: _as_validated(item) for name, item in value.__dict__.items()}
+        present = set(fields)
+        for name, _, json_optional in _optional_fields(cls):
+            if name not in value.__pydantic_fields_set__ if json_optional else fields[name] is None:
+                present.discard(name)
+        clone = _new(cls)
+        _set(clone, "__dict__", fields)
+        _set(clone, "__pydantic_fields_set__", present)
+        _set(clone, "__pydantic_extra__", None)
+        _set(clone, "__pydantic_private__", None)
+        return clone
+    if type(value) is list:
+        return [_as_validated(item) for item in value]
+    return _fresh(value)
+
+
 class StoreModel(BaseModel):
     """Base of every model: immutable, strict, camelCase JSON, absent fields omitted."""
 
@@ -935,6 +979,14 @@ class StoreModel(BaseModel):
             records.append(cast(Self, record))
         return records
 
+    def keep_written(self, text: str) -> None:
+        """Keep this record, which a store has just written as ``text`` (its
+        :meth:`to_json_text`), in :data:`stored_records`: reading that text
+        back (:meth:`model_validate_stored`) gives a copy of what validating
+        it gives (:func:`as_validated`) without validating it. A commit's root
+        and records are what the read that follows it reads."""
+        stored_records.keep(type(self), text, as_validated(self))
+
     @classmethod
     def _validate_stored(cls, text: str, validator: SchemaValidator | None) -> Self:
         if validator is not None and len(text) < MAX_JSON_NODES:
@@ -1020,16 +1072,8 @@ class StoreModel(BaseModel):
         data = handler(self)
         if not isinstance(data, dict):
             return data
-        cls = type(self)
-        optional = _OPTIONAL_FIELDS.get(cls)
-        if optional is None:
-            optional = _OPTIONAL_FIELDS[cls] = tuple(
-                (name, field.alias, name in cls._json_optional)
-                for name, field in cls.model_fields.items()
-                if not field.is_required()
-            )
         values = self.__dict__
-        for name, alias, json_optional in optional:
+        for name, alias, json_optional in _optional_fields(type(self)):
             if json_optional:
                 absent = name not in self.__pydantic_fields_set__
             else:

@@ -20,7 +20,16 @@ from .models import StoreModel
 if TYPE_CHECKING:
     from .families import FamilySpec
 
-__all__ = ["dec", "dump", "enc", "enc_opt", "page_records", "parse", "run_ref_fields"]
+__all__ = [
+    "dec",
+    "dump",
+    "dump_written",
+    "enc",
+    "enc_opt",
+    "page_records",
+    "parse",
+    "run_ref_fields",
+]
 
 M = TypeVar("M", bound=StoreModel)
 
@@ -41,6 +50,15 @@ def dec(data: bytes) -> str:
 def dump(record: StoreModel) -> str:
     """The record's JSON form as compact text, stored verbatim."""
     return record.to_json_text()
+
+
+def dump_written(record: StoreModel) -> str:
+    """:func:`dump` of a record a commit writes, which is kept by that text
+    (:meth:`~pai_storage.backend.StoreModel.keep_written`): the read that
+    follows the commit gets a copy of it instead of validating the text."""
+    text = record.to_json_text()
+    record.keep_written(text)
+    return text
 
 
 def parse(model: type[M], doc: str) -> M:

@@ -62,6 +62,41 @@ def _canonical(value: Any) -> bytes:
     return _ENCODE(value).encode()
 
 
+def _reused_encoder() -> Callable[[Any], str]:
+    """:data:`_ENCODE` without its set-up on every call: CPython's C encoder,
+    made once, gives the same text (checked here; ``_ENCODE`` itself where
+    there is no C encoder or it differs). A page's position is encoded on
+    every read, and the set-up cost more than the encoding."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    sample = {"p": 3, "a": [None, True, -1.5, 2**63], '\u00e9"\n': {"z": "\ud800", "b": {}}}
+    text = r'{"a":[null,true,-1.5,9223372036854775808],"p":3,"\u00e9\"\n":{"b":{},"z":"\ud800"}}'
+    try:
+        encoder = make(  # type: ignore[misc]
+            None,  # no cycle check: positions are flat values the stores build
+            json.JSONEncoder().default,
+            json.encoder.encode_basestring_ascii,
+            None,
+            ":",
+            ",",
+            True,
+            False,
+            True,
+        )
+        same = "".join(encoder(sample, 0)) == text
+    except Exception:  # absent (None), another signature or behaviour
+        return _ENCODE
+    if not same:
+        return _ENCODE
+
+    def encode(value: Any) -> str:
+        return "".join(encoder(value, 0))
+
+    return encode
+
+
+_encode_position = _reused_encoder()
+
+
 @lru_cache(maxsize=4096)
 def _payload_frame(kind: str, scope: str, query: str) -> tuple[str, str]:
     """The canonical payload of a token around its position, remembered per query.
@@ -206,7 +241,7 @@ class PageTokenCodec:
         key = secret if secret is not None else hashlib.sha256(prefix.encode()).digest()
         self._inner, self._outer = _hmac_states(key)
         self._head = f"{prefix}.".encode()
-        self._minted: dict[tuple[Any, ...], str] = {}
+        self._minted: dict[str, str] = {}
 
     def _mac(self, payload: bytes) -> bytes:
         # HMAC-SHA256 of prefix, dot and payload (hmac.digest gives the same bytes),
@@ -223,27 +258,20 @@ class PageTokenCodec:
     def encode(self, kind: str, scope_key: str, query: str, position: dict[str, Any]) -> str:
         """Mint a token for page ``kind`` of ``query`` in ``scope_key`` at ``position``.
 
-        Tokens are deterministic: the most recent ones minted for a flat
-        position (:func:`_flat_items`) are remembered, so a page read again
-        unchanged does not mint its token again.
+        Tokens are deterministic (a token is a function of its payload text),
+        and the most recent ones are remembered by that text: a page read
+        again unchanged does not compute its token's MAC again.
         """
-        scope = self.scope_digest(scope_key)
-        items = _flat_items(position)
-        if items is None:
-            return self._mint(kind, scope, query, position)
-        key = (kind, scope, query, items)
-        token = self._minted.get(key)
+        head, tail = _payload_frame(kind, self.scope_digest(scope_key), query)
+        payload = f"{head}{_encode_position(position)}{tail}"
+        token = self._minted.get(payload)
         if token is None:
-            token = self._mint(kind, scope, query, position)
+            data = payload.encode()
+            token = _b64(self._head + data + self._mac(data))
             if len(self._minted) >= _MINTED_KEPT:
                 self._minted.clear()  # atomic: safe when several threads mint
-            self._minted[key] = token
+            self._minted[payload] = token
         return token
-
-    def _mint(self, kind: str, scope: str, query: str, position: dict[str, Any]) -> str:
-        head, tail = _payload_frame(kind, scope, query)
-        payload = f"{head}{_ENCODE(position)}{tail}".encode()
-        return _b64(self._head + payload + self._mac(payload))
 
     def payload(self, token: str) -> dict[str, Any]:
         """The JSON payload of a token of this codec's prefix, *not* verified.

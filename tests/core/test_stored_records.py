@@ -17,12 +17,13 @@ from typing import Any, cast
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pai_storage_conformance.suite._support import assert_same_values
 from pydantic import BaseModel
 
 from core import strategies as s
 from pai_storage import Message, QueuedItem, RunRecord, ThreadRecord, ThreadStoreInvariantError
 from pai_storage.memo import StoredMemo
-from pai_storage.models import detached, stored_records
+from pai_storage.models import as_validated, detached, stored_records
 
 RECORDS: dict[str, tuple[Any, Any]] = {
     "threads": (ThreadRecord, s.thread_records()),
@@ -200,6 +201,71 @@ def test_off_keeps_nothing_and_reads_the_same() -> None:
     assert reads[0] == reads[2]
 
 
+# ------------------------------------------------------------------ written records
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data(), name=st.sampled_from(sorted(RECORDS)))
+def test_a_written_record_is_kept_as_validating_its_text_gives_it(
+    data: st.DataObject, name: str
+) -> None:
+    # Validated from a dict (as a commit builds records), a record may have set
+    # optional fields to null, which its JSON form omits: what is kept is what
+    # reading that text back gives, fields sets included.
+    model, strategy = RECORDS[name]
+    fields = data.draw(strategy)
+    for field in model.model_fields.values():  # optional fields set to null, or not
+        if not field.is_required() and field.alias not in fields and data.draw(st.booleans()):
+            fields[field.alias] = None
+    record = model.model_validate(fields)
+    text = record.to_json_text()
+    stored_records.resize(entries=0, size=0)
+    validated = model.model_validate_stored(text)
+    assert_same_values(as_validated(record), validated)
+    assert not _containers(as_validated(record)).keys() & _containers(record).keys()
+    stored_records.resize(entries=4096, size=4 * 2**20)
+    record.keep_written(text)
+    assert len(stored_records) == 1  # kept at once, not on a second sighting
+    reads = [model.model_validate_stored(text), model.model_validate_stored_many([text])[0]]
+    for read in reads:
+        assert_same_values(read, validated)
+        assert not _containers(read).keys() & _containers(record).keys()
+    assert not _containers(reads[0]).keys() & _containers(reads[1]).keys()
+
+
+def test_nested_optional_fields_set_to_null_are_not_set_in_what_is_kept() -> None:
+    part = {"type": "text", "text": "t", "providerMetadata": None}
+    call = {"type": "tool-call", "toolCallId": "c", "toolName": "t", "input": 1}
+    record = Message.model_validate(
+        _message(
+            producer={"kind": "user", "id": None},
+            parts=[
+                part,
+                {**call, "state": "output-available", "output": None},
+                {**call, "state": "input-available"},
+            ],
+        )
+    )
+    kept = as_validated(record)
+    assert record.producer.model_fields_set == {"kind", "id"}
+    assert kept.producer.model_fields_set == {"kind"}
+    assert kept.parts[0].model_fields_set == {"type", "text"}
+    assert "output" in kept.parts[1].model_fields_set  # written as null: set
+    assert "output" not in kept.parts[2].model_fields_set
+    stored_records.resize(entries=0, size=0)
+    assert_same_values(kept, Message.model_validate_stored(record.to_json_text()))
+
+
+def test_a_written_record_changed_afterwards_changes_no_read() -> None:
+    record = Message.model_validate(_message(parts=[{"type": "data", "name": "d", "data": [1]}]))
+    text = record.to_json_text()
+    record.keep_written(text)
+    record.metadata["k"].append("changed")
+    record.parts[0].data.append("changed")
+    record.model_fields_set.discard("metadata")
+    assert Message.model_validate_stored(text).to_json_text() == text
+
+
 # ------------------------------------------------------------------ the memo
 
 
@@ -224,6 +290,30 @@ def test_a_value_is_kept_the_second_time_and_handed_out_as_copies() -> None:
     found["a"].append(2)
     assert memo.get("k", "x") == {"a": [1]}
     assert memo.get("other kind", "x") is None
+
+
+def test_a_kept_value_is_kept_at_once_and_handed_out_as_copies() -> None:
+    memo = _memo(entries=2)
+    value: dict[str, list[Any]] = {"a": [1]}
+    memo.keep("k", "x", value)
+    found = memo.get("k", "x")
+    assert found == {"a": [1]}
+    assert found is not value
+    found["a"].append(2)
+    assert memo.get("k", "x") == {"a": [1]}
+    memo.keep("k", "x", {"a": ["another value"]})  # the first kept stays
+    assert memo.get("k", "x") == {"a": [1]}
+    for data in ("y", "z"):  # within the bounds, the oldest first
+        memo.keep("k", data, data)
+    assert memo.get("k", "x") is None
+    assert len(memo) == 2
+    memo.keep("k", "e" * 101, "too long")
+    memo.keep("k", bytearray(b"b"), "not text")
+    assert memo.get("k", "e" * 101) is None
+    assert len(memo) == 2
+    memo.resize(entries=0, size=0)
+    memo.keep("k", "w", "off")
+    assert len(memo) == 0
 
 
 def test_the_oldest_go_first_within_both_bounds() -> None:

@@ -19,6 +19,7 @@ from pai_storage import (
     ThreadStoreConfigurationError,
     ThreadStorePageTokenError,
     open_store,
+    tokens,
 )
 from pai_storage import builders as b
 from pai_storage.backend import PageTokenCodec, query_digest
@@ -348,6 +349,32 @@ def test_remembered_tokens_are_the_tokens_minted_afresh() -> None:
         )
         assert remembered.encode("messages", "s", "q", dict(position)) == token
         assert remembered.decode(token, "messages", "s", "q") == position
+
+
+_POSITION_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(position=st.dictionaries(st.text(), _POSITION_VALUES, max_size=5))
+def test_a_position_is_encoded_as_its_canonical_json(position: dict[str, Any]) -> None:
+    # The encoder made once gives the text JSONEncoder(sort_keys=True, ...) gives.
+    assert tokens._encode_position(position) == tokens._ENCODE(position)
+
+
+def test_without_the_c_encoder_positions_take_the_plain_encoder(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(json.encoder, "c_make_encoder", None)
+    assert tokens._reused_encoder() is tokens._ENCODE
+    for other in (lambda: None, lambda *args: None, lambda *args: lambda value, level: ["{}"]):
+        monkeypatch.setattr(json.encoder, "c_make_encoder", other)  # another signature or text
+        assert tokens._reused_encoder() is tokens._ENCODE
+    monkeypatch.undo()
+    assert tokens._reused_encoder() is not tokens._ENCODE  # CPython's C encoder
 
 
 # ---------------------------------------------------------------- via the memory store

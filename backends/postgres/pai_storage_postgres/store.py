@@ -80,7 +80,15 @@ from pai_storage.backend import (
     run_read,
     timestamp_ms,
 )
-from pai_storage.rows import dec, dump, enc, enc_opt, page_records, parse, run_ref_fields
+from pai_storage.rows import (
+    dec,
+    dump_written,
+    enc,
+    enc_opt,
+    page_records,
+    parse,
+    run_ref_fields,
+)
 
 from .client import SESSION_SETTINGS, PgClient, keep_session, terminate
 from .errors import Phase, is_retryable, map_error
@@ -746,7 +754,7 @@ class _PgTransaction(_ThreadRows, CommitTransaction):
             next_positions["messages"],
             next_positions["runs"],
             next_positions["queuedItems"],
-            dump(root),
+            dump_written(root),
         )
         if not created:
             await self._conn.execute(
@@ -1105,7 +1113,7 @@ def _columns(spec: FamilySpec, entries: Sequence[Entry[Any]]) -> list[list[Any]]
     """Column arrays ``position, id, <extra columns>, doc`` for ``unnest``."""
     positions = [e.position for e in entries]
     ids = [enc(spec.record_id(e.record)) for e in entries]
-    docs = [dump(e.record) for e in entries]
+    docs = [dump_written(e.record) for e in entries]
     extra: list[list[Any]]
     if spec.name == "messages":
         records = [cast(Message, e.record) for e in entries]

@@ -90,7 +90,7 @@ from pai_storage.backend import (
     run_read,
     timestamp_ms,
 )
-from pai_storage.rows import dec, dump, enc, page_records, parse, run_ref_fields
+from pai_storage.rows import dec, dump_written, enc, page_records, parse, run_ref_fields
 
 from .client import Operation, SqlClient, Statement, is_unique_violation
 from .schema import ORDER_BYTES, SCHEMA_VERSION, Tables, digest
@@ -791,7 +791,7 @@ class _Transaction(_ThreadRows, CommitTransaction):
             "messages_next": next_positions["messages"],
             "runs_next": next_positions["runs"],
             "queued_next": next_positions["queuedItems"],
-            "doc": dump(root),
+            "doc": dump_written(root),
         }
         self._check_size("thread root", values["doc"])
         if not created:
@@ -1178,7 +1178,7 @@ def _row(spec: FamilySpec, entry: Entry[Any]) -> dict[str, Any]:
     else:
         q = cast(QueuedItem, entry.record)
         row.update(queue_item_id=enc(rid), run_h=digest(q.run_id), run_id=enc(q.run_id))
-    row["doc"] = dump(entry.record)
+    row["doc"] = dump_written(entry.record)
     return row
 
 

@@ -12,6 +12,29 @@ from uuid import uuid4
 
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
+from pydantic import BaseModel
+
+
+def assert_same_values(one: Any, other: Any, path: str = "") -> None:
+    """``one`` and ``other`` hold the same values of the same types: every model
+    with the same fields set (it decides what ``exclude_unset`` and a tool-call
+    part's JSON form hold), every dict with its keys in the same order."""
+    assert type(one) is type(other), path
+    if isinstance(one, BaseModel):
+        assert one.model_fields_set == other.model_fields_set, path
+        assert one.__pydantic_extra__ == other.__pydantic_extra__, path
+        assert one.__pydantic_private__ == other.__pydantic_private__, path
+        assert_same_values(one.__dict__, other.__dict__, path)
+    elif isinstance(one, dict):
+        assert list(one) == list(other), path
+        for key in one:
+            assert_same_values(one[key], other[key], f"{path}.{key}")
+    elif isinstance(one, list | tuple):
+        assert len(one) == len(other), path
+        for i, (item, other_item) in enumerate(zip(one, other, strict=True)):
+            assert_same_values(item, other_item, f"{path}[{i}]")
+    else:
+        assert one == other, path
 
 
 def new_scope(tag: str = "") -> str:

@@ -29,8 +29,9 @@ from pai_storage import (
     ToolCallPart,
 )
 from pai_storage import builders as b
+from pai_storage.backend import stored_records
 
-from ._support import new_scope
+from ._support import assert_same_values, new_scope
 
 __all__ = ["TestErrorsAndWarnings"]
 
@@ -993,48 +994,7 @@ class TestErrorsAndWarnings:
         # Runs, queued items and every kind of part, read and changed again and
         # again: each read gives the stored JSON form.
         scope = new_scope()
-        message = b.message("m1", run_id="r1", metadata={"k": {"n": [1]}})
-        message["parts"] = [
-            {"type": "text", "text": "hi", "providerMetadata": {"p": [1]}},
-            {
-                "type": "tool-call",
-                "toolCallId": "c1",
-                "toolName": "search",
-                "input": {"q": ["a"]},
-                "state": "output-available",
-                "output": {"hits": [{"id": 1}]},
-                "callProviderMetadata": {"c": {}},
-            },
-            {
-                "type": "tool-call",
-                "toolCallId": "c2",
-                "toolName": "search",
-                "input": "text input",
-                "state": "input-available",
-            },
-            {"type": "data", "name": "d", "data": [{"x": 1}]},
-        ]
-        run = b.run("r1", "completed", inputs=["m1"], metadata={"m": [1]})
-        queued = b.run("r2", "queued", queue_item_id="q1")
-        created = await store.commit_thread(
-            b.create(
-                scope,
-                "t1",
-                {
-                    "messages": [b.insert(message)],
-                    "runs": [b.insert(run), b.insert(queued)],
-                    "queuedItems": [b.insert(b.queued_item("q1", "r2", {"input": [1]}))],
-                },
-            )
-        )
-        assert isinstance(created, CommittedResult)
-        request = b.read(
-            scope,
-            "t1",
-            messages={"type": "ids", "messageIds": ["m1"]},
-            runs={"type": "ids", "runIds": ["r1", "r2"]},
-            queuedItems={"type": "ids", "queueItemIds": ["q1"]},
-        )
+        request = await _thread_of_every_kind(store, scope)
 
         def json_forms(read: ThreadReadResult) -> tuple[list[Any], ...]:
             assert read.messages is not None
@@ -1046,7 +1006,7 @@ class TestErrorsAndWarnings:
             )
 
         expected = json_forms(await store.read_thread(request))
-        assert expected[0][0]["parts"][2] == message["parts"][2]  # no output: none read
+        assert expected[0][0]["parts"][2] == _EVERY_PART[2]  # no output: none read
         for _ in range(3):
             read = await store.read_thread(request)
             assert json_forms(read) == expected
@@ -1075,6 +1035,58 @@ class TestErrorsAndWarnings:
                 read_run.private_metadata["new"] = 1
             read.queued_items.items[0].input["input"].append("changed")
             read.queued_items.items[0].metadata["new"] = 1
+
+    async def test_records_read_back_are_the_same_with_or_without_remembered_records(
+        self, store: ThreadStore
+    ) -> None:
+        # A store may keep the records it writes, and records read before, by
+        # their stored form (stored_records): what it gives from them is what
+        # validating that form gives, value for value, fields sets included.
+        scope = new_scope()
+        by_ids = await _thread_of_every_kind(store, scope)
+        first = await store.read_thread(by_ids)
+        assert first.thread is not None
+        assert first.messages is not None
+        later = b.message("m2", metadata={"n": None}, run_id="r1", relation="output")
+        later["parts"] = [{"type": "text", "text": "t", "providerMetadata": None}]
+        later["producer"] = {"kind": "agent", "id": None}
+        replaced = {**first.messages.items[0].to_draft().to_json(), "metadata": {"replaced": [1.5]}}
+        updated = await store.commit_thread(
+            b.update(
+                scope,
+                "t1",
+                first.thread.version,
+                {"messages": [b.replace(replaced), b.insert(later)]},
+                metadata={"root": [1.0, {"x": None}]},
+                category=None,
+            )
+        )
+        assert isinstance(updated, CommittedResult)
+        newest = b.read(
+            scope,
+            "t1",
+            messages={"type": "page", "view": "raw", "order": "newest", "page": {"limit": 1}},
+        )
+        listing = {"scopeKey": scope, "limit": 5}
+
+        async def read_all() -> tuple[Any, ...]:
+            read, page = await store.read_thread(by_ids), await store.read_thread(newest)
+            listed = await store.list_threads(listing)
+            return (read.thread, read.messages, read.runs, read.queued_items, page.messages, listed)
+
+        kept = [await read_all() for _ in range(3)]  # written, then read again
+        entries, size = stored_records.limits
+        stored_records.resize(entries=0, size=0)
+        try:
+            validated = await read_all()
+        finally:
+            stored_records.resize(entries=entries, size=size)
+        assert validated[1] is not None
+        assert validated[1].items[0].metadata == {"replaced": [1.5]}
+        assert validated[4] is not None
+        assert validated[4].items[0].producer.id is None
+        for values in kept:
+            assert_same_values(values, validated)
 
     async def test_mutating_inputs_after_commit_does_not_change_the_store(
         self, store: ThreadStore
@@ -1120,3 +1132,54 @@ class TestErrorsAndWarnings:
             assert read.messages.items[0].to_json()["parts"] == [{"type": "text", "text": "m1"}]
             assert read.queued_items is not None
             assert read.queued_items.items[0].input == {"text": ["hi"]}
+
+
+_EVERY_PART: list[dict[str, Any]] = [
+    {"type": "text", "text": "hi", "providerMetadata": {"p": [1]}},
+    {
+        "type": "tool-call",
+        "toolCallId": "c1",
+        "toolName": "search",
+        "input": {"q": ["a"]},
+        "state": "output-available",
+        "output": {"hits": [{"id": 1}]},
+        "callProviderMetadata": {"c": {}},
+    },
+    {
+        "type": "tool-call",
+        "toolCallId": "c2",
+        "toolName": "search",
+        "input": "text input",
+        "state": "input-available",
+    },
+    {"type": "data", "name": "d", "data": [{"x": 1}]},
+]
+"""One part of every kind, a tool call with and one without its output."""
+
+
+async def _thread_of_every_kind(store: ThreadStore, scope: str) -> dict[str, Any]:
+    """Create thread ``t1`` holding a message with every kind of part, runs and a
+    queued item; the read of all of them by ids."""
+    message = b.message("m1", run_id="r1", metadata={"k": {"n": [1]}})
+    message["parts"] = copy.deepcopy(_EVERY_PART)
+    run = b.run("r1", "completed", inputs=["m1"], metadata={"m": [1]})
+    queued = b.run("r2", "queued", queue_item_id="q1")
+    created = await store.commit_thread(
+        b.create(
+            scope,
+            "t1",
+            {
+                "messages": [b.insert(message)],
+                "runs": [b.insert(run), b.insert(queued)],
+                "queuedItems": [b.insert(b.queued_item("q1", "r2", {"input": [1]}))],
+            },
+        )
+    )
+    assert isinstance(created, CommittedResult)
+    return b.read(
+        scope,
+        "t1",
+        messages={"type": "ids", "messageIds": ["m1"]},
+        runs={"type": "ids", "runIds": ["r1", "r2"]},
+        queuedItems={"type": "ids", "queueItemIds": ["q1"]},
+    )
