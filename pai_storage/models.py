@@ -759,7 +759,8 @@ def detached(value: T) -> T:
 
 
 def _fresh(value: Any) -> Any:
-    # detached(), untyped: a read's hot path (no cast() calls, scalars inline).
+    # detached(), untyped: a read's hot path (no cast() calls, scalars, dicts and
+    # lists inline: a kept record is copied on every read of it).
     kind = type(value)
     if kind in _SCALARS:
         return value
@@ -768,37 +769,40 @@ def _fresh(value: Any) -> Any:
     if kind is list:
         return [v if type(v) in _SCALARS else _fresh(v) for v in value]
     names = _CHANGEABLE.get(kind)
-    if names is not None or isinstance(value, StoreModel):
-        return _fresh_model(value, names)
-    if kind is tuple:
-        items = tuple(map(_fresh, value))
-        return value if all(map(operator.is_, items, value)) else items
-    return copy.deepcopy(value)
-
-
-def _fresh_model(model: Any, names: tuple[str, ...] | None) -> Any:
-    cls = type(model)
     if names is None:
-        names = _changeable_fields(cls)
-    fields = model.__dict__
+        if not isinstance(value, StoreModel):
+            if kind is tuple:
+                items = tuple(map(_fresh, value))
+                return value if all(map(operator.is_, items, value)) else items
+            return copy.deepcopy(value)
+        names = _changeable_fields(kind)
+    fields = value.__dict__
     copied = None
+    fresh: Any
     for name in names:
-        value = fields.get(name)
-        if type(value) in _SCALARS:
+        item = fields[name]
+        item_kind = type(item)
+        if item_kind in _SCALARS:
             continue
-        fresh = _fresh(value)
-        if fresh is not value:
-            if copied is None:
-                copied = fields.copy()
-            copied[name] = fresh
+        if item_kind is dict:
+            fresh = {k: v if type(v) in _SCALARS else _fresh(v) for k, v in item.items()}
+        elif item_kind is list:
+            fresh = [v if type(v) in _SCALARS else _fresh(v) for v in item]
+        else:
+            fresh = _fresh(item)
+            if fresh is item:
+                continue
+        if copied is None:
+            copied = fields.copy()
+        copied[name] = fresh
     if copied is None:
-        if not cls._json_optional:
-            return model  # nothing in it can change: safe to share
+        if not kind._json_optional:
+            return value  # nothing in it can change: safe to share
         copied = fields.copy()
-    clone = _new(cls)
+    clone = _new(kind)
     _set(clone, "__dict__", copied)
-    _set(clone, "__pydantic_fields_set__", set(model.__pydantic_fields_set__))
-    extra, private = model.__pydantic_extra__, model.__pydantic_private__
+    _set(clone, "__pydantic_fields_set__", set(value.__pydantic_fields_set__))
+    extra, private = value.__pydantic_extra__, value.__pydantic_private__
     _set(clone, "__pydantic_extra__", None if extra is None else _fresh(extra))
     _set(clone, "__pydantic_private__", None if private is None else _fresh(private))
     return clone

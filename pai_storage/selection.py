@@ -371,12 +371,13 @@ def _filter(
     """:meth:`ChildPagePlan.matches` for one selection, as one callable (``None``:
     every record passes): a page checks each of its records with it."""
     if family == "messages":
-        if view in ("transcript", "context"):
-            return attrgetter(f"visibility.{view}")
-        return None
+        return _VIEWS.get(view) if view is not None else None
     if family == "runs":
         return None if statuses is None else lambda record: record.status in statuses
     return None if run_id is None else lambda record: record.run_id == run_id
+
+
+_VIEWS = {view: attrgetter(f"visibility.{view}") for view in ("transcript", "context")}
 
 
 @dataclass(frozen=True, slots=True)
