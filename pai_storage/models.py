@@ -780,7 +780,10 @@ def _fresh(value: Any) -> Any:
     copied = None
     fresh: Any
     for name in names:
-        item = fields[name]
+        try:
+            item = fields[name]
+        except KeyError:  # a field model_construct was not given: nothing to copy
+            continue
         item_kind = type(item)
         if item_kind in _SCALARS:
             continue

@@ -98,6 +98,17 @@ def test_detached_shares_what_cannot_change() -> None:
     assert copied[1]["k"][1] is not nested[1]["k"][1]
 
 
+def test_detached_copies_a_model_built_without_some_of_its_fields() -> None:
+    # model_construct leaves a required field it was not given out of the model:
+    # the copy leaves it out too, and still copies what the model holds.
+    record = Message.model_construct(message_id="m1", metadata={"k": [1]})
+    copy = detached(record)
+    assert copy.__dict__ == record.__dict__
+    assert "parts" not in copy.__dict__
+    assert copy.model_fields_set == record.model_fields_set
+    assert not _containers(copy).keys() & _containers(record).keys()
+
+
 def test_a_part_whose_json_depends_on_its_fields_set_is_never_shared() -> None:
     # A tool-call part's "output" is written when it was set, even to null: its
     # fields set is part of its value, so every copy has its own.
