@@ -114,6 +114,12 @@ class StoredMemo(Generic[V]):
             return
         self._put(key, self._copy(value))
 
+    def keeps(self, data: str | bytes) -> bool:
+        """Whether a value built from ``data`` can be kept: ``str`` or ``bytes``
+        data within the bounds, with the memo on. A caller that has to make the
+        value it would :meth:`keep` asks first, and makes nothing otherwise."""
+        return type(data) in _KEYS and len(data) <= self._largest and self._entries > 0
+
     def keep(self, kind: Hashable, data: str | bytes, value: V) -> None:
         """Keep ``value`` as the value built from ``data`` as ``kind``, at once:
         for data a store has just written, which it reads back next. ``value``

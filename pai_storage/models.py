@@ -991,8 +991,10 @@ class StoreModel(BaseModel):
         :meth:`to_json_text`), in :data:`stored_records`: reading that text
         back (:meth:`model_validate_stored`) gives a copy of what validating
         it gives (:func:`as_validated`) without validating it. A commit's root
-        and records are what the read that follows it reads."""
-        stored_records.keep(type(self), text, as_validated(self))
+        and records are what the read that follows it reads. Nothing is
+        copied when the memo would not keep it (off, or ``text`` too long)."""
+        if stored_records.keeps(text):
+            stored_records.keep(type(self), text, as_validated(self))
 
     @classmethod
     def _validate_stored(cls, text: str, validator: SchemaValidator | None) -> Self:

@@ -21,7 +21,14 @@ from pai_storage_conformance.suite._support import assert_same_values
 from pydantic import BaseModel
 
 from core import strategies as s
-from pai_storage import Message, QueuedItem, RunRecord, ThreadRecord, ThreadStoreInvariantError
+from pai_storage import (
+    Message,
+    QueuedItem,
+    RunRecord,
+    ThreadRecord,
+    ThreadStoreInvariantError,
+    models,
+)
 from pai_storage.memo import StoredMemo
 from pai_storage.models import as_validated, detached, stored_records
 
@@ -277,6 +284,27 @@ def test_a_written_record_changed_afterwards_changes_no_read() -> None:
     assert Message.model_validate_stored(text).to_json_text() == text
 
 
+def test_a_written_record_is_not_copied_when_it_would_not_be_kept(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The copy is the commit's cost of keeping a record: with the memo off, or
+    # a text too long to keep, a commit does not pay it.
+    copies: list[Any] = []
+    monkeypatch.setattr(models, "as_validated", lambda value: copies.append(value) or value)
+    record = Message.model_validate(_message())
+    text = record.to_json_text()
+    stored_records.resize(entries=0, size=0)
+    record.keep_written(text)
+    stored_records.resize(entries=4096, size=64 * (len(text) - 1))
+    record.keep_written(text)
+    assert copies == []
+    assert len(stored_records) == 0
+    stored_records.resize(entries=4096, size=64 * len(text))
+    record.keep_written(text)
+    assert copies == [record]
+    assert len(stored_records) == 1
+
+
 # ------------------------------------------------------------------ the memo
 
 
@@ -318,11 +346,14 @@ def test_a_kept_value_is_kept_at_once_and_handed_out_as_copies() -> None:
         memo.keep("k", data, data)
     assert memo.get("k", "x") is None
     assert len(memo) == 2
+    assert all(map(memo.keeps, ("x", b"x", "e" * 100)))
+    assert not any(map(memo.keeps, ("e" * 101, bytearray(b"b"))))
     memo.keep("k", "e" * 101, "too long")
     memo.keep("k", bytearray(b"b"), "not text")
     assert memo.get("k", "e" * 101) is None
     assert len(memo) == 2
     memo.resize(entries=0, size=0)
+    assert not memo.keeps("w")
     memo.keep("k", "w", "off")
     assert len(memo) == 0
 
