@@ -1653,7 +1653,8 @@ _PLAIN_BSON_VALIDATORS: dict[type, SchemaValidator] = {
 
 stored_records: StoredMemo[Any] = StoredMemo(_fresh, entries=4096, size=4 * 2**20)
 """The records :meth:`StoreModel.model_validate_stored` validated more than once,
-by model and exact stored text, shared by every store of the process (a
+and those a store has just written (:meth:`StoreModel.keep_written`), by model
+and exact stored text, shared by every store of the process (a
 backend may keep its own decoded records in it too, under its own kind).
 At most 4,096 records built from 4 MiB of stored text; the records take
 several times their text in memory (about 4 KB for a message of 650
