@@ -860,7 +860,8 @@ def as_validated(value: T) -> T:
     The same values, sharing nothing changeable with ``value`` (as
     :func:`detached`), and every model with the fields set validation sets:
     the fields its JSON form holds (an optional field that is ``None`` is
-    omitted from it, so it is not set). For a record a store has just written,
+    omitted from it, so it is not set), and every timestamp a ``datetime``
+    (not a clock's own subclass of it). For a record a store has just written,
     kept as what reading that text back gives (:meth:`StoreModel.keep_written`).
     """
     copied: T = _as_validated(value)
@@ -881,8 +882,13 @@ def _as_validated(value: Any) -> Any:
         _set(clone, "__pydantic_extra__", None)
         _set(clone, "__pydantic_private__", None)
         return clone
-    if type(value) is list:
+    kind = type(value)
+    if kind is list:
         return [_as_validated(item) for item in value]
+    if kind is not datetime and isinstance(value, datetime):
+        # A clock's own datetime type (freezegun's, pendulum's): validation
+        # reads the timestamp back as a datetime.
+        return _parse_timestamp(format_timestamp(value))
     return _fresh(value)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any, cast
 
 import pytest
@@ -23,14 +24,17 @@ from pydantic import BaseModel
 from core import strategies as s
 from pai_storage import (
     Message,
+    MessageDraft,
     QueuedItem,
     RunRecord,
     ThreadRecord,
     ThreadStoreInvariantError,
     models,
 )
+from pai_storage.families import stamp_message
 from pai_storage.memo import StoredMemo
 from pai_storage.models import as_validated, detached, stored_records
+from pai_storage.pipeline import commit_time
 
 RECORDS: dict[str, tuple[Any, Any]] = {
     "threads": (ThreadRecord, s.thread_records()),
@@ -272,6 +276,25 @@ def test_nested_optional_fields_set_to_null_are_not_set_in_what_is_kept() -> Non
     assert "output" not in kept.parts[2].model_fields_set
     stored_records.resize(entries=0, size=0)
     assert_same_values(kept, Message.model_validate_stored(record.to_json_text()))
+
+
+class _Moment(datetime):
+    """A clock's own datetime type (as freezegun's or pendulum's clocks give)."""
+
+
+def test_a_record_stamped_with_a_datetime_of_another_type_is_kept_as_validated() -> None:
+    # A commit stamps records with its clock's time, converted to UTC and
+    # truncated but of the clock's type; its text holds a timestamp, which
+    # validation reads back as a datetime.
+    now = commit_time(_Moment(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC), None)
+    draft = MessageDraft.model_validate(
+        {k: v for k, v in _message().items() if k not in ("createdAt", "updatedAt")}
+    )
+    record = stamp_message(None, draft, now)
+    stored_records.resize(entries=0, size=0)
+    validated = Message.model_validate_stored(record.to_json_text())
+    assert type(validated.created_at) is datetime
+    assert_same_values(as_validated(record), validated)
 
 
 def test_a_written_record_changed_afterwards_changes_no_read() -> None:
