@@ -6,7 +6,7 @@ import asyncio
 import base64
 import json
 from collections.abc import Iterable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 from uuid import uuid4
 
@@ -18,7 +18,8 @@ from pydantic import BaseModel
 def assert_same_values(one: Any, other: Any, path: str = "") -> None:
     """``one`` and ``other`` hold the same values of the same types: every model
     with the same fields set (it decides what ``exclude_unset`` and a tool-call
-    part's JSON form hold), every dict with its keys in the same order."""
+    part's JSON form hold), every dict with its keys in the same order, every
+    timestamp with the same time zone object."""
     assert type(one) is type(other), path
     if isinstance(one, BaseModel):
         assert one.model_fields_set == other.model_fields_set, path
@@ -33,6 +34,10 @@ def assert_same_values(one: Any, other: Any, path: str = "") -> None:
         assert len(one) == len(other), path
         for i, (item, other_item) in enumerate(zip(one, other, strict=True)):
             assert_same_values(item, other_item, f"{path}[{i}]")
+    elif isinstance(one, datetime):
+        # Equal instants may still differ in their time zone object (its
+        # repr, its name) or their fold.
+        assert (one, one.tzinfo, one.fold) == (other, other.tzinfo, other.fold), path
     else:
         assert one == other, path
 
