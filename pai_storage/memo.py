@@ -102,7 +102,7 @@ class StoredMemo(Generic[V]):
     def add(self, kind: Hashable, data: str | bytes, value: V) -> None:
         """Offer ``value``, just built from ``data`` as ``kind`` and handed out by
         the caller: a copy is kept when the same data was offered before."""
-        if type(data) not in _KEYS or len(data) > self._largest or not self._entries:
+        if not self.keeps(data):
             return
         key = (kind, data)
         mark = hash(key)  # a collision only keeps a value early
@@ -124,9 +124,8 @@ class StoredMemo(Generic[V]):
         """Keep ``value`` as the value built from ``data`` as ``kind``, at once:
         for data a store has just written, which it reads back next. ``value``
         becomes the memo's own: pass a value nobody else holds."""
-        if type(data) not in _KEYS or len(data) > self._largest or not self._entries:
-            return
-        self._put((kind, data), value)
+        if self.keeps(data):
+            self._put((kind, data), value)
 
     def _put(self, key: tuple[Hashable, str | bytes], value: V) -> None:
         with self._lock:
