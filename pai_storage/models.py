@@ -876,11 +876,8 @@ def _as_validated(value: Any) -> Any:
         for name, _, json_optional in _optional_fields(cls):
             if name not in value.__pydantic_fields_set__ if json_optional else fields[name] is None:
                 present.discard(name)
-        clone = _new(cls)
-        _set(clone, "__dict__", fields)
+        clone = cls.trusted(fields)
         _set(clone, "__pydantic_fields_set__", present)
-        _set(clone, "__pydantic_extra__", None)
-        _set(clone, "__pydantic_private__", None)
         return clone
     kind = type(value)
     if kind is list:
