@@ -285,11 +285,10 @@ def truncate_ms(moment: datetime) -> datetime:
 
 def format_timestamp(moment: datetime) -> str:
     """The JSON form of a timestamp: ``2026-01-02T03:04:05.678Z``."""
-    m = truncate_ms(moment)
-    return (
-        f"{m.year:04d}-{m.month:02d}-{m.day:02d}T{m.hour:02d}:{m.minute:02d}:{m.second:02d}"
-        f".{m.microsecond // 1000:03d}Z"
-    )
+    if moment.tzinfo is not UTC or moment.microsecond % 1000:
+        moment = truncate_ms(moment)
+    # isoformat pads the year to four digits and ends in "+00:00" in UTC.
+    return datetime.isoformat(moment, timespec="milliseconds")[:-6] + "Z"
 
 
 Id = Annotated[StrictStr, AfterValidator(_check_id)]
@@ -869,20 +868,37 @@ def as_validated(value: T) -> T:
 
 
 def _as_validated(value: Any) -> Any:
+    # as_validated(), untyped: runs on every record a commit writes. Like
+    # _fresh, scalars are checked inline and a model that needs no change (no
+    # container, a plain datetime, the fields set validation gives) is shared.
+    kind = type(value)
+    if kind in _SCALARS:
+        return value
+    if kind is list:
+        return [item if type(item) in _SCALARS else _as_validated(item) for item in value]
     if isinstance(value, StoreModel):
-        cls = type(value)
-        fields = {name: _as_validated(item) for name, item in value.__dict__.items()}
+        fields = value.__dict__
+        copied = None
+        for name, item in fields.items():
+            if type(item) in _SCALARS:
+                continue
+            fresh = _as_validated(item)
+            if fresh is not item:
+                if copied is None:
+                    copied = fields.copy()
+                copied[name] = fresh
         present = set(fields)
-        for name, _, json_optional in _optional_fields(cls):
+        for name, _, json_optional in _optional_fields(kind):
             if name not in value.__pydantic_fields_set__ if json_optional else fields[name] is None:
                 present.discard(name)
-        clone = cls.trusted(fields)
+        if copied is None:
+            if present == value.__pydantic_fields_set__:
+                return value  # nothing in it can change, and it is what validation gives
+            copied = fields.copy()
+        clone = kind.trusted(copied)
         _set(clone, "__pydantic_fields_set__", present)
         return clone
-    kind = type(value)
-    if kind is list:
-        return [_as_validated(item) for item in value]
-    if kind is not datetime and isinstance(value, datetime):
+    if isinstance(value, datetime):
         # A clock's own datetime type (freezegun's, pendulum's): validation
         # reads the timestamp back as a datetime.
         return _parse_timestamp(format_timestamp(value))

@@ -530,6 +530,35 @@ def test_timestamp_json_form_is_iso_with_ms_and_z(moment: datetime) -> None:
     assert _lease(text).acquired_at == moment.replace(microsecond=moment.microsecond // 1000 * 1000)
 
 
+class _Clock(datetime):
+    """A clock's own datetime type, whose isoformat is not datetime's."""
+
+    def isoformat(self, sep: str = "T", timespec: str = "auto") -> str:
+        return "not a timestamp"
+
+
+@SETTINGS
+@given(
+    st.datetimes(min_value=datetime(1, 1, 2), max_value=datetime(9999, 12, 30)),
+    st.integers(min_value=-23 * 60, max_value=23 * 60),
+    st.booleans(),
+)
+def test_timestamp_json_form_of_any_offset_and_datetime_type(
+    local: datetime, minutes: int, subclass: bool
+) -> None:
+    # The instant in UTC, truncated to milliseconds, whatever the offset or
+    # the datetime type (a clock's own subclass) it is given in.
+    moment = local.replace(tzinfo=timezone(timedelta(minutes=minutes)))
+    if subclass:
+        moment = _Clock.combine(moment.date(), moment.timetz())
+    utc = moment.astimezone(UTC)
+    expected = (
+        f"{utc.year:04d}-{utc.month:02d}-{utc.day:02d}T{utc.hour:02d}:{utc.minute:02d}:"
+        f"{utc.second:02d}.{utc.microsecond // 1000:03d}Z"
+    )
+    assert format_timestamp(moment) == expected
+
+
 # ---------------------------------------------------------------- immutability
 
 

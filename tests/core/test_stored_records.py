@@ -278,6 +278,19 @@ def test_nested_optional_fields_set_to_null_are_not_set_in_what_is_kept() -> Non
     assert_same_values(kept, Message.model_validate_stored(record.to_json_text()))
 
 
+def test_what_is_kept_shares_only_nested_models_validation_would_give_alike() -> None:
+    # A nested model holding only scalars, with the fields set validation
+    # gives, cannot change: it is shared. One with a field set to null is
+    # made again with validation's fields set; the record itself always is.
+    record = Message.model_validate(_message(producer={"kind": "user", "id": None}))
+    kept = as_validated(record)
+    assert kept is not record
+    assert kept.visibility is record.visibility
+    assert kept.producer is not record.producer
+    assert kept.producer.model_fields_set == {"kind"}
+    assert record.producer.model_fields_set == {"kind", "id"}
+
+
 class _Moment(datetime):
     """A clock's own datetime type (as freezegun's or pendulum's clocks give)."""
 
