@@ -34,6 +34,7 @@ Adding takes a lock, so stores in several threads share a memo safely.
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
@@ -49,7 +50,9 @@ class StoredMemo(Generic[V]):
 
     def __init__(self, copy: Callable[[V], V], *, entries: int, size: int) -> None:
         self._copy = copy
-        self._values: dict[tuple[Hashable, str | bytes], V] = {}
+        # First in, first out: OrderedDict drops its oldest entry in constant time
+        # (a dict's first entry is found past the slots of every entry deleted).
+        self._values: OrderedDict[tuple[Hashable, str | bytes], V] = OrderedDict()
         self._seen: set[int] = set()
         self._used = 0
         self._lock = threading.Lock()
@@ -138,6 +141,5 @@ class StoredMemo(Generic[V]):
     def _shrink(self) -> None:
         values = self._values
         while values and (len(values) > self._entries or self._used > self._size):
-            oldest = next(iter(values))
-            del values[oldest]
+            oldest, _ = values.popitem(last=False)
             self._used -= len(oldest[1])
