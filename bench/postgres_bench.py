@@ -41,6 +41,7 @@ from pai_storage_postgres.store import (
     keep_session,
     open_runs_statement,
     tail_statement,
+    update_root_statement,
 )
 
 from pai_storage import CommittedResult, ThreadVersion, make_url
@@ -121,6 +122,25 @@ class Floor:
         self.pool = pool
         self.t = store.tables
         self.store = store
+        t = self.t
+        # Statements made once, as a hand-written application keeps them.
+        self.hold_sql = (
+            f"SELECT instance_id, revision, updated_at, messages_next, runs_next, "
+            f"queued_next, doc FROM {t.threads} WHERE scope_key = $1 AND thread_id = $2 "
+            "FOR UPDATE"
+        )
+        self.by_keys_sql = by_keys(
+            t.messages, "message_id", "t.position, t.message_id AS id, t.doc"
+        )
+        self.insert_sql = (
+            f"INSERT INTO {t.messages} (scope_key, thread_id, position, message_id, run_id, "
+            "relation, transcript, context, doc) SELECT $1, $2, * FROM unnest($3::bigint[], "
+            "$4::bytea[], $5::bytea[], $6::text[], $7::boolean[], $8::boolean[], $9::text[])"
+        )
+        self.update_sql = update_root_statement(t.threads)
+        self.open_runs_sql = open_runs_statement(t)
+        self.tail_sql = tail_statement(t)
+        self.read_sql = store.head_page_statement("messages", "newest", "transcript")
         self.doc = json.dumps(
             b.message("x", "answer " * 40, role="assistant")
             | {"createdAt": "2030-01-01T00:00:00.000Z", "updatedAt": "2030-01-01T00:00:00.000Z"},
@@ -128,30 +148,16 @@ class Floor:
         )
 
     async def append(self, thread_id: str) -> None:
-        t = self.t
         scope, thread = FLOOR_SCOPE.encode(), thread_id.encode()
         message_id = uuid.uuid4().hex.encode()
         async with self.pool.acquire() as conn:
             await conn.execute("BEGIN")
-            row = await conn.fetchrow(
-                f"SELECT instance_id, revision, updated_at, messages_next, runs_next, "
-                f"queued_next, doc FROM {t.threads} WHERE scope_key = $1 AND thread_id = $2 "
-                "FOR UPDATE",
-                scope,
-                thread,
-            )
+            row = await conn.fetchrow(self.hold_sql, scope, thread)
             now = await conn.fetchval("SELECT date_trunc('milliseconds', clock_timestamp())")
-            await conn.fetch(
-                by_keys(t.messages, "message_id", "t.position, t.message_id AS id, t.doc"),
-                scope,
-                thread,
-                [message_id],
-            )
+            await conn.fetch(self.by_keys_sql, scope, thread, [message_id])
             position = row["messages_next"]
             await conn.execute(
-                f"INSERT INTO {t.messages} (scope_key, thread_id, position, message_id, run_id, "
-                "relation, transcript, context, doc) SELECT $1, $2, * FROM unnest($3::bigint[], "
-                "$4::bytea[], $5::bytea[], $6::text[], $7::boolean[], $8::boolean[], $9::text[])",
+                self.insert_sql,
                 scope,
                 thread,
                 [position],
@@ -163,9 +169,7 @@ class Floor:
                 [self.doc],
             )
             await conn.execute(
-                f"UPDATE {t.threads} SET revision = $3, list_visibility = $4, category = $5, "
-                "updated_at = $6, sort_key = $7, messages_next = $8, runs_next = $9, "
-                "queued_next = $10, doc = $11 WHERE scope_key = $1 AND thread_id = $2",
+                self.update_sql,
                 scope,
                 thread,
                 row["revision"] + 1,
@@ -178,22 +182,15 @@ class Floor:
                 row["queued_next"],
                 row["doc"],
             )
-            await conn.fetch(open_runs_statement(t), scope, thread)
-            await conn.fetchrow(tail_statement(t), scope, thread)
+            await conn.fetch(self.open_runs_sql, scope, thread)
+            await conn.fetchrow(self.tail_sql, scope, thread)
             await conn.execute("COMMIT")
 
     async def read_newest(self, thread_id: str) -> list[Any]:
         # The store's one-statement read of the root and one page: no transaction.
         scope, thread = SCOPE.encode(), thread_id.encode()
         async with self.pool.acquire() as conn:
-            rows = await conn.fetch(
-                self.store.head_page_statement("messages", "newest", "transcript"),
-                scope,
-                thread,
-                0,
-                2**63 - 1,
-                21,
-            )
+            rows = await conn.fetch(self.read_sql, scope, thread, 0, 2**63 - 1, 21)
         page = []
         for r in rows:
             if r["position"] is None:

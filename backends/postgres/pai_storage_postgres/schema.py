@@ -123,25 +123,24 @@ class Tables:
     names: tuple[tuple[str, str], ...] = field(default=())
     """Per-component base names of the runtime tables (see :data:`COMPONENT_TABLES`)."""
 
+    # The thread tables' qualified names, made once: every statement names them.
+    threads: str = field(init=False, repr=False, compare=False)
+    messages: str = field(init=False, repr=False, compare=False)
+    runs: str = field(init=False, repr=False, compare=False)
+    queued: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        for name, suffix in (
+            ("threads", ""),
+            ("messages", "_messages"),
+            ("runs", "_runs"),
+            ("queued", "_queued_items"),
+        ):
+            object.__setattr__(self, name, self._q(self.prefix + suffix))
+
     def _q(self, name: str) -> str:
         table = quote_ident(name)
         return f"{quote_ident(self.schema)}.{table}" if self.schema else table
-
-    @property
-    def threads(self) -> str:
-        return self._q(self.prefix)
-
-    @property
-    def messages(self) -> str:
-        return self._q(f"{self.prefix}_messages")
-
-    @property
-    def runs(self) -> str:
-        return self._q(f"{self.prefix}_runs")
-
-    @property
-    def queued(self) -> str:
-        return self._q(f"{self.prefix}_queued_items")
 
     # ---------------------------------------------------------- runtime stores
 

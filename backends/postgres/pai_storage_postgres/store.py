@@ -727,11 +727,7 @@ class _PgTransaction(_ThreadRows, CommitTransaction):
             if row is not None:  # the key is taken: no need to read the stored root
                 raise ThreadConflict(_version(row))
             return HeldThread(None)
-        row = await self._conn.fetchrow(
-            f"SELECT messages_next, runs_next, queued_next, doc FROM {t} {key} FOR UPDATE",
-            self._scope,
-            self._thread,
-        )
+        row = await self._conn.fetchrow(hold_statement(t), self._scope, self._thread)
         if row is None:
             return HeldThread(None)
         return HeldThread(self._parse_root(row["doc"]), self._positions(row))
@@ -757,12 +753,7 @@ class _PgTransaction(_ThreadRows, CommitTransaction):
             dump_written(root),
         )
         if not created:
-            await self._conn.execute(
-                f"UPDATE {t} SET revision = $3, list_visibility = $4, category = $5, "
-                "updated_at = $6, sort_key = $7, messages_next = $8, runs_next = $9, "
-                "queued_next = $10, doc = $11 WHERE scope_key = $1 AND thread_id = $2",
-                *args,
-            )
+            await self._conn.execute(update_root_statement(t), *args)
             return
         inserted = await self._conn.fetchval(
             f"INSERT INTO {t} (scope_key, thread_id, revision, list_visibility, category, "
@@ -1135,6 +1126,7 @@ def _unnest_params(table: _Table) -> str:
     return ", ".join(f"${i + 3}::{t}[]" for i, t in enumerate(types))
 
 
+@functools.lru_cache(maxsize=64)
 def _insert_sql(table: _Table) -> str:
     names = ["position", table.id_col, *(c for c, _ in table.extra), "doc"]
     return (
@@ -1143,6 +1135,7 @@ def _insert_sql(table: _Table) -> str:
     )
 
 
+@functools.lru_cache(maxsize=64)
 def _update_sql(table: _Table) -> str:
     names = ["position", "id", *(c for c, _ in table.extra), "doc"]
     sets = ", ".join(f"{c} = u.{c}" for c in [*(c for c, _ in table.extra), "doc"])
@@ -1171,6 +1164,7 @@ async def _rollback(conn: asyncpg.Connection) -> None:
 # ---------------------------------------------------------------- relationships
 
 
+@functools.lru_cache(maxsize=64)
 def by_keys(table: str, column: str, select: str) -> str:
     """Rows of one thread whose ``column`` is in the ``$3`` array, one index probe per key.
 
@@ -1190,6 +1184,26 @@ def by_keys(table: str, column: str, select: str) -> str:
     )
 
 
+@functools.lru_cache(maxsize=64)
+def hold_statement(threads: str) -> str:
+    """The root row of a thread being updated, locked until the commit ends."""
+    return (
+        f"SELECT messages_next, runs_next, queued_next, doc FROM {threads} "
+        "WHERE scope_key = $1 AND thread_id = $2 FOR UPDATE"
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def update_root_statement(threads: str) -> str:
+    """A commit's new root and counters (``$3`` to ``$11``, as ``write_root`` passes them)."""
+    return (
+        f"UPDATE {threads} SET revision = $3, list_visibility = $4, category = $5, "
+        "updated_at = $6, sort_key = $7, messages_next = $8, runs_next = $9, "
+        "queued_next = $10, doc = $11 WHERE scope_key = $1 AND thread_id = $2"
+    )
+
+
+@functools.lru_cache(maxsize=64)
 def open_runs_statement(tables: Tables) -> str:
     """Up to two running or waiting runs: one equality range scan per status, so
     no plan can fall back to walking every run of the thread."""
@@ -1200,6 +1214,7 @@ def open_runs_statement(tables: Tables) -> str:
     return f"({branch.format('running')}) UNION ALL ({branch.format('waiting')})"
 
 
+@functools.lru_cache(maxsize=64)
 def tail_statement(tables: Tables) -> str:
     return (
         f"SELECT position, message_id, run_id, relation FROM {tables.messages} "
