@@ -138,8 +138,8 @@ class Floor:
             "$4::bytea[], $5::bytea[], $6::text[], $7::boolean[], $8::boolean[], $9::text[])"
         )
         self.update_sql = update_root_statement(t.threads)
-        self.open_runs_sql = open_runs_statement(t)
-        self.tail_sql = tail_statement(t)
+        self.open_runs_sql = open_runs_statement(t.runs)
+        self.tail_sql = tail_statement(t.messages)
         self.read_sql = store.head_page_statement("messages", "newest", "transcript")
         self.doc = json.dumps(
             b.message("x", "answer " * 40, role="assistant")

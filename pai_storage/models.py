@@ -870,16 +870,19 @@ def as_validated(value: T) -> T:
 def _as_validated(value: Any) -> Any:
     # as_validated(), untyped: runs on every record a commit writes. Like
     # _fresh, scalars are checked inline and a model that needs no change (no
-    # container, a plain datetime, the fields set validation gives) is shared.
+    # container, a plain datetime, the fields set validation gives) is shared;
+    # fields that validation always gives alike are not looked at.
     kind = type(value)
     if kind in _SCALARS:
         return value
     if kind is list:
         return [item if type(item) in _SCALARS else _as_validated(item) for item in value]
     if isinstance(value, StoreModel):
+        visit, omitted, json_optional = _VALIDATED.get(kind) or _validated_fields(kind)
         fields = value.__dict__
         copied = None
-        for name, item in fields.items():
+        for name in visit:
+            item = fields.get(name)
             if type(item) in _SCALARS:
                 continue
             fresh = _as_validated(item)
@@ -888,9 +891,11 @@ def _as_validated(value: Any) -> Any:
                     copied = fields.copy()
                 copied[name] = fresh
         present = set(fields)
-        for name, _, json_optional in _optional_fields(kind):
-            if name not in value.__pydantic_fields_set__ if json_optional else fields[name] is None:
+        for name in omitted:
+            if fields.get(name) is None:
                 present.discard(name)
+        if json_optional:
+            present -= set(json_optional) - value.__pydantic_fields_set__
         if copied is None:
             if present == value.__pydantic_fields_set__:
                 return value  # nothing in it can change, and it is what validation gives
@@ -903,6 +908,50 @@ def _as_validated(value: Any) -> Any:
         # reads the timestamp back as a datetime.
         return _parse_timestamp(format_timestamp(value))
     return _fresh(value)
+
+
+_VALIDATED: dict[type, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {}
+"""Per model class, for :func:`_as_validated`: the fields whose value validation
+may not give alike, the optional fields omitted from the JSON form when
+``None``, and those omitted only when unset (``_json_optional``)."""
+
+
+def _validated_fields(
+    cls: type[StoreModel],
+) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    optional = _optional_fields(cls)
+    _VALIDATED[cls] = (tuple(cls.model_fields), (), ())  # meanwhile (a recursive model)
+    found = (
+        tuple(
+            name
+            for name, field in cls.model_fields.items()
+            if not _validated_alike(field.annotation)
+        ),
+        tuple(name for name, _, json_optional in optional if not json_optional),
+        tuple(name for name, _, json_optional in optional if json_optional),
+    )
+    _VALIDATED[cls] = found
+    return found
+
+
+def _validated_alike(kind: Any) -> bool:
+    """Whether every value of the annotation ``kind`` is what validating its JSON
+    form gives back, so it is shared as it is: strings, numbers, booleans,
+    ``None``, literals, and models holding only those with no optional field
+    (a validated model sets every field it has). Not a timestamp, which may be
+    a clock's own subclass of ``datetime``."""
+    origin = get_origin(kind)
+    if origin is Annotated:
+        return _validated_alike(get_args(kind)[0])
+    if origin is Literal:
+        return True
+    if origin is typing.Union or origin is types.UnionType:
+        return all(_validated_alike(arg) for arg in get_args(kind))
+    if isinstance(kind, type) and origin is None:
+        if issubclass(kind, StoreModel):
+            return not any(_VALIDATED.get(kind) or _validated_fields(kind))
+        return kind in (str, int, float, bool, type(None))
+    return False
 
 
 class StoreModel(BaseModel):

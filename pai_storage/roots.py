@@ -61,8 +61,13 @@ def check_condition(
     if commit.condition.type == "missing":
         if current is None:
             return None
-    elif current is not None and current == commit.condition.version:
-        return None
+    elif current is not None:
+        expected = commit.condition.version  # compared field by field: no model __eq__
+        if (
+            current.revision == expected.revision
+            and current.thread_instance_id == expected.thread_instance_id
+        ):
+            return None
     return ConflictResult(type="conflict", current_version=current)
 
 

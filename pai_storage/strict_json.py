@@ -289,6 +289,8 @@ def check_json(value: Any, path: str = "") -> Any:
         if not _scalar_ok(value, kind):
             raise _fail(path, _describe(value))
         return value
+    if not value:  # an empty object or array (most metadata): its copy, no walk
+        return {} if kind is dict else []
     try:
         try:
             return _copy_tree(value, 0, _Walk())

@@ -220,8 +220,8 @@ async def test_commit_lookups_probe_one_key_at_a_time(
         conn, by_keys(t.messages, "run_id", "t.run_id, t.position"), [*thread, [b"r5"]]
     )
     await _check_plan(conn, by_keys(t.queued, "run_id", "t.run_id, t.position"), [*thread, [b"r7"]])
-    await _check_plan(conn, open_runs_statement(t), thread)
-    await _check_plan(conn, tail_statement(t), thread)
+    await _check_plan(conn, open_runs_statement(t.runs), thread)
+    await _check_plan(conn, tail_statement(t.messages), thread)
     sql = by_keys(t.messages, "message_id", "t.position, t.doc")
     for plan in await _custom_and_generic(conn, sql, [*thread, [b"m9"]]):
         scans = [n for n in _nodes(plan) if "Relation Name" in n]

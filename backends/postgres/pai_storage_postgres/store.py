@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import functools
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
@@ -131,6 +131,14 @@ class _Table:
     id_col: str
     next_col: str
     extra: tuple[tuple[str, str], ...]
+    insert: str = field(init=False, repr=False, compare=False)
+    """Insert the ``unnest`` of ``_columns``' arrays (made once)."""
+    update: str = field(init=False, repr=False, compare=False)
+    """Update rows by position and id from the same arrays (made once)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "insert", _insert_sql(self))
+        object.__setattr__(self, "update", _update_sql(self))
 
 
 @dataclass(frozen=True, slots=True)
@@ -799,10 +807,10 @@ class _PgTransaction(_ThreadRows, CommitTransaction):
             )
         if write.updates:
             cols = _columns(spec, list(write.updates.values()))
-            await conn.execute(_update_sql(table), scope, thread, *cols)
+            await conn.execute(table.update, scope, thread, *cols)
         if write.inserts:
             cols = _columns(spec, write.inserts)
-            await conn.execute(_insert_sql(table), scope, thread, *cols)
+            await conn.execute(table.insert, scope, thread, *cols)
         return truncated
 
     async def delete_thread(self) -> None:
@@ -1110,7 +1118,9 @@ def _columns(spec: FamilySpec, entries: Sequence[Entry[Any]]) -> list[list[Any]]
         records = [cast(Message, e.record) for e in entries]
         extra = [
             [enc_opt(m.run_id) for m in records],
-            [getattr(m.association, "relation", None) for m in records],
+            # A standalone message's association has no relation (read without
+            # pydantic's __getattr__, which a missing attribute would call).
+            [m.association.__dict__.get("relation") for m in records],
             [m.visibility.transcript for m in records],
             [m.visibility.context for m in records],
         ]
@@ -1126,7 +1136,6 @@ def _unnest_params(table: _Table) -> str:
     return ", ".join(f"${i + 3}::{t}[]" for i, t in enumerate(types))
 
 
-@functools.lru_cache(maxsize=64)
 def _insert_sql(table: _Table) -> str:
     names = ["position", table.id_col, *(c for c, _ in table.extra), "doc"]
     return (
@@ -1135,7 +1144,6 @@ def _insert_sql(table: _Table) -> str:
     )
 
 
-@functools.lru_cache(maxsize=64)
 def _update_sql(table: _Table) -> str:
     names = ["position", "id", *(c for c, _ in table.extra), "doc"]
     sets = ", ".join(f"{c} = u.{c}" for c in [*(c for c, _ in table.extra), "doc"])
@@ -1204,20 +1212,22 @@ def update_root_statement(threads: str) -> str:
 
 
 @functools.lru_cache(maxsize=64)
-def open_runs_statement(tables: Tables) -> str:
-    """Up to two running or waiting runs: one equality range scan per status, so
-    no plan can fall back to walking every run of the thread."""
+def open_runs_statement(runs: str) -> str:
+    """Up to two running or waiting runs (of the ``runs`` table): one equality
+    range scan per status, so no plan can fall back to walking every run of
+    the thread."""
     branch = (
-        f"SELECT run_id, doc FROM {tables.runs} WHERE scope_key = $1 AND thread_id = $2 "
+        f"SELECT run_id, doc FROM {runs} WHERE scope_key = $1 AND thread_id = $2 "
         "AND status = '{}' LIMIT 2"
     )
     return f"({branch.format('running')}) UNION ALL ({branch.format('waiting')})"
 
 
 @functools.lru_cache(maxsize=64)
-def tail_statement(tables: Tables) -> str:
+def tail_statement(messages: str) -> str:
+    """The last message (of the ``messages`` table)."""
     return (
-        f"SELECT position, message_id, run_id, relation FROM {tables.messages} "
+        f"SELECT position, message_id, run_id, relation FROM {messages} "
         "WHERE scope_key = $1 AND thread_id = $2 ORDER BY position DESC LIMIT 1"
     )
 
@@ -1296,7 +1306,7 @@ class _Reader:
         return facts
 
     async def open_runs(self) -> Sequence[RunRef]:
-        rows = await self._conn.fetch(open_runs_statement(self._t), self._scope, self._thread)
+        rows = await self._conn.fetch(open_runs_statement(self._t.runs), self._scope, self._thread)
         out = []
         for r in rows:
             status, admitted, queue_item, inputs = run_ref_fields(r["doc"])
@@ -1304,7 +1314,7 @@ class _Reader:
         return out
 
     async def tail(self) -> MessageRef | None:
-        r = await self._conn.fetchrow(tail_statement(self._t), self._scope, self._thread)
+        r = await self._conn.fetchrow(tail_statement(self._t.messages), self._scope, self._thread)
         if r is None:
             return None
         run_id = dec(r["run_id"]) if r["run_id"] is not None else None
