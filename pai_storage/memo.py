@@ -16,9 +16,9 @@ What this keeps:
   store may also keep what it has just written (:meth:`StoredMemo.keep`): a
   commit's root and records are what the next read reads.
 - **Copies only.** The kept value is never handed out: every hit is a copy
-  made by ``copy`` (for records, ``pai_storage.models.detached``: every
-  ``dict`` and ``list`` copied), so mutating a record you read never changes
-  what a later read gives.
+  made by ``copy`` (for records, what ``pai_storage.models.detached`` gives:
+  every ``dict`` and ``list`` copied, planned once per record kept), so
+  mutating a record you read never changes what a later read gives.
 - **Valid data only.** Data that fails validation raises each time it is read.
 - **A bound.** At most ``entries`` values, built from at most ``size``
   characters (or bytes) of stored data in all, and none from data longer than
@@ -36,7 +36,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 __all__ = ["StoredMemo"]
 
@@ -46,13 +46,27 @@ _KEYS = frozenset({str, bytes})  # immutable and hashable (not bytearray, not me
 
 
 class StoredMemo(Generic[V]):
-    """Values built from stored data, by ``(kind, data)``; see the module docstring."""
+    """Values built from stored data, by ``(kind, data)``; see the module docstring.
 
-    def __init__(self, copy: Callable[[V], V], *, entries: int, size: int) -> None:
+    ``copy`` makes the copy a hit hands out from what is kept. What is kept is
+    the value itself, or ``kept(value)`` when given: a form made once per value
+    kept (the records' memo keeps each record with its copy planned,
+    :func:`pai_storage.models.planned`), which ``copy`` then takes.
+    """
+
+    def __init__(
+        self,
+        copy: Callable[[Any], V],
+        *,
+        entries: int,
+        size: int,
+        kept: Callable[[V], Any] | None = None,
+    ) -> None:
         self._copy = copy
+        self._kept = kept
         # First in, first out: OrderedDict drops its oldest entry in constant time
         # (a dict's first entry is found past the slots of every entry deleted).
-        self._values: OrderedDict[tuple[Hashable, str | bytes], V] = OrderedDict()
+        self._values: OrderedDict[tuple[Hashable, str | bytes], Any] = OrderedDict()
         self._seen: set[int] = set()
         self._used = 0
         self._lock = threading.Lock()
@@ -115,7 +129,7 @@ class StoredMemo(Generic[V]):
                 seen.clear()
             seen.add(mark)
             return
-        self._put(key, self._copy(value))
+        self._put(key, self._copy(value if self._kept is None else self._kept(value)))
 
     def keeps(self, data: str | bytes) -> bool:
         """Whether a value built from ``data`` can be kept: ``str`` or ``bytes``
@@ -131,10 +145,11 @@ class StoredMemo(Generic[V]):
             self._put((kind, data), value)
 
     def _put(self, key: tuple[Hashable, str | bytes], value: V) -> None:
+        kept = value if self._kept is None else self._kept(value)
         with self._lock:
             if key in self._values:
                 return
-            self._values[key] = value
+            self._values[key] = kept
             self._used += len(key[1])
             self._shrink()
 

@@ -52,13 +52,14 @@ held to these input limits.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import math
 import operator
 import re
 import types
 import typing
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import (
     Annotated,
@@ -807,6 +808,78 @@ def _fresh(value: Any) -> Any:
     extra, private = value.__pydantic_extra__, value.__pydantic_private__
     _set(clone, "__pydantic_extra__", None if extra is None else _fresh(extra))
     _set(clone, "__pydantic_private__", None if private is None else _fresh(private))
+    return clone
+
+
+def planned(value: Any) -> tuple[Any, Callable[[Any], Any] | None]:
+    """``value`` with the function that makes a copy of it as :func:`detached`
+    does (``None``: it is shared as it is), planned once from this very value.
+
+    For a value that is kept and never changed, and copied on every read of
+    it (:data:`stored_records`): the plan names only what needs copying, and a
+    ``dict`` of scalars or a ``list`` of values shared as they are is copied by
+    ``dict.copy`` or ``list.copy``, not element by element.
+    """
+    return value, _plan(value)
+
+
+def copy_planned(kept: tuple[Any, Callable[[Any], Any] | None]) -> Any:
+    """A copy of the value :func:`planned` kept."""
+    value, make = kept
+    return value if make is None else make(value)
+
+
+def _plan(value: Any) -> Callable[[Any], Any] | None:
+    kind = type(value)
+    if kind in _SCALARS:
+        return None
+    if kind is dict:
+        if all(type(item) in _SCALARS for item in value.values()):
+            return dict.copy
+        return _fresh
+    if kind is list:
+        if all(type(item) in _SCALARS or _fresh(item) is item for item in value):
+            return list.copy
+        return _fresh
+    if kind is tuple:
+        plans = tuple(_plan(item) for item in value)
+        if not any(plans):
+            return None
+        return functools.partial(_copy_tuple, plans=plans)
+    if (
+        not isinstance(value, StoreModel)
+        or value.__pydantic_extra__ is not None
+        or value.__pydantic_private__ is not None
+    ):
+        return _fresh  # models holding extra or private values, anything else
+    fields = value.__dict__
+    names = _CHANGEABLE.get(kind)
+    if names is None:
+        names = _changeable_fields(kind)
+    steps = tuple(
+        (name, make)
+        for name in names
+        if name in fields and (make := _plan(fields[name])) is not None
+    )
+    if not steps and not kind._json_optional:
+        return None  # nothing in it can change: shared, as detached() shares it
+    return functools.partial(_copy_model, steps=steps)
+
+
+def _copy_tuple(value: tuple[Any, ...], plans: tuple[Callable[[Any], Any] | None, ...]) -> Any:
+    pairs = zip(value, plans, strict=True)
+    return tuple(item if make is None else make(item) for item, make in pairs)
+
+
+def _copy_model(value: Any, steps: tuple[tuple[str, Callable[[Any], Any]], ...]) -> Any:
+    copied = value.__dict__.copy()
+    for name, make in steps:
+        copied[name] = make(copied[name])
+    clone = _new(type(value))
+    _set(clone, "__dict__", copied)
+    _set(clone, "__pydantic_fields_set__", set(value.__pydantic_fields_set__))
+    _set(clone, "__pydantic_extra__", None)
+    _set(clone, "__pydantic_private__", None)
     return clone
 
 
@@ -1719,7 +1792,9 @@ _PLAIN_BSON_VALIDATORS: dict[type, SchemaValidator] = {
     model: _stored_validator(model, decoded=True, plain_bson=True) for model in _STORED_RECORDS
 }
 
-stored_records: StoredMemo[Any] = StoredMemo(_fresh, entries=4096, size=4 * 2**20)
+stored_records: StoredMemo[Any] = StoredMemo(
+    copy_planned, kept=planned, entries=4096, size=4 * 2**20
+)
 """The records :meth:`StoreModel.model_validate_stored` validated more than once,
 and those a store has just written (:meth:`StoreModel.keep_written`), by model
 and exact stored text, shared by every store of the process (a

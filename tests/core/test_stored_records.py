@@ -33,7 +33,7 @@ from pai_storage import (
 )
 from pai_storage.families import stamp_message
 from pai_storage.memo import StoredMemo
-from pai_storage.models import as_validated, detached, stored_records
+from pai_storage.models import as_validated, copy_planned, detached, planned, stored_records
 from pai_storage.pipeline import commit_time
 
 RECORDS: dict[str, tuple[Any, Any]] = {
@@ -289,6 +289,25 @@ def test_what_is_kept_shares_only_nested_models_validation_would_give_alike() ->
     assert kept.producer is not record.producer
     assert kept.producer.model_fields_set == {"kind"}
     assert record.producer.model_fields_set == {"kind", "id"}
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data(), name=st.sampled_from(sorted(RECORDS)), pair=st.booleans())
+def test_a_planned_copy_is_what_detached_gives(data: st.DataObject, name: str, pair: bool) -> None:
+    # The memo keeps each record with its copy planned once; every copy made
+    # from that plan is the copy detached() makes: the same values, types and
+    # fields sets, sharing no container with the kept record or another copy.
+    # Records also come kept in a pair with other values (as MongoDB keeps them).
+    model, strategy = RECORDS[name]
+    value: Any = model.model_validate(data.draw(strategy))
+    if pair:
+        value = (value, ("kept", {"keys": [1, 2]}, 3))
+    kept = planned(value)
+    first, second = copy_planned(kept), copy_planned(kept)
+    for copied in (first, second):
+        assert_same_values(copied, detached(value))
+        assert not _containers(copied).keys() & _containers(value).keys()
+    assert not _containers(first).keys() & _containers(second).keys()
 
 
 class _Moment(datetime):
