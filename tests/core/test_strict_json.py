@@ -210,7 +210,6 @@ def test_mutating_the_input_after_the_check_leaves_the_copy_alone() -> None:
     check_json(copied)
 
 
-
 def test_an_empty_object_or_array_is_copied_too() -> None:
     # The commonest metadata is {}: the store still keeps its own.
     for empty in ({}, []):
@@ -218,6 +217,7 @@ def test_an_empty_object_or_array_is_copied_too() -> None:
         assert copied == empty
         assert type(copied) is type(empty)
         assert copied is not empty
+
 
 def test_scalars_are_returned_as_they_are() -> None:
     for scalar in (None, True, 0, 2**63 - 1, 1.5, "text"):
