@@ -42,7 +42,7 @@ from pai_storage import CommittedResult, make_url
 from pai_storage import builders as b
 
 sys.path.insert(0, str(Path(__file__).parent))
-from postgres_bench import FLOOR_SCOPE, SCOPE, Floor, build_thread
+from postgres_bench import FLOOR_SCOPE, SCOPE, Floor, build_thread, close_and_drop
 
 CASES = ("append", "append-floor", "read", "read-floor")
 WARMUP = 30
@@ -91,11 +91,7 @@ async def child(url: str, case: str, ops: int) -> None:
         for _ in range(ops):
             await run[case]()
     finally:
-        await pool.close()
-        await store.close()
-        conn = await asyncpg.connect(dsn)
-        await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-        await conn.close()
+        await close_and_drop(pool, store, dsn, schema)
 
 
 def counted(url: str, case: str, ops: int) -> int:

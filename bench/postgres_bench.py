@@ -112,6 +112,17 @@ async def timed(fn: Callable[[], Awaitable[Any]], n: int, warmup: int = 10) -> f
     return median_ms(samples)
 
 
+async def close_and_drop(
+    pool: asyncpg.Pool, store: PostgresThreadStore, dsn: str, schema: str
+) -> None:
+    """Close the floor's pool and the store, and drop the throwaway schema."""
+    await pool.close()
+    await store.close()
+    conn = await asyncpg.connect(dsn)
+    await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    await conn.close()
+
+
 # ---------------------------------------------------------------- the floor
 
 
@@ -421,11 +432,7 @@ async def main(url: str, quick: bool) -> None:
                 )
             )
     finally:
-        await pool.close()
-        await store.close()
-        conn = await asyncpg.connect(dsn)
-        await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-        await conn.close()
+        await close_and_drop(pool, store, dsn, schema)
 
     server = store._server_version or "PostgreSQL"
     print(

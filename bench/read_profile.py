@@ -37,7 +37,7 @@ from pai_storage import make_url
 from pai_storage.models import stored_records
 
 sys.path.insert(0, str(Path(__file__).parent))
-from postgres_bench import SCOPE, Floor, build_thread
+from postgres_bench import SCOPE, Floor, build_thread, close_and_drop
 
 BLOCK = 50
 
@@ -133,11 +133,7 @@ async def main(url: str, n: int, profile: str | None) -> None:
             (w, c), (fw, fc) = results[kind], results[f"{kind.split('-')[0]}-floor"]
             print(f"{kind}: wall {w / fw:.2f}x, cpu {c / fc:.2f}x of the floor")
     finally:
-        await pool.close()
-        await store.close()
-        conn = await asyncpg.connect(dsn)
-        await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-        await conn.close()
+        await close_and_drop(pool, store, dsn, schema)
 
 
 if __name__ == "__main__":

@@ -893,21 +893,32 @@ def _changeable_fields(cls: type[StoreModel]) -> tuple[str, ...]:
 def _may_change(kind: Any) -> bool:
     """Whether a value of the annotation ``kind`` may be changed in place (or,
     for a model whose JSON form depends on its fields set, must be re-created)."""
+    return not _every_type(kind, _unchangeable)
+
+
+def _unchangeable(kind: type) -> bool:
+    if issubclass(kind, StoreModel):
+        names = _CHANGEABLE.get(kind)
+        return not (
+            kind._json_optional or (names if names is not None else _changeable_fields(kind))
+        )
+    return issubclass(kind, tuple(_SCALARS))
+
+
+def _every_type(kind: Any, test: Callable[[type], bool]) -> bool:
+    """Whether every value of the annotation ``kind`` is of a class for which
+    ``test`` holds: through ``Annotated`` and unions, a literal always passes,
+    and a container or ``Any`` never does."""
     origin = get_origin(kind)
     if origin is Annotated:
-        return _may_change(get_args(kind)[0])
+        return _every_type(get_args(kind)[0], test)
     if origin is Literal:
-        return False
+        return True
     if origin is typing.Union or origin is types.UnionType:
-        return any(_may_change(arg) for arg in get_args(kind))
+        return all(_every_type(arg, test) for arg in get_args(kind))
     if isinstance(kind, type) and origin is None:
-        if issubclass(kind, StoreModel):
-            names = _CHANGEABLE.get(kind)
-            return bool(
-                kind._json_optional or (names if names is not None else _changeable_fields(kind))
-            )
-        return not issubclass(kind, tuple(_SCALARS))
-    return True  # dict, list, Any, or anything else
+        return test(kind)
+    return False  # dict, list, Any, or anything else
 
 
 _OPTIONAL_FIELDS: dict[type, tuple[tuple[str, str | None, bool], ...]] = {}
@@ -1013,18 +1024,13 @@ def _validated_alike(kind: Any) -> bool:
     ``None``, literals, and models holding only those with no optional field
     (a validated model sets every field it has). Not a timestamp, which may be
     a clock's own subclass of ``datetime``."""
-    origin = get_origin(kind)
-    if origin is Annotated:
-        return _validated_alike(get_args(kind)[0])
-    if origin is Literal:
-        return True
-    if origin is typing.Union or origin is types.UnionType:
-        return all(_validated_alike(arg) for arg in get_args(kind))
-    if isinstance(kind, type) and origin is None:
-        if issubclass(kind, StoreModel):
-            return not any(_VALIDATED.get(kind) or _validated_fields(kind))
-        return kind in (str, int, float, bool, type(None))
-    return False
+    return _every_type(kind, _alike)
+
+
+def _alike(kind: type) -> bool:
+    if issubclass(kind, StoreModel):
+        return not any(_VALIDATED.get(kind) or _validated_fields(kind))
+    return kind in (str, int, float, bool, type(None))
 
 
 class StoreModel(BaseModel):
