@@ -155,9 +155,9 @@ def apply_family_changes(
         ``stamp(previous_record_or_None, draft, now)`` builds the stored record;
         default: the family's own (:attr:`FamilySpec.stamp`).
     """
+    spec = family_spec(family)
     if not changes:
         return FamilyWrite(next_position=next_position)
-    spec = family_spec(family)
     noun = spec.noun
     if stamp is None:
         stamp = spec.stamp

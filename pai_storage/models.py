@@ -818,7 +818,8 @@ def planned(value: Any) -> tuple[Any, Callable[[Any], Any] | None]:
     For a value that is kept and never changed, and copied on every read of
     it (:data:`stored_records`): the plan names only what needs copying, and a
     ``dict`` of scalars or a ``list`` of values shared as they are is copied by
-    ``dict.copy`` or ``list.copy``, not element by element.
+    ``dict.copy`` or ``list.copy``, not element by element (another list by a
+    plan per element).
     """
     return value, _plan(value)
 
@@ -838,9 +839,10 @@ def _plan(value: Any) -> Callable[[Any], Any] | None:
             return dict.copy
         return _fresh
     if kind is list:
-        if all(type(item) in _SCALARS or _fresh(item) is item for item in value):
+        plans = tuple(_plan(item) for item in value)
+        if not any(plans):
             return list.copy
-        return _fresh
+        return functools.partial(_copy_list, plans=plans)
     if kind is tuple:
         plans = tuple(_plan(item) for item in value)
         if not any(plans):
@@ -864,6 +866,11 @@ def _plan(value: Any) -> Callable[[Any], Any] | None:
     if not steps and not kind._json_optional:
         return None  # nothing in it can change: shared, as detached() shares it
     return functools.partial(_copy_model, steps=steps)
+
+
+def _copy_list(value: list[Any], plans: tuple[Callable[[Any], Any] | None, ...]) -> Any:
+    pairs = zip(value, plans, strict=True)
+    return [item if make is None else make(item) for item, make in pairs]
 
 
 def _copy_tuple(value: tuple[Any, ...], plans: tuple[Callable[[Any], Any] | None, ...]) -> Any:
@@ -1004,17 +1011,15 @@ def _validated_fields(
     cls: type[StoreModel],
 ) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
     optional = _optional_fields(cls)
-    _VALIDATED[cls] = (tuple(cls.model_fields), (), ())  # meanwhile (a recursive model)
-    found = (
-        tuple(
-            name
-            for name, field in cls.model_fields.items()
-            if not _validated_alike(field.annotation)
-        ),
-        tuple(name for name, _, json_optional in optional if not json_optional),
-        tuple(name for name, _, json_optional in optional if json_optional),
+    omitted = tuple(name for name, _, json_optional in optional if not json_optional)
+    unset = tuple(name for name, _, json_optional in optional if json_optional)
+    # Meanwhile (a recursive model, or another thread): every field looked at,
+    # which is never wrong, only slower; the optional fields are the real ones.
+    _VALIDATED[cls] = (tuple(cls.model_fields), omitted, unset)
+    visit = tuple(
+        name for name, field in cls.model_fields.items() if not _validated_alike(field.annotation)
     )
-    _VALIDATED[cls] = found
+    found = _VALIDATED[cls] = (visit, omitted, unset)
     return found
 
 

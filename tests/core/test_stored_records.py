@@ -25,6 +25,7 @@ from core import strategies as s
 from pai_storage import (
     Message,
     MessageDraft,
+    Producer,
     QueuedItem,
     RunRecord,
     ThreadRecord,
@@ -308,6 +309,28 @@ def test_a_planned_copy_is_what_detached_gives(data: st.DataObject, name: str, p
         assert_same_values(copied, detached(value))
         assert not _containers(copied).keys() & _containers(value).keys()
     assert not _containers(first).keys() & _containers(second).keys()
+
+
+def test_a_model_being_looked_at_shows_its_real_optional_fields_meanwhile(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # While a model class's fields are being sorted out, another thread may
+    # keep a record of it: what it finds meanwhile may look at more fields,
+    # never leave an optional field set that validation would not set.
+    seen: list[Any] = []
+    alike = models._validated_alike
+
+    def spy(kind: Any) -> bool:
+        seen.append(models._VALIDATED.get(Producer))
+        return alike(kind)
+
+    monkeypatch.delitem(models._VALIDATED, Producer, raising=False)
+    monkeypatch.setattr(models, "_validated_alike", spy)
+    models._validated_fields(Producer)
+    assert seen
+    assert all(entry[1] == ("id",) for entry in seen)
+    producer = Producer.model_validate({"kind": "user", "id": None})
+    assert as_validated(producer).model_fields_set == {"kind"}
 
 
 class _Moment(datetime):
