@@ -855,9 +855,7 @@ def _plan(value: Any) -> Callable[[Any], Any] | None:
     ):
         return _fresh  # models holding extra or private values, anything else
     fields = value.__dict__
-    names = _CHANGEABLE.get(kind)
-    if names is None:
-        names = _changeable_fields(kind)
+    names = _changeable_fields(kind)
     steps = tuple(
         (name, make)
         for name in names
@@ -891,6 +889,10 @@ def _copy_model(value: Any, steps: tuple[tuple[str, Callable[[Any], Any]], ...])
 
 
 def _changeable_fields(cls: type[StoreModel]) -> tuple[str, ...]:
+    """:data:`_CHANGEABLE` of ``cls``, found once."""
+    names = _CHANGEABLE.get(cls)
+    if names is not None:
+        return names
     _CHANGEABLE[cls] = tuple(cls.model_fields)  # meanwhile (a recursive model): every field
     names = tuple(name for name, field in cls.model_fields.items() if _may_change(field.annotation))
     _CHANGEABLE[cls] = names
@@ -905,10 +907,7 @@ def _may_change(kind: Any) -> bool:
 
 def _unchangeable(kind: type) -> bool:
     if issubclass(kind, StoreModel):
-        names = _CHANGEABLE.get(kind)
-        return not (
-            kind._json_optional or (names if names is not None else _changeable_fields(kind))
-        )
+        return not (kind._json_optional or _changeable_fields(kind))
     return issubclass(kind, tuple(_SCALARS))
 
 
