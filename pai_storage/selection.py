@@ -532,6 +532,43 @@ class ListPlan:
         return self.finish(rows)
 
 
+_PLANS_KEPT = 1024
+"""How many read plans a :class:`SelectionHelpers` remembers."""
+
+
+def _plan_key(request: ReadThreadInput) -> tuple[Any, ...] | None:
+    """Everything the plan of ``request`` depends on, as a key, or ``None``
+    when it is not worth remembering: a continuation (its token is decoded
+    for each read) or an ``ids`` selection (as long as its list of ids).
+
+    Values are as validation made them (strict: a literal is a ``str``, a
+    limit an ``int``, never a ``bool``), so equal keys plan alike.
+    """
+    include = request.include
+    if include is None:
+        return (request.scope_key, request.thread_id)
+    key: list[Any] = [request.scope_key, request.thread_id]
+    for selection in (include.messages, include.runs, include.queued_items):
+        if selection is None:
+            key.append(None)
+            continue
+        page = getattr(selection, "page", None)
+        if page is None or page.page_token is not None:
+            return None
+        key.append(
+            (
+                type(selection),
+                page.limit,
+                *(
+                    tuple(value) if type(value) is list else value  # a run page's statuses
+                    for name, value in selection.__dict__.items()
+                    if name != "page"
+                ),
+            )
+        )
+    return tuple(key)
+
+
 class SelectionHelpers:
     """Selection planning and page finishing bound to one provider's token codec.
 
@@ -563,9 +600,30 @@ class SelectionHelpers:
         scope_digest: ScopeDigest = default_scope_digest,
     ) -> None:
         self.codec = PageTokenCodec(token_prefix, secret=secret, scope_digest=scope_digest)
+        self._plans: dict[tuple[Any, ...], ReadPlan] = {}
 
     def plan_read(self, request: ReadThreadInput) -> ReadPlan:
-        """Validate a read's selections and decode their tokens."""
+        """Validate a read's selections and decode their tokens.
+
+        Plans are values, never changed once made: the plan of a read that
+        decodes no token and names no ids is remembered by what it depends
+        on (:func:`_plan_key`), for the most recent such reads, and the same
+        read made again (an agent reads its thread's newest messages every
+        turn) gets the same plan object.
+        """
+        key = _plan_key(request)
+        if key is None:
+            return self._plan_read(request)
+        plans = self._plans
+        plan = plans.get(key)
+        if plan is None:
+            plan = self._plan_read(request)
+            if len(plans) >= _PLANS_KEPT:
+                plans.clear()  # atomic: safe when several threads plan
+            plans[key] = plan
+        return plan
+
+    def _plan_read(self, request: ReadThreadInput) -> ReadPlan:
         include = request.include
         scope, thread = request.scope_key, request.thread_id
         return ReadPlan(

@@ -3,13 +3,14 @@ a page in one request (``ReadSnapshot.head_and_page``) or in separate ones."""
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
-from pai_storage import ThreadAggregate, ThreadReadResult, ThreadStorePageTokenError
+from pai_storage import ThreadAggregate, ThreadReadResult, ThreadStorePageTokenError, selection
 from pai_storage import builders as b
 from pai_storage.backend import (
     AggregateSnapshot,
@@ -175,3 +176,97 @@ def test_a_missing_thread_and_a_recreated_thread_behave_alike() -> None:
     for snapshot in (Recording(recreated, OBSERVED), SeparateRequests(recreated, OBSERVED)):
         with pytest.raises(ThreadStorePageTokenError, match="earlier incarnation"):
             _read(snapshot, later)
+
+
+def _plan(request: dict[str, Any], helpers: SelectionHelpers = HELPERS) -> Any:
+    return helpers.plan_read(ReadThreadInput.model_validate(request))
+
+
+FIRST_PAGES: list[dict[str, Any]] = [
+    {},
+    {"messages": {"type": "page", "view": "transcript", "order": "newest", "page": {"limit": 20}}},
+    {"messages": {"type": "page", "view": "context", "order": "newest", "page": {"limit": 20}}},
+    {"messages": {"type": "page", "view": "transcript", "page": {"limit": 20}}},
+    {"messages": {"type": "page", "view": "transcript", "order": "newest", "page": {"limit": 2}}},
+    {"messages": {"type": "page", "view": "raw", "afterMessageId": "u1", "page": {"limit": 2}}},
+    {"messages": {"type": "page", "view": "raw", "beforeMessageId": "u1", "page": {"limit": 2}}},
+    {"runs": {"type": "page", "page": {"limit": 2}}},
+    {"runs": {"type": "page", "statuses": ["failed"], "page": {"limit": 2}}},
+    {"runs": {"type": "page", "statuses": ["failed", "completed"], "page": {"limit": 2}}},
+    {"queuedItems": {"type": "page", "page": {"limit": 2}}},
+    {"queuedItems": {"type": "page", "runId": "r1", "page": {"limit": 2}}},
+    {
+        "messages": {"type": "page", "view": "raw", "page": {"limit": 2}},
+        "runs": {"type": "page", "page": {"limit": 2}},
+    },
+]
+
+
+def test_a_first_page_read_again_gets_the_same_plan_and_another_read_its_own() -> None:
+    helpers = SelectionHelpers("pai-test")
+    for scope, thread in (("s", "t"), ("s", "t2"), ("s2", "t")):
+        plans = [_plan(b.read(scope, thread, **include), helpers) for include in FIRST_PAGES]
+        again = [_plan(b.read(scope, thread, **include), helpers) for include in FIRST_PAGES]
+        assert all(map(operator.is_, plans, again))
+        assert len({id(plan) for plan in plans}) == len(FIRST_PAGES)
+        for plan, include in zip(plans, FIRST_PAGES, strict=True):
+            assert (plan.scope_key, plan.thread_id) == (scope, thread)
+            fresh = SelectionHelpers("pai-test")  # nothing remembered
+            assert _same_plan(plan, _plan(b.read(scope, thread, **include), fresh))
+
+
+def _same_plan(one: Any, other: Any) -> bool:
+    # Every attribute alike but the codec and the filter (a new closure per
+    # plan; what it accepts is compared by the reads below).
+    def attributes(plan: Any) -> dict[str, Any] | None:
+        if plan is None:
+            return None
+        found = {k: v for k, v in vars(plan).items() if k not in ("_codec", "_accepts")}
+        return found | {"filters": plan._accepts is not None}
+
+    return all(
+        attributes(getattr(one, family)) == attributes(getattr(other, family))
+        for family in ("messages", "runs", "queued_items")
+    ) and (one.scope_key, one.thread_id) == (other.scope_key, other.thread_id)
+
+
+def test_continuations_and_ids_are_planned_for_each_read() -> None:
+    helpers = SelectionHelpers("pai-test")
+    first = _read(Recording(_thread(), OBSERVED), b.read("s", "t", messages=_raw_page()))
+    token = first.messages.next_page_token if first.messages else None
+    assert token is not None
+    for include in (
+        {"messages": _raw_page(token)},
+        {"messages": {"type": "ids", "messageIds": ["u1", "h1"]}},
+        {"runs": {"type": "ids", "runIds": ["r1"]}},
+        {"messages": _raw_page(), "runs": {"type": "ids", "runIds": ["r1"]}},
+    ):
+        request = b.read("s", "t", **include)
+        assert _plan(request, helpers) is not _plan(request, helpers)
+    assert not helpers._plans
+
+
+def _raw_page(token: str | None = None) -> dict[str, Any]:
+    page: dict[str, Any] = {"limit": 2} if token is None else {"limit": 2, "pageToken": token}
+    return {"type": "page", "view": "raw", "page": page}
+
+
+def test_remembered_plans_are_bounded() -> None:
+    helpers = SelectionHelpers("pai-test")
+    for n in range(selection._PLANS_KEPT + 10):
+        _plan(b.read("s", f"t{n}", messages=_raw_page()), helpers)
+        assert len(helpers._plans) <= selection._PLANS_KEPT
+    newest = b.read("s", f"t{selection._PLANS_KEPT + 9}", messages=_raw_page())
+    assert _plan(newest, helpers) is _plan(newest, helpers)
+
+
+def test_a_remembered_plan_reads_what_a_new_plan_reads() -> None:
+    thread = _thread()
+    for include in FIRST_PAGES:
+        request = b.read("s", "t", **include)
+        remembered = _plan(request)
+        assert _plan(request) is remembered
+        new = _plan(request, SelectionHelpers("pai-test"))
+        assert new is not remembered
+        for snapshot in (Recording(thread, OBSERVED), SeparateRequests(thread, OBSERVED)):
+            assert run_sync(run_read(snapshot, remembered)) == run_sync(run_read(snapshot, new))
