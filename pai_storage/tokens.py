@@ -239,16 +239,17 @@ class PageTokenCodec:
         self.prefix = prefix
         self.scope_digest = scope_digest
         key = secret if secret is not None else hashlib.sha256(prefix.encode()).digest()
-        self._inner, self._outer = _hmac_states(key)
         self._head = f"{prefix}.".encode()
+        self._inner, self._outer = _hmac_states(key)
+        self._inner.update(self._head)  # every MAC starts with it
         self._minted: dict[str, str] = {}
 
     def _mac(self, payload: bytes) -> bytes:
         # HMAC-SHA256 of prefix, dot and payload (hmac.digest gives the same bytes),
-        # from the key's two padded states hashed once, here: every page pays for
-        # two state copies instead of the key schedule.
+        # from the key's two padded states hashed once (the inner one with the
+        # prefix and dot), here: every page pays for two state copies instead
+        # of the key schedule.
         inner = self._inner.copy()
-        inner.update(self._head)
         inner.update(payload)
         outer = self._outer.copy()
         outer.update(inner.digest())
