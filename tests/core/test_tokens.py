@@ -5,9 +5,11 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import importlib
 import json
 import re
 import string
+import sys
 from typing import Any
 
 import pytest
@@ -665,3 +667,17 @@ def test_mac_is_hmac_sha256_of_prefix_and_payload(secret: bytes, body: str) -> N
     expected = hmac.digest(secret, f"pai-test.{body}".encode(), hashlib.sha256)[:16]
     assert codec._mac(body.encode()) == expected
     assert codec._mac(body.encode()) == expected  # the precomputed states are not consumed
+    # The same states from hashlib's SHA-256 (where CPython's own is missing).
+    inner, outer = tokens._hmac_states(secret, hashlib.sha256)
+    inner.update(f"pai-test.{body}".encode())
+    outer.update(inner.digest())
+    assert outer.digest()[:16] == expected
+
+
+def test_macs_use_cpythons_own_sha256_where_there_is_one() -> None:
+    name = "_sha2" if sys.version_info >= (3, 12) else "_sha256"
+    try:
+        own = importlib.import_module(name).sha256
+    except ImportError:  # a build without it
+        own = hashlib.sha256
+    assert tokens._sha256 is own
