@@ -17,12 +17,14 @@ from pydantic import BaseModel
 
 def assert_same_values(one: Any, other: Any, path: str = "") -> None:
     """``one`` and ``other`` hold the same values of the same types: every model
-    with the same fields set (it decides what ``exclude_unset`` and a tool-call
-    part's JSON form hold), every dict with its keys in the same order, every
-    timestamp with the same time zone object."""
+    with the same fields set, itself of the same type (it decides what
+    ``exclude_unset`` and a tool-call part's JSON form hold), every dict with
+    its keys in the same order, every timestamp with the same time zone
+    object."""
     assert type(one) is type(other), path
     if isinstance(one, BaseModel):
         assert one.model_fields_set == other.model_fields_set, path
+        assert type(one.model_fields_set) is type(other.model_fields_set), path
         assert one.__pydantic_extra__ == other.__pydantic_extra__, path
         assert one.__pydantic_private__ == other.__pydantic_private__, path
         assert_same_values(one.__dict__, other.__dict__, path)
