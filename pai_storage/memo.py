@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from typing import Any, Generic, TypeVar
 
 __all__ = ["StoredMemo"]
@@ -115,6 +115,17 @@ class StoredMemo(Generic[V]):
             return None
         found = self._values.get((kind, data))
         return None if found is None else self._copy(found)
+
+    def get_many(self, kind: Hashable, datas: Iterable[str | bytes]) -> list[V | None]:
+        """:meth:`get` of each of ``datas``, in one call (a page's records)."""
+        values, copy, largest = self._values, self._copy, self._largest
+        found: list[V | None] = []
+        for data in datas:
+            kept = (
+                values.get((kind, data)) if type(data) in _KEYS and len(data) <= largest else None
+            )
+            found.append(None if kept is None else copy(kept))
+        return found
 
     def add(self, kind: Hashable, data: str | bytes, value: V) -> None:
         """Offer ``value``, just built from ``data`` as ``kind`` and handed out by

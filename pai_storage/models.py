@@ -59,7 +59,7 @@ import operator
 import re
 import types
 import typing
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import (
     Annotated,
@@ -811,23 +811,30 @@ def _fresh(value: Any) -> Any:
     return clone
 
 
-def planned(value: Any) -> tuple[Any, Callable[[Any], Any] | None]:
-    """``value`` with the function that makes a copy of it as :func:`detached`
-    does (``None``: it is shared as it is), planned once from this very value.
+def planned(value: Any) -> Callable[[], Any]:
+    """A function of no arguments that makes a copy of ``value`` as
+    :func:`detached` does (``value`` itself when that shares it as it is),
+    planned once from this very value.
 
     For a value that is kept and never changed, and copied on every read of
     it (:data:`stored_records`): the plan names only what needs copying, and a
-    ``dict`` of scalars or a ``list`` of values shared as they are is copied by
-    ``dict.copy`` or ``list.copy``, not element by element (another list by a
-    plan per element).
+    ``dict`` or ``list`` of values shared as they are is copied by
+    ``dict.copy`` or ``list.copy``, not element by element (another ``dict``
+    by ``dict.copy`` and a plan per value to copy, another list by a plan per
+    element). The function is a :func:`functools.partial` of the
+    plan and ``value``: a copy costs no call of Python code but the plan's.
     """
-    return value, _plan(value)
+    make = _plan(value)
+    return functools.partial(_as_is if make is None else make, value)
 
 
-def copy_planned(kept: tuple[Any, Callable[[Any], Any] | None]) -> Any:
+def copy_planned(kept: Callable[[], Any]) -> Any:
     """A copy of the value :func:`planned` kept."""
-    value, make = kept
-    return value if make is None else make(value)
+    return kept()
+
+
+def _as_is(value: Any) -> Any:
+    return value
 
 
 def _plan(value: Any) -> Callable[[Any], Any] | None:
@@ -835,19 +842,20 @@ def _plan(value: Any) -> Callable[[Any], Any] | None:
     if kind in _SCALARS:
         return None
     if kind is dict:
-        if all(type(item) in _SCALARS for item in value.values()):
-            return dict.copy
-        return _fresh
+        steps = tuple(
+            (key, make) for key, item in value.items() if (make := _plan(item)) is not None
+        )
+        return functools.partial(_copy_dict, steps) if steps else dict.copy
     if kind is list:
         plans = tuple(_plan(item) for item in value)
         if not any(plans):
             return list.copy
-        return functools.partial(_copy_list, plans=plans)
+        return functools.partial(_copy_list, plans)
     if kind is tuple:
         plans = tuple(_plan(item) for item in value)
         if not any(plans):
             return None
-        return functools.partial(_copy_tuple, plans=plans)
+        return functools.partial(_copy_tuple, plans)
     if (
         not isinstance(value, StoreModel)
         or value.__pydantic_extra__ is not None
@@ -863,20 +871,31 @@ def _plan(value: Any) -> Callable[[Any], Any] | None:
     )
     if not steps and not kind._json_optional:
         return None  # nothing in it can change: shared, as detached() shares it
-    return functools.partial(_copy_model, steps=steps)
+    return functools.partial(_copy_model, steps)
 
 
-def _copy_list(value: list[Any], plans: tuple[Callable[[Any], Any] | None, ...]) -> Any:
+# The plans' steps come first: functools.partial passes them positionally
+# (a keyword would cost a dict per call).
+
+
+def _copy_dict(steps: tuple[tuple[str, Callable[[Any], Any]], ...], value: dict[str, Any]) -> Any:
+    copied = value.copy()
+    for key, make in steps:
+        copied[key] = make(copied[key])
+    return copied
+
+
+def _copy_list(plans: tuple[Callable[[Any], Any] | None, ...], value: list[Any]) -> Any:
     pairs = zip(value, plans, strict=True)
     return [item if make is None else make(item) for item, make in pairs]
 
 
-def _copy_tuple(value: tuple[Any, ...], plans: tuple[Callable[[Any], Any] | None, ...]) -> Any:
+def _copy_tuple(plans: tuple[Callable[[Any], Any] | None, ...], value: tuple[Any, ...]) -> Any:
     pairs = zip(value, plans, strict=True)
     return tuple(item if make is None else make(item) for item, make in pairs)
 
 
-def _copy_model(value: Any, steps: tuple[tuple[str, Callable[[Any], Any]], ...]) -> Any:
+def _copy_model(steps: tuple[tuple[str, Callable[[Any], Any]], ...], value: Any) -> Any:
     copied = value.__dict__.copy()
     for name, make in steps:
         copied[name] = make(copied[name])
@@ -1116,25 +1135,18 @@ class StoreModel(BaseModel):
         record's fields (see :func:`convert_validation_error`: stored opaque
         JSON is never quoted).
         """
-        record = stored_records.get(cls, text)
-        if record is None:
-            record = cls._validate_stored(text, _STORED_VALIDATORS.get(cls))
-            stored_records.add(cls, text, record)
-        return cast(Self, record)
+        return cls.model_validate_stored_many((text,))[0]
 
     @classmethod
-    def model_validate_stored_many(cls, texts: Iterable[str]) -> list[Self]:
+    def model_validate_stored_many(cls, texts: Sequence[str]) -> list[Self]:
         """:meth:`model_validate_stored` of each text (a page's records): the
         same results and errors, in one call."""
-        validator = _STORED_VALIDATORS.get(cls)
-        remembered, remember = stored_records.get, stored_records.add
-        records: list[Self] = []
-        for text in texts:
-            record = remembered(cls, text)
+        records: list[Any] = stored_records.get_many(cls, texts)
+        for i, record in enumerate(records):
             if record is None:
-                record = cls._validate_stored(text, validator)
-                remember(cls, text, record)
-            records.append(cast(Self, record))
+                text = texts[i]
+                records[i] = record = cls._validate_stored(text, _STORED_VALIDATORS.get(cls))
+                stored_records.add(cls, text, record)
         return records
 
     def keep_written(self, text: str) -> None:
@@ -1803,7 +1815,7 @@ _PLAIN_BSON_VALIDATORS: dict[type, SchemaValidator] = {
 }
 
 stored_records: StoredMemo[Any] = StoredMemo(
-    copy_planned, kept=planned, entries=4096, size=4 * 2**20
+    operator.call, kept=planned, entries=4096, size=4 * 2**20
 )
 """The records :meth:`StoreModel.model_validate_stored` validated more than once,
 and those a store has just written (:meth:`StoreModel.keep_written`), by model
