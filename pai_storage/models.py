@@ -59,7 +59,7 @@ import operator
 import re
 import types
 import typing
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import (
     Annotated,
@@ -1138,9 +1138,11 @@ class StoreModel(BaseModel):
         return cls.model_validate_stored_many((text,))[0]
 
     @classmethod
-    def model_validate_stored_many(cls, texts: Sequence[str]) -> list[Self]:
+    def model_validate_stored_many(cls, texts: Iterable[str]) -> list[Self]:
         """:meth:`model_validate_stored` of each text (a page's records): the
         same results and errors, in one call."""
+        if not isinstance(texts, list | tuple):
+            texts = list(texts)  # read twice: looked up, then validated where missing
         records: list[Any] = stored_records.get_many(cls, texts)
         for i, record in enumerate(records):
             if record is None:

@@ -19,6 +19,7 @@ deleted and re-created is rejected.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -183,7 +184,9 @@ def _list_cursor(position: Mapping[str, Any]) -> tuple[int, str]:
 
 
 class ChildPagePlan:
-    """A ``page`` selection of one child family.
+    """A ``page`` selection of one child family: a value, never changed once
+    made (:meth:`SelectionHelpers.plan_read` hands the same plan to the same
+    read made again; setting an attribute raises ``AttributeError``).
 
     Attributes
     ----------
@@ -192,6 +195,36 @@ class ChildPagePlan:
     view, statuses, run_id, after_id, before_id:
         The selection's filters (``None`` when not applicable).
     """
+
+    __slots__ = (
+        "_accepts",
+        "_codec",
+        "_cursor",
+        "_query",
+        "_scope_key",
+        "after_id",
+        "before_id",
+        "family",
+        "limit",
+        "order",
+        "run_id",
+        "statuses",
+        "view",
+    )
+
+    family: FamilyName
+    order: Order
+    limit: int
+    view: str | None
+    statuses: frozenset[str] | None
+    run_id: str | None
+    after_id: str | None
+    before_id: str | None
+    _codec: PageTokenCodec
+    _scope_key: str
+    _query: str
+    _accepts: Callable[[Any], bool] | None
+    _cursor: _ChildCursor | None
 
     def __init__(
         self,
@@ -203,25 +236,37 @@ class ChildPagePlan:
         limit: int,
         page_token: str | None,
     ) -> None:
-        self.family = family
-        self.order: Order = order
-        self.limit = limit
-        self.view: str | None = query.get("view")
-        self.statuses: frozenset[str] | None = (
-            frozenset(query["statuses"]) if query.get("statuses") is not None else None
-        )
-        self.run_id: str | None = query.get("runId")
-        self.after_id: str | None = query.get("after")
-        self.before_id: str | None = query.get("before")
-        self._codec = codec
-        self._scope_key = scope_key
-        self._query = query_digest(query)
-        self._accepts = _filter(family, self.view, self.statuses, self.run_id)
-        self._cursor = (
-            _ChildCursor.parse(codec.decode(page_token, family, scope_key, self._query))
+        view: str | None = query.get("view")
+        statuses = frozenset(query["statuses"]) if query.get("statuses") is not None else None
+        run_id: str | None = query.get("runId")
+        digest = query_digest(query)
+        cursor = (
+            _ChildCursor.parse(codec.decode(page_token, family, scope_key, digest))
             if page_token is not None
             else None
         )
+        for name, value in (
+            ("family", family),
+            ("order", order),
+            ("limit", limit),
+            ("view", view),
+            ("statuses", statuses),
+            ("run_id", run_id),
+            ("after_id", query.get("after")),
+            ("before_id", query.get("before")),
+            ("_codec", codec),
+            ("_scope_key", scope_key),
+            ("_query", digest),
+            ("_accepts", _filter(family, view, statuses, run_id)),
+            ("_cursor", cursor),
+        ):
+            object.__setattr__(self, name, value)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"a page plan is a value shared by reads: {name} cannot be set")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"a page plan is a value shared by reads: {name} cannot be deleted")
 
     @property
     def is_continuation(self) -> bool:
@@ -533,7 +578,7 @@ class ListPlan:
 
 
 _PLANS_KEPT = 1024
-"""How many read plans a :class:`SelectionHelpers` remembers."""
+"""How many read plans a :class:`SelectionHelpers` remembers (the latest)."""
 
 
 def _plan_key(request: ReadThreadInput) -> tuple[Any, ...] | None:
@@ -600,16 +645,17 @@ class SelectionHelpers:
         scope_digest: ScopeDigest = default_scope_digest,
     ) -> None:
         self.codec = PageTokenCodec(token_prefix, secret=secret, scope_digest=scope_digest)
-        self._plans: dict[tuple[Any, ...], ReadPlan] = {}
+        self._plans: OrderedDict[tuple[Any, ...], ReadPlan] = OrderedDict()
 
     def plan_read(self, request: ReadThreadInput) -> ReadPlan:
         """Validate a read's selections and decode their tokens.
 
         Plans are values, never changed once made: the plan of a read that
         decodes no token and names no ids is remembered by what it depends
-        on (:func:`_plan_key`), for the most recent such reads, and the same
-        read made again (an agent reads its thread's newest messages every
-        turn) gets the same plan object.
+        on (:func:`_plan_key`), that of the 1,024 such reads planned last
+        (the oldest goes first), and the same read made again (an agent
+        reads its thread's newest messages every turn) gets the same plan
+        object.
         """
         key = _plan_key(request)
         if key is None:
@@ -618,9 +664,12 @@ class SelectionHelpers:
         plan = plans.get(key)
         if plan is None:
             plan = self._plan_read(request)
-            if len(plans) >= _PLANS_KEPT:
-                plans.clear()  # atomic: safe when several threads plan
             plans[key] = plan
+            while len(plans) > _PLANS_KEPT:
+                try:
+                    plans.popitem(last=False)
+                except KeyError:  # another thread emptied it meanwhile
+                    break
         return plan
 
     def _plan_read(self, request: ReadThreadInput) -> ReadPlan:

@@ -10,7 +10,13 @@ from typing import Any
 
 import pytest
 
-from pai_storage import ThreadAggregate, ThreadReadResult, ThreadStorePageTokenError, selection
+from pai_storage import (
+    ThreadAggregate,
+    ThreadReadResult,
+    ThreadStorePageTokenError,
+    models,
+    selection,
+)
 from pai_storage import builders as b
 from pai_storage.backend import (
     AggregateSnapshot,
@@ -221,8 +227,8 @@ def _same_plan(one: Any, other: Any) -> bool:
     def attributes(plan: Any) -> dict[str, Any] | None:
         if plan is None:
             return None
-        found = {k: v for k, v in vars(plan).items() if k not in ("_codec", "_accepts")}
-        return found | {"filters": plan._accepts is not None}
+        names = [n for n in type(plan).__slots__ if n not in ("_codec", "_accepts")]
+        return {n: getattr(plan, n) for n in names} | {"filters": plan._accepts is not None}
 
     return all(
         attributes(getattr(one, family)) == attributes(getattr(other, family))
@@ -251,13 +257,48 @@ def _raw_page(token: str | None = None) -> dict[str, Any]:
     return {"type": "page", "view": "raw", "page": page}
 
 
-def test_remembered_plans_are_bounded() -> None:
+def test_remembered_plans_are_bounded_and_the_oldest_go_first() -> None:
     helpers = SelectionHelpers("pai-test")
-    for n in range(selection._PLANS_KEPT + 10):
+    first = [_plan(b.read("s", f"t{n}", messages=_raw_page()), helpers) for n in range(10)]
+    for n in range(10, selection._PLANS_KEPT + 5):
         _plan(b.read("s", f"t{n}", messages=_raw_page()), helpers)
         assert len(helpers._plans) <= selection._PLANS_KEPT
-    newest = b.read("s", f"t{selection._PLANS_KEPT + 9}", messages=_raw_page())
-    assert _plan(newest, helpers) is _plan(newest, helpers)
+    for n in (5, 9):  # kept: planned among the last 1,024
+        assert _plan(b.read("s", f"t{n}", messages=_raw_page()), helpers) is first[n]
+    assert _plan(b.read("s", "t0", messages=_raw_page()), helpers) is not first[0]
+
+
+def test_a_page_plan_cannot_be_changed() -> None:
+    plan = _plan(b.read("s", "t", messages=_raw_page())).messages
+    for name in ("limit", "view", "family", "_cursor", "anything"):
+        with pytest.raises(AttributeError, match="value shared by reads"):
+            setattr(plan, name, None)
+        with pytest.raises(AttributeError, match="value shared by reads"):
+            delattr(plan, name)
+    assert plan.limit == 2
+
+
+def test_plan_keys_know_every_field_of_a_read() -> None:
+    # _plan_key builds its key from the request's scope and thread, each
+    # selection's fields and its page's limit and token: a field added to one
+    # of these models must be added to the key (or this list) knowingly.
+    fields = {
+        models.ReadThreadInput: {"scope_key", "thread_id", "include"},
+        models.ReadInclude: {"messages", "runs", "queued_items"},
+        models.PageRequest: {"limit", "page_token"},
+        models.MessagePageSelection: {
+            "type",
+            "view",
+            "order",
+            "after_message_id",
+            "before_message_id",
+            "page",
+        },
+        models.RunPageSelection: {"type", "order", "statuses", "page"},
+        models.QueuedItemPageSelection: {"type", "order", "run_id", "page"},
+    }
+    for model, names in fields.items():
+        assert set(model.model_fields) == names, model.__name__
 
 
 def test_a_remembered_plan_reads_what_a_new_plan_reads() -> None:

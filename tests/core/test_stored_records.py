@@ -207,6 +207,14 @@ def test_invalid_stored_text_raises_every_time_and_is_never_kept(text: str) -> N
     assert len(stored_records) == 0
 
 
+def test_a_page_of_texts_may_come_from_any_iterable() -> None:
+    texts = [Message.model_validate(_message(messageId=f"m{i}")).to_json_text() for i in range(3)]
+    for _ in range(3):  # nothing kept, then offered, then kept
+        for source in (iter(texts), (t for t in texts), map(str, texts), tuple(texts)):
+            page = Message.model_validate_stored_many(source)
+            assert [m.message_id for m in page] == ["m0", "m1", "m2"]
+
+
 def test_a_page_mixes_kept_and_new_records_in_order() -> None:
     texts = [Message.model_validate(_message(messageId=f"m{i}")).to_json_text() for i in range(4)]
     Message.model_validate_stored_many(texts[:2])
