@@ -110,14 +110,13 @@ class StoredMemo(Generic[V]):
 
     def get(self, kind: Hashable, data: str | bytes) -> V | None:
         """A copy of the value built from ``data`` as ``kind``, or ``None``
-        (always for data that is not ``str`` or ``bytes``, or too long to keep)."""
-        if type(data) not in _KEYS or len(data) > self._largest:
-            return None
-        found = self._values.get((kind, data))
-        return None if found is None else self._copy(found)
+        (:meth:`get_many` of one data)."""
+        return self.get_many(kind, (data,))[0]
 
     def get_many(self, kind: Hashable, datas: Iterable[str | bytes]) -> list[V | None]:
-        """:meth:`get` of each of ``datas``, in one call (a page's records)."""
+        """For each of ``datas`` (a page's records), a copy of the value built
+        from it as ``kind``, or ``None`` (always for data that is not ``str``
+        or ``bytes``, or too long to keep)."""
         values, copy, largest = self._values, self._copy, self._largest
         found: list[V | None] = []
         for data in datas:

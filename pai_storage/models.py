@@ -828,11 +828,6 @@ def planned(value: Any) -> Callable[[], Any]:
     return functools.partial(_as_is if make is None else make, value)
 
 
-def copy_planned(kept: Callable[[], Any]) -> Any:
-    """A copy of the value :func:`planned` kept."""
-    return kept()
-
-
 def _as_is(value: Any) -> Any:
     return value
 
