@@ -138,8 +138,8 @@ def query_digest(query: Any) -> str:
 
 def _flat_items(value: Any) -> tuple[Any, ...] | None:
     """A hashable key of a ``dict`` with string keys whose values are strings,
-    integers, ``None`` or tuples of strings: equal keys encode to the same
-    canonical JSON (the value types are part of the key, since ``True == 1``).
+    integers, booleans, ``None`` or tuples of strings: equal keys encode to the
+    same canonical JSON (the value types are part of the key, since ``True == 1``).
     ``None`` for any other value."""
     if type(value) is not dict or not _STR.issuperset(map(type, value)):
         return None
@@ -153,7 +153,7 @@ def _flat_items(value: Any) -> tuple[Any, ...] | None:
     return (*value.items(), kinds)
 
 
-_FLAT = frozenset({str, int, type(None), tuple})
+_FLAT = frozenset({str, int, bool, type(None), tuple})
 _STR = frozenset({str})
 
 
@@ -199,7 +199,7 @@ def _hmac_states(key: bytes, sha256: Callable[[bytes], Any] = _sha256) -> tuple[
     return sha256(key.translate(_IPAD)), sha256(key.translate(_OPAD))
 
 
-def _parse(payload: bytes) -> dict[str, Any] | None:
+def _parse(payload: str | bytes) -> dict[str, Any] | None:
     """A token's JSON payload, or ``None`` when it is not a JSON object."""
     try:
         found = json.loads(payload)
@@ -263,7 +263,8 @@ class PageTokenCodec:
         self._head = f"{prefix}.".encode()
         self._inner, self._outer = _hmac_states(key)
         self._inner.update(self._head)  # every MAC starts with it
-        self._minted: dict[str, str] = {}
+        self._minted: dict[str, str] = {}  # payload -> token
+        self._known: dict[str, str | bytes] = {}  # token minted or verified -> payload
 
     def _mac(self, payload: bytes) -> bytes:
         # HMAC-SHA256 of prefix, dot and payload (hmac.digest gives the same bytes),
@@ -282,7 +283,10 @@ class PageTokenCodec:
 
         Tokens are deterministic (a token is a function of its payload text),
         and the most recent ones are remembered by that text: a page read
-        again unchanged does not compute its token's MAC again.
+        again unchanged does not compute its token's MAC again. They are
+        also remembered by the token: :meth:`decode` of a token this codec
+        has just minted (the next page of a listing) checks it without
+        decoding or hashing it.
         """
         head, tail = _payload_frame(kind, self.scope_digest(scope_key), query)
         payload = f"{head}{_encode_position(position)}{tail}"
@@ -290,10 +294,18 @@ class PageTokenCodec:
         if token is None:
             data = payload.encode()
             token = _b64(self._head + data + self._mac(data))
-            if len(self._minted) >= _MINTED_KEPT:
-                self._minted.clear()  # atomic: safe when several threads mint
+            self._remember(token, payload)
             self._minted[payload] = token
         return token
+
+    def _remember(self, token: str, payload: str | bytes) -> None:
+        """Remember ``token`` as authentic, with its payload (bounded: both
+        memories start over when either is full)."""
+        if len(self._known) >= _MINTED_KEPT or len(self._minted) >= _MINTED_KEPT:
+            # Atomic clears: safe when several threads mint and decode.
+            self._minted.clear()
+            self._known.clear()
+        self._known[token] = payload
 
     def payload(self, token: str) -> dict[str, Any]:
         """The JSON payload of a token of this codec's prefix, *not* verified.
@@ -334,10 +346,16 @@ class PageTokenCodec:
         Raises :class:`ThreadStorePageTokenError` for anything but a token this
         codec minted for exactly this kind, scope and query. The position's
         fields are the caller's to validate.
+
+        A token this codec minted or verified recently is known by its text:
+        only its payload is parsed and checked again (no base64, no MAC).
         """
-        body, mac = self._split(token)
-        if not hmac.compare_digest(mac, self._mac(body)):
-            raise ThreadStorePageTokenError("page token failed its integrity check (tampered)")
+        body = self._known.get(token) if type(token) is str else None
+        if body is None:
+            body, mac = self._split(token)
+            if not hmac.compare_digest(mac, self._mac(body)):
+                raise ThreadStorePageTokenError("page token failed its integrity check (tampered)")
+            self._remember(token, body)
         payload = _parse(body)
         if payload is None or payload.get("v") != 1:
             raise ThreadStorePageTokenError("page token has an unknown format version")

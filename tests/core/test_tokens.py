@@ -681,3 +681,71 @@ def test_macs_use_cpythons_own_sha256_where_there_is_one() -> None:
     except ImportError:  # a build without it
         own = hashlib.sha256
     assert tokens._sha256 is own
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    kind=st.sampled_from(["messages", "runs", "queuedItems", "threads"]),
+    scope=s.ids,
+    query=st.text(max_size=20),
+    position=s.json_objects,
+)
+def test_a_known_token_decodes_as_a_new_codec_decodes_it(
+    kind: str, scope: str, query: str, position: dict[str, Any]
+) -> None:
+    minter = PageTokenCodec("pai-test", secret=b"k")
+    token = minter.encode(kind, scope, query, position)
+    fresh = PageTokenCodec("pai-test", secret=b"k")
+    assert fresh.decode(token, kind, scope, query) == position  # base64, MAC, JSON
+    assert fresh.decode(token, kind, scope, query) == position  # now known
+    assert minter.decode(token, kind, scope, query) == position  # known since minted
+
+
+def test_a_known_token_skips_the_mac_but_not_the_checks(monkeypatch: pytest.MonkeyPatch) -> None:
+    codec = PageTokenCodec("pai-test")
+    query = query_digest({"q": 1})
+    minted = codec.encode("messages", "scope", query, {"c": 3})
+    verified = PageTokenCodec("pai-test").encode("messages", "scope", query, {"c": 4})
+    assert codec.decode(verified, "messages", "scope", query) == {"c": 4}
+
+    def no_mac(payload: bytes) -> bytes:
+        raise AssertionError("a known token is not hashed again")
+
+    monkeypatch.setattr(codec, "_mac", no_mac)
+    for token, position in ((minted, {"c": 3}), (verified, {"c": 4})):
+        assert codec.decode(token, "messages", "scope", query) == position
+        # A decoded position is the caller's: changing it changes no later decode.
+        codec.decode(token, "messages", "scope", query)["c"] = 99
+        assert codec.decode(token, "messages", "scope", query) == position
+        with pytest.raises(ThreadStorePageTokenError, match="another scope"):
+            codec.decode(token, "messages", "other scope", query)
+        with pytest.raises(ThreadStorePageTokenError, match="another query"):
+            codec.decode(token, "messages", "scope", query_digest({"q": 2}))
+        with pytest.raises(ThreadStorePageTokenError, match="belongs to a messages page"):
+            codec.decode(token, "runs", "scope", query)
+    # Anything else still takes the whole check.
+    with pytest.raises(AssertionError, match="not hashed again"):
+        codec.decode(minted[:-1] + _flip(minted[-1]), "messages", "scope", query)
+
+
+def test_tampered_tokens_are_never_known() -> None:
+    codec = PageTokenCodec("pai-test")
+    query = query_digest({"q": 1})
+    token = codec.encode("messages", "scope", query, {"c": 3})
+    tampered = token[:-1] + _flip(token[-1])
+    for _ in range(2):
+        with pytest.raises(ThreadStorePageTokenError, match="tampered|malformed"):
+            codec.decode(tampered, "messages", "scope", query)
+    for hostile in (None, 3, ["x"], {"t": 1}, b"token", ""):
+        with pytest.raises(ThreadStorePageTokenError):
+            codec.decode(hostile, "messages", "scope", query)  # type: ignore[arg-type]
+
+
+def test_known_tokens_are_bounded_and_still_decode_once_forgotten() -> None:
+    codec = PageTokenCodec("pai-test", secret=b"k")
+    minted = [codec.encode("messages", "s", "q", {"c": i}) for i in range(3 * tokens._MINTED_KEPT)]
+    assert len(codec._known) <= tokens._MINTED_KEPT
+    assert len(codec._minted) <= tokens._MINTED_KEPT
+    for i, token in enumerate(minted):
+        assert codec.decode(token, "messages", "s", "q") == {"c": i}
+        assert len(codec._known) <= tokens._MINTED_KEPT
