@@ -10,12 +10,14 @@ them; so may any backend of the same shape.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .errors import ThreadStoreInvariantError
-from .models import StoreModel
+from .events import StoreWarning
+from .models import StoreModel, ThreadRecord
+from .selection import timestamp_ms
 
 if TYPE_CHECKING:
     from .families import FamilySpec
@@ -26,6 +28,7 @@ __all__ = [
     "dump_written",
     "enc",
     "enc_opt",
+    "listed_roots",
     "page_records",
     "parse",
     "run_ref_fields",
@@ -89,6 +92,54 @@ def page_records(spec: FamilySpec, rows: Sequence[Any]) -> list[tuple[int, Any]]
     ):
         raise ThreadStoreInvariantError(f"stored {spec.noun} record does not match its id column")
     return list(zip(map(int, positions), records, strict=True))
+
+
+def listed_roots(
+    scope_key: str, rows: Iterable[tuple[int, bytes, str]]
+) -> list[ThreadRecord | StoreWarning]:
+    """The roots of a list page's ``(sort key, thread id column, doc)`` rows of
+    ``scope_key``, in row order: each the validated root, or the warning that
+    skips it (its text is not a valid root, or the root is not its row's:
+    another scope, thread id or order key).
+
+    The page's roots are validated in one call (most are remembered,
+    :data:`~pai_storage.models.stored_records`); only when one of them is
+    invalid is each validated alone, to tell which.
+    """
+    rows = list(rows)
+    try:
+        roots: list[ThreadRecord | None] = list(
+            ThreadRecord.model_validate_stored_many([doc for _, _, doc in rows])
+        )
+    except ThreadStoreInvariantError:
+        roots = [None] * len(rows)
+    listed: list[ThreadRecord | StoreWarning] = []
+    for (sort_key, thread_id, doc), root in zip(rows, roots, strict=True):
+        try:
+            if root is None:
+                root = ThreadRecord.model_validate_stored(doc)
+            if (
+                root.scope_key != scope_key
+                or root.thread_id.encode() != thread_id
+                or -timestamp_ms(root.updated_at) != sort_key
+            ):
+                raise ThreadStoreInvariantError("stored identity or order key does not match")
+            listed.append(root)
+        except ThreadStoreInvariantError as exc:
+            try:
+                tid: str | None = dec(thread_id)
+            except UnicodeDecodeError:
+                tid = None
+            reason = str(exc).split(":", 1)[0][:200]
+            listed.append(
+                StoreWarning(
+                    kind="invalid_thread_skipped",
+                    reason=f"stored thread root failed validation ({reason})",
+                    scope_key=scope_key,
+                    thread_id=tid,
+                )
+            )
+    return listed
 
 
 def run_ref_fields(doc: str) -> tuple[str, bool, str | None, tuple[str, ...]]:

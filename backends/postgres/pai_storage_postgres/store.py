@@ -85,6 +85,7 @@ from pai_storage.rows import (
     dump_written,
     enc,
     enc_opt,
+    listed_roots,
     page_records,
     parse,
     run_ref_fields,
@@ -421,30 +422,17 @@ class PostgresThreadStore(ThreadStore):
             rows = await conn.fetch(sql, *args)
             if vis != "visible":  # two ordered branches: merge them
                 rows = sorted(rows, key=_list_order)[: plan.fetch]
-            last: tuple[int, bytes] | None = None
-            for row in rows:
-                sort_key, thread_id = row["sort_key"], row["thread_id"]
-                last = (sort_key, thread_id)
-                record = _list_record(plan.scope_key, sort_key, thread_id, row["doc"])
-                if isinstance(record, ThreadRecord):
-                    if not plan.matches(record):
-                        continue
-                    found.append(record)
+            for root in listed_roots(plan.scope_key, rows):
+                if isinstance(root, StoreWarning):
+                    await self.warn(root)
+                elif plan.matches(root):
+                    found.append(root)
                     if len(found) == plan.fetch:
                         return plan.finish(found)
-                    continue
-                await self.warn(
-                    StoreWarning(
-                        kind="invalid_thread_skipped",
-                        reason=f"stored thread root failed validation ({record[1]})",
-                        scope_key=plan.scope_key,
-                        thread_id=record[0],
-                    )
-                )
-            if len(rows) < plan.fetch or last is None:
+            if len(rows) < plan.fetch or not rows:
                 return plan.finish(found)
             # Some rows were skipped as invalid: continue after the last one seen.
-            cursor = last
+            cursor = (rows[-1][0], rows[-1][1])
 
     # ------------------------------------------------------------ commits
 
@@ -925,27 +913,6 @@ def _one_statement(plan: ChildPagePlan) -> bool:
 
 def _list_order(row: Any) -> tuple[int, bytes]:
     return (row["sort_key"], row["thread_id"])
-
-
-def _list_record(
-    scope_key: str, sort_key: int, thread_id: bytes, doc: str
-) -> ThreadRecord | tuple[str | None, str]:
-    """The root of a list row, or ``(thread id, reason)`` when it is invalid."""
-    try:
-        record = ThreadRecord.model_validate_stored(doc)
-        if (
-            record.scope_key == scope_key
-            and record.thread_id.encode() == thread_id
-            and -timestamp_ms(record.updated_at) == sort_key
-        ):
-            return record
-        raise ThreadStoreInvariantError("stored identity or order key does not match")
-    except ThreadStoreInvariantError as exc:
-        try:
-            tid: str | None = dec(thread_id)
-        except UnicodeDecodeError:
-            tid = None
-        return tid, str(exc).split(":", 1)[0][:200]
 
 
 @functools.lru_cache(maxsize=64)

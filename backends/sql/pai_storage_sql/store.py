@@ -90,7 +90,15 @@ from pai_storage.backend import (
     run_read,
     timestamp_ms,
 )
-from pai_storage.rows import dec, dump_written, enc, page_records, parse, run_ref_fields
+from pai_storage.rows import (
+    dec,
+    dump_written,
+    enc,
+    listed_roots,
+    page_records,
+    parse,
+    run_ref_fields,
+)
 
 from .client import Operation, SqlClient, Statement, is_unique_violation
 from .schema import ORDER_BYTES, SCHEMA_VERSION, Tables, digest
@@ -371,44 +379,17 @@ class SqlThreadStore(ThreadStore):
                         (s, tid, unique[(s, tid)])
                         for s, tid in sorted(k for k in unique if cursor is None or k > cursor)
                     ][: plan.fetch]
-                for sort_key, thread_id, doc in keyed:
-                    record = self._list_record(plan.scope_key, sort_key, thread_id, doc)
-                    if isinstance(record, StoreWarning):
-                        await self.warn(record)
-                    elif plan.matches(record):
-                        found.append(record)
+                for root in listed_roots(plan.scope_key, keyed):
+                    if isinstance(root, StoreWarning):
+                        await self.warn(root)
+                    elif plan.matches(root):
+                        found.append(root)
                         if len(found) == plan.fetch:
                             return plan.finish(found)
                 if len(keyed) < plan.fetch:
                     return plan.finish(found)
                 # Some rows were skipped as invalid: continue after the last one seen.
                 cursor = (keyed[-1][0], keyed[-1][1])
-
-    def _list_record(
-        self, scope_key: str, sort_key: int, thread_id: bytes, doc: str
-    ) -> ThreadRecord | StoreWarning:
-        """The listed root, or the warning that skips it (not valid, or not its row's)."""
-        try:
-            tid: str | None = dec(thread_id)
-        except UnicodeDecodeError:
-            tid = None
-        try:
-            record = parse(ThreadRecord, doc)
-            if (
-                record.scope_key != scope_key
-                or record.thread_id != tid
-                or -timestamp_ms(record.updated_at) != sort_key
-            ):
-                raise ThreadStoreInvariantError("stored identity or order key does not match")
-        except ThreadStoreInvariantError as exc:
-            reason = str(exc).split(":", 1)[0][:200]
-            return StoreWarning(
-                kind="invalid_thread_skipped",
-                reason=f"stored thread root failed validation ({reason})",
-                scope_key=scope_key,
-                thread_id=tid,
-            )
-        return record
 
     # ------------------------------------------------------------ lifecycle
 
