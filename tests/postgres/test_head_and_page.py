@@ -15,6 +15,7 @@ import asyncpg  # type: ignore[import-untyped]
 import pytest
 import pytest_asyncio
 from pai_storage_postgres import PostgresThreadStore
+from pai_storage_postgres import store as pg_store
 from pai_storage_postgres.store import SESSION_SETTINGS, _PgSnapshot
 
 from pai_storage import (
@@ -229,3 +230,35 @@ async def test_continuation_of_an_earlier_incarnation_is_refused(
         await store.read_thread(request)
     with pytest.raises(ThreadStorePageTokenError):
         await _two_step(store, conn, request)
+
+
+async def test_a_one_statement_read_gives_its_connection_back_before_validating(
+    pg_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rows of a one-statement read are validated (and kept records copied)
+    after its connection is back in the pool; a read in a transaction holds
+    its connection throughout."""
+    async with PostgresThreadStore(URL, schema=pg_schema, max_pool_size=1) as s:
+        await _fill(s)
+        pool = s._pool
+        idle: list[tuple[str, int]] = []
+
+        def page_records(spec: FamilySpec, rows: Sequence[Any]) -> list[tuple[int, Any]]:
+            idle.append(("page", pool.get_idle_size()))
+            return original_page(spec, rows)
+
+        def parse_root(self: _PgSnapshot, doc: str) -> ThreadRecord:
+            idle.append(("root", pool.get_idle_size()))
+            return original_root(self, doc)
+
+        original_page, original_root = pg_store.page_records, _PgSnapshot._parse_root
+        monkeypatch.setattr(pg_store, "page_records", page_records)
+        monkeypatch.setattr(_PgSnapshot, "_parse_root", parse_root)
+        for family, selection in SELECTIONS:
+            idle.clear()
+            await s.read_thread(_read("t1", family, selection, None))
+            held = len(selection.get("statuses", ())) > 1  # root, then page: a transaction
+            assert idle == [("root", 1 - held), ("page", 1 - held)], (family, selection)
+        idle.clear()
+        assert (await s.read_thread(b.read(SCOPE, "t1"))).thread is not None  # the root alone
+        assert idle == [("root", 1)]

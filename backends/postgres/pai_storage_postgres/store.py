@@ -309,13 +309,18 @@ class PostgresThreadStore(ThreadStore):
             if single is not None
             else all(getattr(plan, spec.attr) is None for spec in FAMILIES)
         )
+        if one_statement:
+            # The root alone, or the root and one page (head_and_page): one
+            # statement is its own snapshot, no transaction needed, and its
+            # connection goes back to the pool before its rows are validated.
+            statement = _StatementSnapshot(
+                self._connection, self._layout, request.scope_key, request.thread_id
+            )
+            with self._errors("read"):
+                return await run_read(statement, plan, clock_now=self.now())
         async with self._connection() as conn:
             with self._errors("read"):
                 snapshot = _PgSnapshot(conn, self._layout, request.scope_key, request.thread_id)
-                if one_statement:
-                    # The root alone, or the root and one page (head_and_page):
-                    # one statement is its own snapshot, no transaction needed.
-                    return await run_read(snapshot, plan, clock_now=self.now())
                 async with conn.transaction(isolation="repeatable_read", readonly=True):
                     return await run_read(snapshot, plan, clock_now=self.now())
 
@@ -818,10 +823,13 @@ class _PgSnapshot(_ThreadRows, ReadSnapshot):
     """The read primitives; the caller runs them in one ``REPEATABLE READ`` snapshot
     (except :meth:`head_and_page`, one statement and so its own snapshot)."""
 
+    async def _fetch(self, sql: str, *args: Any) -> list[Any]:
+        """The rows of one statement, on the snapshot's connection."""
+        rows: list[Any] = await self._conn.fetch(sql, *args)
+        return rows
+
     async def head(self) -> ReadHead:
-        row = await self._conn.fetchrow(
-            head_statement(self._tables.threads), self._scope, self._thread
-        )
+        (row,) = await self._fetch(head_statement(self._tables.threads), self._scope, self._thread)
         if row["doc"] is None:
             return ReadHead(row["now"], None)
         return ReadHead(row["now"], self._parse_root(row["doc"]), self._positions(row))
@@ -887,7 +895,7 @@ class _PgSnapshot(_ThreadRows, ReadSnapshot):
         page: list[tuple[int, str, bytes]] = []
         # Columns by index (see head_page_statement): now, doc, the three
         # counters, position and record id (NULL on the root row).
-        for row in await self._conn.fetch(sql, *args):
+        for row in await self._fetch(sql, *args):
             if row[5] is None:
                 head = row
             else:
@@ -901,6 +909,31 @@ class _PgSnapshot(_ThreadRows, ReadSnapshot):
         # (the rows come in order, so this is one linear pass).
         page.sort(reverse=window.order == "newest")  # positions are unique
         return ReadHead(head[0], root, self._positions(head)), page_records(spec, page)
+
+
+class _StatementSnapshot(_PgSnapshot):
+    """The snapshot of a read that is one statement (:meth:`head`, or
+    :meth:`head_and_page` of a plan :func:`_one_statement` accepts), its own
+    snapshot: the statement takes a pooled connection and gives it back as
+    soon as its rows are in, before they are validated and copied, so the
+    connection serves the next operation sooner. The other primitives have no
+    connection: a read of more than one statement runs on :class:`_PgSnapshot`
+    in a transaction."""
+
+    def __init__(
+        self,
+        lease: Callable[[], contextlib.AbstractAsyncContextManager[asyncpg.Connection]],
+        layout: _Layout,
+        scope_key: str,
+        thread_id: str,
+    ) -> None:
+        super().__init__(None, layout, scope_key, thread_id)
+        self._lease = lease
+
+    async def _fetch(self, sql: str, *args: Any) -> list[Any]:
+        async with self._lease() as conn:
+            rows: list[Any] = await conn.fetch(sql, *args)
+        return rows
 
 
 def _one_statement(plan: ChildPagePlan) -> bool:
