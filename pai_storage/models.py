@@ -285,11 +285,31 @@ def truncate_ms(moment: datetime) -> datetime:
 
 
 def format_timestamp(moment: datetime) -> str:
-    """The JSON form of a timestamp: ``2026-01-02T03:04:05.678Z``."""
+    """The JSON form of a timestamp: ``2026-01-02T03:04:05.678Z``.
+
+    The texts of the most recent datetimes in UTC are remembered (formatting
+    costs about a microsecond; a commit writes its one time into several
+    records, and a root's creation time again on every commit).
+    """
+    kept = type(moment) is datetime and moment.tzinfo is UTC
+    if kept:
+        text = _FORMATTED.get(moment)
+        if text is not None:
+            return text
+    truncated = moment
     if moment.tzinfo is not UTC or moment.microsecond % 1000:
-        moment = truncate_ms(moment)
+        truncated = truncate_ms(moment)
     # isoformat pads the year to four digits and ends in "+00:00" in UTC.
-    return datetime.isoformat(moment, timespec="milliseconds")[:-6] + "Z"
+    text = datetime.isoformat(truncated, timespec="milliseconds")[:-6] + "Z"
+    if kept:
+        if len(_FORMATTED) >= _TIMESTAMPS_KEPT:
+            _FORMATTED.clear()  # atomic: safe when several threads format
+        _FORMATTED[moment] = text
+    return text
+
+
+_FORMATTED: dict[datetime, str] = {}
+"""Texts of datetimes in UTC (equal ones, the same instant, have the same text)."""
 
 
 Id = Annotated[StrictStr, AfterValidator(_check_id)]
@@ -587,8 +607,9 @@ def _plain_bson_schema(node: Any) -> Any:
     return {key: _plain_bson_schema(value) for key, value in node.items()}
 
 
-def _is_none(value: Any) -> bool:
-    return value is None
+_is_none = functools.partial(operator.is_, None)
+"""Whether a value is ``None``: a C call, which pydantic-core makes for each
+optional field it serializes (a Python function would cost a frame each)."""
 
 
 def _json_form_schema(node: Any) -> Any:

@@ -58,7 +58,7 @@ def _coerce(model: type[M], value: M | Mapping[str, Any]) -> M:
     # (StoreModel's revalidate_instances="always"): its dicts and lists are the
     # caller's to change after validation, and pydantic's model_copy(update=...)
     # skips validation. The store then holds its own copy either way.
-    if isinstance(value, model | Mapping):
+    if type(value) is dict or isinstance(value, model | Mapping):  # dict: no ABC check
         return model.model_validate(value)
     raise ThreadStoreInvariantError(
         f"expected a {model.__name__} or its JSON form, not {type(value).__name__}"

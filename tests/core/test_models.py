@@ -31,6 +31,7 @@ from pai_storage import (
     ToolCallPart,
     TruncateChange,
     format_timestamp,
+    models,
 )
 from pai_storage import builders as b
 from pai_storage.strict_json import MAX_JSON_DEPTH
@@ -557,6 +558,22 @@ def test_timestamp_json_form_of_any_offset_and_datetime_type(
         f"{utc.second:02d}.{utc.microsecond // 1000:03d}Z"
     )
     assert format_timestamp(moment) == expected
+    assert format_timestamp(moment) == expected  # remembered when in UTC
+    assert format_timestamp(moment.astimezone(UTC)) == expected
+
+
+def test_remembered_timestamp_texts_are_the_texts_formatted_afresh() -> None:
+    start = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    moments = [start + timedelta(microseconds=997 * i) for i in range(3 * 8192)]
+    texts = [format_timestamp(m) for m in moments]  # past the memory's bound
+    assert len(models._FORMATTED) <= 8192
+    for moment, text in zip(moments, texts, strict=True):
+        assert format_timestamp(moment) == text
+        assert text == format_timestamp(_Clock.combine(moment.date(), moment.timetz()))
+        shifted = moment.astimezone(timezone(timedelta(hours=5)))  # equal to moment
+        assert format_timestamp(shifted) == text
+        utc = moment.replace(microsecond=moment.microsecond // 1000 * 1000)
+        assert text == datetime.isoformat(utc, timespec="milliseconds")[:-6] + "Z"
 
 
 # ---------------------------------------------------------------- immutability
