@@ -68,8 +68,25 @@ R = TypeVar("R", Message, RunRecord, QueuedItem)
 
 
 def timestamp_ms(moment: datetime) -> int:
-    """Milliseconds since the Unix epoch (the list cursor's time key)."""
-    return round(moment.timestamp() * 1000)
+    """Milliseconds since the Unix epoch (the list cursor's time key).
+
+    Remembered for the most recent datetimes in UTC: a list page checks the
+    key of each root it lists (most of them kept records, whose timestamps
+    are the same objects read after read).
+    """
+    if type(moment) is not datetime or moment.tzinfo is not UTC:
+        return round(moment.timestamp() * 1000)
+    found = _MILLISECONDS.get(moment)
+    if found is None:
+        found = round(moment.timestamp() * 1000)
+        if len(_MILLISECONDS) >= _MILLISECONDS_KEPT:
+            _MILLISECONDS.clear()  # atomic: safe when several threads list
+        _MILLISECONDS[moment] = found
+    return found
+
+
+_MILLISECONDS: dict[datetime, int] = {}
+_MILLISECONDS_KEPT = 8192
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,8 +32,10 @@ from pai_storage import (
     TruncateChange,
     format_timestamp,
     models,
+    selection,
 )
 from pai_storage import builders as b
+from pai_storage.selection import timestamp_ms
 from pai_storage.strict_json import MAX_JSON_DEPTH
 
 from . import strategies as s
@@ -560,6 +562,18 @@ def test_timestamp_json_form_of_any_offset_and_datetime_type(
     assert format_timestamp(moment) == expected
     assert format_timestamp(moment) == expected  # remembered when in UTC
     assert format_timestamp(moment.astimezone(UTC)) == expected
+
+
+def test_remembered_millisecond_keys_are_the_keys_computed_afresh() -> None:
+    start = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    moments = [start + timedelta(microseconds=997 * i) for i in range(3 * 8192)]
+    keys = [timestamp_ms(m) for m in moments]  # past the memory's bound
+    assert len(selection._MILLISECONDS) <= 8192
+    for moment, key in zip(moments, keys, strict=True):
+        assert key == round(moment.timestamp() * 1000)
+        assert timestamp_ms(moment) == key
+        assert timestamp_ms(moment.astimezone(timezone(timedelta(hours=-7)))) == key
+        assert timestamp_ms(_Clock.combine(moment.date(), moment.timetz())) == key
 
 
 def test_remembered_timestamp_texts_are_the_texts_formatted_afresh() -> None:
