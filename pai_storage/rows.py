@@ -10,13 +10,13 @@ them; so may any backend of the same shape.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterator, Sequence
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .errors import ThreadStoreInvariantError
 from .events import StoreWarning
-from .models import StoreModel, ThreadRecord
+from .models import StoreModel, ThreadRecord, stored_records
 from .selection import timestamp_ms
 
 if TYPE_CHECKING:
@@ -95,26 +95,19 @@ def page_records(spec: FamilySpec, rows: Sequence[Any]) -> list[tuple[int, Any]]
 
 
 def listed_roots(
-    scope_key: str, rows: Iterable[tuple[int, bytes, str]]
-) -> list[ThreadRecord | StoreWarning]:
+    scope_key: str, rows: Sequence[tuple[int, bytes, str]]
+) -> Iterator[ThreadRecord | StoreWarning]:
     """The roots of a list page's ``(sort key, thread id column, doc)`` rows of
     ``scope_key``, in row order: each the validated root, or the warning that
     skips it (its text is not a valid root, or the root is not its row's:
     another scope, thread id or order key).
 
-    The page's roots are validated in one call (most are remembered,
-    :data:`~pai_storage.models.stored_records`); only when one of them is
-    invalid is each validated alone, to tell which.
+    The page's remembered roots (:data:`~pai_storage.models.stored_records`)
+    are looked up in one call; the others are validated one at a time, as the
+    caller takes them.
     """
-    rows = list(rows)
-    try:
-        roots: list[ThreadRecord | None] = list(
-            ThreadRecord.model_validate_stored_many([doc for _, _, doc in rows])
-        )
-    except ThreadStoreInvariantError:
-        roots = [None] * len(rows)
-    listed: list[ThreadRecord | StoreWarning] = []
-    for (sort_key, thread_id, doc), root in zip(rows, roots, strict=True):
+    kept = stored_records.get_many(ThreadRecord, [doc for _, _, doc in rows])
+    for (sort_key, thread_id, doc), root in zip(rows, kept, strict=True):
         try:
             if root is None:
                 root = ThreadRecord.model_validate_stored(doc)
@@ -124,22 +117,20 @@ def listed_roots(
                 or -timestamp_ms(root.updated_at) != sort_key
             ):
                 raise ThreadStoreInvariantError("stored identity or order key does not match")
-            listed.append(root)
         except ThreadStoreInvariantError as exc:
             try:
                 tid: str | None = dec(thread_id)
             except UnicodeDecodeError:
                 tid = None
             reason = str(exc).split(":", 1)[0][:200]
-            listed.append(
-                StoreWarning(
-                    kind="invalid_thread_skipped",
-                    reason=f"stored thread root failed validation ({reason})",
-                    scope_key=scope_key,
-                    thread_id=tid,
-                )
+            yield StoreWarning(
+                kind="invalid_thread_skipped",
+                reason=f"stored thread root failed validation ({reason})",
+                scope_key=scope_key,
+                thread_id=tid,
             )
-    return listed
+            continue
+        yield root
 
 
 def run_ref_fields(doc: str) -> tuple[str, bool, str | None, tuple[str, ...]]:

@@ -209,7 +209,10 @@ def _parse(payload: str | bytes) -> dict[str, Any] | None:
 
 
 _MINTED_KEPT = 1024
-"""How many recently minted tokens a codec remembers."""
+"""How many recently minted (and verified) tokens a codec remembers."""
+_KNOWN_LENGTH = 1024
+"""The longest token a codec remembers having verified (its own tokens are
+shorter unless a thread id is long): a caller's tokens cost bounded memory."""
 _SHA256_BLOCK = 64
 _MAC_BYTES = 16
 _IPAD = bytes(b ^ 0x36 for b in range(256))
@@ -285,8 +288,8 @@ class PageTokenCodec:
         and the most recent ones are remembered by that text: a page read
         again unchanged does not compute its token's MAC again. They are
         also remembered by the token: :meth:`decode` of a token this codec
-        has just minted (the next page of a listing) checks it without
-        decoding or hashing it.
+        has just minted (the next page of a listing) parses and checks its
+        payload without base64 or MAC.
         """
         head, tail = _payload_frame(kind, self.scope_digest(scope_key), query)
         payload = f"{head}{_encode_position(position)}{tail}"
@@ -347,15 +350,24 @@ class PageTokenCodec:
         codec minted for exactly this kind, scope and query. The position's
         fields are the caller's to validate.
 
-        A token this codec minted or verified recently is known by its text:
-        only its payload is parsed and checked again (no base64, no MAC).
+        A token this codec minted, or verified and accepted, recently is known
+        by its text: only its payload is parsed and checked again (no base64,
+        no MAC).
         """
         body = self._known.get(token) if type(token) is str else None
+        known = body is not None
         if body is None:
             body, mac = self._split(token)
             if not hmac.compare_digest(mac, self._mac(body)):
                 raise ThreadStorePageTokenError("page token failed its integrity check (tampered)")
+        position = self._position(body, kind, scope_key, query)
+        if not known and len(token) <= _KNOWN_LENGTH:
             self._remember(token, body)
+        return position
+
+    def _position(self, body: str | bytes, kind: str, scope_key: str, query: str) -> dict[str, Any]:
+        """The position in a verified token's payload, once it is checked to be
+        of this kind, scope and query."""
         payload = _parse(body)
         if payload is None or payload.get("v") != 1:
             raise ThreadStorePageTokenError("page token has an unknown format version")

@@ -62,11 +62,11 @@ def test_valid_rows_give_their_roots_in_row_order(times: int) -> None:
     roots = [_root(f"t{i}", ms=i) for i in range(5)]
     rows = [_row(r) for r in roots]
     for _ in range(times):
-        listed = listed_roots("s", iter(rows))
+        listed = list(listed_roots("s", rows))
         assert listed == roots
         listed[0].metadata["k"].append(2)  # a copy: nothing later changes
-    assert listed_roots("s", rows) == roots
-    assert listed_roots("s", []) == []
+    assert list(listed_roots("s", rows)) == roots
+    assert list(listed_roots("s", [])) == []
 
 
 def _bad_rows() -> list[tuple[tuple[int, bytes, str], StoreWarning]]:
@@ -94,7 +94,25 @@ def test_a_bad_row_is_skipped_with_a_warning_and_the_others_kept(case: int, time
     roots = [_root(f"t{i}", ms=i) for i in range(3)]
     rows = [_row(roots[0]), row, _row(roots[1]), _row(roots[2])]
     for _ in range(times):
-        listed = listed_roots("s", rows)
+        listed = list(listed_roots("s", rows))
         assert listed[0] == roots[0]
         assert listed[2:] == roots[1:]
         assert listed[1] == warning  # the reason names no stored contents
+
+
+def test_roots_are_kept_as_any_read_keeps_them() -> None:
+    # Read twice before they are kept, whether or not a bad row is beside them;
+    # the bad row is never kept.
+    roots = [_root(f"t{i}", ms=i) for i in range(3)]
+    rows = [*map(_row, roots), _bad_rows()[0][0]]
+    list(listed_roots("s", rows))
+    assert len(stored_records) == 0
+    list(listed_roots("s", rows))
+    assert len(stored_records) == 3
+
+
+def test_roots_are_validated_as_the_caller_takes_them() -> None:
+    roots = [_root(f"t{i}", ms=i) for i in range(3)]
+    rows = [_row(roots[0]), ("not", "a", "row"), _row(roots[2])]
+    listed = listed_roots("s", rows)  # type: ignore[arg-type]
+    assert next(listed) == roots[0]  # the rest not validated yet

@@ -734,7 +734,7 @@ def test_tampered_tokens_are_never_known() -> None:
     token = codec.encode("messages", "scope", query, {"c": 3})
     tampered = token[:-1] + _flip(token[-1])
     for _ in range(2):
-        with pytest.raises(ThreadStorePageTokenError, match="tampered|malformed"):
+        with pytest.raises(ThreadStorePageTokenError, match="tampered"):
             codec.decode(tampered, "messages", "scope", query)
     for hostile in (None, 3, ["x"], {"t": 1}, b"token", ""):
         with pytest.raises(ThreadStorePageTokenError):
@@ -749,3 +749,18 @@ def test_known_tokens_are_bounded_and_still_decode_once_forgotten() -> None:
     for i, token in enumerate(minted):
         assert codec.decode(token, "messages", "s", "q") == {"c": i}
         assert len(codec._known) <= tokens._MINTED_KEPT
+
+
+def test_only_accepted_tokens_of_bounded_length_are_known() -> None:
+    minter = PageTokenCodec("pai-test")
+    query = query_digest({"q": 1})
+    codec = PageTokenCodec("pai-test")
+    other_scope = minter.encode("messages", "elsewhere", query, {"c": 1})
+    with pytest.raises(ThreadStorePageTokenError, match="another scope"):
+        codec.decode(other_scope, "messages", "scope", query)
+    long_position = {"c": 1, "pad": "x" * tokens._KNOWN_LENGTH}
+    long = minter.encode("messages", "scope", query, long_position)
+    assert codec.decode(long, "messages", "scope", query) == long_position
+    accepted = minter.encode("messages", "scope", query, {"c": 2})
+    assert codec.decode(accepted, "messages", "scope", query) == {"c": 2}
+    assert list(codec._known) == [accepted]  # not the refused one, not the long one

@@ -23,10 +23,12 @@ from pai_storage import (
     ReadThreadInput,
     ThreadReadResult,
     ThreadRecord,
+    ThreadStoreInvariantError,
     ThreadStorePageTokenError,
 )
 from pai_storage import builders as b
 from pai_storage.backend import ChildPagePlan, FamilySpec, ReadHead, Window, run_read
+from pai_storage.families import family as family_spec
 
 from .helpers import URL, dsn
 
@@ -262,3 +264,19 @@ async def test_a_one_statement_read_gives_its_connection_back_before_validating(
         idle.clear()
         assert (await s.read_thread(b.read(SCOPE, "t1"))).thread is not None  # the root alone
         assert idle == [("root", 1)]
+
+
+async def test_a_one_statement_snapshot_runs_nothing_else(store: PostgresThreadStore) -> None:
+    snapshot = pg_store._StatementSnapshot(store._connection, store._layout, SCOPE, "t1")
+    spec = family_spec("messages")
+    plan = store.selections.plan_read(
+        ReadThreadInput.model_validate(_read("t1", "messages", SELECTIONS[0][1], None))
+    ).messages
+    assert isinstance(plan, ChildPagePlan)
+    for call in (
+        snapshot.load_rows(spec, ["m1"]),
+        snapshot.anchor_positions(["m1"]),
+        snapshot.scan(spec, plan, plan.prospective_window()),
+    ):
+        with pytest.raises(ThreadStoreInvariantError, match="outside a transaction"):
+            await call

@@ -434,7 +434,7 @@ class PostgresThreadStore(ThreadStore):
                     found.append(root)
                     if len(found) == plan.fetch:
                         return plan.finish(found)
-            if len(rows) < plan.fetch or not rows:
+            if len(rows) < plan.fetch:
                 return plan.finish(found)
             # Some rows were skipped as invalid: continue after the last one seen.
             cursor = (rows[-1][0], rows[-1][1])
@@ -934,6 +934,24 @@ class _StatementSnapshot(_PgSnapshot):
         async with self._lease() as conn:
             rows: list[Any] = await conn.fetch(sql, *args)
         return rows
+
+    async def load_rows(self, spec: FamilySpec, ids: Sequence[str]) -> Mapping[str, Entry[Any]]:
+        raise _more_than_one_statement()
+
+    async def anchor_positions(self, message_ids: Sequence[str]) -> Mapping[str, int]:
+        raise _more_than_one_statement()
+
+    async def scan(
+        self, spec: FamilySpec, plan: ChildPagePlan, window: Window
+    ) -> Sequence[tuple[int, Any]]:
+        raise _more_than_one_statement()
+
+
+def _more_than_one_statement() -> ThreadStoreInvariantError:
+    # Unreachable: _read_thread runs only one-statement plans on _StatementSnapshot.
+    return ThreadStoreInvariantError(
+        "internal error: a read of more than one statement ran outside a transaction"
+    )
 
 
 def _one_statement(plan: ChildPagePlan) -> bool:
