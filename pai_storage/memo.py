@@ -38,9 +38,21 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable
 from typing import Any, Generic, TypeVar
 
-__all__ = ["StoredMemo"]
+__all__ = ["StoredMemo", "remember"]
 
 V = TypeVar("V")
+K = TypeVar("K", bound=Hashable)
+
+
+def remember(memory: dict[K, V], key: K, value: V, limit: int = 8192) -> V:
+    """Put ``value`` in ``memory`` under ``key`` and return it; a memory that
+    holds ``limit`` entries starts over first (``dict.clear`` and one item
+    set are atomic: threads may share the memory)."""
+    if len(memory) >= limit:
+        memory.clear()
+    memory[key] = value
+    return value
+
 
 _KEYS = frozenset({str, bytes})  # immutable and hashable (not bytearray, not memoryview)
 

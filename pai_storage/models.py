@@ -94,7 +94,7 @@ from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError, SchemaSerializer, SchemaValidator
 
 from .errors import ThreadStoreInvariantError, ThreadStoreSerializationError
-from .memo import StoredMemo
+from .memo import StoredMemo, remember
 from .strict_json import INT64_MAX, MAX_JSON_DEPTH, MAX_JSON_NODES, check_json, is_valid_text
 
 __all__ = [
@@ -301,11 +301,7 @@ def format_timestamp(moment: datetime) -> str:
         truncated = truncate_ms(moment)
     # isoformat pads the year to four digits and ends in "+00:00" in UTC.
     text = datetime.isoformat(truncated, timespec="milliseconds")[:-6] + "Z"
-    if kept:
-        if len(_FORMATTED) >= _TIMESTAMPS_KEPT:
-            _FORMATTED.clear()  # atomic: safe when several threads format
-        _FORMATTED[moment] = text
-    return text
+    return remember(_FORMATTED, moment, text) if kept else text
 
 
 _FORMATTED: dict[datetime, str] = {}
@@ -423,15 +419,11 @@ def _stored_timestamp(value: Any) -> datetime:
     found = _TIMESTAMPS.get(value)
     if found is not None:
         return found
-    moment = _parse_timestamp(value)  # the one spelling; anything else raises
-    if len(_TIMESTAMPS) >= _TIMESTAMPS_KEPT:
-        _TIMESTAMPS.clear()  # atomic: safe when several threads validate
-    _TIMESTAMPS[value] = moment
-    return moment
+    # The one spelling; anything else raises.
+    return remember(_TIMESTAMPS, value, _parse_timestamp(value))
 
 
 _TIMESTAMPS: dict[str, datetime] = {}
-_TIMESTAMPS_KEPT = 8192
 
 
 def _date(value: Any) -> datetime:

@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 from .aggregate import FamilyName, FamilyView, ThreadAggregate
 from .errors import ThreadStoreInvariantError, ThreadStorePageTokenError
 from .families import family as family_spec
+from .memo import remember
 from .models import (
     MAX_ID_LENGTH,
     Message,
@@ -78,15 +79,11 @@ def timestamp_ms(moment: datetime) -> int:
         return round(moment.timestamp() * 1000)
     found = _MILLISECONDS.get(moment)
     if found is None:
-        found = round(moment.timestamp() * 1000)
-        if len(_MILLISECONDS) >= _MILLISECONDS_KEPT:
-            _MILLISECONDS.clear()  # atomic: safe when several threads list
-        _MILLISECONDS[moment] = found
+        found = remember(_MILLISECONDS, moment, round(moment.timestamp() * 1000))
     return found
 
 
 _MILLISECONDS: dict[datetime, int] = {}
-_MILLISECONDS_KEPT = 8192
 
 
 @dataclass(frozen=True, slots=True)
