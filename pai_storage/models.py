@@ -280,6 +280,8 @@ def _parse_timestamp(value: Any) -> datetime:
 
 def truncate_ms(moment: datetime) -> datetime:
     """Return ``moment`` in UTC, truncated to whole milliseconds."""
+    if type(moment) is datetime and moment.tzinfo is UTC and not moment.microsecond % 1000:
+        return moment  # already so (the database's clock, read to the millisecond)
     moment = moment.astimezone(UTC)
     return moment.replace(microsecond=moment.microsecond - moment.microsecond % 1000)
 

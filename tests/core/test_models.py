@@ -33,6 +33,7 @@ from pai_storage import (
     format_timestamp,
     models,
     selection,
+    truncate_ms,
 )
 from pai_storage import builders as b
 from pai_storage.selection import timestamp_ms
@@ -562,6 +563,29 @@ def test_timestamp_json_form_of_any_offset_and_datetime_type(
     assert format_timestamp(moment) == expected
     assert format_timestamp(moment) == expected  # remembered when in UTC
     assert format_timestamp(moment.astimezone(UTC)) == expected
+
+
+@SETTINGS
+@given(
+    st.datetimes(min_value=datetime(1, 1, 2), max_value=datetime(9999, 12, 30)),
+    st.integers(min_value=-23 * 60, max_value=23 * 60),
+    st.booleans(),
+    st.booleans(),
+)
+def test_truncate_ms_is_the_instant_in_utc_to_the_millisecond(
+    local: datetime, minutes: int, subclass: bool, whole: bool
+) -> None:
+    moment = local.replace(tzinfo=timezone(timedelta(minutes=minutes)))
+    if whole:
+        moment = moment.replace(microsecond=moment.microsecond // 1000 * 1000)
+    if subclass:
+        moment = _Clock.combine(moment.date(), moment.timetz())
+    utc = moment.astimezone(UTC)
+    expected = utc.replace(microsecond=utc.microsecond // 1000 * 1000)
+    truncated = truncate_ms(moment)
+    assert truncated == expected
+    assert truncated.tzinfo is UTC
+    assert type(truncated) is type(expected)
 
 
 def test_remembered_millisecond_keys_are_the_keys_computed_afresh() -> None:
