@@ -38,13 +38,17 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable
 from typing import Any, Generic, TypeVar
 
-__all__ = ["StoredMemo", "remember"]
+__all__ = ["REMEMBERED", "StoredMemo", "remember"]
 
 V = TypeVar("V")
 K = TypeVar("K", bound=Hashable)
 
 
-def remember(memory: dict[K, V], key: K, value: V, limit: int = 8192) -> V:
+REMEMBERED = 8192
+"""How many entries a :func:`remember` memory holds by default."""
+
+
+def remember(memory: dict[K, V], key: K, value: V, limit: int = REMEMBERED) -> V:
     """Put ``value`` in ``memory`` under ``key`` and return it; a memory that
     holds ``limit`` entries starts over first (``dict.clear`` and one item
     set are atomic: threads may share the memory)."""

@@ -298,11 +298,8 @@ def format_timestamp(moment: datetime) -> str:
         text = _FORMATTED.get(moment)
         if text is not None:
             return text
-    truncated = moment
-    if moment.tzinfo is not UTC or moment.microsecond % 1000:
-        truncated = truncate_ms(moment)
     # isoformat pads the year to four digits and ends in "+00:00" in UTC.
-    text = datetime.isoformat(truncated, timespec="milliseconds")[:-6] + "Z"
+    text = datetime.isoformat(truncate_ms(moment), timespec="milliseconds")[:-6] + "Z"
     return remember(_FORMATTED, moment, text) if kept else text
 
 

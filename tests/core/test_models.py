@@ -36,6 +36,7 @@ from pai_storage import (
     truncate_ms,
 )
 from pai_storage import builders as b
+from pai_storage.memo import REMEMBERED
 from pai_storage.selection import timestamp_ms
 from pai_storage.strict_json import MAX_JSON_DEPTH
 
@@ -588,11 +589,16 @@ def test_truncate_ms_is_the_instant_in_utc_to_the_millisecond(
     assert type(truncated) is type(expected)
 
 
-def test_remembered_millisecond_keys_are_the_keys_computed_afresh() -> None:
+def _past_the_bound() -> list[datetime]:
+    """Three memories' worth of distinct datetimes in UTC, some of whole milliseconds."""
     start = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
-    moments = [start + timedelta(microseconds=997 * i) for i in range(3 * 8192)]
-    keys = [timestamp_ms(m) for m in moments]  # past the memory's bound
-    assert len(selection._MILLISECONDS) <= 8192
+    return [start + timedelta(microseconds=997 * i) for i in range(3 * REMEMBERED)]
+
+
+def test_remembered_millisecond_keys_are_the_keys_computed_afresh() -> None:
+    moments = _past_the_bound()
+    keys = [timestamp_ms(m) for m in moments]
+    assert len(selection._MILLISECONDS) <= REMEMBERED
     for moment, key in zip(moments, keys, strict=True):
         assert key == round(moment.timestamp() * 1000)
         assert timestamp_ms(moment) == key
@@ -601,10 +607,9 @@ def test_remembered_millisecond_keys_are_the_keys_computed_afresh() -> None:
 
 
 def test_remembered_timestamp_texts_are_the_texts_formatted_afresh() -> None:
-    start = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
-    moments = [start + timedelta(microseconds=997 * i) for i in range(3 * 8192)]
-    texts = [format_timestamp(m) for m in moments]  # past the memory's bound
-    assert len(models._FORMATTED) <= 8192
+    moments = _past_the_bound()
+    texts = [format_timestamp(m) for m in moments]
+    assert len(models._FORMATTED) <= REMEMBERED
     for moment, text in zip(moments, texts, strict=True):
         assert format_timestamp(moment) == text
         assert text == format_timestamp(_Clock.combine(moment.date(), moment.timetz()))
