@@ -31,6 +31,15 @@ from . import strategies as s
 B64 = string.ascii_letters + string.digits + "-_"
 
 
+_ANY_TOKEN = given(
+    kind=st.sampled_from(["messages", "runs", "queuedItems", "threads"]),
+    scope=s.ids,
+    query=st.text(max_size=20),
+    position=s.json_objects,
+)
+"""Any token: its page kind, scope, query and position."""
+
+
 def _flip(char: str) -> str:
     if char == ".":
         return "_"
@@ -38,12 +47,7 @@ def _flip(char: str) -> str:
 
 
 @settings(max_examples=150, deadline=None)
-@given(
-    kind=st.sampled_from(["messages", "runs", "queuedItems", "threads"]),
-    scope=s.ids,
-    query=st.text(max_size=20),
-    position=s.json_objects,
-)
+@_ANY_TOKEN
 def test_round_trip(kind: str, scope: str, query: str, position: dict[str, Any]) -> None:
     codec = PageTokenCodec("pai-test")
     token = codec.encode(kind, scope, query, position)
@@ -53,12 +57,7 @@ def test_round_trip(kind: str, scope: str, query: str, position: dict[str, Any])
 
 
 @settings(max_examples=150, deadline=None)
-@given(
-    kind=st.sampled_from(["messages", "runs", "queuedItems", "threads"]),
-    scope=s.ids,
-    query=st.text(max_size=20),
-    position=s.json_objects,
-)
+@_ANY_TOKEN
 def test_payload_is_the_canonical_json_of_the_whole_payload(
     kind: str, scope: str, query: str, position: dict[str, Any]
 ) -> None:
@@ -684,12 +683,7 @@ def test_macs_use_cpythons_own_sha256_where_there_is_one() -> None:
 
 
 @settings(max_examples=100, deadline=None)
-@given(
-    kind=st.sampled_from(["messages", "runs", "queuedItems", "threads"]),
-    scope=s.ids,
-    query=st.text(max_size=20),
-    position=s.json_objects,
-)
+@_ANY_TOKEN
 def test_a_known_token_decodes_as_a_new_codec_decodes_it(
     kind: str, scope: str, query: str, position: dict[str, Any]
 ) -> None:
