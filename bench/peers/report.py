@@ -271,6 +271,45 @@ def _wins(results: dict[str, Any]) -> list[str]:
     return out
 
 
+def _share(ratio: float) -> str:
+    return f"{ratio:.2f}" if ratio >= 0.1 else f"{ratio:.2g}"
+
+
+def _span(ratios: list[float]) -> str:
+    lo, hi = _share(min(ratios)), _share(max(ratios))
+    return f"{lo}x" if lo == hi else f"{lo}-{hi}x"
+
+
+def _one_commit(results: dict[str, Any]) -> list[str]:
+    """Per database, pai-storage's 1-commit turn against its 2-commit turn and each peer's.
+
+    Each is the span of the ratios over the measured conversation lengths.
+    """
+    out: list[str] = []
+    for database in (*DATABASES, "memory"):
+        rows = _rows_for(results, database)
+        base = next((r for r in rows if r["key"] == BASELINE[database]), None)
+        one_key = BASELINE[database].replace("/2 commits/turn", "/1 commit/turn")
+        one = next((r for r in rows if r["key"] == one_key), None)
+        if base is None or one is None:
+            continue
+        items: list[str] = []
+        for row in rows:
+            if row is one:
+                continue
+            ratios = []
+            for n in _lengths(results):
+                v, b = _median(one["turn"].get(str(n))), _median(row["turn"].get(str(n)))
+                if v is not None and b is not None and b > 0:
+                    ratios.append(v / b)
+            if ratios:
+                whose = "its 2-commit turn" if row is base else f"{row['label']}'s"
+                items.append(f"{_span(ratios)} of {whose}")
+        if items:
+            out.append(f"**{DB_TITLES[database]}**: " + "; ".join(items) + ".")
+    return out
+
+
 def _caveats(results: dict[str, Any]) -> list[str]:
     out = []
     for key, reason in results["meta"].get("skipped", {}).items():
@@ -491,6 +530,18 @@ def section(results: dict[str, Any], images: list[str], notes: str) -> str:
     parts += ["### Where a peer wins", ""]
     parts += [f"* {w}" for w in wins] if wins else ["* Nowhere in this run."]
     parts.append("")
+    one_commit = _one_commit(results)
+    if one_commit:
+        parts += [
+            "### The 1-commit turn",
+            "",
+            "pai-storage's 1-commit turn (the user message, the reply and the completed run "
+            "in one commit, for runtimes that persist once per turn) as a share of each "
+            "turn on the same database, over the lengths above:",
+            "",
+        ]
+        parts += [f"* {line}" for line in one_commit]
+        parts.append("")
     if notes.strip():
         parts += ["### Reading the results", "", notes.strip(), ""]
     caveats = _caveats(results)
