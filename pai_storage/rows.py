@@ -10,17 +10,18 @@ them; so may any backend of the same shape.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .errors import ThreadStoreInvariantError
 from .events import StoreWarning
-from .models import StoreModel, ThreadRecord, stored_records
+from .models import Page, StoreModel, ThreadRecord, stored_records
 from .selection import timestamp_ms
 
 if TYPE_CHECKING:
     from .families import FamilySpec
+    from .selection import ListPlan
 
 __all__ = [
     "dec",
@@ -28,6 +29,7 @@ __all__ = [
     "dump_written",
     "enc",
     "enc_opt",
+    "list_page",
     "listed_roots",
     "page_records",
     "parse",
@@ -94,9 +96,15 @@ def page_records(spec: FamilySpec, rows: Sequence[Any]) -> list[tuple[int, Any]]
     return list(zip(map(int, positions), records, strict=True))
 
 
-def listed_roots(
-    scope_key: str, rows: Sequence[tuple[int, bytes, str]]
-) -> Iterator[ThreadRecord | StoreWarning]:
+ListRow = tuple[int, bytes, str]
+"""A list row: ``(sort key, thread id column, doc)`` (the sort key is
+``-timestamp_ms(updated_at)``, the thread id its UTF-8 bytes)."""
+
+ListCursor = tuple[int, bytes]
+"""The position after which a list batch starts: ``(sort key, thread id bytes)``."""
+
+
+def listed_roots(scope_key: str, rows: Sequence[ListRow]) -> Iterator[ThreadRecord | StoreWarning]:
     """The roots of a list page's ``(sort key, thread id column, doc)`` rows of
     ``scope_key``, in row order: each the validated root, or the warning that
     skips it (its text is not a valid root, or the root is not its row's:
@@ -131,6 +139,36 @@ def listed_roots(
             )
             continue
         yield root
+
+
+async def list_page(
+    plan: ListPlan,
+    batch: Callable[[ListCursor | None], Awaitable[Sequence[ListRow]]],
+    warn: Callable[[StoreWarning], Awaitable[None]],
+) -> Page[ThreadRecord]:
+    """A list page of a text backend, from its ordered batches of rows.
+
+    ``batch(cursor)`` returns up to ``plan.fetch`` rows of the plan's scope and
+    filters in list order (sort key, then thread id bytes), strictly after
+    ``cursor`` (``None``: from the first row). The first batch starts at the
+    plan's own cursor. Each row gives its root (:func:`listed_roots`), or a
+    warning that skips it, passed to ``warn``; when skipped rows leave a full
+    batch short of a page, the next batch starts after the last row seen.
+    """
+    cursor = None if plan.cursor is None else (-plan.cursor[0], enc(plan.cursor[1]))
+    found: list[ThreadRecord] = []
+    while True:
+        rows = await batch(cursor)
+        for root in listed_roots(plan.scope_key, rows):
+            if isinstance(root, StoreWarning):
+                await warn(root)
+            elif plan.matches(root):
+                found.append(root)
+                if len(found) == plan.fetch:
+                    return plan.finish(found)
+        if len(rows) < plan.fetch:
+            return plan.finish(found)
+        cursor = (rows[-1][0], rows[-1][1])
 
 
 def run_ref_fields(doc: str) -> tuple[str, bool, str | None, tuple[str, ...]]:

@@ -38,7 +38,6 @@ from pai_storage import (
     RunRecord,
     StoreInfo,
     StoreURL,
-    StoreWarning,
     ThreadReadResult,
     ThreadRecord,
     ThreadStore,
@@ -81,11 +80,13 @@ from pai_storage.backend import (
     timestamp_ms,
 )
 from pai_storage.rows import (
+    ListCursor,
+    ListRow,
     dec,
     dump_written,
     enc,
     enc_opt,
-    listed_roots,
+    list_page,
     page_records,
     parse,
     run_ref_fields,
@@ -409,11 +410,8 @@ class PostgresThreadStore(ThreadStore):
         filters: list[Any] = [
             enc(v) for v in (plan.agent, plan.parent_thread_id, plan.category) if v is not None
         ]
-        cursor: tuple[int, bytes] | None = None
-        if plan.cursor is not None:
-            cursor = (-plan.cursor[0], enc(plan.cursor[1]))
-        found: list[ThreadRecord] = []
-        while True:
+
+        async def batch(cursor: ListCursor | None) -> Sequence[ListRow]:
             sql = self.list_statement(
                 plan.agent is not None,
                 plan.parent_thread_id is not None,
@@ -424,20 +422,12 @@ class PostgresThreadStore(ThreadStore):
             args: list[Any] = [enc(plan.scope_key), plan.fetch, *filters]
             if cursor is not None:
                 args.extend(cursor)
-            rows = await conn.fetch(sql, *args)
+            rows: list[ListRow] = await conn.fetch(sql, *args)
             if vis != "visible":  # two ordered branches: merge them
                 rows = sorted(rows, key=_list_order)[: plan.fetch]
-            for root in listed_roots(plan.scope_key, rows):
-                if isinstance(root, StoreWarning):
-                    await self.warn(root)
-                elif plan.matches(root):
-                    found.append(root)
-                    if len(found) == plan.fetch:
-                        return plan.finish(found)
-            if len(rows) < plan.fetch:
-                return plan.finish(found)
-            # Some rows were skipped as invalid: continue after the last one seen.
-            cursor = (rows[-1][0], rows[-1][1])
+            return rows
+
+        return await list_page(plan, batch, self.warn)
 
     # ------------------------------------------------------------ commits
 

@@ -52,7 +52,6 @@ from pai_storage import (
     RunRecord,
     StoreInfo,
     StoreURL,
-    StoreWarning,
     ThreadReadResult,
     ThreadRecord,
     ThreadStore,
@@ -91,10 +90,12 @@ from pai_storage.backend import (
     timestamp_ms,
 )
 from pai_storage.rows import (
+    ListCursor,
+    ListRow,
     dec,
     dump_written,
     enc,
-    listed_roots,
+    list_page,
     page_records,
     parse,
     run_ref_fields,
@@ -319,9 +320,6 @@ class SqlThreadStore(ThreadStore):
             params["parent"] = digest(plan.parent_thread_id)
         if plan.category is not None:
             params["category"] = digest(plan.category)
-        cursor: tuple[int, bytes] | None = None
-        if plan.cursor is not None:
-            cursor = (-plan.cursor[0], enc(plan.cursor[1]))
         visibilities = (0, 1) if plan.include_hidden else (0,)
         shape = (
             plan.agent is not None,
@@ -331,65 +329,54 @@ class SqlThreadStore(ThreadStore):
         # SQLite keeps whole ids in thread_ord: one visibility's rows come in the
         # exact order, strictly after the cursor, each thread once.
         ordered = self._ord_bytes is None and len(visibilities) == 1
-        found: list[ThreadRecord] = []
-        with self._client.errors("read"):
-            while True:
-                rows: list[tuple[int, bytes, str]] = []
-                for hidden in visibilities:
-                    args = dict(params)
-                    cut: bool | None = None
-                    if cursor is not None:
-                        args["cs"], args["co"] = cursor[0], self._ord(cursor[1])
-                        cut = len(args["co"]) < len(cursor[1])
-                        if cut:
-                            # The tie of the cut cursor id is read too: make room for it.
-                            tied = select(func.count()).where(
-                                t.c.scope_h == params["scope"],
-                                t.c.hidden == hidden,
-                                t.c.sort_key == cursor[0],
-                                t.c.thread_ord == args["co"],
-                            )
-                            args["fetch"] += int((await conn.execute(tied)).scalar_one())
-                    key = ("list", *shape, hidden, cut)
-                    stmt = self._compiled.get(key)
-                    if stmt is None:
-                        stmt = self.sql(
-                            op, key, functools.partial(self.list_statement, plan, hidden, cut)
-                        )
-                    got: list[Any] = await op.rows(stmt, args)
-                    if got and len(got) == args["fetch"] and len(got[-1][1]) == self._ord_bytes:
-                        # Ids longer than thread_ord tie on it: read the whole tie so
-                        # that the exact order (full thread id) is known.
-                        last = got[-1]
-                        tie = select(t.c.sort_key, t.c.thread_ord, t.c.thread_id, t.c.doc).where(
+
+        async def batch(cursor: ListCursor | None) -> Sequence[ListRow]:
+            rows: list[tuple[int, bytes, str]] = []
+            for hidden in visibilities:
+                args = dict(params)
+                cut: bool | None = None
+                if cursor is not None:
+                    args["cs"], args["co"] = cursor[0], self._ord(cursor[1])
+                    cut = len(args["co"]) < len(cursor[1])
+                    if cut:
+                        # The tie of the cut cursor id is read too: make room for it.
+                        tied = select(func.count()).where(
                             t.c.scope_h == params["scope"],
                             t.c.hidden == hidden,
-                            t.c.sort_key == last[0],
-                            t.c.thread_ord == last[1],
+                            t.c.sort_key == cursor[0],
+                            t.c.thread_ord == args["co"],
                         )
-                        more = (await conn.execute(tie)).all()
-                        got = [*got, *more]
-                    rows.extend([(r[0], r[2], r[3]) for r in got])
-                keyed: list[tuple[int, bytes, str]]
-                if ordered:
-                    keyed = [(int(s), bytes(tid), doc) for s, tid, doc in rows[: plan.fetch]]
-                else:
-                    unique = {(int(s), bytes(tid)): doc for s, tid, doc in rows}
-                    keyed = [
-                        (s, tid, unique[(s, tid)])
-                        for s, tid in sorted(k for k in unique if cursor is None or k > cursor)
-                    ][: plan.fetch]
-                for root in listed_roots(plan.scope_key, keyed):
-                    if isinstance(root, StoreWarning):
-                        await self.warn(root)
-                    elif plan.matches(root):
-                        found.append(root)
-                        if len(found) == plan.fetch:
-                            return plan.finish(found)
-                if len(keyed) < plan.fetch:
-                    return plan.finish(found)
-                # Some rows were skipped as invalid: continue after the last one seen.
-                cursor = (keyed[-1][0], keyed[-1][1])
+                        args["fetch"] += int((await conn.execute(tied)).scalar_one())
+                key = ("list", *shape, hidden, cut)
+                stmt = self._compiled.get(key)
+                if stmt is None:
+                    stmt = self.sql(
+                        op, key, functools.partial(self.list_statement, plan, hidden, cut)
+                    )
+                got: list[Any] = await op.rows(stmt, args)
+                if got and len(got) == args["fetch"] and len(got[-1][1]) == self._ord_bytes:
+                    # Ids longer than thread_ord tie on it: read the whole tie so
+                    # that the exact order (full thread id) is known.
+                    last = got[-1]
+                    tie = select(t.c.sort_key, t.c.thread_ord, t.c.thread_id, t.c.doc).where(
+                        t.c.scope_h == params["scope"],
+                        t.c.hidden == hidden,
+                        t.c.sort_key == last[0],
+                        t.c.thread_ord == last[1],
+                    )
+                    more = (await conn.execute(tie)).all()
+                    got = [*got, *more]
+                rows.extend([(r[0], r[2], r[3]) for r in got])
+            if ordered:
+                return [(int(s), bytes(tid), doc) for s, tid, doc in rows[: plan.fetch]]
+            unique = {(int(s), bytes(tid)): doc for s, tid, doc in rows}
+            return [
+                (s, tid, unique[(s, tid)])
+                for s, tid in sorted(k for k in unique if cursor is None or k > cursor)
+            ][: plan.fetch]
+
+        with self._client.errors("read"):
+            return await list_page(plan, batch, self.warn)
 
     # ------------------------------------------------------------ lifecycle
 
