@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     from .selection import ListPlan
 
 __all__ = [
+    "ListCursor",
+    "ListRow",
     "dec",
     "dump",
     "dump_written",
@@ -148,12 +150,13 @@ async def list_page(
 ) -> Page[ThreadRecord]:
     """A list page of a text backend, from its ordered batches of rows.
 
-    ``batch(cursor)`` returns up to ``plan.fetch`` rows of the plan's scope and
-    filters in list order (sort key, then thread id bytes), strictly after
-    ``cursor`` (``None``: from the first row). The first batch starts at the
-    plan's own cursor. Each row gives its root (:func:`listed_roots`), or a
-    warning that skips it, passed to ``warn``; when skipped rows leave a full
-    batch short of a page, the next batch starts after the last row seen.
+    ``batch(cursor)`` returns up to ``plan.fetch`` rows of the plan's scope,
+    visibility (``include_hidden``) and filters, in list order (sort key, then
+    thread id bytes), strictly after ``cursor`` (``None``: from the first row).
+    The first batch starts at the plan's own cursor. Each row gives its root
+    (:func:`listed_roots`), or a warning that skips it, passed to ``warn``; a
+    root :meth:`ListPlan.matches` refuses is left out. When a full batch leaves
+    the page short, the next batch starts after the last row seen.
     """
     cursor = None if plan.cursor is None else (-plan.cursor[0], enc(plan.cursor[1]))
     found: list[ThreadRecord] = []

@@ -272,7 +272,9 @@ def _wins(results: dict[str, Any]) -> list[str]:
 
 
 def _share(ratio: float) -> str:
-    return f"{ratio:.2f}" if ratio >= 0.1 else f"{ratio:.2g}"
+    if ratio >= 0.1:
+        return f"{ratio:.2f}"
+    return f"{ratio:.3f}" if ratio >= 0.001 else "<0.001"
 
 
 def _span(ratios: list[float]) -> str:

@@ -139,3 +139,32 @@ async def test_a_page_row_whose_record_disagrees_with_its_columns_is_rejected(
         # The id column (the backend's check) or a filter column (the plan's).
         with pytest.raises(ThreadStoreInvariantError, match="column"):
             await store.read_thread(request)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("include_hidden", [False, True])
+async def test_a_list_batch_of_invalid_roots_only_continues_after_it(
+    pg_schema: str, pg_conn: asyncpg.Connection, include_hidden: bool
+) -> None:
+    # Every row of the first batch (limit 2: three rows) is invalid: the page
+    # comes from the next batch, after the last of them.
+    warnings: list[StoreWarning] = []
+    async with PostgresThreadStore(URL, schema=pg_schema, on_warning=warnings.append) as store:
+        for i in range(8):
+            hidden = "hidden" if i % 4 == 3 else "visible"
+            await store.commit_thread(b.create("s", f"t{i}", visibility=hidden))
+        request = {"scopeKey": "s", "limit": 10, "includeHidden": include_hidden}
+        listed = [t.thread_id for t in (await store.list_threads(request)).items]
+        assert len(listed) == (8 if include_hidden else 6)
+        for thread in listed[:3]:
+            await pg_conn.execute(
+                f'UPDATE "{pg_schema}".pai_threads SET doc = replace(doc, \'"agent"\', '
+                "'\"agnt\"') WHERE thread_id = $1",
+                thread.encode(),
+            )
+        page = await store.list_threads(request | {"limit": 2})
+        assert [t.thread_id for t in page.items] == listed[3:5]
+        assert [w.thread_id for w in warnings] == listed[:3]
+        rest = await store.list_threads(request | {"pageToken": page.next_page_token})
+        assert [t.thread_id for t in rest.items] == listed[5:]
+        assert rest.next_page_token is None

@@ -422,7 +422,7 @@ class PostgresThreadStore(ThreadStore):
             args: list[Any] = [enc(plan.scope_key), plan.fetch, *filters]
             if cursor is not None:
                 args.extend(cursor)
-            rows: list[ListRow] = await conn.fetch(sql, *args)
+            rows: list[Any] = await conn.fetch(sql, *args)  # records of ListRow's columns
             if vis != "visible":  # two ordered branches: merge them
                 rows = sorted(rows, key=_list_order)[: plan.fetch]
             return rows
