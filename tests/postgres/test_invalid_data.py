@@ -6,6 +6,7 @@ import asyncpg  # type: ignore[import-untyped]
 import pytest
 from pai_storage_postgres import PostgresThreadStore
 from support.pages import EDITED_ROW, MISMATCHES, page_read
+from support.threads import check_first_list_batch_invalid
 
 from pai_storage import Message, StoreWarning, ThreadStoreInvariantError
 from pai_storage import builders as b
@@ -146,25 +147,15 @@ async def test_a_page_row_whose_record_disagrees_with_its_columns_is_rejected(
 async def test_a_list_batch_of_invalid_roots_only_continues_after_it(
     pg_schema: str, pg_conn: asyncpg.Connection, include_hidden: bool
 ) -> None:
-    # Every row of the first batch (limit 2: three rows) is invalid: the page
-    # comes from the next batch, after the last of them.
+    async def corrupt(thread_id: str) -> None:
+        await pg_conn.execute(
+            f'UPDATE "{pg_schema}".pai_threads SET doc = replace(doc, \'"agent"\', '
+            "'\"agnt\"') WHERE thread_id = $1",
+            thread_id.encode(),
+        )
+
     warnings: list[StoreWarning] = []
     async with PostgresThreadStore(URL, schema=pg_schema, on_warning=warnings.append) as store:
-        for i in range(8):
-            hidden = "hidden" if i % 4 == 3 else "visible"
-            await store.commit_thread(b.create("s", f"t{i}", visibility=hidden))
-        request = {"scopeKey": "s", "limit": 10, "includeHidden": include_hidden}
-        listed = [t.thread_id for t in (await store.list_threads(request)).items]
-        assert len(listed) == (8 if include_hidden else 6)
-        for thread in listed[:3]:
-            await pg_conn.execute(
-                f'UPDATE "{pg_schema}".pai_threads SET doc = replace(doc, \'"agent"\', '
-                "'\"agnt\"') WHERE thread_id = $1",
-                thread.encode(),
-            )
-        page = await store.list_threads(request | {"limit": 2})
-        assert [t.thread_id for t in page.items] == listed[3:5]
-        assert [w.thread_id for w in warnings] == listed[:3]
-        rest = await store.list_threads(request | {"pageToken": page.next_page_token})
-        assert [t.thread_id for t in rest.items] == listed[5:]
-        assert rest.next_page_token is None
+        await check_first_list_batch_invalid(
+            store, warnings, corrupt, include_hidden=include_hidden
+        )

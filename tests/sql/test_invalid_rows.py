@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 from support.pages import EDITED_ROW, MISMATCHES, page_read
+from support.threads import check_first_list_batch_invalid
 
 from pai_storage import StoreWarning, ThreadStoreInvariantError
 from pai_storage import builders as b
@@ -84,26 +85,21 @@ async def test_an_id_column_that_is_not_utf8_is_invalid_stored_data(target: Targ
 async def test_a_list_batch_of_invalid_roots_only_continues_after_it(
     target: Target, include_hidden: bool, long_ids: bool
 ) -> None:
-    # Every row of the first batch (limit 2: three rows) is invalid: the page
-    # comes from the next batch, after the last of them. Long ids share more
-    # than the leading bytes MariaDB orders by, so batches read their ties.
-    stem = "\u00e9" * 600 if long_ids else ""  # 1,200 bytes
+    # Long ids share more than the leading bytes MariaDB orders by, so batches
+    # read their ties.
+    prefix = target.options.get("table_prefix", "pai_threads")
+    sql = f"UPDATE {prefix} SET doc = replace(doc, :old, :new) WHERE thread_id = :id"
+
+    async def corrupt(thread_id: str) -> None:
+        edit = {"old": '"agent"', "new": '"agnt"', "id": thread_id.encode()}
+        assert await _run(target, sql, edit) == 1
+
     warnings: list[StoreWarning] = []
     async with target.store(on_warning=warnings.append) as store:
-        for i in range(8):
-            hidden = "hidden" if i % 4 == 3 else "visible"
-            await store.commit_thread(b.create("s", f"{stem}t{i}", visibility=hidden))
-        request = {"scopeKey": "s", "limit": 10, "includeHidden": include_hidden}
-        listed = [t.thread_id for t in (await store.list_threads(request)).items]
-        assert len(listed) == (8 if include_hidden else 6)
-        prefix = target.options.get("table_prefix", "pai_threads")
-        sql = f"UPDATE {prefix} SET doc = replace(doc, :old, :new) WHERE thread_id = :id"
-        for thread in listed[:3]:
-            edit = {"old": '"agent"', "new": '"agnt"', "id": thread.encode()}
-            assert await _run(target, sql, edit) == 1
-        page = await store.list_threads(request | {"limit": 2})
-        assert [t.thread_id for t in page.items] == listed[3:5]
-        assert [w.thread_id for w in warnings] == listed[:3]
-        rest = await store.list_threads(request | {"pageToken": page.next_page_token})
-        assert [t.thread_id for t in rest.items] == listed[5:]
-        assert rest.next_page_token is None
+        await check_first_list_batch_invalid(
+            store,
+            warnings,
+            corrupt,
+            include_hidden=include_hidden,
+            stem="\u00e9" * 600 if long_ids else "",  # 1,200 bytes
+        )
