@@ -1426,6 +1426,11 @@ class _MessageFields(StoreModel):
         assoc = self.association
         return assoc.run_id if isinstance(assoc, RunAssociation) else None
 
+    @property
+    def text(self) -> str:
+        """The message's words: its text parts joined, in order (``""`` without any)."""
+        return "".join(part.text for part in self.parts if isinstance(part, TextPart))
+
 
 class MessageDraft(_MessageFields):
     """A message as callers insert or replace it."""
