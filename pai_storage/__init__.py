@@ -36,6 +36,7 @@ from .bundle import (
     open_state_store,
 )
 from .clock import Clock, ManualClock, system_clock
+from .conflicts import Conflict, raise_on_conflict
 from .errors import *  # noqa: F403 - every error class is public
 from .errors import __all__ as _error_names
 from .events import StoreWarning, WarningCallback
@@ -91,6 +92,7 @@ __all__ = [
     "open_snapshot_store",
     "open_state_store",
     "Clock",
+    "Conflict",
     "ManualClock",
     "StoreInfo",
     "StoreURL",
@@ -111,6 +113,7 @@ __all__ = [
     "parse_run",
     "parse_thread",
     "public_projection",
+    "raise_on_conflict",
     "register_backend",
     "system_clock",
     "truncate_ms",

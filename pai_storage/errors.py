@@ -15,6 +15,7 @@ subclasses of them, so code written against either set keeps working::
     ├── PageTokenError                     invalid, tampered or mismatched page token
     ├── CorruptSnapshotError               a stored snapshot failed its integrity check
     ├── LockTimeoutError                   a lock was not acquired within its timeout
+    ├── ConflictError                      a conflict, raised on request (raise_on_conflict)
     └── ThreadStoreError                   root of the thread store's errors
         ├── ThreadStorePageTokenError          (also a PageTokenError)
         ├── ThreadStoreInvariantError          (also an InvalidInputError)
@@ -25,9 +26,11 @@ subclasses of them, so code written against either set keeps working::
 
 ``except ThreadStoreError`` still catches exactly the thread store's errors.
 
-A conflict (stale version, lease precondition false) is *not* an error: it is
-the :class:`~pai_storage.ConflictResult` that
-:meth:`ThreadStore.commit_thread` returns.
+A conflict (stale version, lease precondition false, unexpected list length)
+is *not* an error: every conditional write *returns* a
+:class:`~pai_storage.Conflict` (``ConflictResult``, ``KVConflict``,
+``StateConflict``, ``ListConflict``). :func:`~pai_storage.raise_on_conflict`
+turns one into a :class:`ConflictError` for code that prefers exceptions.
 
 Backends map every driver exception to one of these in one place and chain the
 original (``raise ... from exc``); it stays reachable as ``err.__cause__``.
@@ -41,10 +44,14 @@ wherever that input is validated.
 
 from __future__ import annotations
 
-from typing import Self
+from typing import TYPE_CHECKING, Self
+
+if TYPE_CHECKING:
+    from .conflicts import Conflict
 
 __all__ = [
     "ConfigurationError",
+    "ConflictError",
     "CorruptSnapshotError",
     "InvalidInputError",
     "LockTimeoutError",
@@ -123,6 +130,17 @@ class SnapshotTooLargeError(InvalidInputError):
 
 class LockTimeoutError(StorageError):
     """A lock was not acquired within its timeout: another holder kept it."""
+
+
+class ConflictError(StorageError):
+    """A conditional write found something else current and wrote nothing.
+
+    Raised only on request, by :func:`~pai_storage.raise_on_conflict` or
+    :meth:`Conflict.error() <pai_storage.Conflict.error>`; the stores return
+    the conflict instead. ``conflict`` is that result (what is current).
+    """
+
+    conflict: Conflict
 
 
 # ---------------------------------------------------------------- thread store

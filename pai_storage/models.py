@@ -93,6 +93,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError, SchemaSerializer, SchemaValidator
 
+from .conflicts import Conflict
 from .errors import ThreadStoreInvariantError, ThreadStoreSerializationError
 from .memo import StoredMemo, remember
 from .strict_json import INT64_MAX, MAX_JSON_DEPTH, MAX_JSON_NODES, check_json, is_valid_text
@@ -1809,7 +1810,7 @@ class CommittedResult(StoreModel):
     committed_at: Timestamp
 
 
-class ConflictResult(StoreModel):
+class ConflictResult(StoreModel, Conflict):
     type: Literal["conflict"]
     current_version: ThreadVersion | None
 
