@@ -2,7 +2,11 @@
 
 A snapshot is a blob of bytes (typically a tar archive) under ``(scope,
 snapshot_id)``, with a little JSON metadata, its size and its SHA-256 digest.
-The user guide is ``docs/snapshots.md``.
+The data may be streamed both ways: ``put`` takes bytes, a binary file object
+or an async iterable of chunks, and :meth:`SnapshotStore.open` returns a
+:class:`~pai_storage.snapshot_io.SnapshotReader` handing out verified chunks,
+so a put or a read holds one chunk at a time on a backend that stores chunks
+(:class:`StreamingSnapshotStore`). The user guide is ``docs/snapshots.md``.
 
 :class:`SnapshotStore` is the contract. Its public methods validate every
 argument (a bad one raises :class:`~pai_storage.errors.InvalidInputError` and
@@ -39,7 +43,6 @@ from .errors import (
     CorruptSnapshotError,
     InvalidInputError,
     PageTokenError,
-    SnapshotTooLargeError,
 )
 from .events import StoreWarning, WarningCallback
 from .models import JsonObject, Page, StoreModel, Timestamp
@@ -52,6 +55,15 @@ from .runtime import (
     option_duration,
     token_strings,
 )
+from .snapshot_io import (
+    OpenedSnapshot,
+    SnapshotData,
+    SnapshotReader,
+    SnapshotStream,
+    chunks_of,
+    source_chunks,
+    too_large,
+)
 
 __all__ = [
     "DEFAULT_SNAPSHOT_TTL",
@@ -59,7 +71,10 @@ __all__ = [
     "Snapshot",
     "SnapshotDraft",
     "SnapshotInfo",
+    "SnapshotReader",
     "SnapshotStore",
+    "SnapshotStream",
+    "StreamingSnapshotStore",
 ]
 
 DEFAULT_SNAPSHOT_TTL = timedelta(days=30)
@@ -149,7 +164,11 @@ class SnapshotStore(RuntimeStore):
     """
 
     max_snapshot_bytes: ClassVar[int | None] = None
-    """The largest snapshot this backend stores, in bytes (``None``: no limit)."""
+    """The largest snapshot this backend stores, in bytes (``None``: no limit).
+
+    A store that keeps a snapshot as one value (one row, one document) holds it
+    whole in memory on ``put`` and ``get``, so its limit also bounds their memory;
+    a :class:`StreamingSnapshotStore` holds one chunk at a time."""
     capabilities: ClassVar[frozenset[str]] = frozenset()
     """Optional features this store implements:
     :data:`~pai_storage.state.ENUMERATE` when it provides :meth:`_list_scopes`."""
@@ -171,7 +190,7 @@ class SnapshotStore(RuntimeStore):
         self,
         scope: str,
         snapshot_id: str,
-        data: bytes | bytearray | memoryview,
+        data: SnapshotData,
         *,
         metadata: dict[str, Any] | None = None,
     ) -> SnapshotInfo:
@@ -179,8 +198,12 @@ class SnapshotStore(RuntimeStore):
 
         ``data`` is ``bytes``; a ``bytearray`` or ``memoryview`` is accepted
         and copied at once, so changing the buffer afterwards changes nothing
-        stored. ``metadata`` (default: none) is a strict-JSON object of at most
-        64 KiB.
+        stored. It may also be a binary file object (read to its end in chunks,
+        from where it stands) or an async iterable of ``bytes`` chunks: the
+        size and SHA-256 are computed while the chunks are stored, and a
+        failure while reading them (a bad chunk, the size limit, the source's
+        own error) stores nothing. ``metadata`` (default: none) is a
+        strict-JSON object of at most 64 KiB.
 
         Raises
         ------
@@ -188,13 +211,15 @@ class SnapshotStore(RuntimeStore):
             A bad name, ``data`` not bytes-like, or metadata not a JSON object
             or over 64 KiB.
         SnapshotTooLargeError
-            ``data`` is larger than the backend's :attr:`max_snapshot_bytes`.
+            ``data`` is larger than the backend's :attr:`max_snapshot_bytes`
+            (for streamed data: as soon as the chunks pass it).
         SerializationError
             ``metadata`` is not strict JSON.
         """
         scope = check_name("scope", scope)
         snapshot_id = check_name("snapshot_id", snapshot_id)
-        blob = self._check_data(data)
+        source = source_chunks(data)
+        blob = self._check_data(data) if source is None else b""
         if metadata is None:
             metadata = {}
         if type(metadata) is not dict:
@@ -202,6 +227,18 @@ class SnapshotStore(RuntimeStore):
                 f"metadata must be a dict (a JSON object), not {type(metadata).__qualname__}"
             )
         meta, meta_json = check_value(metadata, path="metadata", limit=MAX_METADATA_BYTES)
+        if source is not None:
+            stream = SnapshotStream(
+                scope=scope,
+                snapshot_id=snapshot_id,
+                metadata=meta,
+                metadata_json=meta_json,
+                source=source,
+                limit=self.max_snapshot_bytes,
+                backend=self.backend_name,
+            )
+            await self._ensure_ready()
+            return await self._put_stream(stream)
         draft = SnapshotDraft(
             scope=scope,
             snapshot_id=snapshot_id,
@@ -229,6 +266,35 @@ class SnapshotStore(RuntimeStore):
         snapshot_id = check_name("snapshot_id", snapshot_id)
         await self._ensure_ready()
         return await self._verified(await self._get(scope, snapshot_id))
+
+    async def open(self, scope: str, snapshot_id: str) -> SnapshotReader | None:
+        """A reader of the snapshot's data in chunks, or ``None`` when absent or expired.
+
+        Use it as ``async with reader:`` and ``async for chunk in reader:``;
+        ``reader.info`` is the snapshot's info. The chunks are verified as they
+        are read (see :class:`~pai_storage.snapshot_io.SnapshotReader`).
+
+        Raises
+        ------
+        InvalidInputError
+            A bad name.
+        CorruptSnapshotError
+            The stored snapshot is damaged: here when its info does not decode,
+            while reading when its data does not match the stored size and
+            SHA-256 (at the latest instead of handing out the last chunk).
+        """
+        scope = check_name("scope", scope)
+        snapshot_id = check_name("snapshot_id", snapshot_id)
+        await self._ensure_ready()
+        opened = await self._open(scope, snapshot_id)
+        if opened is None:
+            return None
+        info = opened.info
+
+        async def report() -> None:
+            await self._report_corrupt(info.scope, info.snapshot_id)
+
+        return SnapshotReader(opened, report)
 
     async def latest(self, scope: str) -> Snapshot | None:
         """The newest snapshot of ``scope`` (the first of :meth:`list`), or ``None``.
@@ -329,6 +395,30 @@ class SnapshotStore(RuntimeStore):
     async def _purge_expired(self) -> int:
         """Delete every expired snapshot; return the count."""
 
+    async def _put_stream(self, stream: SnapshotStream) -> SnapshotInfo:
+        """Store a streamed ``put``; the default joins the chunks and calls :meth:`_put`.
+
+        A backend that stores chunks overrides it (see :class:`StreamingSnapshotStore`).
+        """
+        data = await stream.read_all()
+        draft = SnapshotDraft(
+            scope=stream.scope,
+            snapshot_id=stream.snapshot_id,
+            data=data,
+            size=stream.size,
+            sha256=stream.sha256,
+            metadata=stream.metadata,
+            metadata_json=stream.metadata_json,
+        )
+        return await self._put(draft)
+
+    async def _open(self, scope: str, snapshot_id: str) -> OpenedSnapshot | None:
+        """The stored, unexpired snapshot as chunks; by default :meth:`_get`, whole."""
+        snapshot = await self._get(scope, snapshot_id)
+        if snapshot is None:
+            return None
+        return OpenedSnapshot(snapshot.info, chunks_of(snapshot.data))
+
     async def _latest(self, scope: str) -> Snapshot | None:
         """The newest unexpired snapshot of ``scope``, as stored.
 
@@ -368,16 +458,23 @@ class SnapshotStore(RuntimeStore):
             blob = bytes(data)  # the store's own copy: the caller may reuse its buffer
         else:
             raise InvalidInputError(
-                f"data must be bytes (or a bytearray or memoryview), not {type(data).__qualname__}"
+                "data must be bytes (or a bytearray or memoryview), a binary file object or an "
+                f"async iterable of bytes, not {type(data).__qualname__}"
             )
         limit = self.max_snapshot_bytes
         if limit is not None and len(blob) > limit:
-            raise SnapshotTooLargeError(
-                f"snapshot is {len(blob):,} bytes, over the {self.backend_name} backend's "
-                f"limit of {limit:,} bytes; store large snapshots in another backend with a "
-                f"hybrid bundle: connect(url, snapshots=other_url)"
-            )
+            raise too_large(len(blob), limit, self.backend_name)
         return blob
+
+    async def _report_corrupt(self, scope: str, snapshot_id: str) -> None:
+        await self.warn(
+            StoreWarning(
+                kind="invalid_record",
+                reason="snapshot data does not match its size and SHA-256 digest",
+                scope_key=scope,
+                snapshot_id=snapshot_id,
+            )
+        )
 
     async def _verified(self, snapshot: Snapshot | None) -> Snapshot | None:
         if snapshot is None:
@@ -388,18 +485,61 @@ class SnapshotStore(RuntimeStore):
         ):
             return snapshot
         reason = "snapshot data does not match its size and SHA-256 digest"
-        await self.warn(
-            StoreWarning(
-                kind="invalid_record",
-                reason=reason,
-                scope_key=info.scope,
-                snapshot_id=info.snapshot_id,
-            )
-        )
+        await self._report_corrupt(info.scope, info.snapshot_id)
         raise CorruptSnapshotError(
             f"{reason}: the stored copy is damaged and was not returned "
             f"(scope {info.scope!r}, snapshot id {info.snapshot_id!r})"
         )
+
+
+class StreamingSnapshotStore(SnapshotStore):
+    """A snapshot store that stores and reads chunks: memory bounded by the chunk size.
+
+    A backend implements :meth:`_put_stream` and :meth:`_open` (plus
+    ``_list``, ``_delete`` and ``_purge_expired``); ``put`` of bytes and
+    ``get`` are derived from them here.
+
+    - ``_put_stream(stream)``: iterate ``stream.chunks()`` once, storing each
+      chunk where no reader sees it (a temporary file, a multipart upload);
+      when the iteration ends, make the snapshot visible in one atomic step
+      with ``stream.info(created_at, self.snapshot_expiry(created_at))`` and
+      return that info. If the iteration raises, remove what was stored and
+      let the error through.
+    - ``_open(scope, snapshot_id)``: ``None``, or an
+      :class:`~pai_storage.snapshot_io.OpenedSnapshot` with the info and the
+      stored bytes as chunks (unverified: the reader checks them).
+    """
+
+    async def _put(self, draft: SnapshotDraft) -> SnapshotInfo:
+        stream = SnapshotStream(
+            scope=draft.scope,
+            snapshot_id=draft.snapshot_id,
+            metadata=draft.metadata,
+            metadata_json=draft.metadata_json,
+            source=chunks_of(draft.data),
+            limit=None,  # checked already
+            backend=self.backend_name,
+        )
+        return await self._put_stream(stream)
+
+    @abstractmethod
+    async def _put_stream(self, stream: SnapshotStream) -> SnapshotInfo:
+        """Store the chunks, then make the snapshot visible at once (see the class)."""
+
+    @abstractmethod
+    async def _open(self, scope: str, snapshot_id: str) -> OpenedSnapshot | None:
+        """The stored, unexpired snapshot as chunks (see the class)."""
+
+    async def _get(self, scope: str, snapshot_id: str) -> Snapshot | None:
+        opened = await self._open(scope, snapshot_id)
+        if opened is None:
+            return None
+        try:
+            data = b"".join([chunk async for chunk in opened.chunks])
+        finally:
+            if opened.close is not None:
+                await opened.close()
+        return Snapshot.model_construct(info=opened.info, data=data)
 
 
 def _to_ms(moment: datetime) -> int:

@@ -21,7 +21,7 @@ from pai_storage.errors import (
     StorageError,
 )
 from pai_storage.events import StoreWarning
-from pai_storage.snapshots import Snapshot, SnapshotInfo
+from pai_storage.snapshots import Snapshot, SnapshotInfo, SnapshotReader
 
 
 @pytest_asyncio.fixture
@@ -203,3 +203,56 @@ def test_snapshot_models_hide_data_and_metadata_in_reprs() -> None:
     assert dumped["data"] == "aHVudGVyMg=="  # base64 in JSON
     assert dumped["info"]["snapshotId"] == "s"
     assert Snapshot.model_validate_json(snapshot.model_dump_json()) == snapshot
+
+
+async def _drain(store: MemorySnapshotStore, scope: str, snapshot_id: str) -> list[bytes]:
+    reader = await store.open(scope, snapshot_id)
+    assert reader is not None
+    handed: list[bytes] = []
+    await _read_into(reader, handed)
+    return handed
+
+
+async def _read_into(reader: SnapshotReader, handed: list[bytes]) -> None:
+    async with reader:
+        async for chunk in reader:
+            handed.append(chunk)
+
+
+async def test_a_damaged_snapshot_never_hands_out_its_last_chunk() -> None:
+    warnings: list[StoreWarning] = []
+    store = _Damaging(clock=ManualClock(), on_warning=warnings.append)
+    data = bytes(range(256)) * 4096 * 3  # three chunks of 1 MiB
+    await store.put("scope", "s", data)
+    store.damage("scope", "s", data=data[:-1] + b"\x00")  # the last byte: the last chunk
+    reader = await store.open("scope", "s")
+    assert reader is not None
+    handed: list[bytes] = []
+    with pytest.raises(CorruptSnapshotError, match="does not match its size and SHA-256"):
+        await _read_into(reader, handed)
+    assert len(handed) == 2, "the last chunk is held back until the digest matched"
+    assert [w.snapshot_id for w in warnings] == ["s"]
+    store.damage("scope", "s", data=data[: 2 * 1024 * 1024])  # truncated
+    with pytest.raises(CorruptSnapshotError):
+        await _drain(store, "scope", "s")
+
+
+async def test_a_longer_snapshot_is_refused_as_soon_as_it_passes_its_size() -> None:
+    store = _Damaging(clock=ManualClock(), on_warning=lambda w: None)
+    await store.put("scope", "s", b"x" * 1024 * 1024)
+    store.damage("scope", "s", data=b"x" * 5 * 1024 * 1024)
+    reader = await store.open("scope", "s")
+    assert reader is not None
+    handed: list[bytes] = []
+    with pytest.raises(CorruptSnapshotError):
+        await _read_into(reader, handed)
+    assert handed == []  # the second chunk passed the size: nothing was handed out
+
+
+async def test_bad_data_names_every_accepted_kind() -> None:
+    store = MemorySnapshotStore(clock=ManualClock())
+    with pytest.raises(
+        InvalidInputError,
+        match=r"bytes .or a bytearray or memoryview., a binary file object or an async iterable",
+    ):
+        await store.put("scope", "s", "text")  # type: ignore[arg-type]

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import io
 import json
 import re
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -37,7 +38,7 @@ from pai_storage.errors import (
     SnapshotTooLargeError,
     StorageError,
 )
-from pai_storage.snapshots import Snapshot, SnapshotInfo, SnapshotStore
+from pai_storage.snapshots import Snapshot, SnapshotInfo, SnapshotReader, SnapshotStore
 
 from ._support import BAD_NAMES, HOSTILE_NAMES, run_model, tampered_token
 
@@ -92,10 +93,139 @@ async def _scopes_from(store: SnapshotStore, prefix: str, limit: int) -> list[st
     raise AssertionError("pages never ended")
 
 
+async def _chunks(*parts: bytes) -> AsyncIterator[bytes]:
+    for part in parts:
+        await asyncio.sleep(0)
+        yield part
+
+
+async def _failing(data: bytes, error: Exception) -> AsyncIterator[bytes]:
+    yield data
+    raise error
+
+
+async def _read(reader: SnapshotReader) -> list[bytes]:
+    async with reader:
+        return [chunk async for chunk in reader]
+
+
 class SnapshotStoreTests:
-    """Round trips, replacement, order, expiry, pages, isolation, sizes, errors."""
+    """Round trips, streaming, replacement, order, expiry, pages, isolation, sizes, errors."""
 
     pytestmark = pytest.mark.asyncio
+
+    # ------------------------------------------------------------ streaming
+
+    async def test_snapshot_streamed_put_and_open(self, snapshot_store: SnapshotStore) -> None:
+        scope = _scope("stream")
+        parts = [bytes(range(256)) * 4096, b"", b"tail", b"\x00" * 3_000_001]
+        data = b"".join(parts)
+        info = await snapshot_store.put(scope, "iter", _chunks(*parts), metadata={"n": 1})
+        assert (info.size, info.sha256, info.metadata) == (len(data), _digest(data), {"n": 1})
+        from_file = await snapshot_store.put(scope, "file", io.BytesIO(data))
+        assert (from_file.size, from_file.sha256) == (info.size, info.sha256)
+        for snapshot_id, expected in (("iter", info), ("file", from_file)):
+            reader = await snapshot_store.open(scope, snapshot_id)
+            assert reader is not None
+            assert reader.info == expected
+            chunks = await _read(reader)
+            assert b"".join(chunks) == data
+            assert all(type(c) is bytes for c in chunks)
+            assert max(len(c) for c in chunks) <= 8 * MIB, "chunks bound a read's memory"
+            got = await snapshot_store.get(scope, snapshot_id)
+            assert got is not None
+            assert got.data == data
+            assert got.info == expected
+        empty = await snapshot_store.put(scope, "empty", _chunks())
+        assert (empty.size, empty.sha256) == (0, _digest(b""))
+        reader = await snapshot_store.open(scope, "empty")
+        assert reader is not None
+        assert await _read(reader) == []
+        assert await snapshot_store.open(scope, "absent") is None
+
+    async def test_snapshot_streamed_from_a_file_on_disk(
+        self, snapshot_store: SnapshotStore, tmp_path: Any
+    ) -> None:
+        scope = _scope("disk")
+        data = uuid.uuid4().bytes * 100_000
+        path = tmp_path / "archive.tar"
+        path.write_bytes(data)
+        with path.open("rb") as source:
+            source.seek(16)  # read from where the file stands
+            info = await snapshot_store.put(scope, "s", source)
+        assert (info.size, info.sha256) == (len(data) - 16, _digest(data[16:]))
+        reader = await snapshot_store.open(scope, "s")
+        assert reader is not None
+        async with reader:
+            assert await reader.read() == data[16:]
+
+    async def test_snapshot_reader_closes_early_and_reads_once(
+        self, snapshot_store: SnapshotStore
+    ) -> None:
+        scope = _scope("early")
+        data = b"0123456789" * 300_000
+        await snapshot_store.put(scope, "s", data)
+        reader = await snapshot_store.open(scope, "s")
+        assert reader is not None
+        async with reader:
+            async for chunk in reader:
+                assert data.startswith(chunk)
+                break
+        with pytest.raises(RuntimeError, match="read once"):
+            async for _ in reader:
+                pass
+        assert await snapshot_store.delete(scope, "s")  # nothing held it
+        assert await snapshot_store.open(scope, "s") is None
+
+    async def test_snapshot_failed_stream_stores_nothing(
+        self, snapshot_store: SnapshotStore
+    ) -> None:
+        scope = _scope("failed-stream")
+        await snapshot_store.put(scope, "s", b"kept", metadata={"v": 1})
+        with pytest.raises(OSError, match="source broke"):
+            await snapshot_store.put(scope, "s", _failing(b"x" * MIB, OSError("source broke")))
+        with pytest.raises(InvalidInputError, match=r"data must be bytes.*yielded str"):
+            await snapshot_store.put(scope, "s", _chunks(b"abc", "text"))  # type: ignore[arg-type]
+        with pytest.raises(InvalidInputError, match="binary mode"):
+            await snapshot_store.put(scope, "s", io.StringIO("text"))
+        with pytest.raises(InvalidInputError, match="data must be bytes"):
+            await snapshot_store.put(
+                scope, "new", _failing(b"x", InvalidInputError("data must be bytes"))
+            )
+        got = await snapshot_store.get(scope, "s")
+        assert got is not None
+        assert (got.data, got.info.metadata) == (b"kept", {"v": 1})
+        assert [i.snapshot_id for i in await _all(snapshot_store, scope)] == ["s"]
+
+    async def test_snapshot_streamed_size_limit(self, snapshot_store: SnapshotStore) -> None:
+        limit = snapshot_store.max_snapshot_bytes
+        if limit is None or limit > LARGEST_TESTED_LIMIT:
+            return  # too large to stream in a test; test_snapshot_size_limit covers the rule
+        scope = _scope("stream-size")
+
+        async def just_over() -> AsyncIterator[bytes]:
+            for _ in range(limit // MIB):
+                yield b"\x01" * MIB
+            yield b"\x01" * (limit % MIB + 1)
+
+        with pytest.raises(SnapshotTooLargeError, match=rf"{limit + 1:,} bytes.*{limit:,} bytes"):
+            await snapshot_store.put(scope, "too-big", just_over())
+        assert await snapshot_store.get(scope, "too-big") is None
+        assert await _all(snapshot_store, scope) == []
+
+    async def test_snapshot_open_checks_names_and_a_closed_store(
+        self, snapshot_store: SnapshotStore
+    ) -> None:
+        for bad, words in BAD_NAMES:
+            with pytest.raises(InvalidInputError, match=re.escape(words)):
+                await snapshot_store.open(bad, "s")  # type: ignore[arg-type]
+            with pytest.raises(InvalidInputError, match=re.escape(words)):
+                await snapshot_store.open("scope", bad)  # type: ignore[arg-type]
+        await snapshot_store.close()
+        with pytest.raises(ConfigurationError, match="closed"):
+            await snapshot_store.open("scope", "s")
+        with pytest.raises(ConfigurationError, match="closed"):
+            await snapshot_store.put("scope", "s", _chunks(b"x"))
 
     # ------------------------------------------------------------ round trips
 
