@@ -99,6 +99,20 @@ DEFAULT_COLLECTIONS: Final[Mapping[str, str]] = {
 }
 """Each runtime component's collection name, after the prefix."""
 
+THREAD_SUFFIXES: Final[Mapping[str, str]] = {
+    "threads": "",
+    "messages": "_messages",
+    "runs": "_runs",
+    "queuedItems": "_pending_messages",
+}
+"""The thread store's collections: its collection name followed by each suffix."""
+
+MAX_NAMESPACE_BYTES: Final = 255
+"""MongoDB's limit on a database name, a dot and a collection name together (UTF-8)."""
+
+MAX_DB_NAME_BYTES: Final = 63
+"""MongoDB's limit on a database name (UTF-8)."""
+
 CLIENT_OPTIONS: Final = frozenset({"db_name", "collection_prefix", "names"})
 """The options that shape a :class:`MongoClientHolder` (every runtime store takes them)."""
 
@@ -203,6 +217,14 @@ class MongoClientHolder(SharedClient["AsyncMongoClient[Doc]"]):
         A full collection name per component (``{"kv": "my_kv"}``); the
         prefix does not apply to these. Components: ``kv``, ``state``,
         ``snapshots``, ``guard``.
+
+    Every collection must be one MongoDB accepts and have one user: two
+    components never share one, and none is one of the thread store's
+    (``<collection_prefix>threads`` and its suffixed collections, or the
+    ``collection_name`` a thread store attaching to this holder names; see
+    :meth:`thread_collections`). Anything else is a
+    :class:`~pai_storage.errors.ConfigurationError` here, before any server
+    is contacted.
     """
 
     def __init__(
@@ -229,35 +251,41 @@ class MongoClientHolder(SharedClient["AsyncMongoClient[Doc]"]):
                 f"not {self.url.full_scheme}://"
             )
         check_url_options(self.url)
-        self.db_name: str = _check_collection_part("db_name", db_name or self.url.database or "pai")
-        if collection_prefix != "":
-            _check_collection_part("collection_prefix", collection_prefix)
+        self.db_name: str = _check_db_name(db_name or self.url.database or "pai")
+        if type(collection_prefix) is not str:
+            raise ThreadStoreConfigurationError("option collection_prefix must be a string")
         self.collection_prefix = collection_prefix
+        given = _check_names(names)
         self.names: dict[str, str] = {
-            component: collection_prefix + name for component, name in DEFAULT_COLLECTIONS.items()
+            component: _check_collection(
+                f"names[{component!r}]" if component in given else "collection_prefix",
+                given.get(component, collection_prefix + default),
+                self.db_name,
+            )
+            for component, default in DEFAULT_COLLECTIONS.items()
         }
-        for component, name in (names or {}).items():
-            if component not in DEFAULT_COLLECTIONS:
-                raise ThreadStoreConfigurationError(
-                    f"option names: unknown component {component!r} "
-                    f"(valid: {', '.join(DEFAULT_COLLECTIONS)})"
-                )
-            self.names[component] = _check_collection_part(f"names[{component!r}]", name)
-        if len(set(self.names.values())) != len(self.names):
-            raise ThreadStoreConfigurationError("option names: two components share a collection")
+        self.thread_collections()  # the default thread collections are never a component's
         super().__init__(owned=client is None)
         self._given = cast("AsyncMongoClient[Doc] | None", client)
         self._db: AsyncDatabase[Doc] | None = None
 
     @classmethod
     def attached(
-        cls, url: str | StoreURL | None, client: object = None, **options: Any
+        cls,
+        url: str | StoreURL | None,
+        client: object = None,
+        *,
+        thread_collection: str | None = None,
+        **options: Any,
     ) -> MongoClientHolder:
         """The holder a store uses, counted as one more user of it.
 
         ``client`` is a shared :class:`MongoClientHolder` (then no client
         option may be given: the holder already has them), an application's
-        ``AsyncMongoClient``, or ``None`` for a new client from ``url``.
+        ``AsyncMongoClient``, or ``None`` for a new client from ``url``. A
+        thread store gives its ``collection_name`` as ``thread_collection``:
+        its collections are checked against the holder's
+        (:meth:`thread_collections`) before it is counted.
         """
         given = {k: v for k, v in options.items() if v is not None}
         if isinstance(client, MongoClientHolder):
@@ -266,11 +294,13 @@ class MongoClientHolder(SharedClient["AsyncMongoClient[Doc]"]):
                     f"option(s) {', '.join(sorted(given))} cannot be combined with a shared "
                     "client; give them where the client is made"
                 )
-            client.attach()
-            return client
-        made = cls(url, client=client, **given)
-        made.attach()
-        return made
+            holder = client
+        else:
+            holder = cls(url, client=client, **given)
+        if thread_collection is not None:
+            holder.thread_collections(thread_collection)
+        holder.attach()
+        return holder
 
     def __repr__(self) -> str:
         return (
@@ -357,6 +387,38 @@ class MongoClientHolder(SharedClient["AsyncMongoClient[Doc]"]):
     def name(self, component: str) -> str:
         """The collection name of ``component`` (``kv``, ``state``, ``snapshots``, ``guard``)."""
         return self.names[component]
+
+    def thread_collections(self, collection_name: str | None = None) -> dict[str, str]:
+        """A thread store's collections, keyed by family (see :data:`THREAD_SUFFIXES`).
+
+        ``collection_name`` defaults to ``<collection_prefix>threads``. Each
+        must be a valid MongoDB name and none a runtime component's collection:
+        a runtime store's indexes on a thread collection would delete thread
+        roots (the snapshot TTL index) or refuse thread writes (a unique index).
+
+        Raises
+        ------
+        ConfigurationError
+            A name MongoDB refuses, or one a runtime component of this holder
+            uses (both are named).
+        """
+        kind = "collection_prefix" if collection_name is None else "collection_name"
+        base = self.collection_prefix + "threads" if collection_name is None else collection_name
+        threads = {family: base + suffix for family, suffix in THREAD_SUFFIXES.items()}
+        owners = {
+            name: f"the thread store's {family} collection" for family, name in threads.items()
+        }
+        for name in threads.values():
+            _check_collection(kind, name, self.db_name)
+        for component, name in self.names.items():
+            if name in owners:
+                raise ThreadStoreConfigurationError(
+                    f"option names: collection {name!r} would be both {owners[name]} and the "
+                    f"{component} store's; give each its own (options names, collection_name "
+                    "or collection_prefix)"
+                )
+            owners[name] = f"the {component} store's"
+        return threads
 
     async def collection(
         self, component: str, indexes: Sequence[IndexModel] = ()
@@ -490,15 +552,69 @@ def _check_client(client: object) -> None:
         )
 
 
-def _check_collection_part(kind: str, value: object) -> str:
-    if type(value) is not str or not value or len(value) > 120:
-        raise ThreadStoreConfigurationError(f"option {kind} must be a non-empty string")
-    if any(c in value for c in "\x00$") or value.startswith("system."):
+def _check_names(value: object) -> dict[str, object]:
+    """The ``names`` option as a dict of known components (names are checked after)."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
         raise ThreadStoreConfigurationError(
-            f"option {kind} must not contain '$' or U+0000, nor start with 'system.'"
+            "option names must be a mapping from component to collection name, e.g. "
+            f"{{'kv': 'my_kv'}}; not {type(value).__qualname__}"
         )
-    if kind == "db_name" and any(c in value for c in '/\\. "'):
+    for component in value:
+        if component not in DEFAULT_COLLECTIONS:
+            raise ThreadStoreConfigurationError(
+                f"option names: unknown component {component!r} "
+                f"(valid: {', '.join(DEFAULT_COLLECTIONS)})"
+            )
+    return dict(value)
+
+
+def _text(kind: str, value: object) -> str:
+    """``value`` if it is a non-empty string UTF-8 can encode (as BSON must)."""
+    if type(value) is not str or not value:
+        raise ThreadStoreConfigurationError(f"option {kind} must be a non-empty string")
+    try:
+        value.encode()
+    except UnicodeEncodeError:
         raise ThreadStoreConfigurationError(
-            "option db_name must not contain '/', '\\', '.', a space or '\"'"
+            f"option {kind} must be valid Unicode text (it holds a lone surrogate)"
+        ) from None
+    return value
+
+
+def _check_db_name(value: object) -> str:
+    value = _text("db_name", value)
+    size = len(value.encode())
+    if any(c in value for c in '/\\. "$\x00'):
+        raise ThreadStoreConfigurationError(
+            "option db_name must not contain '/', '\\', '.', a space, '\"', '$' or U+0000"
+        )
+    if size > MAX_DB_NAME_BYTES:
+        raise ThreadStoreConfigurationError(
+            f"option db_name is {size} bytes long; MongoDB allows {MAX_DB_NAME_BYTES}"
+        )
+    return value
+
+
+def _check_collection(kind: str, value: object, db_name: str) -> str:
+    """``value`` if MongoDB accepts it as a collection name in ``db_name``, else a
+    configuration error naming the option ``kind``."""
+    value = _text(kind, value)
+    size = len(f"{db_name}.{value}".encode())
+    if (
+        any(c in value for c in "\x00$")
+        or ".." in value
+        or value.startswith((".", "system."))
+        or value.endswith(".")
+    ):
+        raise ThreadStoreConfigurationError(
+            f"option {kind} makes a collection name MongoDB refuses: it must not contain "
+            "'$', '..' or U+0000, start or end with '.', nor start with 'system.'"
+        )
+    if size > MAX_NAMESPACE_BYTES:
+        raise ThreadStoreConfigurationError(
+            f"option {kind} makes a collection name too long: the database name, a dot and "
+            f"the collection name are {size} bytes; MongoDB allows {MAX_NAMESPACE_BYTES} bytes"
         )
     return value

@@ -12,7 +12,10 @@ then only
   client holder's options (:func:`split_client_options` takes those out of a
   store's keyword arguments);
 - says which indexes its collection has (:meth:`~MongoRuntimeStore._indexes`)
-  and, when it must, what to check on the collection once they exist
+  and, when one is a TTL index that follows an option, its name and the
+  option's (:attr:`~MongoRuntimeStore.ttl_index`,
+  :attr:`~MongoRuntimeStore.ttl_option`): ``initialize()`` then refuses a
+  collection whose index expires documents after another time
   (:meth:`~MongoRuntimeStore._verify`).
 
 The holder (:class:`~pai_storage_mongo.client.MongoClientHolder`) is taken in
@@ -55,6 +58,11 @@ class MongoRuntimeStore(RuntimeStore):
     token_prefix = "pai-mongo"
     component: ClassVar[str]
     """The store's component: its collection's key in the holder's names."""
+    ttl_index: ClassVar[str | None] = None
+    """The name of the store's TTL index whose ``expireAfterSeconds`` follows
+    :attr:`ttl_option` (``None``: no such index)."""
+    ttl_option: ClassVar[str] = ""
+    """The option the TTL index follows (``session_ttl``, ``snapshot_ttl``)."""
 
     url: StoreURL
     """The URL of the store's client (the password masked when shown)."""
@@ -106,7 +114,40 @@ class MongoRuntimeStore(RuntimeStore):
         return ()
 
     async def _verify(self, collection: AsyncCollection[Doc]) -> None:
-        """Check the collection once its indexes exist (default: nothing to check)."""
+        """Check the collection once its indexes exist: its :attr:`ttl_index`.
+
+        MongoDB keeps an existing index's ``expireAfterSeconds`` when
+        ``createIndexes`` asks for the same index with another one, so a store
+        opened with a longer TTL than the index's would have documents it
+        still holds live deleted by the server (or, the other way, expired
+        ones kept): refused.
+
+        Raises
+        ------
+        ConfigurationError
+            The index expires documents after another time than the option
+            (or exists while the option says nothing expires, or is missing).
+        """
+        if self.ttl_index is None:
+            return
+        expected = next(
+            (
+                m.document.get("expireAfterSeconds")
+                for m in self._indexes()
+                if m.document["name"] == self.ttl_index
+            ),
+            None,
+        )
+        with self._holder.errors("connect"):
+            found = await collection.index_information()
+        actual = found.get(self.ttl_index, {}).get("expireAfterSeconds")
+        if actual != expected:
+            raise ConfigurationError(
+                f"collection {collection.name!r}: its TTL index {self.ttl_index} says "
+                f"{_expiry(actual)} but this store's {self.ttl_option} says {_expiry(expected)}; "
+                f"drop that index, use the same {self.ttl_option}, or choose another "
+                "collection name (option names or collection_prefix)"
+            )
 
     async def _initialize(self) -> None:
         collection = await self._holder.collection(self.component, self._indexes())
@@ -122,3 +163,7 @@ class MongoRuntimeStore(RuntimeStore):
         """The store's clock as an aggregation expression: the test clock, else ``$$NOW``."""
         now = self.now()
         return "$$NOW" if now is None else now
+
+
+def _expiry(seconds: object) -> str:
+    return "no expiry" if seconds is None else f"{seconds} s"

@@ -31,7 +31,7 @@ import builtins
 import math
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from bson import Binary, Int64
 from pymongo import ASCENDING, DESCENDING, IndexModel, ReturnDocument
@@ -45,9 +45,6 @@ from pai_storage.snapshots import Snapshot, SnapshotDraft, SnapshotInfo, Snapsho
 from .client import closed_error
 from .documents import decoded
 from .runtime import MongoRuntimeStore, split_client_options
-
-if TYPE_CHECKING:
-    from pymongo.asynchronous.collection import AsyncCollection
 
 __all__ = ["MAX_SNAPSHOT_BYTES", "SCHEMA_VERSION", "MongoSnapshotStore", "indexes"]
 
@@ -108,6 +105,8 @@ class MongoSnapshotStore(MongoRuntimeStore, SnapshotStore):
     """
 
     component = "snapshots"
+    ttl_index = TTL_INDEX
+    ttl_option = "snapshot_ttl"
     max_snapshot_bytes: ClassVar[int | None] = MAX_SNAPSHOT_BYTES
     capabilities: ClassVar[frozenset[str]] = frozenset({ENUMERATE})
 
@@ -120,26 +119,6 @@ class MongoSnapshotStore(MongoRuntimeStore, SnapshotStore):
 
     def _indexes(self) -> list[IndexModel]:
         return indexes(self.snapshot_ttl)
-
-    async def _verify(self, collection: AsyncCollection[Doc]) -> None:
-        # MongoDB keeps an existing TTL index's expireAfterSeconds when asked for
-        # the same index with another one: compare, or snapshots would expire early.
-        ttl = [
-            m.document.get("expireAfterSeconds")
-            for m in self._indexes()
-            if m.document["name"] == TTL_INDEX
-        ]
-        expected = ttl[0] if ttl else None
-        with self._holder.errors("connect"):
-            found = await collection.index_information()
-        actual = found.get(TTL_INDEX, {}).get("expireAfterSeconds")
-        if actual != expected:
-            raise ConfigurationError(
-                f"collection {collection.name!r} expires snapshots after {actual} s "
-                f"(its {TTL_INDEX} index) but this store's snapshot_ttl is {expected} s; "
-                "drop that index, use the same snapshot_ttl, or choose another collection "
-                "name (option names or collection_prefix)"
-            )
 
     def _unopened_error(self) -> ConfigurationError:
         """The closed-store error of the client holder's operations."""

@@ -71,6 +71,9 @@ def decode_field(field: str) -> str:
     return _ENCODED.sub(lambda m: _DECODED[m.group(1)], field)
 
 
+TTL_INDEX = "_updated_at_ttl"
+
+
 def indexes(session_ttl: timedelta | None) -> list[IndexModel]:
     """The session collection's indexes: the TTL index on ``_updated_at`` (sparse).
 
@@ -84,7 +87,7 @@ def indexes(session_ttl: timedelta | None) -> list[IndexModel]:
     return [
         IndexModel(
             [("_updated_at", ASCENDING)],
-            name="_updated_at_ttl",
+            name=TTL_INDEX,
             expireAfterSeconds=seconds,
             sparse=True,
         )
@@ -112,6 +115,8 @@ class MongoAgentStateStore(MongoRuntimeStore, AgentStateStore):
     """
 
     component = "state"
+    ttl_index = TTL_INDEX
+    ttl_option = "session_ttl"
     value_bytes_limit: ClassVar[int | None] = 15 * 1024 * 1024
     capabilities: ClassVar[frozenset[str]] = frozenset({ENUMERATE})
 

@@ -403,7 +403,11 @@ class MongoThreadStore(ThreadStore):
             _check_name("collection_name", collection_name)
         # Everything that can be refused is checked before the holder counts this store.
         self._holder = MongoClientHolder.attached(
-            url, client, db_name=db_name, collection_prefix=collection_prefix
+            url,
+            client,
+            thread_collection=collection_name,
+            db_name=db_name,
+            collection_prefix=collection_prefix,
         )
         self.url = self._holder.url
         self.db_name = self._holder.db_name
