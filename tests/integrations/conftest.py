@@ -64,18 +64,39 @@ async def _drop_schema(schema: str) -> None:
         await conn.close()
 
 
-async def _drop_tables(table_prefix: str) -> None:
-    from pai_storage_sql.schema import Tables
+def _mysql_engine() -> Any:
     from sqlalchemy.ext.asyncio import create_async_engine
     from sqlalchemy.pool import NullPool
 
     url = pai_storage.make_url(MYSQL_URL).render(hide_password=False, scheme="mysql+asyncmy")
-    engine = create_async_engine(url, poolclass=NullPool)
+    return create_async_engine(url, poolclass=NullPool)
+
+
+async def _mysql_tables(table_prefix: str, drop: bool) -> None:
+    """Drop a prefix's tables, or empty them for the next test (DDL costs MariaDB seconds)."""
+    from pai_storage_sql.schema import Tables
+    from sqlalchemy import delete
+
+    metadata = Tables.define(table_prefix).metadata
+    engine = _mysql_engine()
     try:
         async with engine.begin() as conn:
-            await conn.run_sync(Tables.define(table_prefix).metadata.drop_all)
+            if drop:
+                await conn.run_sync(metadata.drop_all)
+            else:
+                for table in reversed(metadata.sorted_tables):
+                    await conn.execute(delete(table))
     finally:
         await engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def mariadb_prefixes() -> Iterator[list[str]]:
+    """Table prefixes emptied after their test, ready for the next one; dropped at the end."""
+    free: list[str] = []
+    yield free
+    for prefix in free:
+        asyncio.run(_mysql_tables(prefix, drop=True))
 
 
 async def _drop_database(url: str, name: str) -> None:
@@ -92,10 +113,14 @@ def _server(backend: str, request: pytest.FixtureRequest) -> str:
     """The server URL of a backend (synchronous: it may start the replica set)."""
     if backend == "mongo":
         return str(request.getfixturevalue("mongo_url"))
+    if backend == "mariadb":
+        request.getfixturevalue("mariadb_prefixes")
     return {"postgres": POSTGRES_URL, "mariadb": MYSQL_URL}.get(backend, "")
 
 
-async def make_target(backend: str, server: str, tmp_path: Path) -> AsyncIterator[Target]:
+async def make_target(
+    backend: str, server: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> AsyncIterator[Target]:
     fresh = uuid.uuid4().hex[:12]
     if backend == "memory":
         yield Target(backend, "memory://")
@@ -105,8 +130,11 @@ async def make_target(backend: str, server: str, tmp_path: Path) -> AsyncIterato
         yield Target(backend, server, {"schema": f"pai_int_{fresh}"})
         await _drop_schema(f"pai_int_{fresh}")
     elif backend == "mariadb":
-        yield Target(backend, server, {"table_prefix": f"i{fresh}"})
-        await _drop_tables(f"i{fresh}")
+        free: list[str] = request.getfixturevalue("mariadb_prefixes")
+        prefix = free.pop() if free else f"i{fresh}"
+        yield Target(backend, server, {"table_prefix": prefix})
+        await _mysql_tables(prefix, drop=False)
+        free.append(prefix)
     else:
         yield Target(backend, server, {"db_name": f"pai_int_{fresh}"})
         await _drop_database(server, f"pai_int_{fresh}")
@@ -123,16 +151,20 @@ def durable_backend(request: pytest.FixtureRequest) -> tuple[str, str]:
 
 
 @pytest_asyncio.fixture
-async def target(backend: tuple[str, str], tmp_path: Path) -> AsyncIterator[Target]:
+async def target(
+    backend: tuple[str, str], tmp_path: Path, request: pytest.FixtureRequest
+) -> AsyncIterator[Target]:
     """Each backend in turn, in a namespace of this test's own."""
-    async for made in make_target(*backend, tmp_path):
+    async for made in make_target(*backend, tmp_path, request):
         yield made
 
 
 @pytest_asyncio.fixture
-async def durable_target(durable_backend: tuple[str, str], tmp_path: Path) -> AsyncIterator[Target]:
+async def durable_target(
+    durable_backend: tuple[str, str], tmp_path: Path, request: pytest.FixtureRequest
+) -> AsyncIterator[Target]:
     """Each backend another process can open too."""
-    async for made in make_target(*durable_backend, tmp_path):
+    async for made in make_target(*durable_backend, tmp_path, request):
         yield made
 
 
