@@ -66,7 +66,7 @@ async def child(url: str, case: str, ops: int) -> None:
             nonlocal version
             msg = b.message(uuid.uuid4().hex, "answer " * 40, role="assistant")
             result = await store.commit_thread(
-                b.update(SCOPE, "t", version, {"messages": [b.insert(msg)]})
+                b.update_at(SCOPE, "t", version, {"messages": [b.insert(msg)]}, root=b.root())
             )
             assert isinstance(result, CommittedResult)
             assert result.thread is not None

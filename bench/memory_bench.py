@@ -90,7 +90,9 @@ class Conversation:
                 inserts, run = _completed(n)
                 changes["messages"] += inserts
                 changes["runs"].append(run)
-            await self._commit(b.update(self.scope, self.thread_id, self.version, changes))
+            await self._commit(
+                b.update_at(self.scope, self.thread_id, self.version, changes, root=b.root())
+            )
             self.turns = batch.stop
         return self
 
@@ -102,13 +104,17 @@ class Conversation:
             "runs": [b.insert(b.run(f"r{n}", "running", inputs=[f"u{n}"]))],
             "lease": b.acquire(f"r{n}", OWNER, 60_000),
         }
-        await self._commit(b.update(self.scope, self.thread_id, self.version, opened))
+        await self._commit(
+            b.update_at(self.scope, self.thread_id, self.version, opened, root=b.root())
+        )
         closed = {
             "messages": [b.insert(_answer(n))],
             "runs": [b.replace(b.run(f"r{n}", "completed", inputs=[f"u{n}"]))],
             "lease": b.release(f"r{n}", OWNER),
         }
-        await self._commit(b.update(self.scope, self.thread_id, self.version, closed))
+        await self._commit(
+            b.update_at(self.scope, self.thread_id, self.version, closed, root=b.root())
+        )
 
     async def read_newest(self) -> None:
         page = {"type": "page", "view": "transcript", "order": "newest", "page": {"limit": 20}}

@@ -132,8 +132,8 @@ class Transcript:
         if self.version is None:
             request = b.create(SCOPE, self.thread_id, changes, metadata={"app": "bench"})
         else:
-            request = b.update(
-                SCOPE, self.thread_id, self.version, changes, metadata={"app": "bench"}
+            request = b.update_at(
+                SCOPE, self.thread_id, self.version, changes, root=b.root(metadata={"app": "bench"})
             )
         result = await self.store.commit_thread(request)
         assert isinstance(result, CommittedResult), result

@@ -90,7 +90,9 @@ async def build_thread(
             one = turn(n)
             changes["messages"] += one["messages"]
             changes["runs"] += one["runs"]
-        result = await store.commit_thread(b.update(scope, thread_id, version, changes))
+        result = await store.commit_thread(
+            b.update_at(scope, thread_id, version, changes, root=b.root())
+        )
         assert isinstance(result, CommittedResult)
         assert result.thread is not None
         version = result.thread.version
@@ -299,7 +301,9 @@ async def main(url: str, quick: bool) -> None:
         async def append(size: int) -> None:
             msg = b.message(uuid.uuid4().hex, "answer " * 40, role="assistant")
             result = await store.commit_thread(
-                b.update(SCOPE, f"t{size}", sized[size], {"messages": [b.insert(msg)]})
+                b.update_at(
+                    SCOPE, f"t{size}", sized[size], {"messages": [b.insert(msg)]}, root=b.root()
+                )
             )
             assert isinstance(result, CommittedResult)
             assert result.thread is not None
@@ -405,7 +409,9 @@ async def main(url: str, quick: bool) -> None:
                 tid = tids[i]
                 msg = b.message(uuid.uuid4().hex, "answer " * 40, role="assistant")
                 result = await store.commit_thread(
-                    b.update(SCOPE, tid, state[tid], {"messages": [b.insert(msg)]})
+                    b.update_at(
+                        SCOPE, tid, state[tid], {"messages": [b.insert(msg)]}, root=b.root()
+                    )
                 )
                 assert isinstance(result, CommittedResult)
                 assert result.thread is not None

@@ -94,7 +94,9 @@ async def build_thread(store: SqlThreadStore, thread_id: str, messages: int) -> 
             one = turn(n)
             changes["messages"] += one["messages"]
             changes["runs"] += one["runs"]
-        result = await store.commit_thread(b.update(SCOPE, thread_id, version, changes))
+        result = await store.commit_thread(
+            b.update_at(SCOPE, thread_id, version, changes, root=b.root())
+        )
         assert isinstance(result, CommittedResult)
         assert result.thread is not None
         version = result.thread.version
@@ -436,7 +438,7 @@ async def record_turns(
     """The statements of ``count`` turns on the thread of ``size`` messages, turn by turn."""
     sequence = []
     for n in range(count):
-        request = b.update(SCOPE, f"t{size}", version, turn(size + n))
+        request = b.update_at(SCOPE, f"t{size}", version, turn(size + n), root=b.root())
         done: list[Any] = []
 
         async def commit(request: dict[str, Any] = request, done: list[Any] = done) -> None:
@@ -468,7 +470,7 @@ async def time_turns(
     async def store_turn() -> None:
         nonlocal version
         result = await store.commit_thread(
-            b.update(SCOPE, f"t{size}", version, turn(size + next(counter)))
+            b.update_at(SCOPE, f"t{size}", version, turn(size + next(counter)), root=b.root())
         )
         assert isinstance(result, CommittedResult)
         assert result.thread is not None

@@ -343,11 +343,12 @@ class Load:
             result = await self._attempt(
                 attempt,
                 self.stores.threads.commit_thread(
-                    b.update(
+                    b.update_at(
                         SCOPE,
                         thread_id,
                         version,
                         {"messages": [b.insert(b.message(message_id, text))]},
+                        root=b.root(),
                     )
                 ),
             )
@@ -706,7 +707,13 @@ async def commit_once_more(stores: Stores, thread_id: str) -> None:
     read = await threads.read_thread(b.read(SCOPE, thread_id))
     assert read.thread is not None
     result = await threads.commit_thread(
-        b.update(SCOPE, thread_id, read.thread.version, {"messages": []}, title="after the fault")
+        b.update_at(
+            SCOPE,
+            thread_id,
+            read.thread.version,
+            {"messages": []},
+            root=b.root(title="after the fault"),
+        )
     )
     assert isinstance(result, CommittedResult), result
     assert isinstance(await stores.kv.put(KV_NS, "after", {"ok": True}), Item)

@@ -431,12 +431,12 @@ class _Workload:
 
         async def fill(thread_id: str) -> None:
             for step in range(messages):
-                request = b.update(
+                request = b.update_at(
                     self.scope,
                     thread_id,
                     self.created[thread_id],
                     self._turn_changes(step),
-                    title=thread_id,
+                    root=b.root(title=thread_id),
                 )
                 outcome = await _timed(stats, self.store.commit_thread(request))
                 thread = _committed(outcome, f"commit {step} on {thread_id}").thread

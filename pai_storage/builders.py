@@ -6,7 +6,10 @@ Each returns a plain ``dict`` in the wire form, ready for ``commit_thread`` or
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, Never
+
+from .errors import ThreadStoreInvariantError
+from .models import ThreadRecord
 
 __all__ = [
     "acquire",
@@ -20,9 +23,11 @@ __all__ = [
     "release",
     "renew",
     "replace",
+    "root",
     "run",
     "truncate",
     "update",
+    "update_at",
 ]
 
 
@@ -149,24 +154,95 @@ def create(
     }
 
 
+_UPDATE_HOW = (
+    "builders.update() takes the ThreadRecord the update is planned from and keeps every "
+    "root field it does not name: update(thread, changes, title=...). To write a whole root "
+    "at a version, name it: update_at(scope_key, thread_id, version, changes, root=root(...))"
+)
+
+
 def update(
+    thread: ThreadRecord,
+    changes: dict[str, Any] | None = None,
+    /,
+    *refused: Never,
+    visibility: str | None = None,
+    **root_changes: Any,
+) -> dict[str, Any]:
+    """An update commit planned from ``thread``, keeping every root field it does not name.
+
+    The commit names ``thread.version``; its root is ``thread``'s mutable root
+    fields (``listVisibility``, ``category``, ``title``, ``metadata``,
+    ``privateMetadata``) with ``root_changes`` (camelCase, ``title=...``) and
+    ``visibility`` applied. ``title=None`` or ``category=None`` removes that field.
+
+    Raises
+    ------
+    ThreadStoreInvariantError
+        ``thread`` is not a :class:`~pai_storage.ThreadRecord` (the earlier
+        ``update(scope_key, thread_id, version, ...)`` form); the message says
+        what to write instead.
+    """
+    if not isinstance(thread, ThreadRecord) or refused:
+        raise ThreadStoreInvariantError(_UPDATE_HOW)
+    full_root: dict[str, Any] = {
+        "listVisibility": thread.list_visibility,
+        "metadata": thread.metadata,
+        "privateMetadata": thread.private_metadata,
+    }
+    if thread.category is not None:
+        full_root["category"] = thread.category
+    if thread.title is not None:
+        full_root["title"] = thread.title
+    if visibility is not None:
+        full_root["listVisibility"] = visibility
+    full_root.update(root_changes)
+    for name in ("category", "title"):
+        if name in full_root and full_root[name] is None:
+            del full_root[name]
+    return update_at(thread.scope_key, thread.thread_id, thread.version, changes, root=full_root)
+
+
+def root(
+    *,
+    visibility: str = "visible",
+    metadata: dict[str, Any] | None = None,
+    **fields: Any,
+) -> dict[str, Any]:
+    """A whole update root: ``visibility``, ``metadata`` and camelCase ``fields``.
+
+    Unnamed fields take their defaults (visible, empty metadata and private
+    metadata, no title, no category): an update with this root *replaces*
+    what is stored. To keep the stored fields, use :func:`update`.
+    """
+    return {
+        "listVisibility": visibility,
+        "metadata": metadata if metadata is not None else {},
+        "privateMetadata": {},
+        **fields,
+    }
+
+
+def update_at(
     scope_key: str,
     thread_id: str,
     version: Any,
     changes: dict[str, Any] | None = None,
     *,
-    visibility: str = "visible",
-    **root: Any,
+    root: dict[str, Any],
 ) -> dict[str, Any]:
-    """An update commit at ``version`` (a ``ThreadVersion`` or its JSON form)."""
+    """An update commit at ``version`` (a ``ThreadVersion`` or its JSON form), whole ``root`` given.
+
+    The root replaces the stored root fields (an omitted title or category is
+    removed): build it with :func:`root`, or use :func:`update` to keep them.
+    """
     if hasattr(version, "to_json"):
         version = version.to_json()
-    full_root = {"listVisibility": visibility, "metadata": {}, "privateMetadata": {}, **root}
     return {
         "scopeKey": scope_key,
         "threadId": thread_id,
         "condition": {"type": "version", "version": version},
-        "mutation": {"type": "update", "root": full_root, **_changes(changes)},
+        "mutation": {"type": "update", "root": dict(root), **_changes(changes)},
     }
 
 

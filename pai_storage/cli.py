@@ -256,7 +256,9 @@ class _Demo:
     def update(
         self, changes: dict[str, Any], version: ThreadVersion | None = None
     ) -> dict[str, Any]:
-        return b.update(self.scope, self.thread, version or self.version, changes, title=self.title)
+        return b.update_at(
+            self.scope, self.thread, version or self.version, changes, root=b.root(title=self.title)
+        )
 
     async def commit(self, commit: dict[str, Any]) -> CommittedResult:
         self.show_commit(commit)

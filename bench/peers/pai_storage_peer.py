@@ -128,12 +128,12 @@ class PaiStoragePeer(Peer):
         if self.variant[conv] == ONE:
             messages, run = _completed_turn(user, reply)
             self.versions[conv] = await self._commit(
-                b.update(
+                b.update_at(
                     scope,
                     conv,
                     self.versions[conv],
                     {"messages": messages, "runs": [run]},
-                    title=conv,
+                    root=b.root(title=conv),
                 )
             )
             return
@@ -143,7 +143,7 @@ class PaiStoragePeer(Peer):
             "lease": b.acquire(run_id, OWNER, 60_000),
         }
         self.versions[conv] = await self._commit(
-            b.update(scope, conv, self.versions[conv], opened, title=conv)
+            b.update_at(scope, conv, self.versions[conv], opened, root=b.root(title=conv))
         )
         closed = {
             "messages": [{"type": "insert", "record": _reply(reply, run_id)}],
@@ -151,7 +151,7 @@ class PaiStoragePeer(Peer):
             "lease": b.release(run_id, OWNER),
         }
         self.versions[conv] = await self._commit(
-            b.update(scope, conv, self.versions[conv], closed, title=conv)
+            b.update_at(scope, conv, self.versions[conv], closed, root=b.root(title=conv))
         )
 
     async def seed(self, conv: str, turns: list[tuple[Msg, Msg]]) -> None:
@@ -164,12 +164,12 @@ class PaiStoragePeer(Peer):
                 messages.extend(m)
                 runs.append(r)
             self.versions[conv] = await self._commit(
-                b.update(
+                b.update_at(
                     scope,
                     conv,
                     self.versions[conv],
                     {"messages": messages, "runs": runs},
-                    title=conv,
+                    root=b.root(title=conv),
                 )
             )
 

@@ -188,8 +188,12 @@ def test_delete_then_reinsert_keeps_aggregate_in_position_order() -> None:
     inserts = [{"type": "insert", "record": b.message(m)} for m in ("m1", "m2", "m3")]
     agg = apply_thread_changes(None, b.create("s", "t", {"messages": inserts}), T0).aggregate
     assert agg is not None
-    commit = b.update(
-        "s", "t", agg.root.version, {"messages": [dele("m2"), ins("m2", text="again")]}
+    commit = b.update_at(
+        "s",
+        "t",
+        agg.root.version,
+        {"messages": [dele("m2"), ins("m2", text="again")]},
+        root=b.root(),
     )
     after = apply_thread_changes(agg, commit, T1).aggregate
     assert after is not None
@@ -202,7 +206,9 @@ async def test_delete_then_reinsert_read_order_via_memory_store() -> None:
     async with open_store("memory://") as store:
         inserts = [{"type": "insert", "record": b.message(m)} for m in ("m1", "m2", "m3")]
         root = (await store.commit_thread(b.create("s", "t", {"messages": inserts}))).thread
-        commit = b.update("s", "t", root.version, {"messages": [dele("m2"), ins("m2")]})
+        commit = b.update_at(
+            "s", "t", root.version, {"messages": [dele("m2"), ins("m2")]}, root=b.root()
+        )
         assert (await store.commit_thread(commit)).type == "committed"
         page = await store.read_thread(
             b.read("s", "t", messages={"type": "page", "view": "raw", "page": {"limit": 10}})
@@ -215,16 +221,16 @@ def test_positions_never_reused_after_deleting_the_tail() -> None:
     agg = apply_thread_changes(None, b.create("s", "t", {"messages": inserts}), T0).aggregate
     assert agg is not None
     agg = apply_thread_changes(
-        agg, b.update("s", "t", agg.root.version, {"messages": [dele("m3")]}), T1
+        agg, b.update_at("s", "t", agg.root.version, {"messages": [dele("m3")]}, root=b.root()), T1
     ).aggregate
     assert agg is not None
     assert agg.messages.high_water() == 3
     agg = apply_thread_changes(
-        agg, b.update("s", "t", agg.root.version, {"messages": [trunc("m1")]}), T1
+        agg, b.update_at("s", "t", agg.root.version, {"messages": [trunc("m1")]}, root=b.root()), T1
     ).aggregate
     assert agg is not None
     agg = apply_thread_changes(
-        agg, b.update("s", "t", agg.root.version, {"messages": [ins("m4")]}), T1
+        agg, b.update_at("s", "t", agg.root.version, {"messages": [ins("m4")]}, root=b.root()), T1
     ).aggregate
     assert agg is not None
     assert [(e.record.message_id, e.position) for e in agg.messages] == [("m1", 1), ("m4", 4)]
@@ -341,7 +347,7 @@ def _run_after(commits: list[tuple[datetime, dict[str, Any]]]) -> Any:
             agg = apply_thread_changes(None, b.create("s", "t", change), now).aggregate
         else:
             agg = apply_thread_changes(
-                agg, b.update("s", "t", agg.root.version, change), now
+                agg, b.update_at("s", "t", agg.root.version, change, root=b.root()), now
             ).aggregate
         assert agg is not None
     return agg.runs.get("r1").record
@@ -397,7 +403,9 @@ def test_queued_item_and_message_replace_keep_created_at() -> None:
         "messages": [rep("m1", text="edited")],
         "queuedItems": [{"type": "replace", "record": b.queued_item("q1", "r1", 2)}],
     }
-    after = apply_thread_changes(agg, b.update("s", "t", agg.root.version, changes), T1).aggregate
+    after = apply_thread_changes(
+        agg, b.update_at("s", "t", agg.root.version, changes, root=b.root()), T1
+    ).aggregate
     assert after is not None
     message = after.messages.get("m1").record
     assert (message.created_at, message.updated_at) == (T0, T1)
@@ -416,7 +424,9 @@ def test_root_update_replaces_mutable_fields_only() -> None:
     assert root.version.thread_instance_id == "inst"
     assert root.version.revision == 1
     assert (root.created_at, root.updated_at) == (T0, T0)
-    update = b.update("s", "t", root.version, visibility="hidden", metadata={"k": 2})
+    update = b.update_at(
+        "s", "t", root.version, root=b.root(visibility="hidden", metadata={"k": 2})
+    )
     result = apply_thread_changes(agg, update, T1)
     after = result.aggregate.root
     assert result.result.thread == after
@@ -439,7 +449,7 @@ def test_creation_only_fields_rejected_in_update(field: str) -> None:
     agg = apply_thread_changes(None, b.create("s", "t"), T0).aggregate
     assert agg is not None
     value: Any = True if field == "directExecutionAllowed" else "x"
-    update = b.update("s", "t", agg.root.version, **{field: value})
+    update = b.update_at("s", "t", agg.root.version, root=b.root(**{field: value}))
     with pytest.raises(ThreadStoreInvariantError, match=field):
         apply_thread_changes(agg, update, T1)
 
@@ -456,11 +466,11 @@ def test_conditions() -> None:
         {"threadInstanceId": version.thread_instance_id, "revision": 2},
         {"threadInstanceId": "other", "revision": 1},
     ):
-        for commit in (b.update("s", "t", stale), b.delete("s", "t", stale)):
+        for commit in (b.update_at("s", "t", stale, root=b.root()), b.delete("s", "t", stale)):
             outcome = apply_thread_changes(agg, commit, T1)
             assert outcome.result.type == "conflict"
             assert outcome.result.current_version == version
-    for commit in (b.update("s", "t", version), b.delete("s", "t", version)):
+    for commit in (b.update_at("s", "t", version, root=b.root()), b.delete("s", "t", version)):
         outcome = apply_thread_changes(None, commit, T1)
         assert outcome.result.type == "conflict"
         assert outcome.result.current_version is None

@@ -202,13 +202,11 @@ def test_an_update_keeps_creation_fields_and_replaces_every_mutable_one() -> Non
         instance_id=lambda: "inst-1",
     )
     update = assert_commit_input(
-        b.update(
+        b.update_at(
             "scope",
             "t1",
             created.version,
-            visibility="hidden",
-            metadata={"b": 2},
-            privateMetadata={"q": 2},
+            root=b.root(visibility="hidden", metadata={"b": 2}, privateMetadata={"q": 2}),
         )
     )
     root = apply_thread_root_update(created, update, T1, None)
@@ -242,7 +240,10 @@ def test_a_root_update_refuses_a_delete_and_an_update_without_its_root() -> None
         )
     with pytest.raises(ValueError, match="previous"):
         apply_thread_root_update(
-            None, assert_commit_input(b.update("s", "t", created.version)), T1, None
+            None,
+            assert_commit_input(b.update_at("s", "t", created.version, root=b.root())),
+            T1,
+            None,
         )
 
 
@@ -260,7 +261,7 @@ def test_the_reference_model_never_modifies_its_input() -> None:
     before = copy.deepcopy(created.aggregate)
     version = created.aggregate.root.version
     # A stale version: the conflict carries the current version, the state is returned as is.
-    stale = b.update("s", "t", {"threadInstanceId": "other", "revision": 1})
+    stale = b.update_at("s", "t", {"threadInstanceId": "other", "revision": 1}, root=b.root())
     conflict = apply_thread_changes(created.aggregate, stale, T1)
     assert isinstance(conflict.result, ConflictResult)
     assert conflict.result.current_version == version
@@ -268,7 +269,7 @@ def test_the_reference_model_never_modifies_its_input() -> None:
     # A commit that applies leaves the old aggregate as it was.
     closed = apply_thread_changes(
         created.aggregate,
-        b.update(
+        b.update_at(
             "s",
             "t",
             version,
@@ -276,6 +277,7 @@ def test_the_reference_model_never_modifies_its_input() -> None:
                 "runs": [b.replace(b.run("r1", "completed", inputs=["m1"]))],
                 "lease": b.release("r1", "w"),
             },
+            root=b.root(),
         ),
         T1,
     )
@@ -286,11 +288,12 @@ def test_the_reference_model_never_modifies_its_input() -> None:
     with pytest.raises(ThreadStoreInvariantError):
         apply_thread_changes(
             closed.aggregate,
-            b.update(
+            b.update_at(
                 "s",
                 "t",
                 closed.aggregate.root.version,
                 {"messages": [b.insert(b.message("m2", run_id="nope", relation="output"))]},
+                root=b.root(),
             ),
             T1,
         )

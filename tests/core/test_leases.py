@@ -37,7 +37,9 @@ def _thread(lease: dict[str, Any] | None = None, now: datetime = T0) -> ThreadAg
 
 
 def _commit(agg: ThreadAggregate, lease: dict[str, Any], now: datetime) -> Any:
-    return apply_thread_changes(agg, b.update("s", "t", agg.root.version, {"lease": lease}), now)
+    return apply_thread_changes(
+        agg, b.update_at("s", "t", agg.root.version, {"lease": lease}, root=b.root()), now
+    )
 
 
 def _leased(owner: str = "w1", ms: int = 1000) -> ThreadAggregate:
@@ -179,7 +181,9 @@ def test_release_without_lease_conflicts() -> None:
 
 def test_lease_survives_commits_without_lease_change() -> None:
     agg = _leased()
-    outcome = apply_thread_changes(agg, b.update("s", "t", agg.root.version, title="x"), T0 + MS)
+    outcome = apply_thread_changes(
+        agg, b.update_at("s", "t", agg.root.version, root=b.root(title="x")), T0 + MS
+    )
     assert outcome.result.type == "committed"
     assert outcome.aggregate.root.lease == agg.root.lease
 
@@ -190,7 +194,9 @@ def test_lease_conflict_applies_nothing_even_with_other_changes() -> None:
         "messages": [{"type": "insert", "record": b.message("m1", run_id="r1", relation="output")}],
         "lease": b.acquire("r1", "w2"),
     }
-    outcome = apply_thread_changes(agg, b.update("s", "t", agg.root.version, changes), T0 + MS)
+    outcome = apply_thread_changes(
+        agg, b.update_at("s", "t", agg.root.version, changes, root=b.root()), T0 + MS
+    )
     _assert_conflict(agg, outcome)
     assert len(agg.messages) == 0
 
@@ -199,7 +205,9 @@ def test_mechanical_error_is_raised_before_lease_is_judged() -> None:
     agg = _leased()
     changes = {"messages": [{"type": "delete", "id": "nope"}], "lease": b.acquire("r1", "w2")}
     with pytest.raises(ThreadStoreInvariantError, match="does not exist"):
-        apply_thread_changes(agg, b.update("s", "t", agg.root.version, changes), T0 + MS)
+        apply_thread_changes(
+            agg, b.update_at("s", "t", agg.root.version, changes, root=b.root()), T0 + MS
+        )
 
 
 def test_is_expired_boundary_and_apply_lease_change() -> None:
@@ -208,7 +216,9 @@ def test_is_expired_boundary_and_apply_lease_change() -> None:
     assert is_expired(lease, T0 + 10 * MS)
     assert apply_lease_change(lease, None, T0) is lease
     agg = _leased(ms=10)
-    commit = b.update("s", "t", agg.root.version, {"lease": b.acquire("r1", "w2")})
+    commit = b.update_at(
+        "s", "t", agg.root.version, {"lease": b.acquire("r1", "w2")}, root=b.root()
+    )
     parsed = CommitThreadInput.model_validate(commit)
     assert apply_lease_change(lease, parsed.mutation.changes.lease, T0 + 9 * MS) is LEASE_CONFLICT
     replaced = apply_lease_change(lease, parsed.mutation.changes.lease, T0 + 10 * MS)

@@ -96,7 +96,8 @@ async def _random_thread(
             "runs": [b.insert(b.run(run_id, status, inputs=[f"m{i}"], metadata=metadata))],
         }
         root = await _commit(
-            store, b.update(scope, thread_id, root.version, changes, metadata=metadata)
+            store,
+            b.update_at(scope, thread_id, root.version, changes, root=b.root(metadata=metadata)),
         )
     clock.advance(ms=1)
     if tail in ("running", "waiting", "open+queued"):
@@ -107,7 +108,8 @@ async def _random_thread(
             "lease": b.acquire("r-open", "worker"),
         }
         root = await _commit(
-            store, b.update(scope, thread_id, root.version, changes, metadata=metadata)
+            store,
+            b.update_at(scope, thread_id, root.version, changes, root=b.root(metadata=metadata)),
         )
     if tail in ("queued", "open+queued"):
         changes = {
@@ -115,7 +117,8 @@ async def _random_thread(
             "queuedItems": [b.insert(b.queued_item("q", "r-q", metadata))],
         }
         root = await _commit(
-            store, b.update(scope, thread_id, root.version, changes, metadata=metadata)
+            store,
+            b.update_at(scope, thread_id, root.version, changes, root=b.root(metadata=metadata)),
         )
     return root
 
@@ -275,7 +278,7 @@ async def test_a_fork_plan_made_before_a_commit_is_planned_again() -> None:
         root = await _random_thread(store, clock, "s", "src", [("completed", 1, False)], "none", {})
         stale = await plan_fork(store, "s", "src", "fork", None)
         assert isinstance(stale, ForkPlan)
-        await _commit(store, b.update("s", "src", root.version, title="moved on"))
+        await _commit(store, b.update_at("s", "src", root.version, root=b.root(title="moved on")))
         source = await _aggregate(store, "s", "src")
         from pai_storage.backend import SourceChanged
 
@@ -338,7 +341,9 @@ async def test_copy_of_many_long_threads_reads_back_identically() -> None:
                 }
                 for k in range(1, 10):
                     changes["messages"][k]["record"]["association"]["relation"] = "output"
-                root = await _commit(source, b.update(f"s{t % 3}", f"t{t}", root.version, changes))
+                root = await _commit(
+                    source, b.update_at(f"s{t % 3}", f"t{t}", root.version, changes, root=b.root())
+                )
         report = await copy_threads(source, target)
         assert len(report.copied) == 40
         assert report.verified == 40

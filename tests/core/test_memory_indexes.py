@@ -215,17 +215,19 @@ async def test_refused_commit_leaves_the_stored_thread_and_list_untouched() -> N
         "runs": [{"type": "delete", "id": "r45"}],
     }
     with pytest.raises(ThreadStoreInvariantError, match="relationship rule 2 broken"):
-        await store.commit_thread(b.update("s", "t", version, breaking))
+        await store.commit_thread(b.update_at("s", "t", version, breaking, root=b.root()))
     assert _state(_stored(store)) == before
     assert_indexes(_stored(store))
     assert await store.list_threads({"scopeKey": "s", "limit": 10}) == listed
     # ... and a mechanical error (replace of a missing row) after a truncation:
     mechanical = {"messages": [{"type": "truncate", "afterId": None}, rep_msg("u1", "r1")]}
     with pytest.raises(ThreadStoreInvariantError, match="replace of message 'u1'"):
-        await store.commit_thread(b.update("s", "t", version, mechanical))
+        await store.commit_thread(b.update_at("s", "t", version, mechanical, root=b.root()))
     assert _state(_stored(store)) == before
     # The same version still commits.
-    ok = await store.commit_thread(b.update("s", "t", version, {"messages": [ins(msg("m"))]}))
+    ok = await store.commit_thread(
+        b.update_at("s", "t", version, {"messages": [ins(msg("m"))]}, root=b.root())
+    )
     assert ok.type == "committed"
     assert_indexes(_stored(store))
 
@@ -241,12 +243,12 @@ async def test_truncation_reports_the_runs_of_the_removed_rows() -> None:
     version = await _turns(store, 3)
     cut = {"messages": [{"type": "truncate", "afterId": "a1"}, ins(msg("x", "r2", "output"))]}
     with pytest.raises(ThreadStoreInvariantError, match="rule 3 broken: run 'r2'"):
-        await store.commit_thread(b.update("s", "t", version, cut))
+        await store.commit_thread(b.update_at("s", "t", version, cut, root=b.root()))
     fine = {
         "messages": [{"type": "truncate", "afterId": "a1"}],
         "runs": [{"type": "truncate", "afterId": "r1"}],
     }
-    result = await store.commit_thread(b.update("s", "t", version, fine))
+    result = await store.commit_thread(b.update_at("s", "t", version, fine, root=b.root()))
     assert result.type == "committed"
     thread = _stored(store)
     assert [thread.messages.record_id(e) for e in thread.messages] == ["u0", "a0", "u1", "a1"]
@@ -287,7 +289,9 @@ async def test_list_pages_match_the_sorting_reference(
             agent = "a" if tid < "t5" else "b"
             request = b.create("s", tid, agent=agent, visibility=hidden, category=category)
         elif action == "update" and tid in versions:
-            request = b.update("s", tid, versions[tid], visibility=hidden, category=category)
+            request = b.update_at(
+                "s", tid, versions[tid], root=b.root(visibility=hidden, category=category)
+            )
         elif action == "delete" and tid in versions:
             request = b.delete("s", tid, versions[tid])
         else:
@@ -426,14 +430,16 @@ async def test_turn_read_and_list_never_walk_the_whole_thread_or_scope() -> None
             "runs": [ins(b.run(f"r{n}", "running", inputs=[f"u{n}"]))],
             "lease": b.acquire(f"r{n}", "w", 60_000),
         }
-        result = await store.commit_thread(b.update("s", "t", version, opened))
+        result = await store.commit_thread(b.update_at("s", "t", version, opened, root=b.root()))
         assert result.type == "committed"
         closed = {
             "messages": [ins(msg(f"a{n}", f"r{n}", "output"))],
             "runs": [rep_run(f"r{n}", f"u{n}")],
             "lease": b.release(f"r{n}", "w"),
         }
-        result = await store.commit_thread(b.update("s", "t", result.thread.version, closed))  # type: ignore[union-attr]
+        result = await store.commit_thread(
+            b.update_at("s", "t", result.thread.version, closed, root=b.root())
+        )  # type: ignore[union-attr]
         assert result.type == "committed"
         version = result.thread.version  # type: ignore[union-attr]
     newest = {"type": "page", "view": "transcript", "order": "newest", "page": {"limit": 5}}
@@ -466,7 +472,9 @@ def test_reference_apply_is_still_a_value_function() -> None:
     created = apply_thread_changes(None, b.create("s", "t", {"messages": [ins(msg("m1"))]}), T0)
     assert created.aggregate is not None
     before = created.aggregate.to_json()
-    update = b.update("s", "t", created.aggregate.root.version, {"messages": [ins(msg("m2"))]})
+    update = b.update_at(
+        "s", "t", created.aggregate.root.version, {"messages": [ins(msg("m2"))]}, root=b.root()
+    )
     after = apply_thread_changes(created.aggregate, update, T0 + timedelta(milliseconds=1))
     assert created.aggregate.to_json() == before
     assert after.aggregate is not None

@@ -55,7 +55,9 @@ async def test_worked_example_one_turn() -> None:
 
         async def commit(version: Any, changes: dict[str, Any]) -> Any:
             clock.advance(ms=10)
-            result = await store.commit_thread(b.update("s", "t", version, changes))
+            result = await store.commit_thread(
+                b.update_at("s", "t", version, changes, root=b.root())
+            )
             assert result.type == "committed", result
             assert result.committed_at == clock()
             assert result.thread.updated_at == clock()
@@ -174,7 +176,7 @@ async def test_worked_example_one_turn() -> None:
         assert r1.created_at == START
 
         # ... or get a conflict if anyone else committed first
-        again = await store.commit_thread(b.update("s", "t", stale, regenerate))
+        again = await store.commit_thread(b.update_at("s", "t", stale, regenerate, root=b.root()))
         assert again.type == "conflict"
         assert again.current_version == root.version
 
@@ -251,7 +253,7 @@ async def test_concurrent_commits_on_one_version() -> None:
         assert all(r.current_version == root.version for r in creates if r.type == "conflict")
         results = await asyncio.gather(
             *(
-                store.commit_thread(b.update("s", "t", root.version, title=f"t{i}"))
+                store.commit_thread(b.update_at("s", "t", root.version, root=b.root(title=f"t{i}")))
                 for i in range(20)
             )
         )
@@ -291,7 +293,7 @@ async def test_committed_at_never_goes_backwards() -> None:
     async with open_store("memory://", clock=clock) as store:
         root = (await store.commit_thread(b.create("s", "t"))).thread
         clock.set(START - timedelta(hours=1))
-        result = await store.commit_thread(b.update("s", "t", root.version))
+        result = await store.commit_thread(b.update_at("s", "t", root.version, root=b.root()))
         assert result.committed_at == START
         assert result.thread.version.revision == 2
 
@@ -321,7 +323,7 @@ async def test_delete_and_recreate_gives_new_instance() -> None:
         again = (await store.commit_thread(b.create("s", "t"))).thread
         assert again.version.revision == 1
         assert again.version.thread_instance_id != root.version.thread_instance_id
-        stale = await store.commit_thread(b.update("s", "t", root.version))
+        stale = await store.commit_thread(b.update_at("s", "t", root.version, root=b.root()))
         assert stale.type == "conflict"
         assert stale.current_version == again.version
 
@@ -329,12 +331,12 @@ async def test_delete_and_recreate_gives_new_instance() -> None:
 async def test_invalid_commit_applies_nothing() -> None:
     async with open_store("memory://") as store:
         root = (await store.commit_thread(b.create("s", "t"))).thread
-        bad = b.update(
+        bad = b.update_at(
             "s",
             "t",
             root.version,
             {"messages": [ins(b.message("m1")), {"type": "delete", "id": "nope"}]},
-            title="changed",
+            root=b.root(title="changed"),
         )
         with pytest.raises(ThreadStoreInvariantError, match="does not exist"):
             await store.commit_thread(bad)

@@ -388,11 +388,12 @@ def test_condition_must_match_mutation() -> None:
 
 
 def test_queued_items_cannot_truncate() -> None:
-    commit = b.update(
+    commit = b.update_at(
         "s",
         "t",
         {"threadInstanceId": "i", "revision": 1},
         {"queuedItems": [{"type": "truncate", "afterId": None}]},
+        root=b.root(),
     )
     with pytest.raises(ThreadStoreInvariantError, match="queuedItems"):
         CommitThreadInput.model_validate(commit)
@@ -686,7 +687,7 @@ def test_every_integer_field_of_an_input_is_bounded_to_int64(model: Any) -> None
 
 @pytest.mark.parametrize("revision", [2**63, 2**64, 10**30])
 def test_revision_beyond_int64_is_an_invariant_error(revision: int) -> None:
-    commit = b.update("s", "t", {"threadInstanceId": "i", "revision": revision})
+    commit = b.update_at("s", "t", {"threadInstanceId": "i", "revision": revision}, root=b.root())
     with pytest.raises(ThreadStoreInvariantError, match=r"condition\.version\.revision") as err:
         CommitThreadInput.model_validate(commit)
     assert str(revision) not in str(err.value).replace(str(2**63 - 1), "")
@@ -809,7 +810,9 @@ INDEXED_FIELDS = [
     ),
     (
         "category (update)",
-        lambda v: b.update("s", "t", {"threadInstanceId": "i", "revision": 1}, category=v),
+        lambda v: b.update_at(
+            "s", "t", {"threadInstanceId": "i", "revision": 1}, root=b.root(category=v)
+        ),
         CommitThreadInput,
         "root.category",
     ),

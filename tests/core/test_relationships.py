@@ -77,7 +77,9 @@ def test_rule1_broken_by_deleting_the_run() -> None:
         messages=[ins(msg("m1", "r1"))], runs=[ins(b.run("r1", "completed", inputs=["m1"]))]
     )
     assert agg is not None
-    commit = b.update("s", "t", agg.root.version, {"runs": [{"type": "delete", "id": "r1"}]})
+    commit = b.update_at(
+        "s", "t", agg.root.version, {"runs": [{"type": "delete", "id": "r1"}]}, root=b.root()
+    )
     with pytest.raises(ThreadStoreInvariantError, match="relationship rule 1 broken"):
         apply_thread_changes(agg, commit, T0)
 
@@ -272,9 +274,13 @@ def test_rule7_finishing_the_run_requires_releasing_the_lease() -> None:
     assert agg is not None
     finish = {"runs": [rep(b.run("r1", "completed"))]}
     with pytest.raises(ThreadStoreInvariantError, match="relationship rule 7 broken"):
-        apply_thread_changes(agg, b.update("s", "t", agg.root.version, finish), T0)
+        apply_thread_changes(
+            agg, b.update_at("s", "t", agg.root.version, finish, root=b.root()), T0
+        )
     finish["lease"] = b.release("r1", "w1")
-    outcome = apply_thread_changes(agg, b.update("s", "t", agg.root.version, finish), T0)
+    outcome = apply_thread_changes(
+        agg, b.update_at("s", "t", agg.root.version, finish, root=b.root()), T0
+    )
     assert outcome.result.type == "committed"
 
 
@@ -414,7 +420,7 @@ def commits(draw: Any, agg: ThreadAggregate, lease_on_new_run: bool = True) -> d
                 [b.acquire(rid, owner), b.renew(rid, owner), b.release(rid, owner, "any")]
             )
         )
-    return b.update("s", "t", agg.root.version, changes)
+    return b.update_at("s", "t", agg.root.version, changes, root=b.root())
 
 
 run_statuses = st.sampled_from(["queued", "running", "waiting", "completed", "failed", "cancelled"])

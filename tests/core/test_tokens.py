@@ -466,8 +466,12 @@ async def test_continuation_never_shows_records_committed_after_first_page() -> 
         first = await store.read_thread(b.read("s", "t", messages=_messages_page(1)))
         token = first.messages.next_page_token
         assert token is not None
-        later = b.update(
-            "s", "t", root.version, {"messages": [{"type": "insert", "record": b.message("late")}]}
+        later = b.update_at(
+            "s",
+            "t",
+            root.version,
+            {"messages": [{"type": "insert", "record": b.message("late")}]},
+            root=b.root(),
         )
         assert (await store.commit_thread(later)).type == "committed"
         seen = [m.message_id for m in first.messages.items]

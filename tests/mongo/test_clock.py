@@ -42,7 +42,9 @@ async def test_server_time_stamps_commits_reads_and_leases(
     # The lease expires on the server's clock: after a second another owner may acquire.
     await asyncio.sleep(1.1)
     taken = await store.commit_thread(
-        b.update("s", "t", created.thread.version, {"lease": b.acquire("r1", "w2")})
+        b.update_at(
+            "s", "t", created.thread.version, {"lease": b.acquire("r1", "w2")}, root=b.root()
+        )
     )
     assert isinstance(taken, CommittedResult)
 

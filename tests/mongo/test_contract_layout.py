@@ -122,7 +122,7 @@ async def test_every_commit_is_one_multi_document_transaction(
     # An update replacing a run, inserting a message and dropping a queued item.
     version = await _committed(
         store,
-        b.update(
+        b.update_at(
             "scope",
             "t1",
             version,
@@ -137,6 +137,7 @@ async def test_every_commit_is_one_multi_document_transaction(
                 "queuedItems": [{"type": "delete", "id": "q1"}],
                 "lease": b.release("r1", "w1"),
             },
+            root=b.root(),
         ),
     )
     _assert_one_transaction(recorder.take())
@@ -243,7 +244,7 @@ async def test_every_timestamp_is_a_bson_date_and_reads_back_exactly(
     clock.advance(ms=1500)
     await _committed(
         mongo_store,
-        b.update(
+        b.update_at(
             "scope",
             "t1",
             version,
@@ -251,6 +252,7 @@ async def test_every_timestamp_is_a_bson_date_and_reads_back_exactly(
                 "runs": [{"type": "replace", "record": b.run("r1", "completed", inputs=["m1"])}],
                 "lease": b.release("r1", "w1"),
             },
+            root=b.root(),
         ),
     )
     cols = raw_collections(mongo_store)
@@ -307,7 +309,10 @@ async def test_a_lease_is_stored_with_bson_dates(
 ) -> None:
     version = await _committed(mongo_store, every_family_create())
     clock.advance(ms=1000)
-    await _committed(mongo_store, b.update("scope", "t1", version, {"lease": b.renew("r1", "w1")}))
+    await _committed(
+        mongo_store,
+        b.update_at("scope", "t1", version, {"lease": b.renew("r1", "w1")}, root=b.root()),
+    )
     root = await raw_collections(mongo_store)["threads"].find_one({})
     assert root is not None
     lease = root["lease"]
@@ -473,7 +478,7 @@ async def test_order_is_kept_by_replace_and_never_reused(mongo_store: MongoThrea
     version = await _committed(mongo_store, every_family_create())
     await _committed(
         mongo_store,
-        b.update(
+        b.update_at(
             "scope",
             "t1",
             version,
@@ -486,6 +491,7 @@ async def test_order_is_kept_by_replace_and_never_reused(mongo_store: MongoThrea
                 "queuedItems": [{"type": "delete", "id": "q1"}],
                 "lease": b.release("r1", "w1"),
             },
+            root=b.root(),
         ),
     )
     cols = raw_collections(mongo_store)

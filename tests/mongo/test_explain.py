@@ -284,7 +284,7 @@ async def test_a_first_page_read_with_the_root_is_bounded(
             for i in range(50)
         ]
         result = await mongo_store.commit_thread(
-            b.update("scope", "t", version, {"messages": messages})
+            b.update_at("scope", "t", version, {"messages": messages}, root=b.root())
         )
         assert isinstance(result, CommittedResult)
         assert result.thread is not None

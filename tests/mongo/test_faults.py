@@ -68,7 +68,7 @@ async def _seed(store: MongoThreadStore, thread_id: str) -> ThreadVersion:
 
 def _turn(thread_id: str, version: ThreadVersion) -> dict[str, Any]:
     """An update that touches every family and the lease (so a partial write would show)."""
-    return b.update(
+    return b.update_at(
         "scope",
         thread_id,
         version,
@@ -84,7 +84,7 @@ def _turn(thread_id: str, version: ThreadVersion) -> dict[str, Any]:
             "queuedItems": [{"type": "insert", "record": b.queued_item("q1", "r2")}],
             "lease": b.acquire("r1", "w1"),
         },
-        title="after",
+        root=b.root(title="after"),
     )
 
 

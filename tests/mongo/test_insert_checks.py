@@ -114,7 +114,7 @@ def _reference(changes: dict[str, Any]) -> tuple[str, str]:
     now = datetime(2030, 1, 1, tzinfo=UTC)
     created = apply_thread_changes(None, _setup(), now)
     assert created.aggregate is not None
-    commit = b.update("s", "t", created.aggregate.root.version, changes)
+    commit = b.update_at("s", "t", created.aggregate.root.version, changes, root=b.root())
     try:
         return _outcome(apply_thread_changes(created.aggregate, commit, now).result)
     except ThreadStoreInvariantError as exc:
@@ -130,7 +130,9 @@ async def test_outcomes_match_the_reference(mongo_store: MongoThreadStore, case:
     assert setup.thread is not None
     version = setup.thread.version
     try:
-        result: Any = await mongo_store.commit_thread(b.update("s", "t", version, CASES[case]))
+        result: Any = await mongo_store.commit_thread(
+            b.update_at("s", "t", version, CASES[case], root=b.root())
+        )
     except ThreadStoreInvariantError as exc:
         result = exc
     assert _outcome(result) == expected
@@ -147,7 +149,9 @@ async def test_a_root_counter_behind_its_rows_is_an_invalid_thread(
     assert setup.thread is not None
     threads = raw_collections(mongo_store)["threads"]
     await threads.update_one({"threadId": "t"}, {"$set": {"_nextOrder.messages": 2}})
-    append = b.update("s", "t", setup.thread.version, {"messages": [b.insert(b.message("m3"))]})
+    append = b.update_at(
+        "s", "t", setup.thread.version, {"messages": [b.insert(b.message("m3"))]}, root=b.root()
+    )
     with pytest.raises(ThreadStoreInvariantError, match="invalid stored thread: _nextOrder"):
         await mongo_store.commit_thread(append)
     stored = await raw_collections(mongo_store)["messages"].count_documents({"threadId": "t"})

@@ -93,7 +93,7 @@ async def test_corrupt_root_is_skipped_by_lists_and_rejected_by_reads(
         assert SECRET not in str(err.value)
         with pytest.raises(ThreadStoreInvariantError):
             await store.commit_thread(
-                b.update("scope", "t1", {"threadInstanceId": "x", "revision": 1})
+                b.update_at("scope", "t1", {"threadInstanceId": "x", "revision": 1}, root=b.root())
             )
     finally:
         from pai_storage_mongo.harness import drop_store_collections
@@ -235,7 +235,7 @@ async def test_undecodable_root_is_skipped_by_lists_and_rejected_by_reads(
         assert SECRET[1:] not in str(err.value)
         with pytest.raises(ThreadStoreInvariantError):
             await store.commit_thread(
-                b.update("scope", "t1", {"threadInstanceId": "x", "revision": 1})
+                b.update_at("scope", "t1", {"threadInstanceId": "x", "revision": 1}, root=b.root())
             )
     finally:
         from pai_storage_mongo.harness import drop_store_collections

@@ -142,7 +142,9 @@ async def test_a_fork_streams_the_kept_transcript_in_batches(
             b.insert(b.message(f"m{i:05d}", metadata=odd if i % 7 == 0 else None))
             for i in range(start, min(start + 500, total))
         ]
-        version = await _commit(store, b.update("scope", "source", version, {"messages": messages}))
+        version = await _commit(
+            store, b.update_at("scope", "source", version, {"messages": messages}, root=b.root())
+        )
     raw = raw_collections(store)
     root_before = await raw["threads"].find_one({"threadId": "source"})
     sent.commands.clear()
@@ -187,7 +189,7 @@ async def test_restored_and_forked_roots_carry_the_facts_a_commit_stores(
     clock.advance(ms=5)
     version = await _commit(
         store,
-        b.update(
+        b.update_at(
             "scope",
             "source",
             version,
@@ -198,6 +200,7 @@ async def test_restored_and_forked_roots_carry_the_facts_a_commit_stores(
                 ],
                 "runs": [b.insert(b.run("r2", "running", inputs=["q2"]))],
             },
+            root=b.root(),
         ),
     )
     threads = raw_collections(store)["threads"]
@@ -229,7 +232,7 @@ async def test_restored_and_forked_roots_carry_the_facts_a_commit_stores(
     clock.advance(ms=1)
     await _commit(
         store,
-        b.update(
+        b.update_at(
             "scope",
             "fork",
             fork_version,
@@ -237,5 +240,6 @@ async def test_restored_and_forked_roots_carry_the_facts_a_commit_stores(
                 "messages": [b.insert(b.message("q3", run_id="r3"))],
                 "runs": [b.insert(b.run("r3", "running", inputs=["q3"]))],
             },
+            root=b.root(),
         ),
     )

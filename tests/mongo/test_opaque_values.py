@@ -154,7 +154,7 @@ async def test_special_looking_values_round_trip_through_every_operation(
     assert type(root["metadata"]) is (DBRef if "$ref" in value else dict)
 
     updated = await mongo_store.commit_thread(
-        b.update(
+        b.update_at(
             "scope",
             "t1",
             version,
@@ -162,8 +162,7 @@ async def test_special_looking_values_round_trip_through_every_operation(
                 "messages": [b.replace(_message("m1", value))],
                 "runs": [b.replace(_run("r1", value, inputs=["m1"]))],
             },
-            metadata=value,
-            privateMetadata=value,
+            root=b.root(metadata=value, privateMetadata=value),
         )
     )
     assert isinstance(updated, CommittedResult)

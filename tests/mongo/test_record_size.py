@@ -66,7 +66,9 @@ async def test_a_record_over_16_mib_is_an_invariant_error(
     for size in OVER.values():
         changes, root = _changes(where, size)
         with pytest.raises(ThreadStoreInvariantError, match="16 MiB document limit") as err:
-            await mongo_store.commit_thread(b.update("s", "t", version, changes, **root))
+            await mongo_store.commit_thread(
+                b.update_at("s", "t", version, changes, root=b.root(**root))
+            )
         assert isinstance(err.value, InvalidInputError)
         assert "nothing was applied" in str(err.value)
         assert "xxxx" not in str(err.value)
@@ -82,5 +84,5 @@ async def test_a_record_over_16_mib_is_an_invariant_error(
 async def test_a_record_just_under_the_limit_is_stored(mongo_store: MongoThreadStore) -> None:
     version = await _thread(mongo_store)
     changes, _ = _changes("message-insert", LIMIT - 4096)
-    done = await mongo_store.commit_thread(b.update("s", "t", version, changes))
+    done = await mongo_store.commit_thread(b.update_at("s", "t", version, changes, root=b.root()))
     assert isinstance(done, CommittedResult)

@@ -88,7 +88,7 @@ class Thread:
         if self.version is None:
             request = b.create("s", self.thread_id, changes, **root)
         else:
-            request = b.update("s", self.thread_id, self.version, changes, **root)
+            request = b.update_at("s", self.thread_id, self.version, changes, root=b.root(**root))
         result = await self.store.commit_thread(request)
         assert isinstance(result, CommittedResult), result
         assert result.thread is not None
@@ -187,11 +187,12 @@ async def test_an_append_after_a_read_is_three_commands(
         # The writer's knowledge is stale now: its next commit is a conflict, found by
         # the usual hold (the stamping hold matched nothing and wrote nothing).
         stale = await writer.commit_thread(
-            b.update(
+            b.update_at(
                 "s",
                 "t",
                 thread.version,
                 {"messages": [{"type": "insert", "record": b.message("late")}]},
+                root=b.root(),
             )
         )
         assert isinstance(stale, ConflictResult)
@@ -216,7 +217,7 @@ async def test_a_lease_conflict_stamped_ahead_applies_nothing(
             timedelta(seconds=60)
         )  # the lease (30 s) has expired: a renewal is a conflict
         result = await store.commit_thread(
-            b.update(
+            b.update_at(
                 "s",
                 "t",
                 thread.version,
@@ -224,6 +225,7 @@ async def test_a_lease_conflict_stamped_ahead_applies_nothing(
                     "messages": [{"type": "insert", "record": b.message("o", run_id="r1")}],
                     "lease": b.renew("r1", "w"),
                 },
+                root=b.root(),
             )
         )
         assert isinstance(result, ConflictResult)

@@ -263,7 +263,7 @@ async def _thread_workload(harness: MongoHarness, clock: ManualClock) -> None:
         assert created.thread is not None
         clock.advance(ms=5)
         updated = await store.commit_thread(
-            b.update(
+            b.update_at(
                 "scope",
                 "t1",
                 created.thread.version,
@@ -276,6 +276,7 @@ async def _thread_workload(harness: MongoHarness, clock: ManualClock) -> None:
                     "runs": [b.replace(b.run("r1", "running", queue_item_id="q1"))],
                     "queuedItems": [b.delete_record("q1")],
                 },
+                root=b.root(),
             )
         )
         assert isinstance(updated, CommittedResult)

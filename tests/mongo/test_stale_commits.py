@@ -29,7 +29,9 @@ def _stale(version: ThreadVersion, kind: str) -> dict[str, Any]:
     wrong = {"threadInstanceId": version.thread_instance_id, "revision": version.revision + 5}
     if kind == "delete":
         return b.delete("scope", "t", wrong)
-    return b.update("scope", "t", wrong, {"messages": [b.insert(b.message("late"))]})
+    return b.update_at(
+        "scope", "t", wrong, {"messages": [b.insert(b.message("late"))]}, root=b.root()
+    )
 
 
 @pytest.mark.parametrize("kind", ["update", "delete"])
@@ -48,7 +50,13 @@ async def test_open_stale_commit_does_not_block_the_real_writer(
             # The real writer is not held up by a write conflict on the root.
             real = await asyncio.wait_for(
                 mongo_store.commit_thread(
-                    b.update("scope", "t", version, {"messages": [b.insert(b.message("m2"))]})
+                    b.update_at(
+                        "scope",
+                        "t",
+                        version,
+                        {"messages": [b.insert(b.message("m2"))]},
+                        root=b.root(),
+                    )
                 ),
                 timeout=5,
             )
@@ -77,7 +85,7 @@ async def test_stale_commit_reports_the_current_version(
     assert isinstance(missing, ConflictResult)
     assert missing.current_version is None
     # The right version still updates and deletes.
-    updated = await mongo_store.commit_thread(b.update("scope", "t", version))
+    updated = await mongo_store.commit_thread(b.update_at("scope", "t", version, root=b.root()))
     assert isinstance(updated, CommittedResult)
     assert updated.thread is not None
     deleted = await mongo_store.commit_thread(b.delete("scope", "t", updated.thread.version))

@@ -133,7 +133,7 @@ async def _turn(store: MongoThreadStore, opaque: dict[str, Any] = OPAQUE) -> Com
     assert isinstance(created, CommittedResult)
     assert created.thread is not None
     queued = await store.commit_thread(
-        b.update(
+        b.update_at(
             "scope",
             "t1",
             created.thread.version,
@@ -144,8 +144,7 @@ async def _turn(store: MongoThreadStore, opaque: dict[str, Any] = OPAQUE) -> Com
                 ],
                 "lease": b.renew("r1", "w1"),
             },
-            title="hello",
-            metadata=dict(opaque),
+            root=b.root(title="hello", metadata=dict(opaque)),
         )
     )
     assert isinstance(queued, CommittedResult)

@@ -258,7 +258,7 @@ async def test_every_commit_is_one_transaction(pg_schema: str, pg_conn: asyncpg.
         assert len(set().union(*created.values())) == 1
         version = await _committed(
             store,
-            b.update(
+            b.update_at(
                 "scope",
                 "t1",
                 version,
@@ -274,6 +274,7 @@ async def test_every_commit_is_one_transaction(pg_schema: str, pg_conn: asyncpg.
                     ],
                     "lease": b.release("r1", "w1"),
                 },
+                root=b.root(),
             ),
         )
         (first,) = set().union(*created.values())
@@ -309,7 +310,7 @@ async def test_an_update_waits_for_the_root_row_lock(
                 f'SELECT 1 FROM "{pg_schema}".{PREFIX} WHERE thread_id = $1 FOR UPDATE', b"t1"
             )
             commit = asyncio.create_task(
-                store.commit_thread(b.update("scope", "t1", version, title="next"))
+                store.commit_thread(b.update_at("scope", "t1", version, root=b.root(title="next")))
             )
             done, _ = await asyncio.wait({commit}, timeout=1.0)
             assert not done, "the commit did not wait for the root row"

@@ -60,12 +60,12 @@ async def _setup(
 
 
 def _append(version: ThreadVersion) -> dict[str, Any]:
-    return b.update(
+    return b.update_at(
         SCOPE,
         "t1",
         version,
         {"messages": [b.insert(b.message("m2", "second")), b.insert(b.message("m3", "third"))]},
-        title="after",
+        root=b.root(title="after"),
     )
 
 

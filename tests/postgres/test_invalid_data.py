@@ -51,7 +51,10 @@ async def test_commit_to_a_corrupt_root_is_an_invariant_error(
         await pg_conn.execute(
             f'UPDATE "{pg_schema}".pai_threads SET doc = replace(doc, \'"agent"\', \'"agnt"\')'
         )
-        for commit in (b.update("s", "t", version, title="x"), b.delete("s", "t", version)):
+        for commit in (
+            b.update_at("s", "t", version, root=b.root(title="x")),
+            b.delete("s", "t", version),
+        ):
             with pytest.raises(ThreadStoreInvariantError) as caught:
                 await store.commit_thread(commit)
             assert "personal" not in str(caught.value)

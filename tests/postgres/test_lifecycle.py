@@ -262,12 +262,12 @@ async def test_a_cancelled_operation_applies_nothing_and_the_store_recovers(
                 operation = store.read_thread(b.read("scope", "thread", messages=page))
             else:
                 operation = store.commit_thread(
-                    b.update(
+                    b.update_at(
                         "scope",
                         "thread",
                         created.thread.version,
                         {"messages": [b.insert(b.message("m2"))]},
-                        title="after",
+                        root=b.root(title="after"),
                     )
                 )
             task = asyncio.ensure_future(operation)

@@ -48,7 +48,7 @@ async def main(url, name, appends, races):
         while done < appends:
             read = await store.read_thread(b.read("s", "t"))
             change = {"messages": [b.insert(b.message(f"{name}-{done}", name))]}
-            result = await store.commit_thread(b.update("s", "t", read.thread.version, change))
+            result = await store.commit_thread(b.update(read.thread, change))
             if isinstance(result, CommittedResult):
                 won.append(result.thread.version.revision)
                 done += 1

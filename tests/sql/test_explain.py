@@ -82,7 +82,9 @@ async def _fill(store: SqlThreadStore) -> Any:
         ],
         "queuedItems": [b.insert(b.queued_item("q2", "r2"))],
     }
-    updated = await store.commit_thread(b.update(SCOPE, "big", created.thread.version, changes))
+    updated = await store.commit_thread(
+        b.update_at(SCOPE, "big", created.thread.version, changes, root=b.root())
+    )
     assert isinstance(updated, CommittedResult), updated
     assert updated.thread is not None
     return updated.thread.version
@@ -161,7 +163,9 @@ async def _workload(store: SqlThreadStore, version: Any) -> None:
         ],
         "runs": [b.replace(b.run("r1", "completed", inputs=["in1"]))],
     }
-    committed = await store.commit_thread(b.update(SCOPE, "big", version, changes))
+    committed = await store.commit_thread(
+        b.update_at(SCOPE, "big", version, changes, root=b.root())
+    )
     assert isinstance(committed, CommittedResult), committed
     assert committed.thread is not None
     cut = await store.commit_thread(
@@ -170,7 +174,9 @@ async def _workload(store: SqlThreadStore, version: Any) -> None:
     assert isinstance(cut, CommittedResult)
     assert cut.thread is not None
     truncated = await store.commit_thread(
-        b.update(SCOPE, "cut", cut.thread.version, {"messages": [b.truncate("c4")]})
+        b.update_at(
+            SCOPE, "cut", cut.thread.version, {"messages": [b.truncate("c4")]}, root=b.root()
+        )
     )
     assert isinstance(truncated, CommittedResult), truncated
 

@@ -65,7 +65,9 @@ async def test_sqlite_locked_by_another_process_is_unavailable_and_writes_nothin
             with pytest.raises(ThreadStoreUnavailableError, match="busy_timeout"):
                 await store.commit_thread(b.create("s", "new"))
             with pytest.raises(ThreadStoreUnavailableError, match="busy_timeout"):
-                await store.commit_thread(b.update("s", "t", version, None, title="after"))
+                await store.commit_thread(
+                    b.update_at("s", "t", version, None, root=b.root(title="after"))
+                )
             # Reads go on while a writer holds the lock (WAL).
             read = await store.read_thread(b.read("s", "t"))
             assert read.thread is not None
@@ -80,7 +82,9 @@ async def test_sqlite_locked_by_another_process_is_unavailable_and_writes_nothin
         assert read.thread.version == version
         assert read.thread.title == "before"
         # The store recovers: the same commit now succeeds.
-        again = await store.commit_thread(b.update("s", "t", version, None, title="after"))
+        again = await store.commit_thread(
+            b.update_at("s", "t", version, None, root=b.root(title="after"))
+        )
         assert isinstance(again, CommittedResult)
 
 
@@ -104,7 +108,9 @@ async def test_mariadb_connection_killed_mid_commit(mysql_target: Target) -> Non
                 )
                 change = {"messages": [b.insert(b.message("m2", "second"))]}
                 commit = asyncio.ensure_future(
-                    store.commit_thread(b.update("s", "t", version, change, title="killed"))
+                    store.commit_thread(
+                        b.update_at("s", "t", version, change, root=b.root(title="killed"))
+                    )
                 )
                 victim = None
                 for _ in range(500):
@@ -138,5 +144,7 @@ async def test_mariadb_connection_killed_mid_commit(mysql_target: Target) -> Non
         assert [m.message_id for m in read.messages.items] == ["m1"]
         # The store recovers on a fresh connection.
         change = {"messages": [b.insert(b.message("m2", "second"))]}
-        again = await store.commit_thread(b.update("s", "t", version, change, title="after"))
+        again = await store.commit_thread(
+            b.update_at("s", "t", version, change, root=b.root(title="after"))
+        )
         assert isinstance(again, CommittedResult)

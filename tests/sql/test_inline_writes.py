@@ -79,7 +79,9 @@ async def test_a_commit_is_one_trip_to_the_database_thread(
         event.listen(engine.sync_engine, "before_cursor_execute", before)
         try:
             trips.clear()
-            result = await store.commit_thread(b.update("s", "t", created.thread.version, _turn(1)))
+            result = await store.commit_thread(
+                b.update_at("s", "t", created.thread.version, _turn(1), root=b.root())
+            )
         finally:
             event.remove(engine.sync_engine, "before_cursor_execute", before)
         assert isinstance(result, CommittedResult)
@@ -181,7 +183,9 @@ async def test_a_cancelled_commit_leaves_the_store_usable(sqlite_target: Target)
         assert created.thread is not None
         version = created.thread.version
         for n in range(20):
-            task = asyncio.create_task(store.commit_thread(b.update("s", "t", version, _turn(n))))
+            task = asyncio.create_task(
+                store.commit_thread(b.update_at("s", "t", version, _turn(n), root=b.root()))
+            )
             await asyncio.sleep(0.0002 * (n % 5))
             task.cancel()
             try:
@@ -202,7 +206,7 @@ async def test_a_cancelled_commit_leaves_the_store_usable(sqlite_target: Target)
             # All of a turn or none of it.
             assert len(read.messages.items) == 2 * (read.thread.version.revision - 1)
             version = read.thread.version
-        final = await store.commit_thread(b.update("s", "t", version, _turn(99)))
+        final = await store.commit_thread(b.update_at("s", "t", version, _turn(99), root=b.root()))
         assert isinstance(final, CommittedResult)
 
 
@@ -241,7 +245,9 @@ async def test_without_aiosqlite_s_queue_commits_run_statement_by_statement(
         assert isinstance(created, CommittedResult)
         assert created.thread is not None
         trips.clear()
-        result = await store.commit_thread(b.update("s", "t", created.thread.version, _turn(1)))
+        result = await store.commit_thread(
+            b.update_at("s", "t", created.thread.version, _turn(1), root=b.root())
+        )
         assert isinstance(result, CommittedResult)
         assert len(trips) > 1
 

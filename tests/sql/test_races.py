@@ -44,7 +44,13 @@ async def test_racing_creates_and_updates_have_one_winner(target: Target) -> Non
         updates = await asyncio.gather(
             *(
                 store.commit_thread(
-                    b.update("race", "t", version, {"messages": [b.insert(b.message(f"u{i}"))]})
+                    b.update_at(
+                        "race",
+                        "t",
+                        version,
+                        {"messages": [b.insert(b.message(f"u{i}"))]},
+                        root=b.root(),
+                    )
                 )
                 for i in range(RACERS)
             )

@@ -49,7 +49,9 @@ async def _update(
     thread: str = "t1",
     **root: Any,
 ) -> CommittedResult:
-    result = await store.commit_thread(b.update(scope, thread, version, changes, **root))
+    result = await store.commit_thread(
+        b.update_at(scope, thread, version, changes, root=b.root(**root))
+    )
     assert isinstance(result, CommittedResult)
     assert result.thread is not None
     return result
@@ -211,7 +213,9 @@ class TestCreateUpdateDelete:
         created = await _create(store, scope, title="before")
         with pytest.raises(ThreadStoreInvariantError, match=field):
             await store.commit_thread(
-                b.update(scope, "t1", created.version, title="after", **{field: value})
+                b.update_at(
+                    scope, "t1", created.version, root=b.root(title="after", **{field: value})
+                )
             )
         read = await store.read_thread(b.read(scope, "t1"))
         assert read.thread == created
@@ -605,7 +609,7 @@ class TestCreateUpdateDelete:
             changes["messages"] = [b.insert(b.message("extra"))]
         with pytest.raises(ThreadStoreInvariantError, match=named):
             await store.commit_thread(
-                b.update(scope, "t1", created.version, changes, title="after")
+                b.update_at(scope, "t1", created.version, changes, root=b.root(title="after"))
             )
         after = await _read_all(store, scope)
         assert after.thread == created
@@ -756,7 +760,9 @@ class TestCreateUpdateDelete:
         )
         with pytest.raises(ThreadStoreInvariantError, match="queuedItems"):
             await store.commit_thread(
-                b.update(scope, "t1", created.version, {"queuedItems": [b.truncate(None)]})
+                b.update_at(
+                    scope, "t1", created.version, {"queuedItems": [b.truncate(None)]}, root=b.root()
+                )
             )
         assert _ids(await _read_all(store, scope)) == ([], ["r1"], ["q1"])
 
@@ -855,12 +861,12 @@ class TestCreateUpdateDelete:
         created = await _create(store, scope, changes=_three_messages(), title="before")
         with pytest.raises(ThreadStoreInvariantError):
             await store.commit_thread(
-                b.update(
+                b.update_at(
                     scope,
                     "t1",
                     created.version,
                     {"messages": [b.insert(b.message("m4", run_id="ghost"))]},
-                    title="after",
+                    root=b.root(title="after"),
                 )
             )
         after = await _read_all(store, scope)
@@ -1017,11 +1023,12 @@ class TestCreateUpdateDelete:
         unadmitted = await store.commit_thread(
             _as(
                 via,
-                b.update(
+                b.update_at(
                     scope,
                     "t1",
                     created.thread.version,
                     {"runs": [b.replace(b.run("r1", "cancelled", admitted=False))]},
+                    root=b.root(),
                 ),
             )
         )
@@ -1198,7 +1205,7 @@ class TestCreateUpdateDelete:
         version = created.thread.version
         for revision in (2, 3, 4):
             now = clock.advance(ms=1)
-            commit = b.update(scope, "t1", version, title="same")
+            commit = b.update_at(scope, "t1", version, root=b.root(title="same"))
             if revision == 3:
                 commit["mutation"]["changes"] = {"messages": [], "runs": [], "queuedItems": []}
             result = await store.commit_thread(_as(via, commit))
@@ -1229,12 +1236,12 @@ class TestConflicts:
         second = await _update(store, scope, created.version, title="two")
         assert second.thread is not None
         result = await store.commit_thread(
-            b.update(
+            b.update_at(
                 scope,
                 "t1",
                 created.version,
                 {"messages": [b.insert(b.message("m1"))]},
-                title="stale",
+                root=b.root(title="stale"),
             )
         )
         assert isinstance(result, ConflictResult)
@@ -1248,7 +1255,7 @@ class TestConflicts:
         scope = new_scope()
         created = await _create(store, scope)
         ahead = ThreadVersion(thread_instance_id=created.version.thread_instance_id, revision=2)
-        result = await store.commit_thread(b.update(scope, "t1", ahead, title="x"))
+        result = await store.commit_thread(b.update_at(scope, "t1", ahead, root=b.root(title="x")))
         assert isinstance(result, ConflictResult)
         assert result.current_version == created.version
 
@@ -1258,7 +1265,9 @@ class TestConflicts:
         scope = new_scope()
         created = await _create(store, scope, title="original")
         forged = {"threadInstanceId": uuid4().hex, "revision": created.version.revision}
-        update = await store.commit_thread(b.update(scope, "t1", forged, title="forged"))
+        update = await store.commit_thread(
+            b.update_at(scope, "t1", forged, root=b.root(title="forged"))
+        )
         assert isinstance(update, ConflictResult)
         assert update.current_version == created.version
         delete = await store.commit_thread(b.delete(scope, "t1", forged))
@@ -1290,7 +1299,13 @@ class TestConflicts:
         scope = new_scope()
         version = {"threadInstanceId": uuid4().hex, "revision": 1}
         result = await store.commit_thread(
-            b.update(scope, "t1", version, {"messages": [b.insert(b.message("m1"))]}, title="x")
+            b.update_at(
+                scope,
+                "t1",
+                version,
+                {"messages": [b.insert(b.message("m1"))]},
+                root=b.root(title="x"),
+            )
         )
         assert isinstance(result, ConflictResult)
         assert result.current_version is None
@@ -1338,7 +1353,13 @@ class TestConflicts:
         updated = await _update(store, scope, created.version, title="x")
         assert updated.thread is not None
         result = await store.commit_thread(
-            b.update(scope, "t1", created.version, {"messages": [b.delete_record("missing")]})
+            b.update_at(
+                scope,
+                "t1",
+                created.version,
+                {"messages": [b.delete_record("missing")]},
+                root=b.root(),
+            )
         )
         assert isinstance(result, ConflictResult)
         assert result.current_version == updated.thread.version
@@ -1348,7 +1369,9 @@ class TestConflicts:
         created = await _create(store, scope)
         for _ in range(3):
             stale = await store.commit_thread(
-                b.update(scope, "t1", {"threadInstanceId": "x", "revision": 1}, title="no")
+                b.update_at(
+                    scope, "t1", {"threadInstanceId": "x", "revision": 1}, root=b.root(title="no")
+                )
             )
             assert isinstance(stale, ConflictResult)
         result = await _update(store, scope, created.version, title="yes")
@@ -1365,18 +1388,23 @@ class TestConflicts:
         updated = await _update(store, scope, created.version, title="x")
         assert updated.thread is not None
         result = await store.commit_thread(
-            b.update(
-                scope, "t1", created.version, {"messages": [b.insert(b.message("m4", run_id="x"))]}
+            b.update_at(
+                scope,
+                "t1",
+                created.version,
+                {"messages": [b.insert(b.message("m4", run_id="x"))]},
+                root=b.root(),
             )
         )
         assert isinstance(result, ConflictResult)
         assert result.current_version == updated.thread.version
         missing = await store.commit_thread(
-            b.update(
+            b.update_at(
                 scope,
                 "absent",
                 created.version,
                 {"messages": [b.delete_record("m9"), b.insert(b.message("m1", run_id="x"))]},
+                root=b.root(),
             )
         )
         assert isinstance(missing, ConflictResult)
@@ -1388,7 +1416,9 @@ class TestConflicts:
         scope = new_scope()
         created = await _create(store, scope)
         stale = {"threadInstanceId": created.version.thread_instance_id, "revision": 7}
-        result = await store.commit_thread(_as(via, b.update(scope, "t1", stale, title="x")))
+        result = await store.commit_thread(
+            _as(via, b.update_at(scope, "t1", stale, root=b.root(title="x")))
+        )
         assert isinstance(result, ConflictResult)
         assert result.to_json() == {
             "type": "conflict",
@@ -1421,7 +1451,7 @@ class TestConflicts:
         }
         for family, named in (("messages", "m9"), ("runs", "r9"), ("queuedItems", "q9")):
             with pytest.raises(ThreadStoreInvariantError) as caught:
-                await store.commit_thread(b.update(scope, "t1", version, wrong))
+                await store.commit_thread(b.update_at(scope, "t1", version, wrong, root=b.root()))
             message = str(caught.value)
             assert f"{family}[0]" in message
             assert named in message
@@ -1429,16 +1459,17 @@ class TestConflicts:
         # a mechanical error wins over a lease conflict (there is no lease to renew)
         with pytest.raises(ThreadStoreInvariantError, match="q9"):
             await store.commit_thread(
-                b.update(
+                b.update_at(
                     scope,
                     "t1",
                     version,
                     {"queuedItems": [b.delete_record("q9")], "lease": b.renew("r1", "w1")},
+                    root=b.root(),
                 )
             )
         # a lease conflict wins over a broken relationship rule
         conflict = await store.commit_thread(
-            b.update(
+            b.update_at(
                 scope,
                 "t1",
                 version,
@@ -1446,6 +1477,7 @@ class TestConflicts:
                     "messages": [b.insert(b.message("m2", run_id="ghost"))],
                     "lease": b.renew("r1", "w1"),
                 },
+                root=b.root(),
             )
         )
         assert isinstance(conflict, ConflictResult)

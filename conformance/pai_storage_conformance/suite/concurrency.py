@@ -75,7 +75,7 @@ class TestConcurrency:
         version = created.thread.version
         for round_ in range(3):
             commits = [
-                b.update(
+                b.update_at(
                     scope,
                     tid,
                     version,
@@ -91,8 +91,7 @@ class TestConcurrency:
                             )
                         ]
                     },
-                    title=f"writer {round_}-{i}",
-                    metadata={"writer": i},
+                    root=b.root(title=f"writer {round_}-{i}", metadata={"writer": i}),
                 )
                 for i in range(RACERS)
             ]
@@ -139,7 +138,13 @@ class TestConcurrency:
         results = await asyncio.gather(
             *(
                 store.commit_thread(
-                    b.update(scope, tid, version, {"lease": b.acquire("r1", f"worker-{i}")})
+                    b.update_at(
+                        scope,
+                        tid,
+                        version,
+                        {"lease": b.acquire("r1", f"worker-{i}")},
+                        root=b.root(),
+                    )
                 )
                 for i in range(RACERS)
             )
@@ -203,12 +208,12 @@ class TestConcurrency:
             version = result.thread.version
             for step in range(1, steps + 1):
                 result = await store.commit_thread(
-                    b.update(
+                    b.update_at(
                         scope,
                         tid,
                         version,
                         {"messages": [b.insert(b.message(f"{tid}-{step}"))]},
-                        title=f"{tid} step {step}",
+                        root=b.root(title=f"{tid} step {step}"),
                     )
                 )
                 assert isinstance(result, CommittedResult), result
@@ -247,8 +252,12 @@ class TestConcurrency:
             try:
                 for revision in range(2, total + 1):
                     result = await store.commit_thread(
-                        b.update(
-                            scope, tid, version, _writer_changes(revision), title=f"rev {revision}"
+                        b.update_at(
+                            scope,
+                            tid,
+                            version,
+                            _writer_changes(revision),
+                            root=b.root(title=f"rev {revision}"),
                         )
                     )
                     assert isinstance(result, CommittedResult), result
@@ -398,7 +407,7 @@ class TestIsolation:
         # not writable or deletable (the thread is missing there)
         for tid in {tid_a, tid_b}:
             update = await store.commit_thread(
-                b.update(
+                b.update_at(
                     scope_b,
                     tid,
                     version,
@@ -409,7 +418,7 @@ class TestIsolation:
                             )
                         ]
                     },
-                    title="hijacked",
+                    root=b.root(title="hijacked"),
                 )
             )
             assert isinstance(update, ConflictResult)
@@ -426,7 +435,9 @@ class TestIsolation:
         assert twin.thread.version.revision == 1
         assert twin.thread.version.thread_instance_id != version.thread_instance_id
         # updating A's version in B conflicts (instance ids differ)
-        cross = await store.commit_thread(b.update(scope_b, tid_a, version, title="x"))
+        cross = await store.commit_thread(
+            b.update_at(scope_b, tid_a, version, root=b.root(title="x"))
+        )
         assert isinstance(cross, ConflictResult)
         assert cross.current_version == twin.thread.version
         # deleting B's twin leaves A intact

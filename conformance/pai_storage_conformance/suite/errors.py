@@ -186,7 +186,7 @@ COMMIT_CASES: list[Any] = [
     ),
     pytest.param(
         lambda s: _with(
-            b.update(s, "t1", VERSION, {"lease": b.release("r1", "w1")}),
+            b.update_at(s, "t1", VERSION, {"lease": b.release("r1", "w1")}, root=b.root()),
             "mutation.changes.lease.expiry",
             "never",
         ),
@@ -199,7 +199,9 @@ COMMIT_CASES: list[Any] = [
         id="create-with-version-condition",
     ),
     pytest.param(
-        lambda s: _with(b.update(s, "t1", VERSION), "condition", {"type": "missing"}),
+        lambda s: _with(
+            b.update_at(s, "t1", VERSION, root=b.root()), "condition", {"type": "missing"}
+        ),
         "condition",
         id="update-with-missing-condition",
     ),
@@ -212,17 +214,23 @@ COMMIT_CASES: list[Any] = [
         lambda s: _with(_full_create(s), "mutation.type", "upsert"), "mutation", id="bad-mutation"
     ),
     pytest.param(
-        lambda s: _with(b.update(s, "t1", VERSION), "condition.version.revision", 0),
+        lambda s: _with(
+            b.update_at(s, "t1", VERSION, root=b.root()), "condition.version.revision", 0
+        ),
         "revision",
         id="revision-0",
     ),
     pytest.param(
-        lambda s: _with(b.update(s, "t1", VERSION), "condition.version.revision", "1"),
+        lambda s: _with(
+            b.update_at(s, "t1", VERSION, root=b.root()), "condition.version.revision", "1"
+        ),
         "revision",
         id="revision-string",
     ),
     pytest.param(
-        lambda s: _with(b.update(s, "t1", VERSION), "condition.version.revision", True),
+        lambda s: _with(
+            b.update_at(s, "t1", VERSION, root=b.root()), "condition.version.revision", True
+        ),
         "revision",
         id="revision-bool",
     ),
@@ -433,12 +441,14 @@ COMMIT_CASES: list[Any] = [
         lambda s: _with(_full_create(s), f"{LEASE}.lease.runId", ""), "runId", id="lease-run-id"
     ),
     pytest.param(
-        lambda s: _with(b.update(s, "t1", {**VERSION, "x": 1}), "mutation.root.title", "a"),
+        lambda s: _with(
+            b.update_at(s, "t1", {**VERSION, "x": 1}, root=b.root()), "mutation.root.title", "a"
+        ),
         "version.x",
         id="version-extra-field",
     ),
     pytest.param(
-        lambda s: b.update(s, "t1", {**VERSION, "threadInstanceId": ""}),
+        lambda s: b.update_at(s, "t1", {**VERSION, "threadInstanceId": ""}, root=b.root()),
         "threadInstanceId",
         id="instance-id-empty",
     ),
@@ -586,12 +596,12 @@ class TestErrorsAndWarnings:
     async def test_malformed_update_leaves_thread_unchanged(self, store: ThreadStore) -> None:
         scope = new_scope()
         existing = await _existing(store, scope)
-        bad = b.update(
+        bad = b.update_at(
             scope,
             "t1",
             existing.version,
             {"messages": [b.insert({**b.message("m2"), "parts": []})]},
-            title="changed",
+            root=b.root(title="changed"),
         )
         with pytest.raises(ThreadStoreInvariantError, match="parts"):
             await store.commit_thread(bad)
@@ -652,7 +662,9 @@ class TestErrorsAndWarnings:
         ("build", "path"),
         [
             pytest.param(
-                lambda s: _with(b.update(s, "t1", VERSION), "condition.version.revision", 0),
+                lambda s: _with(
+                    b.update_at(s, "t1", VERSION, root=b.root()), "condition.version.revision", 0
+                ),
                 "condition.version.revision",
                 id="revision",
             ),
@@ -739,7 +751,9 @@ class TestErrorsAndWarnings:
         assert [t.thread_id for t in listed_model.items] == ["t1"]
 
         update = CommitThreadInput.model_validate(
-            b.update(scope_model, "t1", created_model.thread.version, title="via model")
+            b.update_at(
+                scope_model, "t1", created_model.thread.version, root=b.root(title="via model")
+            )
         )
         updated = await store.commit_thread(update)
         assert isinstance(updated, CommittedResult)
@@ -758,8 +772,12 @@ class TestErrorsAndWarnings:
         del draft["createdAt"], draft["updatedAt"]
         draft["metadata"] = {"edited": True}
         result = await store.commit_thread(
-            b.update(
-                scope, "t1", existing.version, {"messages": [{"type": "replace", "record": draft}]}
+            b.update_at(
+                scope,
+                "t1",
+                existing.version,
+                {"messages": [{"type": "replace", "record": draft}]},
+                root=b.root(),
             )
         )
         assert isinstance(result, CommittedResult)
@@ -874,7 +892,7 @@ class TestErrorsAndWarnings:
         for changes in failing:
             with pytest.raises(ThreadStoreInvariantError) as caught:
                 await store.commit_thread(
-                    b.update(scope, "t1", version, changes, metadata={"k": secret})
+                    b.update_at(scope, "t1", version, changes, root=b.root(metadata={"k": secret}))
                 )
             assert secret not in str(caught.value)
             assert secret not in repr(caught.value)
@@ -1052,13 +1070,12 @@ class TestErrorsAndWarnings:
         later["producer"] = {"kind": "agent", "id": None}
         replaced = {**first.messages.items[0].to_draft().to_json(), "metadata": {"replaced": [1.5]}}
         updated = await store.commit_thread(
-            b.update(
+            b.update_at(
                 scope,
                 "t1",
                 first.thread.version,
                 {"messages": [b.replace(replaced), b.insert(later)]},
-                metadata={"root": [1.0, {"x": None}]},
-                category=None,
+                root=b.root(metadata={"root": [1.0, {"x": None}]}, category=None),
             )
         )
         assert isinstance(updated, CommittedResult)

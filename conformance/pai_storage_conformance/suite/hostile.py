@@ -368,7 +368,7 @@ class TestHostileValues:
         run = b.run("r1", "queued", queue_item_id="q1", metadata=value)
         queued = {**b.queued_item("q1", "r1", value), "metadata": value}
         updated = await store.commit_thread(
-            b.update(
+            b.update_at(
                 scope,
                 "t1",
                 created.thread.version,
@@ -377,8 +377,7 @@ class TestHostileValues:
                     "runs": [b.replace(run)],
                     "queuedItems": [b.replace(queued)],
                 },
-                metadata=value,
-                privateMetadata=value,
+                root=b.root(metadata=value, privateMetadata=value),
             )
         )
         assert isinstance(updated, CommittedResult)
@@ -556,7 +555,7 @@ class TestHostileValues:
         for revision in (2**63, 2**64, 10**30):
             version = {"threadInstanceId": instance, "revision": revision}
             for commit in (
-                b.update(scope, "t1", version, metadata={"v": 2}),
+                b.update_at(scope, "t1", version, root=b.root(metadata={"v": 2})),
                 b.delete(scope, "t1", version),
             ):
                 with pytest.raises(ThreadStoreInvariantError, match="revision") as caught:
@@ -565,7 +564,7 @@ class TestHostileValues:
         for revision in (0, -1, -(2**63), -(2**64)):
             version = {"threadInstanceId": instance, "revision": revision}
             with pytest.raises(ThreadStoreInvariantError, match="revision"):
-                await store.commit_thread(b.update(scope, "t1", version))
+                await store.commit_thread(b.update_at(scope, "t1", version, root=b.root()))
         read = await store.read_thread(b.read(scope, "t1"))
         assert read.thread == created.thread
 
@@ -578,14 +577,14 @@ class TestHostileValues:
         for instance in (current.thread_instance_id, "0" * 32):
             version = ThreadVersion(thread_instance_id=instance, revision=2**63 - 1)
             for commit in (
-                b.update(scope, "t1", version, metadata={"v": 2}),
+                b.update_at(scope, "t1", version, root=b.root(metadata={"v": 2})),
                 b.delete(scope, "t1", version),
             ):
                 result = await store.commit_thread(commit)
                 assert isinstance(result, ConflictResult)
                 assert result.current_version == current
         missing = ThreadVersion(thread_instance_id="0" * 32, revision=2**63 - 1)
-        result = await store.commit_thread(b.update(scope, "nobody", missing))
+        result = await store.commit_thread(b.update_at(scope, "nobody", missing, root=b.root()))
         assert isinstance(result, ConflictResult)
         assert result.current_version is None
         assert (await store.read_thread(b.read(scope, "t1"))).thread == created.thread
@@ -737,7 +736,7 @@ class TestHostileValues:
         read = await store.read_thread(b.read(scope, "t1"))
         assert read.thread is not None
         version = read.thread.version.to_json()
-        full_update = b.update(
+        full_update = b.update_at(
             scope,
             "t1",
             version,
@@ -746,8 +745,7 @@ class TestHostileValues:
                 "runs": [b.insert(b.run("r9", "running", inputs=["m9"]))],
                 "lease": b.acquire("r9", "w1"),
             },
-            category="c",
-            title="t",
+            root=b.root(category="c", title="t"),
         )
         forms: list[tuple[Callable[[Any], Any], dict[str, Any]]] = [
             (store.commit_thread, b.create(scope, "new", _changes({"a": 1}), category="c")),

@@ -50,7 +50,7 @@ async def _create(store: ThreadStore, scope: str, thread: str, **root: Any) -> T
 async def _update(
     store: ThreadStore, scope: str, thread: str, version: ThreadVersion, **root: Any
 ) -> CommittedResult | ConflictResult:
-    return await store.commit_thread(b.update(scope, thread, version, **root))
+    return await store.commit_thread(b.update_at(scope, thread, version, root=b.root(**root)))
 
 
 class TestIdentityAndScoping:
@@ -332,7 +332,9 @@ class TestIdentityAndScoping:
                 {"type": "insert", "record": b.message("m3")},
             ]
         }
-        result = await store.commit_thread(b.update(scope, "t1", created.version, changes))
+        result = await store.commit_thread(
+            b.update_at(scope, "t1", created.version, changes, root=b.root())
+        )
         assert isinstance(result, CommittedResult)
         assert result.thread is not None
         assert result.thread.version.revision == 2

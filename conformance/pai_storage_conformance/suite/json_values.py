@@ -382,7 +382,7 @@ class TestStrictJson:
         assert created.thread is not None
         with pytest.raises(ThreadStoreSerializationError) as caught:
             await store.commit_thread(
-                b.update(
+                b.update_at(
                     scope,
                     "t1",
                     created.thread.version,
@@ -392,7 +392,7 @@ class TestStrictJson:
                             b.insert(b.message("m3", metadata={"deep": _wrap(make_bad())})),
                         ]
                     },
-                    metadata={"ok": 2},
+                    root=b.root(metadata={"ok": 2}),
                 )
             )
         assert "metadata.deep.items[3].score" in str(caught.value)
@@ -935,7 +935,13 @@ class TestStrictJson:
         assert created.thread is not None
         clock.advance(ms=500)
         renewed = await store.commit_thread(
-            b.update(scope, "t1", created.thread.version, {"lease": b.renew("r1", "w1", 2000)})
+            b.update_at(
+                scope,
+                "t1",
+                created.thread.version,
+                {"lease": b.renew("r1", "w1", 2000)},
+                root=b.root(),
+            )
         )
         assert isinstance(renewed, CommittedResult)
         assert renewed.thread is not None

@@ -111,8 +111,12 @@ class TestLeases:
         later = clock.advance(ms=12_345)
         result = _committed(
             await store.commit_thread(
-                b.update(
-                    scope, "t", created.thread.version, {"lease": b.acquire("r1", "w9", 1_500)}
+                b.update_at(
+                    scope,
+                    "t",
+                    created.thread.version,
+                    {"lease": b.acquire("r1", "w9", 1_500)},
+                    root=b.root(),
                 )
             )
         )
@@ -137,12 +141,12 @@ class TestLeases:
         for advance in (0, 1, 29_998):  # up to expiresAt - 1ms: still unexpired
             clock.advance(ms=advance)
             result = await store.commit_thread(
-                b.update(
+                b.update_at(
                     scope,
                     "t",
                     version,
                     {"lease": b.acquire("r1", owner, 60_000, "resume")},
-                    title="must not apply",
+                    root=b.root(title="must not apply"),
                 )
             )
             _conflict(result, version)
@@ -161,11 +165,12 @@ class TestLeases:
         expiry = clock.advance(ms=30_000)  # expiresAt == now: expired
         result = _committed(
             await store.commit_thread(
-                b.update(
+                b.update_at(
                     scope,
                     "t",
                     created.thread.version,
                     {"lease": b.acquire("r1", "w2", 10_000, "resume")},
+                    root=b.root(),
                 )
             )
         )
@@ -188,7 +193,13 @@ class TestLeases:
         renewed_at = clock.advance(ms=29_999)
         result = _committed(
             await store.commit_thread(
-                b.update(scope, "t", created.thread.version, {"lease": b.renew("r1", "w1", 60_000)})
+                b.update_at(
+                    scope,
+                    "t",
+                    created.thread.version,
+                    {"lease": b.renew("r1", "w1", 60_000)},
+                    root=b.root(),
+                )
             )
         )
         lease = result.thread.lease
@@ -205,7 +216,9 @@ class TestLeases:
         again_at = clock.advance(ms=1_000)
         again = _committed(
             await store.commit_thread(
-                b.update(scope, "t", stored.version, {"lease": b.renew("r1", "w1", 5)})
+                b.update_at(
+                    scope, "t", stored.version, {"lease": b.renew("r1", "w1", 5)}, root=b.root()
+                )
             )
         )
         assert again.thread.lease is not None
@@ -223,7 +236,13 @@ class TestLeases:
         )
         clock.advance(ms=30_000 + past_expiry_ms)  # 0: expiresAt == now counts as expired
         result = await store.commit_thread(
-            b.update(scope, "t", created.thread.version, {"lease": b.renew("r1", "w1", 30_000)})
+            b.update_at(
+                scope,
+                "t",
+                created.thread.version,
+                {"lease": b.renew("r1", "w1", 30_000)},
+                root=b.root(),
+            )
         )
         _conflict(result, created.thread.version)
         stored = await _root(store, scope, "t")
@@ -234,7 +253,9 @@ class TestLeases:
         scope = new_scope()
         created = _committed(await store.commit_thread(b.create(scope, "t", _turn())))
         result = await store.commit_thread(
-            b.update(scope, "t", created.thread.version, {"lease": b.renew("r1", "w1")})
+            b.update_at(
+                scope, "t", created.thread.version, {"lease": b.renew("r1", "w1")}, root=b.root()
+            )
         )
         _conflict(result, created.thread.version)
         stored = await _root(store, scope, "t")
@@ -256,7 +277,9 @@ class TestLeases:
             await store.commit_thread(b.create(scope, "t", _turn(b.acquire("r1", "w1"))))
         )
         result = await store.commit_thread(
-            b.update(scope, "t", created.thread.version, {"lease": b.renew(run_id, owner)})
+            b.update_at(
+                scope, "t", created.thread.version, {"lease": b.renew(run_id, owner)}, root=b.root()
+            )
         )
         _conflict(result, created.thread.version)
         assert (await _root(store, scope, "t")).lease == created.thread.lease
@@ -274,7 +297,7 @@ class TestLeases:
         released_at = clock.advance(ms=29_999)
         result = _committed(
             await store.commit_thread(
-                b.update(
+                b.update_at(
                     scope,
                     "t",
                     created.thread.version,
@@ -282,6 +305,7 @@ class TestLeases:
                         "runs": [b.replace(b.run("r1", "completed", inputs=["m1"]))],
                         "lease": b.release("r1", "w1", expiry),
                     },
+                    root=b.root(),
                 )
             )
         )
@@ -295,7 +319,7 @@ class TestLeases:
         # released: anyone may acquire again at once (the run must be open again)
         again = _committed(
             await store.commit_thread(
-                b.update(
+                b.update_at(
                     scope,
                     "t",
                     stored.version,
@@ -303,6 +327,7 @@ class TestLeases:
                         "runs": [b.replace(b.run("r1", "running", inputs=["m1"]))],
                         "lease": b.acquire("r1", "w2", 1_000, "regenerate"),
                     },
+                    root=b.root(),
                 )
             )
         )
@@ -321,8 +346,12 @@ class TestLeases:
         for advance in (0, 60_000):  # unexpired, then expired: never a non-holder's to release
             clock.advance(ms=advance)
             result = await store.commit_thread(
-                b.update(
-                    scope, "t", created.thread.version, {"lease": b.release(run_id, owner, expiry)}
+                b.update_at(
+                    scope,
+                    "t",
+                    created.thread.version,
+                    {"lease": b.release(run_id, owner, expiry)},
+                    root=b.root(),
                 )
             )
             _conflict(result, created.thread.version)
@@ -333,8 +362,12 @@ class TestLeases:
         created = _committed(await store.commit_thread(b.create(scope, "t", _turn())))
         for expiry in ("unexpired", "any"):
             result = await store.commit_thread(
-                b.update(
-                    scope, "t", created.thread.version, {"lease": b.release("r1", "w1", expiry)}
+                b.update_at(
+                    scope,
+                    "t",
+                    created.thread.version,
+                    {"lease": b.release("r1", "w1", expiry)},
+                    root=b.root(),
                 )
             )
             _conflict(result, created.thread.version)
@@ -351,13 +384,17 @@ class TestLeases:
         version = created.thread.version
         clock.advance(ms=30_000 + past_expiry_ms)
         result = await store.commit_thread(
-            b.update(scope, "t", version, {"lease": b.release("r1", "w1", "unexpired")})
+            b.update_at(
+                scope, "t", version, {"lease": b.release("r1", "w1", "unexpired")}, root=b.root()
+            )
         )
         _conflict(result, version)
         assert (await _root(store, scope, "t")).lease == created.thread.lease
         released = _committed(
             await store.commit_thread(
-                b.update(scope, "t", version, {"lease": b.release("r1", "w1", "any")})
+                b.update_at(
+                    scope, "t", version, {"lease": b.release("r1", "w1", "any")}, root=b.root()
+                )
             )
         )
         assert released.thread.lease is None
@@ -376,22 +413,24 @@ class TestLeases:
         # w2 cannot take over early
         clock.advance(ms=20_000)
         early = await store.commit_thread(
-            b.update(
+            b.update_at(
                 scope,
                 "t",
                 created.thread.version,
                 {"lease": b.acquire("r1", "w2", 30_000, "resume")},
+                root=b.root(),
             )
         )
         _conflict(early, created.thread.version)
         taken_at = clock.advance(ms=15_000)
         taken = _committed(
             await store.commit_thread(
-                b.update(
+                b.update_at(
                     scope,
                     "t",
                     created.thread.version,
                     {"lease": b.acquire("r1", "w2", 30_000, "resume")},
+                    root=b.root(),
                 )
             )
         )
@@ -407,13 +446,18 @@ class TestLeases:
             b.acquire("r1", "w1"),
         ):
             _conflict(
-                await store.commit_thread(b.update(scope, "t", version, {"lease": change})), version
+                await store.commit_thread(
+                    b.update_at(scope, "t", version, {"lease": change}, root=b.root())
+                ),
+                version,
             )
         # the new owner renews normally
         clock.advance(ms=1)
         renewed = _committed(
             await store.commit_thread(
-                b.update(scope, "t", version, {"lease": b.renew("r1", "w2", 5_000)})
+                b.update_at(
+                    scope, "t", version, {"lease": b.renew("r1", "w2", 5_000)}, root=b.root()
+                )
             )
         )
         assert renewed.thread.lease is not None
@@ -433,7 +477,7 @@ class TestLeases:
         version = created.thread.version
         clock.advance(ms=1_000)
         result = await store.commit_thread(
-            b.update(
+            b.update_at(
                 scope,
                 "t",
                 version,
@@ -447,8 +491,7 @@ class TestLeases:
                     ],
                     "lease": b.renew("r1", "intruder"),
                 },
-                title="changed",
-                metadata={"k": 1},
+                root=b.root(title="changed", metadata={"k": 1}),
             )
         )
         _conflict(result, version)
@@ -494,7 +537,7 @@ class TestLeases:
             clock.advance(ms=advance)
             result = _committed(
                 await store.commit_thread(
-                    b.update(scope, "t", version, title=f"after {advance} ms")
+                    b.update_at(scope, "t", version, root=b.root(title=f"after {advance} ms"))
                 )
             )
             assert result.thread.lease == lease
@@ -505,14 +548,18 @@ class TestLeases:
         # the expired lease still names r1: finishing r1 needs the release too
         with pytest.raises(ThreadStoreInvariantError, match=r"\brule 7\b"):
             await store.commit_thread(
-                b.update(
-                    scope, "t", version, {"runs": [b.replace(b.run("r1", "failed", inputs=["m1"]))]}
+                b.update_at(
+                    scope,
+                    "t",
+                    version,
+                    {"runs": [b.replace(b.run("r1", "failed", inputs=["m1"]))]},
+                    root=b.root(),
                 )
             )
         assert (await _root(store, scope, "t")).version == version
         finished = _committed(
             await store.commit_thread(
-                b.update(
+                b.update_at(
                     scope,
                     "t",
                     version,
@@ -520,6 +567,7 @@ class TestLeases:
                         "runs": [b.replace(b.run("r1", "failed", inputs=["m1"]))],
                         "lease": b.release("r1", "w1", "any"),
                     },
+                    root=b.root(),
                 )
             )
         )
@@ -544,10 +592,15 @@ class TestLeases:
             "lease": b.acquire("r2", "w2", 2_000, "trigger"),
         }
         clock.advance(ms=999)
-        _conflict(await store.commit_thread(b.update(scope, "t", version, handover)), version)
+        _conflict(
+            await store.commit_thread(b.update_at(scope, "t", version, handover, root=b.root())),
+            version,
+        )
         assert (await _root(store, scope, "t")).lease == created.thread.lease
         expired_at = clock.advance(ms=1)
-        taken = _committed(await store.commit_thread(b.update(scope, "t", version, handover)))
+        taken = _committed(
+            await store.commit_thread(b.update_at(scope, "t", version, handover, root=b.root()))
+        )
         lease = taken.thread.lease
         assert lease is not None
         assert (lease.run_id, lease.owner_id, lease.operation) == ("r2", "w2", "trigger")
@@ -572,7 +625,13 @@ class TestLeases:
         clock.set(datetime(2031, 5, 6, 7, 8, 10, 122_999, tzinfo=UTC))
         renewed = _committed(
             await store.commit_thread(
-                b.update(scope, "t", created.thread.version, {"lease": b.renew("r1", "w1", 1)})
+                b.update_at(
+                    scope,
+                    "t",
+                    created.thread.version,
+                    {"lease": b.renew("r1", "w1", 1)},
+                    root=b.root(),
+                )
             )
         )
         assert renewed.thread.lease is not None
@@ -585,7 +644,13 @@ class TestLeases:
         clock.set(datetime(2031, 5, 6, 7, 8, 10, 123_500, tzinfo=UTC))
         _conflict(
             await store.commit_thread(
-                b.update(scope, "t", renewed.thread.version, {"lease": b.renew("r1", "w1")})
+                b.update_at(
+                    scope,
+                    "t",
+                    renewed.thread.version,
+                    {"lease": b.renew("r1", "w1")},
+                    root=b.root(),
+                )
             ),
             renewed.thread.version,
         )
@@ -606,7 +671,9 @@ class TestLeases:
         for change in (b.renew("r1", "w1", duration), b.acquire("r1", "w2", duration)):
             with pytest.raises(ThreadStoreInvariantError, match="durationMs"):
                 await store.commit_thread(
-                    b.update(scope, "t", created.thread.version, {"lease": change})
+                    b.update_at(
+                        scope, "t", created.thread.version, {"lease": change}, root=b.root()
+                    )
                 )
         stored = await _root(store, scope, "t")
         assert stored.version == created.thread.version
@@ -633,7 +700,13 @@ class TestLeases:
         assert created.thread.lease.expires_at == now + timedelta(days=1)
         renewed = _committed(
             await store.commit_thread(
-                b.update(scope, "t", created.thread.version, {"lease": b.renew("r1", "w1", 1)})
+                b.update_at(
+                    scope,
+                    "t",
+                    created.thread.version,
+                    {"lease": b.renew("r1", "w1", 1)},
+                    root=b.root(),
+                )
             )
         )
         assert renewed.thread.lease is not None
@@ -641,7 +714,13 @@ class TestLeases:
         clock.advance(ms=1)  # the 1 ms lease is now expired
         _conflict(
             await store.commit_thread(
-                b.update(scope, "t", renewed.thread.version, {"lease": b.renew("r1", "w1", 1)})
+                b.update_at(
+                    scope,
+                    "t",
+                    renewed.thread.version,
+                    {"lease": b.renew("r1", "w1", 1)},
+                    root=b.root(),
+                )
             ),
             renewed.thread.version,
         )
@@ -685,7 +764,13 @@ class TestLeases:
             previous_observed = read.observed_at
             result = _committed(
                 await store.commit_thread(
-                    b.update(scope, "t", version, {"lease": b.renew("r1", "w1", renewal_ms)})
+                    b.update_at(
+                        scope,
+                        "t",
+                        version,
+                        {"lease": b.renew("r1", "w1", renewal_ms)},
+                        root=b.root(),
+                    )
                 )
             )
             assert result.committed_at >= previous_committed
@@ -701,7 +786,7 @@ class TestLeases:
         # a real-clock lease is live now: another owner cannot take it
         _conflict(
             await store.commit_thread(
-                b.update(scope, "t", version, {"lease": b.acquire("r1", "w2")})
+                b.update_at(scope, "t", version, {"lease": b.acquire("r1", "w2")}, root=b.root())
             ),
             version,
         )

@@ -87,7 +87,7 @@ async def build_conversation(
         run_id, status = f"r{i}", statuses[i % len(statuses)]
         root = await _commit(
             store,
-            b.update(
+            b.update_at(
                 scope,
                 thread_id,
                 root.version,
@@ -96,7 +96,7 @@ async def build_conversation(
                     "runs": [b.insert(b.run(run_id, "running", inputs=[f"m{i}"]))],
                     "lease": b.acquire(run_id, "worker"),
                 },
-                **fields,
+                root=b.root(**fields),
             ),
         )
         tick()
@@ -109,7 +109,9 @@ async def build_conversation(
         }
         if i == 0:
             changes["messages"].append(b.insert(b.message("note", "a standalone note")))
-        root = await _commit(store, b.update(scope, thread_id, root.version, changes, **fields))
+        root = await _commit(
+            store, b.update_at(scope, thread_id, root.version, changes, root=b.root(**fields))
+        )
         closed.append(run_id)
     open_run = queued_run = None
     if open_turn:
@@ -117,7 +119,7 @@ async def build_conversation(
         open_run = "r-open"
         root = await _commit(
             store,
-            b.update(
+            b.update_at(
                 scope,
                 thread_id,
                 root.version,
@@ -126,7 +128,7 @@ async def build_conversation(
                     "runs": [b.insert(b.run(open_run, "running", inputs=["m-open"]))],
                     "lease": b.acquire(open_run, "worker"),
                 },
-                **fields,
+                root=b.root(**fields),
             ),
         )
     if queued:
@@ -134,7 +136,7 @@ async def build_conversation(
         queued_run = "r-queued"
         root = await _commit(
             store,
-            b.update(
+            b.update_at(
                 scope,
                 thread_id,
                 root.version,
@@ -142,7 +144,7 @@ async def build_conversation(
                     "runs": [b.insert(b.run(queued_run, "queued", queue_item_id="q1"))],
                     "queuedItems": [b.insert(b.queued_item("q1", queued_run, {"text": "next"}))],
                 },
-                **fields,
+                root=b.root(**fields),
             ),
         )
     return Conversation(root, closed, open_run, queued_run)
@@ -232,11 +234,12 @@ class LifecycleTests:
         done = b.run("r-open", "completed", inputs=["m-open"])
         root = await _commit(
             store,
-            b.update(
+            b.update_at(
                 scope,
                 "t",
                 conv.root.version,
                 {"runs": [b.replace(done)], "lease": b.release("r-open", "worker")},
+                root=b.root(),
             ),
         )
         assert root.version.revision == conv.root.version.revision + 1
@@ -358,7 +361,9 @@ class LifecycleTests:
         assert first is not None
         assert first.startswith("sha256:")
         assert await store.thread_digest(scope, "t") == first
-        await _commit(store, b.update(scope, "t", conv.root.version, title="lifecycle"))
+        await _commit(
+            store, b.update_at(scope, "t", conv.root.version, root=b.root(title="lifecycle"))
+        )
         assert await store.thread_digest(scope, "t") != first
         assert await store.thread_digest(scope, "missing") is None
 
@@ -402,7 +407,7 @@ class LifecycleTests:
         more = b.message("m-next", "next question", run_id="r-next")
         next_root = await _commit(
             store,
-            b.update(
+            b.update_at(
                 scope,
                 "fork",
                 fork.version,
@@ -411,6 +416,7 @@ class LifecycleTests:
                     "runs": [b.insert(b.run("r-next", "running", inputs=["m-next"]))],
                     "lease": b.acquire("r-next", "w2"),
                 },
+                root=b.root(),
             ),
         )
         assert next_root.version.revision == 2
@@ -552,11 +558,12 @@ class LifecycleTests:
         closed = b.run("r-open", "failed", inputs=["m-open"])
         root = await _commit(
             store,
-            b.update(
+            b.update_at(
                 scope,
                 "t",
                 conv.root.version,
                 {"runs": [b.replace(closed)], "lease": b.release("r-open", "worker", "any")},
+                root=b.root(),
             ),
         )
         clock.advance(ms=1)
@@ -602,7 +609,7 @@ class LifecycleTests:
 
         async def touch(root: ThreadRecord) -> bool:
             result = await store.commit_thread(
-                b.update(scope, root.thread_id, root.version, title="touched")
+                b.update_at(scope, root.thread_id, root.version, root=b.root(title="touched"))
             )
             return isinstance(result, CommittedResult)
 

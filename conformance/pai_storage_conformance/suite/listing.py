@@ -35,12 +35,11 @@ async def _create(store: ThreadStore, scope: str, thread: str, **root: Any) -> T
 
 async def _touch(store: ThreadStore, record: ThreadRecord, **root: Any) -> ThreadRecord:
     result = await store.commit_thread(
-        b.update(
+        b.update_at(
             record.scope_key,
             record.thread_id,
             record.version,
-            visibility=record.list_visibility,
-            **root,
+            root=b.root(visibility=record.list_visibility, **root),
         )
     )
     assert isinstance(result, CommittedResult)

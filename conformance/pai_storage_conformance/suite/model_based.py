@@ -193,7 +193,7 @@ class _Workload(RuleBasedStateMachine):
                 root["title"] = current.title
             if current.category is not None:
                 root["category"] = current.category
-        return b.update(self.scope, tid, self.version(tid), changes, **root)
+        return b.update_at(self.scope, tid, self.version(tid), changes, root=b.root(**root))
 
     @staticmethod
     def message(
@@ -462,7 +462,7 @@ class _Workload(RuleBasedStateMachine):
         if data.draw(st.booleans()):
             commit = b.delete(self.scope, tid, version)
         else:
-            commit = b.update(self.scope, tid, version, title="stale writer")
+            commit = b.update_at(self.scope, tid, version, root=b.root(title="stale writer"))
         self.commit(tid, commit, "stale writer")
 
     @rule(ms=ADVANCES)

@@ -91,7 +91,7 @@ async def _create(
 async def _update(
     store: ThreadStore, scope: str, thread: str, version: ThreadVersion, changes: dict[str, Any]
 ) -> ThreadRecord:
-    result = await store.commit_thread(b.update(scope, thread, version, changes))
+    result = await store.commit_thread(b.update_at(scope, thread, version, changes, root=b.root()))
     assert isinstance(result, CommittedResult)
     assert result.thread is not None
     return result.thread

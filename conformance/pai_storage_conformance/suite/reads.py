@@ -206,11 +206,12 @@ class TestReads:
         for index in range(3):
             clock.advance(ms=10)
             result = await store.commit_thread(
-                b.update(
+                b.update_at(
                     scope,
                     "t1",
                     version,
                     {"messages": [b.insert(b.message(f"n{index}"))]},
+                    root=b.root(),
                 )
             )
             assert isinstance(result, CommittedResult)
@@ -435,11 +436,12 @@ class TestMessageViews:
         )
         hidden = b.message("m1", transcript=False, context=True)
         await store.commit_thread(
-            b.update(
+            b.update_at(
                 scope,
                 thread,
                 created.version,
                 {"messages": [{"type": "replace", "record": hidden}]},
+                root=b.root(),
             )
         )
         assert await _message_ids(store, scope, thread, _msg_page("transcript")) == ["m2"]
@@ -461,11 +463,12 @@ class TestMessageViews:
             },
         )
         await store.commit_thread(
-            b.update(
+            b.update_at(
                 scope,
                 thread,
                 created.version,
                 {"messages": [{"type": "replace", "record": b.message("m1", "edited")}]},
+                root=b.root(),
             )
         )
         result = await store.read_thread(b.read(scope, thread, messages=_msg_page()))
@@ -536,7 +539,13 @@ class TestMessageViews:
             {"messages": [b.insert(b.message("m1")), b.insert(b.message("m2"))]},
         )
         await store.commit_thread(
-            b.update(scope, thread, created.version, {"messages": [{"type": "delete", "id": "m1"}]})
+            b.update_at(
+                scope,
+                thread,
+                created.version,
+                {"messages": [{"type": "delete", "id": "m1"}]},
+                root=b.root(),
+            )
         )
         with pytest.raises(ThreadStoreInvariantError, match="m1"):
             await store.read_thread(b.read(scope, thread, messages=_msg_page(afterMessageId="m1")))

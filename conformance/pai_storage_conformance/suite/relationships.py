@@ -179,7 +179,9 @@ class TestRelationshipRules:
             store,
             scope,
             "t",
-            b.update(scope, "t", version, {"messages": [b.insert(_out("m5", "ghost"))]}),
+            b.update_at(
+                scope, "t", version, {"messages": [b.insert(_out("m5", "ghost"))]}, root=b.root()
+            ),
             1,
         )
         # re-pointing an existing message at a missing run
@@ -187,25 +189,36 @@ class TestRelationshipRules:
             store,
             scope,
             "t",
-            b.update(scope, "t", version, {"messages": [b.replace(_out("m4", "ghost"))]}),
+            b.update_at(
+                scope, "t", version, {"messages": [b.replace(_out("m4", "ghost"))]}, root=b.root()
+            ),
             1,
         )
         # deleting a run whose messages stay behind
         await _assert_rule_broken(
-            store, scope, "t", b.update(scope, "t", version, {"runs": [b.delete_record("r1")]}), 1
+            store,
+            scope,
+            "t",
+            b.update_at(scope, "t", version, {"runs": [b.delete_record("r1")]}, root=b.root()),
+            1,
         )
         # truncating every run while the messages stay
         await _assert_rule_broken(
-            store, scope, "t", b.update(scope, "t", version, {"runs": [b.truncate(None)]}), 1
+            store,
+            scope,
+            "t",
+            b.update_at(scope, "t", version, {"runs": [b.truncate(None)]}, root=b.root()),
+            1,
         )
         # removing the messages and the runs together is fine
         final = await _commit_ok(
             store,
-            b.update(
+            b.update_at(
                 scope,
                 "t",
                 version,
                 {"messages": [b.truncate("m2")], "runs": [b.delete_record("r2")]},
+                root=b.root(),
             ),
         )
         assert final.revision == 2
@@ -222,11 +235,12 @@ class TestRelationshipRules:
         version = await _turn_thread(store, scope)
         version = await _commit_ok(
             store,
-            b.update(
+            b.update_at(
                 scope,
                 "t",
                 version,
                 {"messages": [b.insert(_out("m4", "r2")), b.insert(_out("m5", "r2"))]},
+                root=b.root(),
             ),
         )
         assert version.revision == 2
@@ -236,7 +250,7 @@ class TestRelationshipRules:
         version = await _turn_thread(store, scope)
         version = await _commit_ok(
             store,
-            b.update(
+            b.update_at(
                 scope,
                 "t",
                 version,
@@ -245,6 +259,7 @@ class TestRelationshipRules:
                     "runs": [b.replace(b.run("r2", "completed", inputs=["m3"]))],
                     "lease": b.release("r2", "w1"),
                 },
+                root=b.root(),
             ),
         )
         # r1 = [m1, m2], r2 = [m3, m4]: appending another r1 message after r2's breaks r1's interval
@@ -252,7 +267,9 @@ class TestRelationshipRules:
             store,
             scope,
             "t",
-            b.update(scope, "t", version, {"messages": [b.insert(_out("m5", "r1"))]}),
+            b.update_at(
+                scope, "t", version, {"messages": [b.insert(_out("m5", "r1"))]}, root=b.root()
+            ),
             2,
         )
         # so does appending to both runs in one commit
@@ -260,11 +277,12 @@ class TestRelationshipRules:
             store,
             scope,
             "t",
-            b.update(
+            b.update_at(
                 scope,
                 "t",
                 version,
                 {"messages": [b.insert(_out("m5", "r2")), b.insert(_out("m6", "r1"))]},
+                root=b.root(),
             ),
             2,
         )
@@ -350,7 +368,7 @@ class TestRelationshipRules:
         # adding a second input right after the first (before any output) is fine
         version = await _commit_ok(
             store,
-            b.update(
+            b.update_at(
                 scope,
                 "t",
                 version,
@@ -358,18 +376,24 @@ class TestRelationshipRules:
                     "messages": [b.insert(_user("m3b", "r2"))],
                     "runs": [b.replace(b.run("r2", "running", inputs=["m3", "m3b"]))],
                 },
+                root=b.root(),
             ),
         )
         assert version.revision == 2
         # an input message after the run's output
         with_output = await _commit_ok(
-            store, b.update(scope, "t", version, {"messages": [b.insert(_out("m4", "r2"))]})
+            store,
+            b.update_at(
+                scope, "t", version, {"messages": [b.insert(_out("m4", "r2"))]}, root=b.root()
+            ),
         )
         await _assert_rule_broken(
             store,
             scope,
             "t",
-            b.update(scope, "t", with_output, {"messages": [b.insert(_user("m5", "r2"))]}),
+            b.update_at(
+                scope, "t", with_output, {"messages": [b.insert(_user("m5", "r2"))]}, root=b.root()
+            ),
             3,
         )
         # listing the late input does not help: the interval must start with the inputs
@@ -377,7 +401,7 @@ class TestRelationshipRules:
             store,
             scope,
             "t",
-            b.update(
+            b.update_at(
                 scope,
                 "t",
                 with_output,
@@ -385,6 +409,7 @@ class TestRelationshipRules:
                     "messages": [b.insert(_user("m5", "r2"))],
                     "runs": [b.replace(b.run("r2", "running", inputs=["m3", "m3b", "m5"]))],
                 },
+                root=b.root(),
             ),
             3,
         )
@@ -393,11 +418,12 @@ class TestRelationshipRules:
             store,
             scope,
             "t",
-            b.update(
+            b.update_at(
                 scope,
                 "t",
                 with_output,
                 {"runs": [b.replace(b.run("r2", "running", inputs=["m4"]))]},
+                root=b.root(),
             ),
             3,
         )
@@ -406,11 +432,12 @@ class TestRelationshipRules:
             store,
             scope,
             "t",
-            b.update(
+            b.update_at(
                 scope,
                 "t",
                 with_output,
                 {"messages": [b.replace(_user("m3", "r2", relation="context"))]},
+                root=b.root(),
             ),
             3,
         )
@@ -443,7 +470,7 @@ class TestRelationshipRules:
         version = await _turn_thread(store, scope)
         version = await _commit_ok(
             store,
-            b.update(
+            b.update_at(
                 scope,
                 "t",
                 version,
@@ -454,12 +481,13 @@ class TestRelationshipRules:
                         b.insert(b.queued_item("q4", "r4", {"text": "never"})),
                     ],
                 },
+                root=b.root(),
             ),
         )
         # cancel r4 before admission: delete its item, cancel it unadmitted
         version = await _commit_ok(
             store,
-            b.update(
+            b.update_at(
                 scope,
                 "t",
                 version,
@@ -469,6 +497,7 @@ class TestRelationshipRules:
                     ],
                     "queuedItems": [b.delete_record("q4")],
                 },
+                root=b.root(),
             ),
         )
         assert version.revision == 3
@@ -516,7 +545,7 @@ class TestRelationshipRules:
         version = await _done_thread(store, scope)
         version = await _commit_ok(
             store,
-            b.update(
+            b.update_at(
                 scope,
                 "t",
                 version,
@@ -527,6 +556,7 @@ class TestRelationshipRules:
                     ],
                     "queuedItems": [b.insert(b.queued_item("q3", "r3"))],
                 },
+                root=b.root(),
             ),
         )
         # an output message for the queued run r3
@@ -534,7 +564,9 @@ class TestRelationshipRules:
             store,
             scope,
             "t",
-            b.update(scope, "t", version, {"messages": [b.insert(_out("m9", "r3"))]}),
+            b.update_at(
+                scope, "t", version, {"messages": [b.insert(_out("m9", "r3"))]}, root=b.root()
+            ),
             4,
         )
         # a message for the never-admitted cancelled run r4
@@ -542,7 +574,9 @@ class TestRelationshipRules:
             store,
             scope,
             "t",
-            b.update(scope, "t", version, {"messages": [b.insert(_out("m9", "r4"))]}),
+            b.update_at(
+                scope, "t", version, {"messages": [b.insert(_out("m9", "r4"))]}, root=b.root()
+            ),
             4,
         )
         # giving the queued run input ids before admission
@@ -550,11 +584,12 @@ class TestRelationshipRules:
             store,
             scope,
             "t",
-            b.update(
+            b.update_at(
                 scope,
                 "t",
                 version,
                 {"runs": [b.replace(b.run("r3", "queued", queue_item_id="q3", inputs=["m1"]))]},
+                root=b.root(),
             ),
             4,
         )
@@ -566,7 +601,7 @@ class TestRelationshipRules:
         version = await _turn_thread(store, scope)
         version = await _commit_ok(
             store,
-            b.update(
+            b.update_at(
                 scope,
                 "t",
                 version,
@@ -574,6 +609,7 @@ class TestRelationshipRules:
                     "messages": [b.insert(_out("m4", "r2", "incomplete"))],
                     "runs": [b.replace(b.run("r2", "waiting", inputs=["m3"]))],
                 },
+                root=b.root(),
             ),
         )
         assert version.revision == 2
@@ -619,7 +655,9 @@ class TestRelationshipRules:
             store,
             scope,
             "t",
-            b.update(scope, "t", version, {"messages": [b.insert(_user("late"))]}),
+            b.update_at(
+                scope, "t", version, {"messages": [b.insert(_user("late"))]}, root=b.root()
+            ),
             5,
         )
         # reopening the completed r1 while r2 runs: two open runs
@@ -627,15 +665,19 @@ class TestRelationshipRules:
             store,
             scope,
             "t",
-            b.update(
-                scope, "t", version, {"runs": [b.replace(b.run("r1", "waiting", inputs=["m1"]))]}
+            b.update_at(
+                scope,
+                "t",
+                version,
+                {"runs": [b.replace(b.run("r1", "waiting", inputs=["m1"]))]},
+                root=b.root(),
             ),
             5,
         )
         # completing r2 then appending a standalone message is fine
         done = await _commit_ok(
             store,
-            b.update(
+            b.update_at(
                 scope,
                 "t",
                 version,
@@ -644,6 +686,7 @@ class TestRelationshipRules:
                     "runs": [b.replace(b.run("r2", "completed", inputs=["m3"]))],
                     "lease": b.release("r2", "w1"),
                 },
+                root=b.root(),
             ),
         )
         # reopening r1 now: r1 does not own the tail
@@ -651,8 +694,12 @@ class TestRelationshipRules:
             store,
             scope,
             "t",
-            b.update(
-                scope, "t", done, {"runs": [b.replace(b.run("r1", "running", inputs=["m1"]))]}
+            b.update_at(
+                scope,
+                "t",
+                done,
+                {"runs": [b.replace(b.run("r1", "running", inputs=["m1"]))]},
+                root=b.root(),
             ),
             5,
         )
@@ -682,7 +729,7 @@ class TestRelationshipRules:
         # admit r1: delete its item, insert its input, mark it running and admitted
         version = await _commit_ok(
             store,
-            b.update(
+            b.update_at(
                 scope,
                 "t",
                 version,
@@ -692,6 +739,7 @@ class TestRelationshipRules:
                     "queuedItems": [b.delete_record("q1")],
                     "lease": b.acquire("r1", "w1"),
                 },
+                root=b.root(),
             ),
         )
         read = await store.read_thread(b.read(scope, "t", **_all_pages()))
@@ -805,7 +853,7 @@ class TestRelationshipRules:
         for case, changes in cases:
             try:
                 await _assert_rule_broken(
-                    store, scope, "t", b.update(scope, "t", version, changes), 6
+                    store, scope, "t", b.update_at(scope, "t", version, changes, root=b.root()), 6
                 )
             except AssertionError as exc:
                 raise AssertionError(f"case {case!r}: {exc}") from exc
@@ -817,7 +865,7 @@ class TestRelationshipRules:
         version = await _turn_thread(store, scope)
         waiting = _committed(
             await store.commit_thread(
-                b.update(
+                b.update_at(
                     scope,
                     "t",
                     version,
@@ -825,6 +873,7 @@ class TestRelationshipRules:
                         "runs": [b.replace(b.run("r2", "waiting", inputs=["m3"]))],
                         "lease": b.renew("r2", "w1"),
                     },
+                    root=b.root(),
                 )
             )
         )
@@ -884,13 +933,19 @@ class TestRelationshipRules:
             store,
             scope,
             "t",
-            b.update(scope, "t", version, {"runs": [b.replace(b.run("r2", final, inputs=["m3"]))]}),
+            b.update_at(
+                scope,
+                "t",
+                version,
+                {"runs": [b.replace(b.run("r2", final, inputs=["m3"]))]},
+                root=b.root(),
+            ),
             7,
         )
         # finishing and releasing together is fine
         done = await _commit_ok(
             store,
-            b.update(
+            b.update_at(
                 scope,
                 "t",
                 version,
@@ -898,6 +953,7 @@ class TestRelationshipRules:
                     "runs": [b.replace(b.run("r2", final, inputs=["m3"]))],
                     "lease": b.release("r2", "w1", "any"),
                 },
+                root=b.root(),
             ),
         )
         assert done.revision == 2
@@ -913,12 +969,19 @@ class TestRelationshipRules:
             store,
             scope,
             "t",
-            b.update(scope, "t", version, {"lease": b.acquire("r1", "w2")}),
+            b.update_at(scope, "t", version, {"lease": b.acquire("r1", "w2")}, root=b.root()),
             7,
         )
         # takeover of the running run is fine
         taken = await _commit_ok(
-            store, b.update(scope, "t", version, {"lease": b.acquire("r2", "w2", 1_000, "resume")})
+            store,
+            b.update_at(
+                scope,
+                "t",
+                version,
+                {"lease": b.acquire("r2", "w2", 1_000, "resume")},
+                root=b.root(),
+            ),
         )
         assert taken.revision == 2
 
@@ -932,11 +995,12 @@ class TestRelationshipRules:
             store,
             scope,
             "t",
-            b.update(
+            b.update_at(
                 scope,
                 "t",
                 version,
                 {"messages": [b.truncate("m2")], "runs": [b.delete_record("r2")]},
+                root=b.root(),
             ),
             7,
         )
@@ -946,7 +1010,7 @@ class TestRelationshipRules:
             store,
             scope,
             "t",
-            b.update(scope, "t", version, {"lease": b.acquire("nope", "w2")}),
+            b.update_at(scope, "t", version, {"lease": b.acquire("nope", "w2")}, root=b.root()),
             7,
         )
 
@@ -1032,7 +1096,7 @@ class TestRelationshipRules:
                 },
             ),
         )
-        commit = b.update(scope, "t", version, changes)
+        commit = b.update_at(scope, "t", version, changes, root=b.root())
         if rule is None:  # the control case: a valid commit
             assert (await _commit_ok(store, commit)).revision == 2
             return
@@ -1093,14 +1157,14 @@ class TestRelationshipRules:
         for case, changes in cases:
             try:
                 await _assert_rule_broken(
-                    store, scope, "t", b.update(scope, "t", version, changes), 6
+                    store, scope, "t", b.update_at(scope, "t", version, changes, root=b.root()), 6
                 )
             except AssertionError as exc:
                 raise AssertionError(f"case {case!r}: {exc}") from exc
         # control: cancelling both queued runs with their items is fine
         done = await _commit_ok(
             store,
-            b.update(
+            b.update_at(
                 scope,
                 "t",
                 version,
@@ -1111,6 +1175,7 @@ class TestRelationshipRules:
                     ],
                     "queuedItems": [b.delete_record("q1"), b.delete_record("q2")],
                 },
+                root=b.root(),
             ),
         )
         assert done.revision == 2
@@ -1122,11 +1187,13 @@ class TestRelationshipRules:
             {"messages": [b.truncate("m2")], "runs": [b.truncate("r1")]},
             {"messages": [b.truncate(None)], "runs": [b.truncate(None)]},
         ):
-            await _assert_rule_broken(store, scope, "t", b.update(scope, "t", version, changes), 7)
+            await _assert_rule_broken(
+                store, scope, "t", b.update_at(scope, "t", version, changes, root=b.root()), 7
+            )
         # releasing in the same commit is fine
         done = await _commit_ok(
             store,
-            b.update(
+            b.update_at(
                 scope,
                 "t",
                 version,
@@ -1135,6 +1202,7 @@ class TestRelationshipRules:
                     "runs": [b.truncate("r1")],
                     "lease": b.release("r2", "w1"),
                 },
+                root=b.root(),
             ),
         )
         assert done.revision == 2
@@ -1147,7 +1215,7 @@ class TestRelationshipRules:
                 store,
                 scope,
                 "t",
-                b.update(
+                b.update_at(
                     scope,
                     "t",
                     version,
@@ -1155,6 +1223,7 @@ class TestRelationshipRules:
                         "messages": [b.insert(_user("m9", "r9"))],
                         "runs": [b.insert(b.run("r9", status, inputs=["m9"]))],
                     },
+                    root=b.root(),
                 ),
                 5,
             )
@@ -1193,7 +1262,7 @@ class TestWorkedExample:
         t2 = clock.advance(ms=1_000)
         v2 = await _commit_ok(
             store,
-            b.update(
+            b.update_at(
                 scope,
                 tid,
                 v1,
@@ -1201,7 +1270,7 @@ class TestWorkedExample:
                     "runs": [b.insert(_queued("r2", "q1"))],
                     "queuedItems": [b.insert(b.queued_item("q1", "r2", {"text": "and another"}))],
                 },
-                title="worked example",
+                root=b.root(title="worked example"),
             ),
         )
         assert v2 == ThreadVersion(thread_instance_id=v1.thread_instance_id, revision=2)
@@ -1210,18 +1279,18 @@ class TestWorkedExample:
         t3 = clock.advance(ms=1_000)
         v3 = await _commit_ok(
             store,
-            b.update(
+            b.update_at(
                 scope,
                 tid,
                 v2,
                 {"messages": [b.insert(_out("m2", "r1", "streaming"))]},
-                title="worked example",
+                root=b.root(title="worked example"),
             ),
         )
         t4 = clock.advance(ms=1_000)
         c4 = _committed(
             await store.commit_thread(
-                b.update(
+                b.update_at(
                     scope,
                     tid,
                     v3,
@@ -1229,7 +1298,7 @@ class TestWorkedExample:
                         "messages": [b.replace(_out("m2", "r1", "complete"))],
                         "lease": b.renew("r1", "w1", 30_000),
                     },
-                    title="worked example",
+                    root=b.root(title="worked example"),
                 )
             )
         )
@@ -1253,7 +1322,7 @@ class TestWorkedExample:
         t5 = clock.advance(ms=1_000)
         c5 = _committed(
             await store.commit_thread(
-                b.update(
+                b.update_at(
                     scope,
                     tid,
                     v4,
@@ -1261,7 +1330,7 @@ class TestWorkedExample:
                         "runs": [b.replace(b.run("r1", "completed", inputs=["m1"]))],
                         "lease": b.release("r1", "w1", "unexpired"),
                     },
-                    title="worked example",
+                    root=b.root(title="worked example"),
                 )
             )
         )
@@ -1274,7 +1343,7 @@ class TestWorkedExample:
         t6 = clock.advance(ms=1_000)
         c6 = _committed(
             await store.commit_thread(
-                b.update(
+                b.update_at(
                     scope,
                     tid,
                     v5,
@@ -1286,7 +1355,7 @@ class TestWorkedExample:
                         "queuedItems": [b.delete_record("q1")],
                         "lease": b.acquire("r2", "w2", 30_000, "send"),
                     },
-                    title="worked example",
+                    root=b.root(title="worked example"),
                 )
             )
         )
@@ -1322,7 +1391,7 @@ class TestWorkedExample:
         clock.advance(ms=1_000)
         v7 = await _commit_ok(
             store,
-            b.update(
+            b.update_at(
                 scope,
                 tid,
                 v6,
@@ -1333,13 +1402,13 @@ class TestWorkedExample:
                     ],
                     "lease": b.release("r2", "w2", "any"),
                 },
-                title="worked example",
+                root=b.root(title="worked example"),
             ),
         )
         assert v7.revision == 7
 
         # 5. regenerate the first answer: truncate after m1 and r1, reopen r1, acquire
-        regenerate = b.update(
+        regenerate = b.update_at(
             scope,
             tid,
             v7,
@@ -1351,13 +1420,13 @@ class TestWorkedExample:
                 ],
                 "lease": b.acquire("r1", "w3", 30_000, "regenerate"),
             },
-            title="worked example",
+            root=b.root(title="worked example"),
         )
         # a writer that commits first makes the regeneration conflict
         t8 = clock.advance(ms=1_000)
         v8 = await _commit_ok(
             store,
-            b.update(scope, tid, v7, title="renamed by someone else"),
+            b.update_at(scope, tid, v7, root=b.root(title="renamed by someone else")),
         )
         stale = await store.commit_thread(regenerate)
         assert isinstance(stale, ConflictResult)
@@ -1394,12 +1463,12 @@ class TestWorkedExample:
 
         # the stale writer of revision 7 (r2's worker) now gets a conflict
         late = await store.commit_thread(
-            b.update(
+            b.update_at(
                 scope,
                 tid,
                 v7,
                 {"messages": [b.insert(_out("m5", "r2"))]},
-                title="worked example",
+                root=b.root(title="worked example"),
             )
         )
         assert isinstance(late, ConflictResult)
@@ -1407,7 +1476,7 @@ class TestWorkedExample:
         # and the removed records can be inserted again as new ones
         redo = await _commit_ok(
             store,
-            b.update(
+            b.update_at(
                 scope,
                 tid,
                 v9,
@@ -1415,7 +1484,7 @@ class TestWorkedExample:
                     "messages": [b.insert(_out("m2", "r1", "streaming"))],
                     "lease": b.renew("r1", "w3"),
                 },
-                title="worked example",
+                root=b.root(title="worked example"),
             ),
         )
         assert redo.revision == 10

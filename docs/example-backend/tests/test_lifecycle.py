@@ -55,7 +55,9 @@ async def test_the_updated_at_index_follows_every_kind_of_write() -> None:
         clock.advance(ms=5)
         await _create(store, "s2", "c")
         clock.advance(ms=5)
-        updated = await store.commit_thread(b.update("s1", "a", a.version, title="later"))
+        updated = await store.commit_thread(
+            b.update_at("s1", "a", a.version, root=b.root(title="later"))
+        )
         assert isinstance(updated, CommittedResult)
         deleted = await store.commit_thread(b.delete("s1", "b", bee.version))
         assert isinstance(deleted, CommittedResult)
@@ -124,7 +126,9 @@ async def test_fork_copy_refuses_a_stale_plan_and_an_existing_thread_writing_not
         source = await _create(store, "s", "src")
         taken = await _create(store, "s", "taken")
         stale = _plan(source, "new", clock())
-        moved = await store.commit_thread(b.update("s", "src", source.version, title="moved"))
+        moved = await store.commit_thread(
+            b.update_at("s", "src", source.version, root=b.root(title="moved"))
+        )
         assert isinstance(moved, CommittedResult)
         assert moved.thread is not None
         before = dict(store.server.data)
