@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from pai_storage_conformance.provision import TestHarness
 
     from .lifecycle import ManagedStore
-    from .store import ThreadStore
+    from .store import StoreInfo, ThreadStore
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -177,6 +177,16 @@ class Backend(ABC):
         The default serves a threads-only backend.
         """
         return {"threads": self._open(url, **options)}
+
+    async def server_info(self, url: StoreURL, **options: Any) -> StoreInfo:
+        """What ``pai-storage check`` reports about the server behind ``url``.
+
+        The default opens the thread store and returns its
+        :meth:`~pai_storage.ThreadStore.info`; a backend without threads
+        overrides it.
+        """
+        async with self.open(url, **options) as store:
+            return await store.info()
 
     @abstractmethod
     def test_harness(self, url: str | None = None) -> TestHarness:

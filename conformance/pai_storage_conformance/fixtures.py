@@ -32,8 +32,17 @@ __all__ = [
 ]
 
 
+def _require_threads(harness: TestHarness) -> None:
+    if "threads" not in harness.components:
+        pytest.skip(
+            f"component 'threads' not provided by {harness.describe()}: the backend does not "
+            "declare it (override the store fixture to test your own store)"
+        )
+
+
 @pytest_asyncio.fixture
 async def store(pai_harness: TestHarness, clock: ManualClock) -> AsyncIterator[ThreadStore]:
+    _require_threads(pai_harness)
     async with pai_harness.store(clock) as created:
         yield created
 
@@ -46,6 +55,7 @@ async def real_clock_store(pytestconfig: pytest.Config) -> AsyncIterator[ThreadS
             "capability 'real_clock' not provided: override the real_clock_store "
             "fixture (a store using the provider's own clock) to run this test"
         )
+    _require_threads(harness)
     async with harness.store(None) as created:
         yield created
 
