@@ -22,7 +22,8 @@ subclasses of them, so code written against either set keeps working::
         │   └── ThreadStoreSerializationError  (also a SerializationError)
         ├── ThreadStoreCommitUnknownError      (also an OutcomeUnknownError)
         ├── ThreadStoreUnavailableError        (also an UnavailableError)
-        └── ThreadStoreConfigurationError      (also a ConfigurationError)
+        ├── ThreadStoreConfigurationError      (also a ConfigurationError)
+        └── ConversationConflictError          another writer changed what a conversation needs
 
 ``except ThreadStoreError`` still catches exactly the thread store's errors.
 
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ConfigurationError",
     "ConflictError",
+    "ConversationConflictError",
     "CorruptSnapshotError",
     "InvalidInputError",
     "LockTimeoutError",
@@ -187,3 +189,14 @@ class ThreadStoreUnavailableError(ThreadStoreError, UnavailableError):
 
 class ThreadStoreConfigurationError(ThreadStoreError, ConfigurationError):
     """A bad URL or option, a missing driver, or a server that cannot honour the contract."""
+
+
+class ConversationConflictError(ThreadStoreError):
+    """Another writer changed a conversation in a way its handle cannot retry safely.
+
+    Raised by :class:`~pai_storage.Conversation` (a conflict caused by another
+    writer's append is retried there, never raised): the thread was deleted or
+    deleted and re-created, an open reply's run or lease was taken over, or a
+    reply was opened while another run is open. The message says which.
+    Nothing of the failed write was applied.
+    """
