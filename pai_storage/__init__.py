@@ -57,7 +57,7 @@ from .parsing import (
 )
 from .registry import available_backends, open_store, register_backend, unregister_backend
 from .snapshots import Snapshot, SnapshotInfo, SnapshotStore
-from .state import AgentStateStore, VersionedState
+from .state import AgentStateStore, ListConflict, StateConflict, VersionedState
 from .store import StoreInfo, ThreadStore, public_projection
 from .transfer import EXPORT_FORMAT, EXPORT_VERSION, ImportReport, ThreadExistsError
 from .url import StoreURL, make_url
@@ -77,6 +77,7 @@ __all__ = [
     "KVConflict",
     "KeyValueStore",
     "Lock",
+    "ListConflict",
     "LockInfo",
     "LostCallback",
     "PrunedThread",
@@ -84,6 +85,7 @@ __all__ = [
     "Snapshot",
     "SnapshotInfo",
     "SnapshotStore",
+    "StateConflict",
     "Stores",
     "VersionedState",
     "connect",

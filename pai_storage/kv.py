@@ -39,6 +39,7 @@ from typing import Any, ClassVar
 from pydantic import Field, StrictInt
 
 from .clock import Clock
+from .conflicts import Conflict
 from .errors import InvalidInputError, PageTokenError
 from .events import StoreWarning, WarningCallback
 from .models import Id, Json, Page, StoreModel, Timestamp
@@ -163,7 +164,7 @@ _UNDECODABLE = (ValueError, TypeError, RecursionError)
 """What :func:`parse_json_text` raises for stored text that is not strict JSON."""
 
 
-class KVConflict(StoreModel):
+class KVConflict(StoreModel, Conflict):
     """The outcome of a :meth:`KeyValueStore.put_if_version` whose condition failed.
 
     Nothing was written. ``current`` is the item as stored now (``None``: the
@@ -171,6 +172,11 @@ class KVConflict(StoreModel):
     """
 
     current: Item | None
+
+    def describe(self) -> str:
+        if self.current is None:
+            return "the key is absent"
+        return f"the item's current version is {self.current.version}"
 
 
 # ---------------------------------------------------------------- backend records

@@ -31,11 +31,12 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import Enum
-from typing import Any, ClassVar, NamedTuple, TypeVar
+from typing import Any, ClassVar, NamedTuple, TypeVar, overload
 
 from pydantic import Field, StrictInt
 
 from .clock import Clock
+from .conflicts import Conflict
 from .errors import ConfigurationError, InvalidInputError, StorageError, UnavailableError
 from .events import StoreWarning, WarningCallback
 from .models import Json, Page, StoreModel
@@ -61,9 +62,12 @@ __all__ = [
     "ENUMERATE",
     "UNDECODABLE",
     "AgentStateStore",
+    "ListConflict",
     "ListHead",
     "ListWrite",
     "SessionKey",
+    "StaleVersion",
+    "StateConflict",
     "StoredKind",
     "VersionedState",
     "extend_list_hash",
@@ -96,6 +100,7 @@ longer decodes (after reporting it)."""
 
 _MAX_LIST_ATTEMPTS = 1000
 _T = TypeVar("_T")
+_W = TypeVar("_W")
 
 
 def extend_list_hash(current: str, texts: Sequence[str]) -> str:
@@ -120,6 +125,46 @@ class VersionedState(StoreModel):
     def __repr_args__(self) -> Any:
         # A stored value may hold personal data: reprs (and so logs) never show it.
         yield "version", self.version
+
+
+class StateConflict(StoreModel, Conflict):
+    """What :meth:`AgentStateStore.save_if_version` returns when its condition failed.
+
+    Nothing was written. ``current_version`` is the key's version as stored
+    now (``0``: the key is absent or its session expired), which is what to
+    pass as ``expected_version`` after re-reading.
+    """
+
+    current_version: StrictInt = Field(ge=0)
+
+    def describe(self) -> str:
+        if self.current_version == 0:
+            return "the key is absent (current version is 0)"
+        return f"the key's current version is {self.current_version}"
+
+
+class ListConflict(StoreModel, Conflict):
+    """What :meth:`AgentStateStore.append_list` with ``expected_length`` returns when the
+    stored list has another length.
+
+    Nothing was written. ``current_length`` is the list's length as stored now
+    (``0``: the key is absent or its session expired).
+    """
+
+    current_length: StrictInt = Field(ge=0)
+
+    def describe(self) -> str:
+        return f"the list's current length is {self.current_length}"
+
+
+@dataclass(frozen=True, slots=True)
+class StaleVersion:
+    """What :meth:`AgentStateStore._save_value` returns when its condition failed.
+
+    ``current`` is the stored version (``0``: the key is absent).
+    """
+
+    current: int
 
 
 class SessionKey(NamedTuple):
@@ -230,8 +275,10 @@ class AgentStateStore(RuntimeStore):
         key = check_name("key", key)
         copy, text = check_value(value, limit=self.max_value_bytes)
         await self._ensure_ready()
-        version = _of_kind(await self._save_value(session, key, copy, text, None))
-        if version is None:
+        version = await self._save_value(session, key, copy, text, None)
+        if isinstance(version, StoredKind):
+            raise _kind_error(version)
+        if isinstance(version, StaleVersion):
             raise StorageError(f"the {self.backend_name} backend skipped an unconditional save")
         return version
 
@@ -242,12 +289,13 @@ class AgentStateStore(RuntimeStore):
         key: str,
         value: Any,
         expected_version: int,
-    ) -> int | None:
+    ) -> int | StateConflict:
         """Store ``value`` only if the stored version is ``expected_version``.
 
         ``expected_version=0`` saves only when ``key`` is absent. Returns the
-        new version, or ``None`` when the condition failed and nothing was
-        written. Of racing calls with one expected version exactly one wins.
+        new version, or a :class:`StateConflict` carrying the current version
+        (``0``: absent) when the condition failed and nothing was written. Of
+        racing calls with one expected version exactly one wins.
 
         Raises
         ------
@@ -263,7 +311,12 @@ class AgentStateStore(RuntimeStore):
             raise InvalidInputError("expected_version must be an integer >= 0 (0: key absent)")
         copy, text = check_value(value, limit=self.max_value_bytes)
         await self._ensure_ready()
-        return _of_kind(await self._save_value(session, key, copy, text, expected_version))
+        saved = await self._save_value(session, key, copy, text, expected_version)
+        if isinstance(saved, StoredKind):
+            raise _kind_error(saved)
+        if isinstance(saved, StaleVersion):
+            return StateConflict(current_version=saved.current)
+        return saved
 
     async def get(self, user_id: str | None, session_id: str, key: str) -> Any:
         """The value stored under ``key``, or ``None`` when absent.
@@ -331,6 +384,28 @@ class AgentStateStore(RuntimeStore):
 
         await self._write_list_with_retry(session, key, plan)
 
+    @overload
+    async def append_list(
+        self,
+        user_id: str | None,
+        session_id: str,
+        key: str,
+        values: Sequence[Any],
+        *,
+        expected_length: None = None,
+    ) -> int: ...
+
+    @overload
+    async def append_list(
+        self,
+        user_id: str | None,
+        session_id: str,
+        key: str,
+        values: Sequence[Any],
+        *,
+        expected_length: int,
+    ) -> int | ListConflict: ...
+
     async def append_list(
         self,
         user_id: str | None,
@@ -339,12 +414,13 @@ class AgentStateStore(RuntimeStore):
         values: Sequence[Any],
         *,
         expected_length: int | None = None,
-    ) -> int:
+    ) -> int | ListConflict:
         """Append ``values`` to the list under ``key`` (created if absent); return its new length.
 
         Only the new items are sent. With ``expected_length`` the append
         happens only when the stored list has that length (0: absent);
-        otherwise nothing is written and the result is ``-1``.
+        otherwise nothing is written and the result is a
+        :class:`ListConflict` carrying the current length.
 
         Raises
         ------
@@ -364,16 +440,16 @@ class AgentStateStore(RuntimeStore):
         items, texts = self._check_items(values)
         await self._ensure_ready()
 
-        def plan(head: ListHead | None) -> ListWrite | None:
+        def plan(head: ListHead | None) -> ListWrite | ListConflict:
             length = 0 if head is None else head.length
             if expected_length is not None and length != expected_length:
-                return None
+                return ListConflict(current_length=length)
             start = EMPTY_LIST_HASH if head is None else head.hash
             new_head = ListHead(length + len(items), extend_list_hash(start, texts))
             return ListWrite(head, False, items, texts, new_head)
 
         written = await self._write_list_with_retry(session, key, plan)
-        return -1 if written is None else written.length
+        return written if isinstance(written, ListConflict) else written.length
 
     async def get_list(self, user_id: str | None, session_id: str, key: str) -> list[Any]:
         """The list stored under ``key``; ``[]`` when absent.
@@ -506,12 +582,13 @@ class AgentStateStore(RuntimeStore):
         value: Any,
         text: str,
         expected_version: int | None,
-    ) -> int | StoredKind | None:
+    ) -> int | StoredKind | StaleVersion:
         """Atomically write a single value; return its new version.
 
         ``expected_version`` ``None`` writes unconditionally; ``0`` writes only
         when the key is absent; ``n`` only when the stored version is ``n``
-        (else return ``None``, writing nothing). Return :attr:`StoredKind.LIST`
+        (else return :class:`StaleVersion` with the stored version, ``0`` when
+        absent, writing nothing). Return :attr:`StoredKind.LIST`
         (writing nothing) when the key holds a list. A write refreshes the
         session's expiry; a write to an expired session starts a new, empty one.
         """
@@ -613,16 +690,17 @@ class AgentStateStore(RuntimeStore):
         return tuple(items), tuple(texts)
 
     async def _write_list_with_retry(
-        self, session: SessionKey, key: str, plan: Callable[[ListHead | None], ListWrite | None]
-    ) -> ListHead | None:
+        self, session: SessionKey, key: str, plan: Callable[[ListHead | None], ListWrite | _W]
+    ) -> ListHead | _W:
         """Read the head, plan, write conditionally; re-plan when a racing write got there first.
 
-        Returns the head written, or ``None`` when ``plan`` declined to write.
+        Returns the head written, or what ``plan`` returned instead of a
+        :class:`ListWrite` when it declined to write (a conflict).
         """
         for _ in range(_MAX_LIST_ATTEMPTS):
             write = plan(_of_kind(await self._list_head(session, key)))
-            if write is None:
-                return None
+            if not isinstance(write, ListWrite):
+                return write
             if _of_kind(await self._write_list(session, key, write)):
                 return write.head
         raise UnavailableError(

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from .aggregate import Entry, Family, ThreadAggregate
 from .clock import system_clock
+from .conflicts import Conflict
 from .errors import ThreadStoreError, ThreadStoreInvariantError
 from .models import Message, QueuedItem, RunRecord, ThreadRecord, truncate_ms
 from .relationships import assert_relationships, facts_from_aggregate
@@ -727,9 +728,11 @@ async def _copy_session(source: Stores, target: Stores, item: RuntimeItem) -> st
         wrote = True
         if is_list:
             written = await theirs.append_list(user_id, session_id, key, content, expected_length=0)
-            if written < 0:
+            if isinstance(written, Conflict):
                 return "mismatched"  # written in the target meanwhile
-        elif await theirs.save_if_version(user_id, session_id, key, content, 0) is None:
+        elif isinstance(
+            await theirs.save_if_version(user_id, session_id, key, content, 0), Conflict
+        ):
             return "mismatched"
     after = await theirs._session_keys(user_id, session_id)
     if after != ([k for k in values if k in contents], lists):

@@ -41,6 +41,7 @@ from pai_storage import (
     KVConflict,
     ManualClock,
     OutcomeUnknownError,
+    StateConflict,
     StorageError,
     ThreadStoreError,
     UnavailableError,
@@ -298,7 +299,9 @@ async def _state_save_if_version(s: Stores, url: str) -> Check:
     await s.state.save("u", "s", "key", "one")
     _fail_next(url, "findAndModify")
     try:
-        result: int | None = await s.state.save_if_version("u", "s", "key", "two", 1)
+        result: int | StateConflict | None = await s.state.save_if_version(
+            "u", "s", "key", "two", 1
+        )
     except OutcomeUnknownError:
         result = None
 

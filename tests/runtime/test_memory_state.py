@@ -17,6 +17,7 @@ from pai_storage.runtime import canonical_json
 from pai_storage.state import (
     ANONYMOUS_USER,
     EMPTY_LIST_HASH,
+    ListConflict,
     ListHead,
     ListWrite,
     SessionKey,
@@ -125,7 +126,9 @@ async def test_racing_list_write_is_replanned() -> None:
     assert await store.append_list("u", "s", "l", ["mine"]) == 3
     assert await store.get_list("u", "s", "l") == ["first", "other", "mine"]
     store.interfere = True
-    assert await store.append_list("u", "s", "l", ["late"], expected_length=3) == -1
+    assert await store.append_list("u", "s", "l", ["late"], expected_length=3) == ListConflict(
+        current_length=4
+    )
     assert await store.get_list("u", "s", "l") == ["first", "other", "mine", "other"]
 
 

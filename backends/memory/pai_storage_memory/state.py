@@ -16,6 +16,7 @@ from pai_storage.state import (
     ListHead,
     ListWrite,
     SessionKey,
+    StaleVersion,
     StoredKind,
     VersionedState,
 )
@@ -103,7 +104,7 @@ class MemoryAgentStateStore(AgentStateStore):
         value: Any,
         text: str,
         expected_version: int | None,
-    ) -> int | StoredKind | None:
+    ) -> int | StoredKind | StaleVersion:
         with self._lock:
             current = self._read(session)
             if current is not None and key in current.lists:
@@ -111,7 +112,7 @@ class MemoryAgentStateStore(AgentStateStore):
             stored = None if current is None else current.values.get(key)
             version = 0 if stored is None else stored[1]
             if expected_version is not None and expected_version != version:
-                return None
+                return StaleVersion(version)
             self._for_write(session).values[key] = (text, version + 1)
             return version + 1
 

@@ -43,6 +43,7 @@ from pai_storage.runtime import DEFAULT_MAX_VALUE_BYTES
 from pai_storage.state import (
     ANONYMOUS_USER,
     DEFAULT_SESSION_TTL,
+    StaleVersion,
     StoredKind,
     VersionedState,
 )
@@ -198,7 +199,7 @@ class MongoAgentStateStore(MongoRuntimeStore, AgentStateStore):
         value: Any,
         text: str,
         expected_version: int | None,
-    ) -> int | StoredKind | None:
+    ) -> int | StoredKind | StaleVersion:
         f = encode_field(key)
         if expected_version is None:
             return await self._save_always(session, f, text)
@@ -242,7 +243,17 @@ class MongoAgentStateStore(MongoRuntimeStore, AgentStateStore):
             doc = None  # a live session holds the key (or a racing insert won)
         if doc is not None:
             return int(doc["versions"][f])
-        return StoredKind.LIST if await self._kind(session, f) is StoredKind.LIST else None
+        return await self._stale(session, f)
+
+    async def _stale(self, session: SessionKey, f: str) -> StoredKind | StaleVersion:
+        """What a conditional save that wrote nothing found under field ``f``."""
+        query = {"_id": self._id(session), **self._live()}
+        with self._holder.errors("read"):
+            doc = await self.collection.find_one(query, {f"versions.{f}": 1, f"hashes.{f}": 1})
+        if doc is not None and f in (doc.get("hashes") or {}):
+            return StoredKind.LIST
+        version = ((doc or {}).get("versions") or {}).get(f)
+        return StaleVersion(version if isinstance(version, int) and stored_count(version) else 0)
 
     async def _save_always(self, session: SessionKey, f: str, text: str) -> int | StoredKind:
         """An unconditional save: one upsert on ``_id`` alone (the server retries a

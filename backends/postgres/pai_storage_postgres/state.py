@@ -32,6 +32,7 @@ from pai_storage.runtime import DEFAULT_MAX_VALUE_BYTES
 from pai_storage.state import (
     ANONYMOUS_USER,
     DEFAULT_SESSION_TTL,
+    StaleVersion,
     StoredKind,
     VersionedState,
 )
@@ -116,7 +117,7 @@ class Statements:
         )
         self.clear = f"DELETE FROM {v} WHERE user_key = $1 AND session_id = $2"
         vkey = "user_key = $1 AND session_id = $2 AND key = $3"
-        self.kind = f"SELECT is_list FROM {v} WHERE {vkey}"
+        self.kind = f"SELECT is_list, version FROM {v} WHERE {vkey}"
         self.save_any = (
             f"INSERT INTO {v} AS v (user_key, session_id, key, is_list, value, version) "
             "VALUES ($1, $2, $3, false, $4, 1) ON CONFLICT (user_key, session_id, key) "
@@ -321,7 +322,7 @@ class PostgresAgentStateStore(PgRuntimeStore, AgentStateStore):
         value: Any,
         text: str,
         expected_version: int | None,
-    ) -> int | StoredKind | None:
+    ) -> int | StoredKind | StaleVersion:
         user, sid = session
 
         async def apply(conn: asyncpg.Connection) -> int:
@@ -333,12 +334,14 @@ class PostgresAgentStateStore(PgRuntimeStore, AgentStateStore):
                 version = await conn.fetchval(
                     self.sql.save_at, user, sid, key, text, expected_version
                 )
-            if version is None:
-                kind = await self._kind(conn, session, key)
-                raise _Nothing(StoredKind.LIST if kind is StoredKind.LIST else None)
+            if version is None:  # nothing written: say what is stored instead
+                row = await conn.fetchrow(self.sql.kind, user, sid, key)
+                if row is not None and row["is_list"]:
+                    raise _Nothing(StoredKind.LIST)
+                raise _Nothing(StaleVersion(0 if row is None else int(row["version"])))
             return int(version)
 
-        result: int | StoredKind | None = await self._write(session, key, apply)
+        result: int | StoredKind | StaleVersion = await self._write(session, key, apply)
         return result
 
     async def _get_value(self, session: SessionKey, key: str) -> VersionedState | StoredKind | None:

@@ -44,6 +44,7 @@ from pai_storage.runtime import DEFAULT_MAX_VALUE_BYTES
 from pai_storage.state import (
     ANONYMOUS_USER,
     DEFAULT_SESSION_TTL,
+    StaleVersion,
     StoredKind,
     VersionedState,
 )
@@ -232,21 +233,21 @@ class SqlAgentStateStore(SqlRuntimeStore, AgentStateStore):
         value: Any,
         text: str,
         expected_version: int | None,
-    ) -> int | StoredKind | None:
+    ) -> int | StoredKind | StaleVersion:
         self._check_packet([text])
         v = self.values
         data = text.encode()
 
-        async def write(conn: AsyncConnection) -> int | StoredKind | None:
+        async def write(conn: AsyncConnection) -> int | StoredKind | StaleVersion:
             now = await self._db.now(conn, self)
             sid = await self._touch(conn, session, now)
             current = await self._value_row(conn, sid, key)
-            outcome: int | StoredKind | None
+            outcome: StoredKind | StaleVersion
             if current is not None and current.is_list:
                 outcome = StoredKind.LIST
             elif current is None:
                 if expected_version not in (None, 0):
-                    outcome = None
+                    outcome = StaleVersion(0)
                 else:
                     await conn.execute(
                         self._new_value(sid, key, is_list=False, value=data, version=1)
@@ -275,9 +276,13 @@ class SqlAgentStateStore(SqlRuntimeStore, AgentStateStore):
                 )
                 if done.rowcount == 1:
                     return version + 1
-                outcome = None
+                won = await self._value_row(conn, sid, key)  # a racing write got there first
+                if won is not None and won.is_list:
+                    outcome = StoredKind.LIST
+                else:
+                    outcome = StaleVersion(0 if won is None else int(won.version))
             else:
-                outcome = None
+                outcome = StaleVersion(int(current.version))
             await conn.rollback()  # nothing written, the session's expiry included
             return outcome
 

@@ -31,9 +31,10 @@ from hypothesis.stateful import (
     rule,
 )
 
-from pai_storage import ManualClock
+from pai_storage import Conflict, ManualClock, raise_on_conflict
 from pai_storage.errors import (
     ConfigurationError,
+    ConflictError,
     InvalidInputError,
     PageTokenError,
     SerializationError,
@@ -321,8 +322,14 @@ class KeyValueStoreTests:
         assert created.version == 1
         conflict = await kv_store.put_if_version(ns, "k", "second", None)
         assert isinstance(conflict, KVConflict)
+        assert isinstance(conflict, Conflict)
         assert conflict.current == created
         _same_value(await kv_store.get(ns, "k"), "first")
+        with pytest.raises(ConflictError, match="current version is 1") as raised:
+            raise_on_conflict(conflict)
+        assert raised.value.conflict is conflict
+        assert "first" not in str(raised.value)  # never the stored value
+        assert raise_on_conflict(await kv_store.put_if_version(ns, "k2", "x", None)).version == 1
 
     async def test_put_if_version_writes_only_at_the_expected_version(
         self, kv_store: KeyValueStore

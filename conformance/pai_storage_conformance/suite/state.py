@@ -29,15 +29,16 @@ from hypothesis.stateful import (
     rule,
 )
 
-from pai_storage import ManualClock
+from pai_storage import Conflict, ManualClock, raise_on_conflict
 from pai_storage.errors import (
     ConfigurationError,
+    ConflictError,
     InvalidInputError,
     PageTokenError,
     SerializationError,
     StorageError,
 )
-from pai_storage.state import AgentStateStore, VersionedState
+from pai_storage.state import AgentStateStore, ListConflict, StateConflict, VersionedState
 
 from ._support import BAD_NAMES, HOSTILE_NAMES, run_model, tampered_token
 
@@ -199,13 +200,24 @@ class AgentStateStoreTests:
 
     async def test_state_save_if_version(self, state_store: AgentStateStore) -> None:
         user, session = _ids("cas")
-        assert await state_store.save_if_version(user, session, "k", "v1", 1) is None
+        assert await state_store.save_if_version(user, session, "k", "v1", 1) == StateConflict(
+            current_version=0
+        )
         assert not await state_store.exists(user, session)
         assert await state_store.save_if_version(user, session, "k", "v1", 0) == 1
-        assert await state_store.save_if_version(user, session, "k", "again", 0) is None
+        assert await state_store.save_if_version(user, session, "k", "again", 0) == StateConflict(
+            current_version=1
+        )
         assert await state_store.save_if_version(user, session, "k", "v2", 1) == 2
-        assert await state_store.save_if_version(user, session, "k", "stale", 1) is None
-        assert await state_store.save_if_version(user, session, "k", "ahead", 3) is None
+        stale = await state_store.save_if_version(user, session, "k", "stale", 1)
+        assert isinstance(stale, Conflict)
+        assert isinstance(stale, StateConflict)
+        assert stale.current_version == 2
+        ahead = await state_store.save_if_version(user, session, "k", "ahead", 3)
+        assert ahead == StateConflict(current_version=2)
+        with pytest.raises(ConflictError, match="current version is 2") as raised:
+            raise_on_conflict(ahead)
+        assert raised.value.conflict is ahead
         got = await state_store.get_versioned(user, session, "k")
         assert got is not None
         assert (got.value, got.version) == ("v2", 2)
@@ -219,7 +231,7 @@ class AgentStateStoreTests:
         )
         winners = [i for i, r in enumerate(results) if r == 1]
         assert len(winners) == 1, results
-        assert all(r is None for r in results if r != 1), results
+        assert all(r == StateConflict(current_version=1) for r in results if r != 1), results
         got = await state_store.get_versioned(user, session, "k")
         assert got is not None
         assert (got.value, got.version) == (winners[0], 1)
@@ -236,9 +248,12 @@ class AgentStateStoreTests:
                     for i in range(RACERS)
                 )
             )
-            assert sorted(results, key=lambda r: r or 0)[-1] == version + 1
             assert results.count(version + 1) == 1, results
-            assert results.count(None) == RACERS - 1, results
+            lost = [r for r in results if r != version + 1]
+            assert len(lost) == RACERS - 1, results
+            assert all(
+                isinstance(r, StateConflict) and r.current_version >= version + 1 for r in lost
+            )
 
     async def test_state_racing_saves_get_distinct_versions(
         self, state_store: AgentStateStore
@@ -302,12 +317,18 @@ class AgentStateStoreTests:
 
     async def test_state_append_with_expected_length(self, state_store: AgentStateStore) -> None:
         user, session = _ids("append-cas")
-        assert await state_store.append_list(user, session, "l", ["a"], expected_length=1) == -1
+        absent = await state_store.append_list(user, session, "l", ["a"], expected_length=1)
+        assert absent == ListConflict(current_length=0)
         assert not await state_store.exists(user, session)
         assert await state_store.append_list(user, session, "l", ["a"], expected_length=0) == 1
-        assert await state_store.append_list(user, session, "l", ["x"], expected_length=0) == -1
+        taken = await state_store.append_list(user, session, "l", ["x"], expected_length=0)
+        assert isinstance(taken, Conflict)
+        assert taken == ListConflict(current_length=1)
         assert await state_store.append_list(user, session, "l", ["b"], expected_length=1) == 2
-        assert await state_store.append_list(user, session, "l", ["x"], expected_length=3) == -1
+        ahead = await state_store.append_list(user, session, "l", ["x"], expected_length=3)
+        assert ahead == ListConflict(current_length=2)
+        with pytest.raises(ConflictError, match="current length is 2"):
+            raise_on_conflict(ahead)
         assert await state_store.get_list(user, session, "l") == ["a", "b"]
 
     async def test_state_racing_appends_with_expected_length(
@@ -322,8 +343,10 @@ class AgentStateStoreTests:
                     for i in range(RACERS)
                 )
             )
-            assert results.count(-1) == RACERS - 1, results
-            assert [r for r in results if r != -1] == [length + 2]
+            conflicts = [r for r in results if isinstance(r, ListConflict)]
+            assert len(conflicts) == RACERS - 1, results
+            assert all(c.current_length >= length + 2 for c in conflicts), results
+            assert [r for r in results if not isinstance(r, ListConflict)] == [length + 2]
             await state_store.save_list(
                 user, session, "l", ["start"] + ["pad"] * length
             )  # back to length + 1 for the next round
@@ -525,8 +548,12 @@ class AgentStateStoreTests:
         await state_store.save(user, session, "v", 1)
         await state_store.save_list(user, session, "l", [1])
         clock.advance(ttl - MS)
-        assert await state_store.save_if_version(user, session, "v", 2, 5) is None
-        assert await state_store.append_list(user, session, "l", [2], expected_length=7) == -1
+        assert await state_store.save_if_version(user, session, "v", 2, 5) == StateConflict(
+            current_version=1
+        )
+        assert await state_store.append_list(
+            user, session, "l", [2], expected_length=7
+        ) == ListConflict(current_length=1)
         assert not await state_store.delete_state(user, session, "missing")
         with pytest.raises(InvalidInputError):
             await state_store.save(user, session, "l", "wrong kind")
@@ -878,12 +905,18 @@ class AgentStateStoreTests:
         # (label, the write after expiry, its answer, then the value v, the list l)
         cases: list[tuple[str, Callable[[str, str], Awaitable[Any]], Any, Any, list[Any]]] = [
             ("save", lambda u, i: s.save(u, i, "v", "new"), 1, ("new", 1), []),
-            ("stale cas", lambda u, i: s.save_if_version(u, i, "v", "new", 2), None, None, []),
+            (
+                "stale cas",
+                lambda u, i: s.save_if_version(u, i, "v", "new", 2),
+                StateConflict(current_version=0),
+                None,
+                [],
+            ),
             ("append", lambda u, i: s.append_list(u, i, "l", ["c"]), 1, None, ["c"]),
             (
                 "stale append",
                 lambda u, i: s.append_list(u, i, "l", ["c"], expected_length=2),
-                -1,
+                ListConflict(current_length=0),
                 None,
                 [],
             ),
@@ -974,9 +1007,12 @@ class _StateWorkload(RuleBasedStateMachine):
 
     def outcome(self, coro: Coroutine[Any, Any, Any]) -> tuple[str, Any]:
         try:
-            return "ok", self.run(coro)
+            got = self.run(coro)
         except StorageError as exc:
             return type(exc).__name__, None
+        if isinstance(got, StateConflict | ListConflict):
+            return type(got).__name__, got.model_dump(mode="json")
+        return "ok", got
 
     def ttl(self) -> timedelta | None:
         return self.store.session_ttl
@@ -1045,7 +1081,7 @@ class _StateWorkload(RuleBasedStateMachine):
         if self.kind(ref, key) == "list":
             wanted: tuple[str, Any] = ("InvalidInputError", None)
         elif expected != version:
-            wanted = ("ok", None)
+            wanted = ("StateConflict", {"currentVersion": version})
         else:
             self.touch(ref).values[key] = (value, version + 1)
             wanted = ("ok", version + 1)
@@ -1106,7 +1142,7 @@ class _StateWorkload(RuleBasedStateMachine):
         if self.kind(ref, key) == "value":
             wanted: tuple[str, Any] = ("InvalidInputError", None)
         elif expected is not None and expected != length:
-            wanted = ("ok", -1)
+            wanted = ("ListConflict", {"currentLength": length})
         else:
             stored = self.touch(ref).lists.setdefault(key, [])
             stored.extend(values)
