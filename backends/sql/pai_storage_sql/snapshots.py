@@ -295,6 +295,7 @@ class SqlSnapshotStore(SqlRuntimeStore, SnapshotStore):
 
         return await self._db.write(write)
 
+
     async def _list_scopes(self, after: str | None, limit: int) -> builtins.list[str]:
         """Scopes with a live snapshot, in order: one walk of the ``_scopes`` index.
 
@@ -342,17 +343,31 @@ class SqlSnapshotStore(SqlRuntimeStore, SnapshotStore):
     # ------------------------------------------------------------ rows
 
     async def _info(self, scope: str, row: Any) -> SnapshotInfo | None:
-        """The row's info, or ``None`` (reported) when its id or metadata do not decode."""
+        """The row's info, or ``None`` (reported) when a column does not decode.
+
+        A tampered row may hold any SQLite type in any column (``TEXT`` in
+        ``size`` or ``data``): every column is checked, never converted blindly.
+        """
         try:
+            if not (
+                type(row.size) is int
+                and row.size >= 0
+                and _is_bytes(row.sha256)
+                and len(row.sha256) == 32
+                and _is_bytes(row.metadata)
+                and isinstance(row.created_at, datetime)
+                and (row.expires_at is None or isinstance(row.expires_at, datetime))
+            ):
+                raise ValueError("a column has the wrong type")
             metadata = parse_json_text(bytes(row.metadata).decode())
             if type(metadata) is not dict:
                 raise ValueError("metadata is not a JSON object")
             snapshot_id = join_key(row.id_head, row.id_tail).decode()
-        except (ValueError, UnicodeDecodeError, RecursionError):
+        except (ValueError, TypeError, UnicodeDecodeError, RecursionError):
             await self.warn(
                 StoreWarning(
                     kind="invalid_record",
-                    reason="stored snapshot metadata or id does not decode",
+                    reason="a stored snapshot row does not decode (columns, metadata or id)",
                     scope_key=scope,
                 )
             )
@@ -360,7 +375,7 @@ class SqlSnapshotStore(SqlRuntimeStore, SnapshotStore):
         return SnapshotInfo.model_construct(
             scope=scope,
             snapshot_id=snapshot_id,
-            size=int(row.size),
+            size=row.size,
             sha256=bytes(row.sha256).hex(),
             metadata=metadata,
             created_at=row.created_at,
@@ -369,9 +384,22 @@ class SqlSnapshotStore(SqlRuntimeStore, SnapshotStore):
 
     async def _snapshot(self, scope: str, row: Any) -> Snapshot:
         info = await self._info(scope, row)
-        if info is None:
+        if info is None or not _is_bytes(row.data):
+            if info is not None:
+                await self.warn(
+                    StoreWarning(
+                        kind="invalid_record",
+                        reason="a stored snapshot row's data is not bytes",
+                        scope_key=scope,
+                        snapshot_id=info.snapshot_id,
+                    )
+                )
             raise CorruptSnapshotError(
-                f"a stored snapshot of scope {scope!r} is damaged (its metadata does not "
+                f"a stored snapshot of scope {scope!r} is damaged (its row does not "
                 "decode) and was not returned"
             )
         return Snapshot.model_construct(info=info, data=bytes(row.data))
+
+
+def _is_bytes(value: object) -> bool:
+    return isinstance(value, bytes | bytearray | memoryview)
