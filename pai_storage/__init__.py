@@ -37,6 +37,7 @@ from .bundle import (
 )
 from .clock import Clock, ManualClock, system_clock
 from .conflicts import Conflict, raise_on_conflict
+from .conversation import Conversation, Reply
 from .errors import *  # noqa: F403 - every error class is public
 from .errors import __all__ as _error_names
 from .events import StoreWarning, WarningCallback
@@ -81,6 +82,7 @@ __all__ = [
     "LockInfo",
     "LostCallback",
     "PrunedThread",
+    "Reply",
     "ScopeErasure",
     "Snapshot",
     "SnapshotInfo",
@@ -94,6 +96,7 @@ __all__ = [
     "open_snapshot_store",
     "open_state_store",
     "Clock",
+    "Conversation",
     "Conflict",
     "ManualClock",
     "StoreInfo",

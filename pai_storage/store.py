@@ -17,7 +17,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
 from .clock import Clock
@@ -40,6 +40,7 @@ from .selection import SelectionHelpers
 
 if TYPE_CHECKING:
     from .aggregate import ThreadAggregate
+    from .conversation import Conversation
     from .maintenance import ForkPlan, PrunedThread, ThreadHead
     from .models import ThreadVersion
     from .transfer import ImportReport
@@ -202,6 +203,27 @@ class ThreadStore(ManagedStore, ABC):
 
     async def _info(self) -> StoreInfo:
         return StoreInfo(backend=self.backend_name)
+
+    def conversation(
+        self,
+        scope_key: str,
+        thread_id: str,
+        *,
+        agent: str = "assistant",
+        flush_every: float = 0.25,
+        lease_ttl: timedelta = timedelta(seconds=60),
+    ) -> Conversation:
+        """A handle on one thread as a chat (``docs/conversation.md``).
+
+        Built on :meth:`read_thread` and :meth:`commit_thread`: ``add``,
+        ``reply``, ``messages``, ``get``, ``update``, ``delete``, with the
+        versions tracked inside. Writes nothing until the first change.
+        """
+        from .conversation import Conversation
+
+        return Conversation(
+            self, scope_key, thread_id, agent=agent, flush_every=flush_every, lease_ttl=lease_ttl
+        )
 
     @abstractmethod
     async def _read_thread(self, request: ReadThreadInput) -> ThreadReadResult:

@@ -17,6 +17,7 @@ import pytest
 
 from .commits import TestConflicts, TestCreateUpdateDelete
 from .concurrency import TestConcurrency, TestIsolation
+from .conversation import TestConversation
 from .errors import TestErrorsAndWarnings
 from .guard import ExecutionGuardTests
 from .hostile import TestHostileValues
@@ -42,6 +43,7 @@ __all__ = [
     "TestAgentStateStore",
     "TestConcurrency",
     "TestConflicts",
+    "TestConversation",
     "TestCreateUpdateDelete",
     "TestErrorsAndWarnings",
     "TestExecutionGuard",
@@ -81,6 +83,7 @@ class ThreadStoreConformance(
     TestErrorsAndWarnings,
     TestHostileValues,
     TestConcurrency,
+    TestConversation,
     TestIsolation,
     TestModelBased,
     LifecycleTests,

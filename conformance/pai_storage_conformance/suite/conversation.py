@@ -1,0 +1,257 @@
+"""The conversation handle on the store under test (docs/conversation.md).
+
+``ThreadStore.conversation()`` is built on ``read_thread`` and
+``commit_thread`` only, so these tests check that every backend serves the
+everyday chat loop: appends that all land, replies whose run is always
+closed, root updates that keep what they do not name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from pai_storage import (
+    ConversationConflictError,
+    ManualClock,
+    Message,
+    RunRecord,
+    ThreadStore,
+)
+from pai_storage import builders as b
+
+from ._support import new_scope
+
+__all__ = ["TestConversation"]
+
+pytestmark = pytest.mark.asyncio
+
+WRITERS = 3
+MESSAGES = 15
+
+
+class _ModelDown(Exception):
+    pass
+
+
+async def _stream(*chunks: str) -> Any:
+    for chunk in chunks:
+        await asyncio.sleep(0)
+        yield chunk
+
+
+async def _raw(store: ThreadStore, scope: str, thread_id: str) -> list[Message]:
+    read = await store.read_thread(
+        b.read(scope, thread_id, messages={"type": "page", "view": "raw", "page": {"limit": 100}})
+    )
+    assert read.messages is not None
+    return list(read.messages.items)
+
+
+async def _runs(store: ThreadStore, scope: str, thread_id: str) -> list[RunRecord]:
+    read = await store.read_thread(
+        b.read(scope, thread_id, runs={"type": "page", "page": {"limit": 100}})
+    )
+    assert read.runs is not None
+    return list(read.runs.items)
+
+
+class TestConversation:
+    """``store.conversation(scope, thread)``: add, reply, messages, update, delete."""
+
+    async def test_the_ten_line_chat_loop(self, store: ThreadStore) -> None:
+        scope = new_scope()
+        chat = store.conversation(scope, "chat-1", flush_every=0)
+        asked = await chat.add("user", "What is the capital of France?")
+        async with chat.reply() as answer:
+            async for chunk in _stream("The capital ", "is ", "Paris."):
+                await answer.write(chunk)
+        shown = [(m.role, m.text, m.status) for m in await chat.messages(last=20)]
+        assert shown == [
+            ("user", "What is the capital of France?", "complete"),
+            ("assistant", "The capital is Paris.", "complete"),
+        ]
+        assert (chat.scope_key, chat.thread_id) == (scope, "chat-1")
+        stored = await _raw(store, scope, "chat-1")
+        assert stored[0] == asked  # add returns the message as stored
+        assert stored[1].message_id == answer.message_id
+        assert stored[1].run_id == answer.run_id
+        (run,) = await _runs(store, scope, "chat-1")
+        assert (run.run_id, run.status) == (answer.run_id, "completed")
+        thread = await chat.get()
+        assert thread is not None
+        assert thread.lease is None
+
+    async def test_three_writers_lose_nothing_and_keep_their_order(
+        self, store: ThreadStore
+    ) -> None:
+        scope = new_scope()
+
+        async def writer(name: str) -> None:
+            chat = store.conversation(scope, "shared")
+            for i in range(MESSAGES):
+                await chat.add("user", f"{name}-{i}")
+
+        await asyncio.gather(*(writer(f"w{n}") for n in range(WRITERS)))
+        texts = [m.text for m in await store.conversation(scope, "shared").messages(last=None)]
+        assert sorted(texts) == sorted(f"w{n}-{i}" for n in range(WRITERS) for i in range(MESSAGES))
+        for n in range(WRITERS):
+            assert [t for t in texts if t.startswith(f"w{n}-")] == [
+                f"w{n}-{i}" for i in range(MESSAGES)
+            ]
+        thread = await store.conversation(scope, "shared").get()
+        assert thread is not None
+        assert thread.version.revision == WRITERS * MESSAGES
+
+    async def test_a_reply_whose_body_raises_closes_its_run_and_message(
+        self, store: ThreadStore
+    ) -> None:
+        scope = new_scope()
+        chat = store.conversation(scope, "t", flush_every=0)
+        await chat.add("user", "hello")
+
+        async def failing() -> None:
+            async with chat.reply() as answer:
+                await answer.write("half an ans")
+                raise _ModelDown
+
+        with pytest.raises(_ModelDown):
+            await failing()
+        (run,) = await _runs(store, scope, "t")
+        assert run.status == "failed"
+        assert run.error is not None
+        assert "_ModelDown" in run.error.message
+        message = (await _raw(store, scope, "t"))[-1]
+        assert (message.status, message.text) == ("error", "half an ans")
+        thread = await chat.get()
+        assert thread is not None
+        assert thread.lease is None
+        async with chat.reply() as again:  # the conversation is free for the next reply
+            await again.write("fine")
+        assert [m.text for m in await chat.messages()] == ["hello", "half an ans", "fine"]
+
+    async def test_a_cancelled_reply_is_cancelled_not_left_running(
+        self, store: ThreadStore
+    ) -> None:
+        scope = new_scope()
+        chat = store.conversation(scope, "t")
+        started = asyncio.Event()
+
+        async def body() -> None:
+            async with chat.reply() as answer:
+                await answer.write("so far")
+                started.set()
+                await asyncio.Event().wait()
+
+        task = asyncio.create_task(body())
+        await started.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        (run,) = await _runs(store, scope, "t")
+        assert run.status == "cancelled"
+        (message,) = await _raw(store, scope, "t")
+        assert (message.status, message.text) == ("incomplete", "so far")
+
+    async def test_updates_keep_what_they_do_not_name(self, store: ThreadStore) -> None:
+        chat = store.conversation(new_scope(), "t")
+        await chat.add("user", "hi")
+        await chat.update(title="Trip to Oslo", metadata={"pinned": True})
+        retitled = await chat.update(title="Oslo in May")
+        assert (retitled.title, retitled.metadata) == ("Oslo in May", {"pinned": True})
+        unpinned = await chat.update(metadata={"pinned": False})
+        assert (unpinned.title, unpinned.metadata) == ("Oslo in May", {"pinned": False})
+        await chat.add("user", "more")
+        thread = await chat.get()
+        assert thread is not None
+        assert (thread.title, thread.metadata) == ("Oslo in May", {"pinned": False})
+
+    async def test_a_message_added_during_a_reply_joins_its_run(self, store: ThreadStore) -> None:
+        scope = new_scope()
+        chat = store.conversation(scope, "t", flush_every=0)
+        other = store.conversation(scope, "t")
+        await chat.add("user", "first")
+        async with chat.reply() as answer:
+            await answer.write("thinking")
+            late = await other.add("user", "one more thing")
+            await answer.write(" done")
+        assert late.run_id == answer.run_id
+        assert late.association.relation == "context"  # type: ignore[union-attr]
+        texts = [(m.text, m.status) for m in await chat.messages()]
+        assert texts == [
+            ("first", "complete"),
+            ("thinking done", "complete"),
+            ("one more thing", "complete"),
+        ]
+
+    async def test_one_reply_at_a_time(self, store: ThreadStore) -> None:
+        scope = new_scope()
+        chat = store.conversation(scope, "t")
+        other = store.conversation(scope, "t")
+        async with chat.reply() as answer:
+            with pytest.raises(ConversationConflictError, match="one reply at a time"):
+                async with other.reply():
+                    pass
+            await answer.write("mine")
+        assert [m.text for m in await chat.messages()] == ["mine"]
+
+    async def test_a_dead_reply_is_taken_over_when_its_lease_expires(
+        self, store: ThreadStore, clock: ManualClock
+    ) -> None:
+        scope = new_scope()
+        dead = store.conversation(scope, "t", lease_ttl=timedelta(seconds=30))
+        reply = dead.reply()
+        await reply.__aenter__()  # the process dies inside the block
+        await reply.write("lost")
+        await reply.flush()
+        successor = store.conversation(scope, "t")
+        with pytest.raises(ConversationConflictError, match="one reply at a time"):
+            async with successor.reply():
+                pass
+        clock.advance(timedelta(seconds=31))
+        async with successor.reply() as answer:
+            await answer.write("recovered")
+        runs = {run.run_id: run for run in await _runs(store, scope, "t")}
+        assert runs[reply.run_id].status == "failed"
+        assert runs[answer.run_id].status == "completed"
+        shown = [(m.text, m.status) for m in await successor.messages()]
+        assert shown == [("lost", "incomplete"), ("recovered", "complete")]
+        with pytest.raises(ConversationConflictError, match="closed by another writer"):
+            await reply.__aexit__(None, None, None)
+
+    async def test_a_reply_whose_thread_was_deleted_raises(self, store: ThreadStore) -> None:
+        scope = new_scope()
+        chat = store.conversation(scope, "t", flush_every=0)
+
+        async def deleted_meanwhile() -> None:
+            async with chat.reply() as answer:
+                await answer.write("a")
+                assert await store.conversation(scope, "t").delete()
+                await answer.write("b")
+
+        with pytest.raises(ConversationConflictError, match="deleted"):
+            await deleted_meanwhile()
+        assert await chat.get() is None
+
+    async def test_messages_last_pages_past_one_hundred(self, store: ThreadStore) -> None:
+        scope = new_scope()
+        chat = store.conversation(scope, "t")
+        changes = {"messages": [b.insert(b.message(f"m{i:03}", f"{i}")) for i in range(130)]}
+        await store.commit_thread(b.create(scope, "t", changes))
+        assert [m.text for m in await chat.messages(last=120)] == [str(i) for i in range(10, 130)]
+        assert len(await chat.messages(last=None)) == 130
+        assert await chat.messages(last=0) == []
+        assert await store.conversation(scope, "missing").messages() == []
+
+    async def test_delete_removes_the_thread(self, store: ThreadStore) -> None:
+        scope = new_scope()
+        chat = store.conversation(scope, "t")
+        await chat.add("user", "hi")
+        assert await chat.delete() is True
+        assert await chat.get() is None
+        assert await chat.delete() is False
+        await chat.add("user", "again")  # a new incarnation
+        assert [m.text for m in await chat.messages()] == ["again"]
