@@ -27,19 +27,6 @@ import uuid
 from types import TracebackType
 from typing import Any, Self
 
-from google.adk.errors import StaleSessionError
-from google.adk.errors.already_exists_error import AlreadyExistsError
-from google.adk.errors.session_not_found_error import SessionNotFoundError
-from google.adk.events.event import Event
-from google.adk.sessions.base_session_service import (
-    BaseSessionService,
-    GetSessionConfig,
-    ListSessionsResponse,
-)
-from google.adk.sessions.session import Session
-from google.adk.sessions.state import State
-from pydantic_core import PydanticSerializationError, to_jsonable_python
-
 from .. import builders
 from ..bundle import Stores, connect
 from ..errors import InvalidInputError
@@ -47,7 +34,23 @@ from ..kv import KeyValueStore, KVConflict
 from ..models import Message, ThreadRecord
 from ..runtime import check_name
 from ..store import ThreadStore
-from .support import text_id
+from .support import missing_framework, text_id
+
+try:
+    from google.adk.errors import StaleSessionError
+    from google.adk.errors.already_exists_error import AlreadyExistsError
+    from google.adk.errors.session_not_found_error import SessionNotFoundError
+    from google.adk.events.event import Event
+    from google.adk.sessions.base_session_service import (
+        BaseSessionService,
+        GetSessionConfig,
+        ListSessionsResponse,
+    )
+    from google.adk.sessions.session import Session
+    from google.adk.sessions.state import State
+    from pydantic_core import PydanticSerializationError, to_jsonable_python
+except ImportError as exc:  # the extra is not installed
+    raise missing_framework(__name__, "Google ADK", "adk") from exc
 
 __all__ = ["EVENT_PART", "PaiSessionService"]
 

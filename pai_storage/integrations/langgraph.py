@@ -32,39 +32,50 @@ from contextlib import asynccontextmanager
 from datetime import timedelta
 from typing import Any, Self
 
-from langchain_core.runnables import RunnableConfig
-from langgraph.checkpoint.base import (
-    WRITES_IDX_MAP,
-    BaseCheckpointSaver,
-    ChannelVersions,
-    Checkpoint,
-    CheckpointMetadata,
-    CheckpointTuple,
-    PendingWrite,
-    get_checkpoint_id,
-    get_checkpoint_metadata,
-)
-from langgraph.checkpoint.serde.base import SerializerProtocol
-from langgraph.store.base import (
-    BaseStore,
-    GetOp,
-    Item,
-    ListNamespacesOp,
-    MatchCondition,
-    Op,
-    PutOp,
-    Result,
-    SearchItem,
-    SearchOp,
-    TTLConfig,
-)
-
 from .. import bundle
 from ..bundle import Stores
 from ..errors import InvalidInputError
 from ..kv import Item as KVItem
 from ..kv import KeyValueStore, KVConflict
-from .support import LoopBridge, delete_under, every_page, get_all, kv_of, text_id
+from .support import (
+    LoopBridge,
+    delete_under,
+    every_page,
+    get_all,
+    kv_of,
+    missing_framework,
+    text_id,
+)
+
+try:
+    from langchain_core.runnables import RunnableConfig
+    from langgraph.checkpoint.base import (
+        WRITES_IDX_MAP,
+        BaseCheckpointSaver,
+        ChannelVersions,
+        Checkpoint,
+        CheckpointMetadata,
+        CheckpointTuple,
+        PendingWrite,
+        get_checkpoint_id,
+        get_checkpoint_metadata,
+    )
+    from langgraph.checkpoint.serde.base import SerializerProtocol
+    from langgraph.store.base import (
+        BaseStore,
+        GetOp,
+        Item,
+        ListNamespacesOp,
+        MatchCondition,
+        Op,
+        PutOp,
+        Result,
+        SearchItem,
+        SearchOp,
+        TTLConfig,
+    )
+except ImportError as exc:  # the extra is not installed
+    raise missing_framework(__name__, "LangGraph", "langgraph") from exc
 
 __all__ = ["PaiCheckpointSaver", "PaiStore"]
 

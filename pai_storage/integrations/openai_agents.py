@@ -17,15 +17,18 @@ import uuid
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self, cast
 
-from agents.memory.session import SessionABC
-from agents.memory.session_settings import SessionSettings, resolve_session_limit
-
 from .. import builders
 from ..bundle import Stores, connect
 from ..errors import InvalidInputError
 from ..models import Message, ThreadRecord
 from ..store import ThreadStore
-from .support import text_id
+from .support import missing_framework, text_id
+
+try:
+    from agents.memory.session import SessionABC
+    from agents.memory.session_settings import SessionSettings, resolve_session_limit
+except ImportError as exc:  # the extra is not installed
+    raise missing_framework(__name__, "the OpenAI Agents SDK", "openai-agents") from exc
 
 if TYPE_CHECKING:
     from agents.items import TResponseInputItem

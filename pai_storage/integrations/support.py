@@ -22,6 +22,13 @@ GET_MANY_LIMIT = 1000
 """The most keys :meth:`KeyValueStore.get_many` takes in one call."""
 
 
+def missing_framework(module: str, framework: str, extra: str) -> ImportError:
+    """The error an adapter raises when its framework is not installed."""
+    return ImportError(
+        f"{module} needs {framework}, which is not installed: pip install 'pai-storage[{extra}]'"
+    )
+
+
 def kv_of(stores: Stores | KeyValueStore, adapter: str) -> KeyValueStore:
     """The key-value store of a :func:`~pai_storage.connect` bundle, or the store itself."""
     if isinstance(stores, KeyValueStore):
