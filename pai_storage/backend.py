@@ -31,7 +31,8 @@ core runs the algorithms:
   primitives a backend implements on its store and declares with
   :data:`LIFECYCLE` in ``capabilities`` (``docs/lifecycle.md``): the
   updated-at index (:class:`ThreadHead`), a whole-thread load, an atomic
-  restore, and the in-database execution of a :class:`ForkPlan`.
+  restore, and a fork planned and copied in one transaction
+  (:class:`ForkRequest` planned at the held version into a :class:`ForkPlan`).
 - A copy of the runtime stores (``pai-storage copy --all``) enumerates them
   through three primitives (``_list_sessions`` and ``_session_keys`` of the
   agent-state store, ``_list_scopes`` of the snapshot store) that a backend
@@ -94,7 +95,7 @@ from .kv import (
 )
 from .leases import LEASE_CONFLICT, LeaseConflict, apply_lease_change, is_expired
 from .lifecycle import ManagedStore
-from .maintenance import ForkPlan, SourceChanged, ThreadHead, fork_aggregate
+from .maintenance import ForkPlan, ForkRequest, SourceChanged, ThreadHead, fork_aggregate
 from .models import StoreModel, detached, format_timestamp, stored_records, truncate_ms
 from .pipeline import (
     CommitTransaction,
@@ -187,6 +188,7 @@ __all__ = [
     "FamilyView",
     "FamilyWrite",
     "ForkPlan",
+    "ForkRequest",
     "HeldThread",
     "HeldWarnings",
     "IdsPlan",

@@ -21,19 +21,20 @@ runs every algorithm, check order and batching loop here:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from .aggregate import Entry, Family, ThreadAggregate
-from .errors import ThreadStoreInvariantError
+from .errors import ThreadStoreInvariantError, ThreadStoreUnavailableError
 from .leases import is_expired
 from .models import (
     CommittedResult,
     ConflictResult,
     Id,
     Message,
+    ReadThreadInput,
     RunRecord,
     ThreadReadResult,
     ThreadRecord,
@@ -41,6 +42,7 @@ from .models import (
     truncate_ms,
 )
 from .parsing import parse
+from .pipeline import ReadSnapshot, run_read
 from .roots import new_instance_id
 
 if TYPE_CHECKING:
@@ -50,9 +52,11 @@ __all__ = [
     "MAX_SWEEP_LIMIT",
     "SWEEP_BATCH",
     "ForkPlan",
+    "ForkRequest",
     "PrunedThread",
     "SourceChanged",
     "ThreadHead",
+    "ThreadReader",
     "check_thread_key",
     "erase_scope",
     "fork_aggregate",
@@ -227,20 +231,57 @@ async def erase_scope(store: ThreadStore, scope_key: str) -> int:
 
 
 class SourceChanged(Exception):
-    """Raised by :meth:`ThreadStore._fork_copy` when the source left the planned version.
+    """Raised by :meth:`ThreadStore._fork_copy` when its reads of the source were not
+    one version (a snapshot that was not one).
 
-    The core then plans the fork again from a fresh read.
+    The core then runs the fork again; a fork that keeps meeting it ends in
+    :class:`~pai_storage.ThreadStoreUnavailableError` (transient: retry).
     """
+
+
+ThreadReader = Callable[[ReadThreadInput], Awaitable[ThreadReadResult]]
+"""Reads of one thread, all at one version (one snapshot, or under a hold)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ForkRequest:
+    """A fork the caller asked for; the backend plans it (:meth:`plan`) inside the
+    transaction that copies it, so the plan and the copy see one version.
+
+    Copy from the source thread ``(scope_key, source_thread_id)`` to the new
+    thread ``(scope_key, thread_id)``, through ``through_message_id`` (every
+    message the rules allow when ``None``).
+    """
+
+    scope_key: str
+    source_thread_id: str
+    thread_id: str
+    through_message_id: str | None
+    instance_id: str
+    test_now: datetime | None = None
+
+    async def plan(self, read: ThreadReader) -> ForkPlan:
+        """Plan the fork from reads of the source at one version (see :func:`plan_fork`)."""
+        return await plan_fork(read, self)
+
+    async def plan_in(self, store: ThreadStore, snapshot: ReadSnapshot) -> ForkPlan:
+        """Plan the fork from a backend's read primitives over the source, inside the
+        copy's transaction after the source is held (or in one snapshot)."""
+
+        async def read(request: ReadThreadInput) -> ThreadReadResult:
+            plan = store.selections.plan_read(request)
+            return await run_read(snapshot, plan, clock_now=store.now())
+
+        return await plan_fork(read, self)
 
 
 @dataclass(frozen=True, slots=True)
 class ForkPlan:
-    """What a fork copies, decided by the core; a backend only executes it.
+    """What a fork copies, decided by the core at the version the backend holds.
 
-    Copy, in one transaction, from the source thread ``(scope_key,
-    source_thread_id)`` — only while it is still at ``source_version``, else
-    raise :class:`SourceChanged` — to the new thread ``(scope_key,
-    thread_id)``, which must not exist (else raise
+    Copy, in the transaction the plan was made in, from the source thread
+    ``(scope_key, source_thread_id)`` — at ``source_version`` — to the new
+    thread ``(scope_key, thread_id)``, which must not exist (else raise
     :class:`~pai_storage.backend.ThreadConflict` with its version):
 
     - every message at or before the cut (:attr:`through_message_id`'s
@@ -302,35 +343,37 @@ class ForkPlan:
 
 
 async def _all_pages(
-    store: ThreadStore,
-    scope: str,
-    thread_id: str,
+    read: ThreadReader,
+    request: ForkRequest,
     family: str,
     selection: dict[str, Any],
     keep: Callable[[Any], Any] = lambda item: item,
-) -> tuple[ThreadVersion | None, list[Any]]:
+) -> tuple[ThreadVersion, list[Any]]:
     """``keep`` of every item of one family's page selection, and the version all
     pages carry (a page at a time: only what ``keep`` returns stays in memory).
 
-    ``None`` as the version when the thread is missing or changed between pages.
+    Raises :class:`SourceChanged` when the thread is missing or pages disagree
+    (the reads were not at one version).
     """
     items: list[Any] = []
     version: ThreadVersion | None = None
     token: str | None = None
     while True:
         page_request = {"limit": 100, **({"pageToken": token} if token else {})}
-        read = await store.read_thread(
-            {
-                "scopeKey": scope,
-                "threadId": thread_id,
-                "include": {family: {**selection, "page": page_request}},
-            }
+        result = await read(
+            ReadThreadInput.model_validate(
+                {
+                    "scopeKey": request.scope_key,
+                    "threadId": request.source_thread_id,
+                    "include": {family: {**selection, "page": page_request}},
+                }
+            )
         )
-        page = getattr(read, "queued_items" if family == "queuedItems" else family)
-        if read.thread is None or page is None:
-            return None, []
+        page = getattr(result, "queued_items" if family == "queuedItems" else family)
+        if result.thread is None or page is None:
+            raise SourceChanged
         if version is not None and page.version != version:
-            return None, []
+            raise SourceChanged
         version = page.version
         items.extend(map(keep, page.items))
         token = page.next_page_token
@@ -338,67 +381,73 @@ async def _all_pages(
             return version, items
 
 
-async def plan_fork(
-    store: ThreadStore,
-    scope_key: str,
-    thread_id: str,
-    new_thread_id: str,
-    through_message_id: str | None,
-) -> ForkPlan | None:
-    """Plan a fork from consistent reads of the source; ``None`` when it changed meanwhile.
+async def plan_fork(read: ThreadReader, request: ForkRequest) -> ForkPlan:
+    """Plan a fork from reads of the source that all see one version.
 
     Reads the root and the cut message, every run, and (with a cut) the run
     ids of the messages after the cut: O(runs + messages after the cut),
     never the copied transcript. Runs left out: open ones (``running``,
     ``waiting``), ``queued`` ones (the queue is not copied), those with a
-    message after the cut, and those created after the cut message.
+    message after the cut, and those created after the cut message. The
+    messages of a run left out are not copied either (relationship rule 1),
+    with or without a cut: so the input of an open run stays behind.
 
     Raises
     ------
     ThreadStoreInvariantError
         The source or the cut message does not exist.
+    SourceChanged
+        The reads did not see one version.
     """
     include: dict[str, Any] = {}
-    if through_message_id is not None:
-        include["messages"] = {"type": "ids", "messageIds": [through_message_id]}
-    head: ThreadReadResult = await store.read_thread(
-        {"scopeKey": scope_key, "threadId": thread_id, "include": include}
+    through = request.through_message_id
+    if through is not None:
+        include["messages"] = {"type": "ids", "messageIds": [through]}
+    head = await read(
+        ReadThreadInput.model_validate(
+            {
+                "scopeKey": request.scope_key,
+                "threadId": request.source_thread_id,
+                "include": include,
+            }
+        )
     )
     source = head.thread
     if source is None:
-        raise ThreadStoreInvariantError(f"cannot fork thread {thread_id!r}: it does not exist")
-    version, runs = await _all_pages(store, scope_key, thread_id, "runs", {"type": "page"})
+        raise ThreadStoreInvariantError(
+            f"cannot fork thread {request.source_thread_id!r}: it does not exist"
+        )
+    version, runs = await _all_pages(read, request, "runs", {"type": "page"})
     if version != source.version:
-        return None
+        raise SourceChanged
     dropped = {run.run_id for run in runs if run.status in (*_OPEN, "queued")}
-    if through_message_id is not None:
+    if through is not None:
         found = head.messages.items if head.messages is not None else []
         if not found:
             raise ThreadStoreInvariantError(
-                f"cannot fork through message {through_message_id!r}: it does not exist"
+                f"cannot fork through message {through!r}: it does not exist"
             )
         cut: Message = found[0]
         version, tail = await _all_pages(
-            store,
-            scope_key,
-            thread_id,
+            read,
+            request,
             "messages",
-            {"type": "page", "view": "raw", "afterMessageId": through_message_id},
+            {"type": "page", "view": "raw", "afterMessageId": through},
             keep=lambda message: message.run_id,
         )
         if version != source.version:
-            return None
+            raise SourceChanged
         dropped.update(run_id for run_id in tail if run_id is not None)
         dropped.update(run.run_id for run in runs if run.created_at > cut.created_at)
     return ForkPlan(
-        scope_key=scope_key,
-        source_thread_id=thread_id,
-        thread_id=new_thread_id,
+        scope_key=request.scope_key,
+        source_thread_id=request.source_thread_id,
+        thread_id=request.thread_id,
         source=source,
-        through_message_id=through_message_id,
+        through_message_id=through,
         dropped_run_ids=frozenset(dropped),
-        instance_id=new_instance_id(),
-        test_now=store.now(),
+        instance_id=request.instance_id,
+        test_now=request.test_now,
     )
 
 
@@ -453,17 +502,23 @@ async def fork_thread(
     )
     if source_id == target_id:
         raise ThreadStoreInvariantError("new_thread_id must differ from thread_id")
+    request = ForkRequest(
+        scope_key=scope,
+        source_thread_id=source_id,
+        thread_id=target_id,
+        through_message_id=through,
+        instance_id=new_instance_id(),
+        test_now=store.now(),
+    )
     for _ in range(_FORK_ATTEMPTS):
-        plan = await plan_fork(store, scope, source_id, target_id, through)
-        if plan is None:
-            continue
         try:
-            root = await store._fork_copy(plan)
+            root = await store._fork_copy(request)
         except SourceChanged:
             continue
         except ThreadConflict as conflict:
             return ConflictResult(type="conflict", current_version=conflict.current)
         return CommittedResult(type="committed", thread=root, committed_at=root.created_at)
-    raise ThreadStoreInvariantError(
-        f"cannot fork thread {source_id!r}: it changed during {_FORK_ATTEMPTS} attempts to plan it"
+    raise ThreadStoreUnavailableError(
+        f"cannot fork thread {source_id!r}: its reads were not one version "
+        f"in {_FORK_ATTEMPTS} attempts; nothing was written, retry"
     )

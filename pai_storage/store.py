@@ -41,7 +41,7 @@ from .selection import SelectionHelpers
 if TYPE_CHECKING:
     from .aggregate import ThreadAggregate
     from .conversation import Conversation
-    from .maintenance import ForkPlan, PrunedThread, ThreadHead
+    from .maintenance import ForkRequest, PrunedThread, ThreadHead
     from .models import ThreadVersion
     from .transfer import ImportReport
 
@@ -306,8 +306,9 @@ class ThreadStore(ManagedStore, ABC):
         runs that are open (``running``/``waiting``) or ``queued``, runs with
         a message after the cut or created after the cut message, nor any
         message of such a run. Copied records keep their timestamps and
-        positions. The copy is made from one version of the source: when the
-        source changes while the fork is planned, it is planned again.
+        positions. The fork is planned and copied at one version of the
+        source (inside one transaction that holds it, or one snapshot), so
+        commits to the source while it is forked do not make it fail.
 
         Returns
         -------
@@ -320,6 +321,9 @@ class ThreadStore(ManagedStore, ABC):
         ------
         ThreadStoreInvariantError
             The source or the cut message does not exist, or a bad argument.
+        ThreadStoreUnavailableError
+            The backend's reads of the source were not one version, again and
+            again (transient: nothing was written; retry).
         """
         from .maintenance import fork_thread
 
@@ -437,29 +441,34 @@ class ThreadStore(ManagedStore, ABC):
         """
         raise self._no_lifecycle("_restore_thread")
 
-    async def _fork_copy(self, plan: ForkPlan) -> ThreadRecord:
-        """Execute a fork plan (:class:`~pai_storage.backend.ForkPlan`) in one transaction.
+    async def _fork_copy(self, fork: ForkRequest) -> ThreadRecord:
+        """Plan and copy a fork (:class:`~pai_storage.backend.ForkRequest`) at one version.
 
-        Raise :class:`~pai_storage.backend.SourceChanged` when the source is
-        no longer at ``plan.source_version`` and
+        Inside one transaction, with the source held against commits (or in one
+        snapshot): plan it with ``await fork.plan_in(self, snapshot)`` over the
+        backend's read primitives on that transaction, then copy what the
+        :class:`~pai_storage.backend.ForkPlan` keeps; raise
         :class:`~pai_storage.backend.ThreadConflict` (with its version) when
         the new thread exists; return the fork's root. Read the provider's
         time inside the transaction and pass it to ``plan.root()``.
 
-        This generic version loads the whole source (:meth:`_load_thread`),
-        applies the plan in memory and writes the fork (:meth:`_restore_thread`).
-        It is correct for any backend but costs the thread's size in Python:
-        a backend should override it with a copy inside its database.
+        This generic version loads the whole source in one snapshot
+        (:meth:`_load_thread`), plans and applies the fork in memory and writes
+        it (:meth:`_restore_thread`): the fork is the source at the loaded
+        version. It is correct for any backend but costs the thread's size in
+        Python: a backend should override it with a copy inside its database.
         """
+        from .apply import AggregateSnapshot
         from .clock import system_clock
-        from .maintenance import SourceChanged, fork_aggregate
+        from .maintenance import fork_aggregate
         from .pipeline import ThreadConflict
 
-        source = await self._load_thread(plan.scope_key, plan.source_thread_id)
-        if source is None:
-            raise SourceChanged
-        fork = fork_aggregate(source, plan, system_clock())
-        existing = await self._restore_thread(fork)
+        source = await self._load_thread(fork.scope_key, fork.source_thread_id)
+        now = system_clock()
+        plan = await fork.plan_in(self, AggregateSnapshot(source, now))
+        assert source is not None  # planning raised for a missing source
+        copied = fork_aggregate(source, plan, now)
+        existing = await self._restore_thread(copied)
         if existing is not None:
             raise ThreadConflict(existing)
-        return fork.root
+        return copied.root

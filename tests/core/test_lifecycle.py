@@ -16,19 +16,24 @@ from pai_storage_memory import MemoryThreadStore
 from pai_storage import (
     CommittedResult,
     ManualClock,
+    ReadThreadInput,
+    ThreadReadResult,
+    ThreadRecord,
     ThreadStore,
     ThreadStoreConfigurationError,
     ThreadStoreInvariantError,
+    ThreadStoreUnavailableError,
     connect,
 )
 from pai_storage import builders as b
 from pai_storage.backend import (
     LIFECYCLE,
-    ForkPlan,
+    ForkRequest,
+    SourceChanged,
     ThreadAggregate,
     assert_relationships,
     facts_from_aggregate,
-    fork_aggregate,
+    new_instance_id,
     thread_digest,
 )
 from pai_storage.maintenance import plan_fork
@@ -272,22 +277,42 @@ async def test_the_generic_fork_fallback_matches_the_memory_fork() -> None:
         assert conflict.type == "conflict"
 
 
-async def test_a_fork_plan_made_before_a_commit_is_planned_again() -> None:
+async def test_plan_fork_refuses_reads_that_are_not_one_version() -> None:
     clock = ManualClock()
     async with MemoryThreadStore(clock=clock) as store:
-        root = await _random_thread(store, clock, "s", "src", [("completed", 1, False)], "none", {})
-        stale = await plan_fork(store, "s", "src", "fork", None)
-        assert isinstance(stale, ForkPlan)
-        await _commit(store, b.update_at("s", "src", root.version, root=b.root(title="moved on")))
-        source = await _aggregate(store, "s", "src")
-        from pai_storage.backend import SourceChanged
+        turns = [("completed", 1, False)] * 120  # more runs than one page
+        root = await _random_thread(store, clock, "s", "src", turns, "none", {})
+        request = ForkRequest("s", "src", "fork", None, new_instance_id(), clock())
+        reads = 0
+
+        async def moving(read: ReadThreadInput) -> ThreadReadResult:
+            nonlocal reads
+            reads += 1
+            if reads == 2:  # a commit lands between the first and the second page
+                update = b.update_at("s", "src", root.version, root=b.root(title="moved"))
+                await _commit(store, update)
+            return await store.read_thread(read)
 
         with pytest.raises(SourceChanged):
-            fork_aggregate(source, stale, datetime.now(UTC))
-        result = await store.fork_thread("s", "src", "fork")
-        assert isinstance(result, CommittedResult)
-        assert result.thread is not None
-        assert result.thread.title == "moved on"
+            await plan_fork(moving, request)
+        assert reads >= 3
+        assert (await store.read_thread(b.read("s", "fork"))).thread is None
+
+
+class _NeverOneVersion(MemoryThreadStore):
+    """A store whose reads of the source are never one version."""
+
+    async def _fork_copy(self, fork: ForkRequest) -> ThreadRecord:
+        raise SourceChanged
+
+
+async def test_a_fork_that_cannot_read_one_version_is_transient_not_a_caller_bug() -> None:
+    async with _NeverOneVersion() as store:
+        await _commit(store, b.create("s", "src"))
+        with pytest.raises(ThreadStoreUnavailableError, match="retry") as raised:
+            await store.fork_thread("s", "src", "fork")
+        assert not isinstance(raised.value, ThreadStoreInvariantError)
+        assert (await store.read_thread(b.read("s", "fork"))).thread is None
 
 
 # ---------------------------------------------------------------- capability, copy

@@ -20,8 +20,13 @@ from pai_storage_postgres import PostgresThreadStore
 
 from pai_storage import CommittedResult, ThreadAggregate
 from pai_storage import builders as b
-from pai_storage.backend import ThreadHead, fork_aggregate
-from pai_storage.maintenance import plan_fork
+from pai_storage.backend import (
+    AggregateSnapshot,
+    ForkRequest,
+    ThreadHead,
+    fork_aggregate,
+    new_instance_id,
+)
 
 from .helpers import URL
 
@@ -47,10 +52,10 @@ async def test_fork_is_copied_inside_the_database(
     messages = [b.insert(b.message(f"m{i:03}", f"text {i}")) for i in range(300)]
     created = await store.commit_thread(b.create("scope", "source", {"messages": messages}))
     assert isinstance(created, CommittedResult)
-    plan = await plan_fork(store, "scope", "source", "fork", "m149")
-    assert plan is not None
     source = await store._load_thread("scope", "source")
     assert source is not None
+    request = ForkRequest("scope", "source", "fork", "m149", new_instance_id())
+    plan = await request.plan_in(store, AggregateSnapshot(source, FIXED))
     expected = fork_aggregate(source, plan, FIXED)
 
     async def refuse(*args: object) -> None:

@@ -26,11 +26,11 @@ from pai_storage import (
 )
 from pai_storage.backend import (
     LIFECYCLE,
-    ForkPlan,
+    AggregateSnapshot,
+    ForkRequest,
     IndexedThread,
     IndexedTransaction,
     ListPlan,
-    SourceChanged,
     ThreadAggregate,
     ThreadConflict,
     ThreadHead,
@@ -212,17 +212,18 @@ class MemoryThreadStore(ThreadStore):
             self._store(root.scope_key, root.thread_id, None, thread)
             return None
 
-    async def _fork_copy(self, plan: ForkPlan) -> ThreadRecord:
-        with self._lock:
-            source = self._thread(plan.scope_key, plan.source_thread_id)
-            if source is None or source.root.version != plan.source_version:
-                raise SourceChanged
+    async def _fork_copy(self, fork: ForkRequest) -> ThreadRecord:
+        with self._lock:  # planned and copied under one lock: one version
+            source = self._thread(fork.scope_key, fork.source_thread_id)
+            now = self._clock()
+            plan = run_sync(fork.plan_in(self, AggregateSnapshot(source, now)))
             target = self._thread(plan.scope_key, plan.thread_id)
             if target is not None:
                 raise ThreadConflict(target.root.version)
-            fork = fork_aggregate(source.to_aggregate(), plan, self._clock())
-            self._store(plan.scope_key, plan.thread_id, None, IndexedThread.from_aggregate(fork))
-            return detached(fork.root)
+            assert source is not None  # planning raised for a missing source
+            copied = fork_aggregate(source.to_aggregate(), plan, now)
+            self._store(plan.scope_key, plan.thread_id, None, IndexedThread.from_aggregate(copied))
+            return detached(copied.root)
 
     async def _info(self) -> StoreInfo:
         return StoreInfo(

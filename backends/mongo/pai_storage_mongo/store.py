@@ -82,7 +82,7 @@ from pai_storage.backend import (
     FamilyName,
     FamilySpec,
     FamilyWrite,
-    ForkPlan,
+    ForkRequest,
     HeldThread,
     ListPlan,
     MessageRef,
@@ -1013,8 +1013,8 @@ class MongoThreadStore(ThreadStore):
         self._roots.drop((root.scope_key, root.thread_id))
         return result
 
-    async def _fork_copy(self, plan: ForkPlan) -> ThreadRecord:
-        """Execute a planned fork in one transaction, the transcript streamed in batches.
+    async def _fork_copy(self, fork: ForkRequest) -> ThreadRecord:
+        """Plan and execute a fork in one transaction, the transcript streamed in batches.
 
         MongoDB cannot copy documents server-side inside a transaction
         (``$out`` and ``$merge`` are refused there), so the kept children pass
@@ -1024,40 +1024,28 @@ class MongoThreadStore(ThreadStore):
         batches of at most :data:`COPY_BATCH` (``insert_many``), so the
         client holds one batch at a time, never the transcript.
 
-        The source root is held first (a ``findAndModify`` filtered on the
-        planned version that sets ``_heldAt``, removed again before the end,
-        so the stored root is unchanged byte for byte): a concurrent commit of
-        the source conflicts with the fork. The fork's root, with its
-        ``_facts`` read back from the copied children, is inserted last; an
-        existing thread of the fork's id is a :class:`ThreadConflict`.
+        The transaction reads one snapshot (read concern ``snapshot``): the
+        fork is planned from reads in it and copies the source as it was
+        then, so commits to the source go on meanwhile and neither waits for
+        nor conflicts with the other. The fork's root, with its ``_facts``
+        read back from the copied children, is inserted last; an existing
+        thread of the fork's id is a :class:`ThreadConflict`.
         """
-        source_key: Doc = {"scopeKey": plan.scope_key, "threadId": plan.source_thread_id}
-        fork_key: Doc = {"scopeKey": plan.scope_key, "threadId": plan.thread_id}
-        expected = plan.source_version
+        source_key: Doc = {"scopeKey": fork.scope_key, "threadId": fork.source_thread_id}
+        fork_key: Doc = {"scopeKey": fork.scope_key, "threadId": fork.thread_id}
 
         async def copy(session: AsyncClientSession) -> ThreadRecord:
             threads = self._raw("threads")
-            held = await threads.find_one_and_update(
-                {
-                    **source_key,
-                    "version.threadInstanceId": expected.thread_instance_id,
-                    "version.revision": expected.revision,
-                },
-                [{"$set": {"_heldAt": "$$NOW"}}],
-                return_document=ReturnDocument.AFTER,
-                session=session,
-            )
-            if held is None:
+            snapshot = _MongoSnapshot(self, session, source_key, None)
+            plan = await fork.plan_in(self, snapshot)  # a missing source raises
+            head = await snapshot.head()  # the snapshot's time, and its version again
+            if head.root is None or head.root.version != plan.source_version:
                 raise SourceChanged
-            doc = decode_or_invalid(held, "thread")
-            held_at = doc.pop("_heldAt")
-            source, next_positions = parse_root(doc)
-            if source.version != expected:
-                raise SourceChanged
+            next_positions = head.next_positions
             existing = await threads.find_one(fork_key, session=session)
             if existing is not None:
                 raise ThreadConflict(parse_root(decode_or_invalid(existing, "thread"))[0].version)
-            fork = plan.root(held_at)
+            root = plan.root(head.observed_at)
             dropped = sorted(plan.dropped_run_ids)
             kept_messages: Doc = {**source_key}
             if plan.through_message_id is not None:
@@ -1075,9 +1063,8 @@ class MongoThreadStore(ThreadStore):
                 kept_runs["runId"] = {"$nin": dropped}
             for family, kept in (("messages", kept_messages), ("runs", kept_runs)):
                 await self._copy_children(session, family, kept, plan.thread_id)
-            await self._write_new_root(session, fork_key, fork, next_positions)
-            await threads.update_one(source_key, {"$unset": {"_heldAt": ""}}, session=session)
-            return fork
+            await self._write_new_root(session, fork_key, root, next_positions)
+            return root
 
         return await self._in_transaction(copy)
 

@@ -58,7 +58,7 @@ from pai_storage.backend import (
     FamilyName,
     FamilySpec,
     FamilyWrite,
-    ForkPlan,
+    ForkRequest,
     HeldThread,
     ListPlan,
     MessageRef,
@@ -565,28 +565,34 @@ class PostgresThreadStore(ThreadStore):
 
         return await self._transaction(body, "restore")
 
-    async def _fork_copy(self, plan: ForkPlan) -> ThreadRecord:
+    async def _fork_copy(self, fork: ForkRequest) -> ThreadRecord:
         """The fork in one transaction; the copied rows never leave the database.
 
         The source root is held (``FOR SHARE``: commits to it wait, other
-        forks of it do not), the fork's root inserted, then one ``INSERT ...
-        SELECT`` per family copies the rows the plan keeps.
+        forks of it do not), the fork planned from reads in the same
+        transaction (so at the held version), its root inserted, then one
+        ``INSERT ... SELECT`` per family copies the rows the plan keeps.
         """
-        scope = enc(plan.scope_key)
-        source, target = enc(plan.source_thread_id), enc(plan.thread_id)
-        dropped = [enc(i) for i in sorted(plan.dropped_run_ids)]
+        scope = enc(fork.scope_key)
+        source, target = enc(fork.source_thread_id), enc(fork.thread_id)
         sql = fork_statements(self._layout.tables)
 
         async def body(conn: asyncpg.Connection) -> ThreadRecord | _Abort:
             held = await conn.fetchrow(sql.hold, scope, source)
+            snapshot = _PgSnapshot(conn, self._layout, fork.scope_key, fork.source_thread_id)
+            try:
+                plan = await fork.plan_in(self, snapshot)  # a missing source raises
+            except SourceChanged as changed:
+                return _Abort(error=changed)
             if held is None or _version(held) != plan.source_version:
                 return _Abort(error=SourceChanged())
+            dropped = [enc(i) for i in sorted(plan.dropped_run_ids)]
             now = None if plan.test_now is not None else await conn.fetchval(_NOW_SQL)
             root = plan.root(now)
-            fork = _PgTransaction(conn, self._layout, plan.scope_key, plan.thread_id)
+            target_rows = _PgTransaction(conn, self._layout, plan.scope_key, plan.thread_id)
             positions = {name: int(held[t.next_col]) for name, t in self._layout.families.items()}
             try:
-                await fork.write_root(root, positions, created=True)
+                await target_rows.write_root(root, positions, created=True)
             except ThreadConflict as conflict:
                 return _Abort(error=conflict)
             cut = _LAST_POSITION

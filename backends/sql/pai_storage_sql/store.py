@@ -69,7 +69,7 @@ from pai_storage.backend import (
     FamilyName,
     FamilySpec,
     FamilyWrite,
-    ForkPlan,
+    ForkRequest,
     HeldThread,
     ListPlan,
     MessageRef,
@@ -546,20 +546,23 @@ class SqlThreadStore(ThreadStore):
             return conflict.current
         return None
 
-    async def _fork_copy(self, plan: ForkPlan) -> ThreadRecord:
+    async def _fork_copy(self, fork: ForkRequest) -> ThreadRecord:
         """The fork in one write transaction; the copied rows never leave the database.
 
         The source root is held (``FOR UPDATE`` on MySQL; SQLite's write
-        transaction holds the database), the fork's root inserted, then one
-        ``INSERT ... SELECT`` per family copies the rows the plan keeps.
+        transaction holds the database), the fork planned from reads in the
+        same transaction (so at the held version), its root inserted, then
+        one ``INSERT ... SELECT`` per family copies the rows the plan keeps.
         """
-        return await self._client.retrying(lambda: self._fork_once(plan))
+        return await self._client.retrying(lambda: self._fork_once(fork))
 
-    async def _fork_once(self, plan: ForkPlan) -> ThreadRecord:
+    async def _fork_once(self, request: ForkRequest) -> ThreadRecord:
         async with self._client.writing() as op:
             conn = op.conn
-            source = _Transaction(op, self, plan.scope_key, plan.source_thread_id)
+            source = _Transaction(op, self, request.scope_key, request.source_thread_id)
             held = await source.hold()
+            snapshot = _Snapshot(op, self, request.scope_key, request.source_thread_id)
+            plan = await request.plan_in(self, snapshot)  # a missing source raises
             if held.root is None or held.root.version != plan.source_version:
                 raise SourceChanged
             now = None if plan.test_now is not None else await self._client.server_time(conn)

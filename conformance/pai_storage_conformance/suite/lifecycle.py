@@ -8,6 +8,7 @@ not provided.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -191,6 +192,93 @@ async def _decoded(lines: list[str]) -> list[ThreadAggregate]:
 async def _ids(store: ThreadStore, scope: str) -> list[str]:
     page = await store.list_threads({"scopeKey": scope, "limit": 100, "includeHidden": True})
     return sorted(t.thread_id for t in page.items)
+
+
+class _Stream:
+    """A reply streaming into a thread while the body runs: one commit every ``pause``
+    seconds (``0``: back to back), each adding one assistant message to the open
+    run; every fifth closes it and opens the next turn with its question."""
+
+    def __init__(
+        self, store: ThreadStore, scope: str, thread_id: str, root: ThreadRecord, pause: float
+    ) -> None:
+        self._store, self._scope, self._thread_id = store, scope, thread_id
+        self._root, self._pause = root, pause
+        self.commits = 0
+        self._moved = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def wait_for(self, commits: int) -> None:
+        """Wait (bounded) until at least ``commits`` commits landed."""
+        async with asyncio.timeout(60):
+            while self.commits < commits:
+                self._moved.clear()
+                await self._moved.wait()
+
+    async def _next(self) -> None:
+        turn, step = divmod(self.commits, 5)
+        run_id = f"stream-{turn}"
+        changes: dict[str, Any]
+        if step == 0:
+            question = b.message(f"{run_id}-q", "go on", run_id=run_id)
+            changes = {
+                "messages": [b.insert(question)],
+                "runs": [b.insert(b.run(run_id, "running", inputs=[f"{run_id}-q"]))],
+            }
+        else:
+            token = b.message(
+                f"{run_id}-{step}",
+                f"part {step}",
+                role="assistant",
+                run_id=run_id,
+                relation="output",
+            )
+            changes = {"messages": [b.insert(token)]}
+            if step == 4:
+                changes["runs"] = [b.replace(b.run(run_id, "completed", inputs=[f"{run_id}-q"]))]
+        self._root = await _commit(
+            self._store,
+            b.update_at(self._scope, self._thread_id, self._root.version, changes, root=b.root()),
+        )
+        self.commits += 1
+        self._moved.set()
+
+    async def _loop(self) -> None:
+        while True:
+            await self._next()
+            await asyncio.sleep(self._pause)
+
+    async def __aenter__(self) -> _Stream:
+        self._task = asyncio.create_task(self._loop())
+        await self.wait_for(1)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._task is not None
+        if self._task.done():
+            self._task.result()  # a failed commit fails the test
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+
+
+def _assert_fork_of_one_version(source: ThreadAggregate, fork: ThreadAggregate) -> None:
+    """``fork`` holds what a fork of ``source`` at one earlier version holds (the
+    source only grew and closed runs since): the messages below the fork's
+    counter, less those of the runs the fork left out, and the runs below its
+    counter, less the one that was still open then."""
+    runs = [e.record.run_id for e in source.runs if e.position < fork.runs.next_position]
+    copied_runs = [e.record.run_id for e in fork.runs]
+    assert copied_runs in (runs, runs[:-1]), fork.root.thread_id
+    assert all(e.record.status not in ("running", "waiting", "queued") for e in fork.runs)
+    kept = set(copied_runs)
+    expected = [
+        e
+        for e in source.messages
+        if e.position < fork.messages.next_position
+        and (e.record.run_id is None or e.record.run_id in kept)
+    ]
+    assert list(fork.messages) == expected, fork.root.thread_id
 
 
 class LifecycleTests:
@@ -512,6 +600,69 @@ class LifecycleTests:
         with pytest.raises(ThreadStoreInvariantError):
             await store.fork_thread(new_scope("elsewhere"), "src", "new")
         assert await _ids(store, scope) == ["src", "taken"]
+
+    async def test_a_busy_thread_of_5000_messages_forks_at_one_version(
+        self, lifecycle_store: ThreadStore, clock: ManualClock
+    ) -> None:
+        """A reply streams into the source every 100 ms while it is forked, with
+        and without a cut: every fork succeeds and is the source at one version."""
+        store, scope = lifecycle_store, new_scope("fork-busy")
+        root = await _commit(store, b.create(scope, "src"))
+        for batch in range(10):  # 2,500 closed turns: 5,000 messages
+            messages: list[dict[str, Any]] = []
+            runs: list[dict[str, Any]] = []
+            for turn in range(batch * 250, (batch + 1) * 250):
+                question, answer = f"q{turn}", f"a{turn}"
+                reply = b.message(answer, role="assistant", run_id=f"r{turn}", relation="output")
+                messages += [b.insert(b.message(question, run_id=f"r{turn}")), b.insert(reply)]
+                runs.append(b.insert(b.run(f"r{turn}", "completed", inputs=[question])))
+            changes = {"messages": messages, "runs": runs}
+            root = await _commit(
+                store, b.update_at(scope, "src", root.version, changes, root=b.root())
+            )
+        streaming = _Stream(store, scope, "src", root, pause=0.1)
+        async with streaming:
+            for i, cut in enumerate([None, "a1234", None, "q2499", None]):
+                before = streaming.commits
+                result = await store.fork_thread(scope, "src", f"fork-{i}", through_message_id=cut)
+                assert isinstance(result, CommittedResult), (cut, result)
+                await streaming.wait_for(before + 1)  # the next fork meets a moved source
+        assert streaming.commits >= 5
+        (source,) = await _decoded(await _export(store, scope, thread_ids=["src"]))
+        ids = [f"fork-{i}" for i in range(5)]
+        forks = dict(
+            zip(ids, await _decoded(await _export(store, scope, thread_ids=ids)), strict=True)
+        )
+        for fork_id in ("fork-0", "fork-2", "fork-4"):
+            _assert_fork_of_one_version(source, forks[fork_id])
+            assert len(forks[fork_id].messages) >= 5_000
+        turns = [e for e in source.messages if not e.record.message_id.startswith("stream-")]
+        for fork_id, last_turn in (("fork-1", 1234), ("fork-3", 2498)):
+            fork = forks[fork_id]  # a cut in the 5,000: none of the stream is copied
+            assert list(fork.messages) == turns[: 2 * (last_turn + 1)], fork_id
+            assert [e.record.run_id for e in fork.runs] == [f"r{t}" for t in range(last_turn + 1)]
+
+    async def test_a_small_thread_committed_back_to_back_forks_every_time(
+        self, lifecycle_store: ThreadStore, clock: ManualClock
+    ) -> None:
+        store, scope = lifecycle_store, new_scope("fork-racing")
+        conv = await build_conversation(
+            store, clock, scope, "src", turns=2, open_turn=False, queued=False
+        )
+        streaming = _Stream(store, scope, "src", conv.root, pause=0.0)
+        async with streaming:
+            for i in range(25):
+                before = streaming.commits
+                result = await store.fork_thread(scope, "src", f"fork-{i}")
+                assert isinstance(result, CommittedResult), (i, result)
+                await streaming.wait_for(before + 1)
+        (source,) = await _decoded(await _export(store, scope, thread_ids=["src"]))
+        forks = await _decoded(
+            await _export(store, scope, thread_ids=[f"fork-{i}" for i in range(25)])
+        )
+        assert len(forks) == 25
+        for fork in forks:
+            _assert_fork_of_one_version(source, fork)
 
     # ------------------------------------------------------------ retention sweep
 

@@ -52,7 +52,7 @@ from pai_storage.backend import (
     FamilyName,
     FamilySpec,
     FamilyWrite,
-    ForkPlan,
+    ForkRequest,
     HeldThread,
     MessageRef,
     QueueRef,
@@ -316,16 +316,18 @@ class KeyValueThreadStore(ThreadStore):
             self.server.updated.move(None, root)
             return None
 
-    async def _fork_copy(self, plan: ForkPlan) -> ThreadRecord:
+    async def _fork_copy(self, request: ForkRequest) -> ThreadRecord:
         messages, runs, _ = FAMILIES
-        # The plan runs in one transaction: check the source's version, then copy
-        # its rows. A real key-value database does the same in one transaction
-        # (or one server-side script); the core never sees the rows.
+        # One transaction: plan the fork from reads of the source, then copy its
+        # rows; no commit can come between. A real key-value database does the
+        # same in one transaction (or one server-side script); the core never
+        # sees the rows.
         async with self.server.lock:
-            source = _View(self.server, plan.scope_key, plan.source_thread_id)
+            source = _View(self.server, request.scope_key, request.source_thread_id)
+            plan = await request.plan_in(self, _Snapshot(source))  # a missing source raises
             held, positions = source.root()
             if held is None or held.version != plan.source_version:
-                raise SourceChanged  # the core plans the fork again
+                raise SourceChanged  # not one version: the core tries again
             fork = _View(self.server, plan.scope_key, plan.thread_id)
             existing, _ = fork.root()
             if existing is not None:

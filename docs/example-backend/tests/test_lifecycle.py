@@ -2,7 +2,8 @@
 
 The conformance suite (``test_conformance.py``) checks what the operations
 do; these check what only this backend holds: the index the server keeps
-sorted beside the thread values, and how ``_fork_copy`` refuses a stale plan.
+sorted beside the thread values, and how ``_fork_copy`` plans at the version it
+copies.
 """
 
 import json
@@ -11,11 +12,10 @@ from datetime import datetime, timedelta
 import pytest
 from pai_example_kv import KeyValueThreadStore
 
-from pai_storage import CommittedResult, ManualClock, ThreadRecord
+from pai_storage import CommittedResult, ManualClock, ThreadRecord, ThreadStoreInvariantError
 from pai_storage import builders as b
 from pai_storage.backend import (
-    ForkPlan,
-    SourceChanged,
+    ForkRequest,
     ThreadConflict,
     ThreadHead,
     new_instance_id,
@@ -107,25 +107,23 @@ def _by_id(store: KeyValueThreadStore, thread_id: str) -> ThreadRecord:
     return next(r for r in _roots(store) if r.thread_id == thread_id)
 
 
-def _plan(source: ThreadRecord, thread_id: str, now: datetime) -> ForkPlan:
-    return ForkPlan(
-        scope_key=source.scope_key,
-        source_thread_id=source.thread_id,
+def _request(source_id: str, thread_id: str, now: datetime) -> ForkRequest:
+    return ForkRequest(
+        scope_key="s",
+        source_thread_id=source_id,
         thread_id=thread_id,
-        source=source,
         through_message_id=None,
-        dropped_run_ids=frozenset(),
         instance_id=new_instance_id(),
         test_now=now,
     )
 
 
-async def test_fork_copy_refuses_a_stale_plan_and_an_existing_thread_writing_nothing() -> None:
+async def test_fork_copy_plans_at_the_version_it_copies_and_refuses_an_existing_thread() -> None:
     clock = ManualClock()
     async with KeyValueThreadStore(clock=clock) as store:
         source = await _create(store, "s", "src")
         taken = await _create(store, "s", "taken")
-        stale = _plan(source, "new", clock())
+        asked = _request("src", "new", clock())  # asked for before the source moved on
         moved = await store.commit_thread(
             b.update_at("s", "src", source.version, root=b.root(title="moved"))
         )
@@ -133,15 +131,16 @@ async def test_fork_copy_refuses_a_stale_plan_and_an_existing_thread_writing_not
         assert moved.thread is not None
         before = dict(store.server.data)
 
-        with pytest.raises(SourceChanged):
-            await store._fork_copy(stale)
         with pytest.raises(ThreadConflict) as conflict:
-            await store._fork_copy(_plan(moved.thread, "taken", clock()))
+            await store._fork_copy(_request("src", "taken", clock()))
         assert conflict.value.current == taken.version
+        with pytest.raises(ThreadStoreInvariantError, match="does not exist"):
+            await store._fork_copy(_request("missing", "other", clock()))
         assert store.server.data == before
         _assert_index_matches_roots(store)
 
-        root = await store._fork_copy(_plan(moved.thread, "new", clock()))
+        root = await store._fork_copy(asked)
+        assert root.title == "moved"  # the version it held, not the one before the request
         assert root.parent_thread_id == "src"
         assert root.version.revision == 1
         assert await store.thread_digest("s", "new") is not None
