@@ -1,0 +1,209 @@
+"""The blocking API: the same stores and methods, for code that does not ``await``.
+
+::
+
+    from pai_storage import sync
+
+    with sync.connect("sqlite:///chat.db") as stores:
+        chat = stores.threads.conversation("tenant-42", "chat-1")
+        chat.add("user", "What is the capital of France?")
+        with chat.reply() as answer:
+            for chunk in model.stream(...):
+                answer.write(chunk)
+        for m in chat.messages(last=20):
+            print(m.role, m.text)
+
+:func:`connect` and :func:`open_store` start an event loop in a thread of
+their own (anyio's blocking portal) and open the stores on it; every object
+they hand out is a :class:`Blocking` view that runs each coroutine method on
+that loop and waits for it. Async context managers become ``with`` blocks
+(``reply()``, ``guard.hold()``; the guard's watchdog keeps renewing on the
+loop while the block runs), async iterators become iterators, and everything
+else is returned as it is. It works from any thread, including one already
+running an event loop (a notebook cell, an async framework calling sync
+code): that loop waits while the call runs on the portal's.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import AbstractContextManager
+from types import TracebackType
+from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
+
+from anyio.from_thread import BlockingPortal, start_blocking_portal
+
+from . import bundle, registry
+from .bundle import Stores
+from .conversation import Conversation, Reply
+from .guard import Lock
+from .lifecycle import ManagedStore
+from .store import ThreadStore
+
+__all__ = ["Blocking", "connect", "open_store"]
+
+T = TypeVar("T")
+R = TypeVar("R")
+P = ParamSpec("P")
+
+_HANDLES: tuple[type, ...] = (ManagedStore, Stores, Conversation, Reply, Lock)
+"""What a call's result is wrapped as a :class:`Blocking` view for (plus async context managers)."""
+
+
+class Blocking(Generic[T]):
+    """A blocking view of ``target``: its coroutine methods run on the portal's loop.
+
+    ``view.name(...)`` calls ``target.name(...)`` and waits for it (typed as
+    ``Any``); :meth:`call` does the same with full typing:
+    ``store.call(ThreadStore.read_thread, request)``. ``target`` is the async
+    object itself (use it only on the portal's loop).
+    """
+
+    __slots__ = ("_context", "_portal", "target")
+
+    def __init__(self, target: T, portal: BlockingPortal) -> None:
+        self.target = target
+        self._portal = portal
+        self._context: AbstractContextManager[Any] | None = None
+
+    def __repr__(self) -> str:
+        return f"Blocking({self.target!r})"
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self.target, name)
+        if callable(value) and not isinstance(value, type):
+            return functools.partial(_invoke, self._portal, value)
+        return _wrap(value, self._portal)
+
+    def call(
+        self,
+        method: Callable[Concatenate[T, P], Awaitable[R]],
+        /,
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> R:
+        """``method(target, *args, **kwargs)`` on the portal's loop, typed."""
+        awaitable = method(self.target, *args, **kwargs)
+        result: R = _wrap(self._portal.call(_await, awaitable), self._portal)
+        return result
+
+    def __enter__(self) -> Any:
+        if self._context is not None:
+            raise RuntimeError(f"{self!r} is already entered")
+        self._context = self._portal.wrap_async_context_manager(self.target)  # type: ignore[arg-type]
+        return _wrap(self._context.__enter__(), self._portal)
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        context, self._context = self._context, None
+        assert context is not None
+        return context.__exit__(exc_type, exc, tb)
+
+
+class _Root(Blocking[T]):
+    """The view :func:`connect` / :func:`open_store` return: it owns the portal's thread."""
+
+    __slots__ = ("_stop",)
+
+    def __init__(self, target: T, portal: BlockingPortal, stop: Callable[[], object]) -> None:
+        super().__init__(target, portal)
+        self._stop = stop
+
+    def __enter__(self) -> Any:
+        try:
+            super().__enter__()
+        except BaseException:
+            self._stop()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        try:
+            return super().__exit__(exc_type, exc, tb)
+        finally:
+            self._stop()
+
+    def close(self) -> None:
+        """Close the stores and stop the portal's thread (what leaving ``with`` does)."""
+        try:
+            close: Callable[[], Awaitable[object]] = self.target.close  # type: ignore[attr-defined]
+            self._portal.call(close)
+        finally:
+            self._stop()
+
+
+async def _await(awaitable: Awaitable[R]) -> R:
+    return await awaitable
+
+
+def _invoke(portal: BlockingPortal, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    if inspect.iscoroutinefunction(method):
+        return _wrap(portal.call(functools.partial(method, *args, **kwargs)), portal)
+    return _wrap(method(*args, **kwargs), portal)
+
+
+def _wrap(value: Any, portal: BlockingPortal) -> Any:
+    if isinstance(value, _HANDLES) or hasattr(value, "__aenter__"):
+        return Blocking(value, portal)
+    if hasattr(value, "__anext__"):
+        return _iterate(value, portal)
+    return value
+
+
+def _iterate(iterator: AsyncIterator[Any], portal: BlockingPortal) -> Iterator[Any]:
+    async def step() -> tuple[bool, Any]:
+        try:
+            return True, await anext(iterator)
+        except StopAsyncIteration:
+            return False, None
+
+    while True:
+        more, item = portal.call(step)
+        if not more:
+            return
+        yield _wrap(item, portal)
+
+
+def _start(open_target: Callable[[], T]) -> _Root[T]:
+    """Start a portal, open the target on its loop (nothing is connected until used)."""
+    manager = start_blocking_portal()
+    portal = manager.__enter__()
+
+    def stop() -> None:
+        manager.__exit__(None, None, None)
+
+    try:
+        target = portal.call(_opened, open_target)
+    except BaseException:
+        stop()
+        raise
+    return _Root(target, portal, stop)
+
+
+async def _opened(open_target: Callable[[], T]) -> T:
+    return open_target()  # on the portal's loop, where the store will live
+
+
+def connect(url: str, **options: Any) -> _Root[Stores]:
+    """:func:`pai_storage.connect`, blocking: ``with sync.connect(url) as stores: ...``.
+
+    Takes the same arguments. Leaving the block (or ``close()``) closes every
+    store and stops the portal's thread.
+    """
+    return _start(functools.partial(bundle.connect, url, **options))
+
+
+def open_store(url: str, **options: Any) -> _Root[ThreadStore]:
+    """:func:`pai_storage.open_store`, blocking: ``with sync.open_store(url) as store: ...``."""
+    return _start(functools.partial(registry.open_store, url, **options))

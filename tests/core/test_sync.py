@@ -1,0 +1,148 @@
+"""pai_storage.sync: the blocking API from plain threads and from inside a running loop."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pai_storage import ConversationConflictError, ThreadStore, sync
+from pai_storage import builders as b
+
+
+class _ModelDown(Exception):
+    pass
+
+
+def _chat_loop(url: str) -> list[tuple[str, str, str]]:
+    """The ten-line loop, blocking; returns the transcript and checks the failed reply."""
+    with sync.connect(url) as stores:
+        chat = stores.threads.conversation("tenant-42", "chat-1", flush_every=0)
+        chat.add("user", "What is the capital of France?")
+        with chat.reply() as answer:
+            for chunk in ("The capital ", "is ", "Paris."):
+                answer.write(chunk)
+
+        def failing_reply() -> None:
+            with chat.reply() as failing:
+                failing.write("half")
+                raise _ModelDown
+
+        with pytest.raises(_ModelDown):
+            failing_reply()
+        runs = stores.threads.read_thread(
+            b.read("tenant-42", "chat-1", runs={"type": "page", "page": {"limit": 10}})
+        ).runs.items
+        assert [run.status for run in runs] == ["completed", "failed"]
+        return [(m.role, m.text, m.status) for m in chat.messages(last=20)]
+
+
+EXPECTED = [
+    ("user", "What is the capital of France?", "complete"),
+    ("assistant", "The capital is Paris.", "complete"),
+    ("assistant", "half", "error"),
+]
+
+
+def _in_thread(work: Callable[[], Any]) -> Any:
+    results: list[Any] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            results.append(work())
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(timeout=120)
+    assert not thread.is_alive()
+    if errors:
+        raise errors[0]
+    return results[0]
+
+
+def test_the_chat_loop_blocking_in_a_plain_thread() -> None:
+    assert _in_thread(lambda: _chat_loop("memory://")) == EXPECTED
+
+
+def test_the_chat_loop_blocking_from_a_coroutine_inside_asyncio_run() -> None:
+    async def handler() -> list[tuple[str, str, str]]:  # an async framework calling sync code
+        loop = asyncio.get_running_loop()
+        transcript = _chat_loop("memory://")
+        assert asyncio.get_running_loop() is loop
+        return transcript
+
+    assert asyncio.run(handler()) == EXPECTED
+
+
+def test_a_sqlite_file_keeps_what_the_blocking_api_wrote(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/chat.db"
+    assert _chat_loop(url) == EXPECTED
+    with sync.open_store(url) as store:  # a second portal, a fresh connection
+        chat = store.conversation("tenant-42", "chat-1")
+        assert [m.text for m in chat.messages()] == [text for _, text, _ in EXPECTED]
+        assert chat.update(title="France").title == "France"
+
+
+def test_threads_share_one_bundle() -> None:
+    with sync.connect("memory://") as stores:
+
+        def writer(name: str) -> None:
+            chat = stores.threads.conversation("s", "shared")
+            for i in range(10):
+                chat.add("user", f"{name}-{i}")
+
+        threads = [threading.Thread(target=writer, args=(f"w{n}",)) for n in range(3)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=120)
+        texts = [m.text for m in stores.threads.conversation("s", "shared").messages(last=None)]
+        assert len(texts) == 30
+        for n in range(3):
+            assert [t for t in texts if t.startswith(f"w{n}-")] == [f"w{n}-{i}" for i in range(10)]
+
+
+def test_guard_hold_is_a_with_block_whose_watchdog_keeps_renewing() -> None:
+    with sync.connect("memory://") as stores:
+        ttl = timedelta(seconds=1.5)
+        with stores.guard.hold("sandbox-1", owner="w1", lease_ttl=ttl) as lock:
+            first_deadline = lock.expires_at
+            time.sleep(2.5)  # blocking: only the portal's loop can renew meanwhile
+            assert not lock.lost.is_set()
+            assert lock.expires_at > first_deadline
+            held = stores.guard.inspect("sandbox-1")
+            assert held is not None
+            assert held.owner == "w1"
+        assert stores.guard.inspect("sandbox-1") is None
+
+
+def test_errors_cross_the_portal_unchanged() -> None:
+    with sync.connect("memory://") as stores:
+        chat = stores.threads.conversation("s", "t")
+        other = stores.threads.conversation("s", "t")
+        with chat.reply(), pytest.raises(ConversationConflictError, match="one reply at a time"):
+            other.reply().__enter__()
+
+
+def test_typed_calls_async_iterators_and_close() -> None:
+    store = sync.open_store("memory://")
+    try:
+        created = store.call(ThreadStore.commit_thread, b.create("s", "t", title="typed"))
+        assert created.type == "committed"
+        read = store.call(ThreadStore.read_thread, b.read("s", "t"))
+        assert read.thread is not None
+        assert read.thread.title == "typed"
+        lines = list(store.export_threads("s"))
+        assert len(lines) >= 2
+        assert all(line.endswith("\n") for line in lines)
+    finally:
+        store.close()
