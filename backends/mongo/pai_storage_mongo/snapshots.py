@@ -67,6 +67,9 @@ _INFO_FIELDS = {"createdAt": 1, "size": 1, "sha256": 1, "metadata": 1}
 
 Doc = dict[str, Any]
 
+_DAMAGED_TIME: Doc = {"createdAt": {"$not": {"$type": "date"}}}
+"""Documents whose creation time is not a date (damaged: the store writes dates only)."""
+
 
 def indexes(snapshot_ttl: timedelta | None) -> list[IndexModel]:
     """The indexes of the snapshot collection for a store with this ``snapshot_ttl``."""
@@ -143,6 +146,17 @@ class MongoSnapshotStore(MongoRuntimeStore, SnapshotStore):
             return {"createdAt": {"$lte": now - timedelta(milliseconds=self._ttl_ms)}}
         return {"$expr": {"$lte": ["$createdAt", {"$subtract": ["$$NOW", self._ttl_ms]}]}}
 
+    def live_or_damaged(self) -> Doc:
+        """The filter clause of a read by id: live snapshots, and damaged ones to report.
+
+        A document whose ``createdAt`` is not a date (edited by hand) matches
+        no date comparison: without this it would read as absent.
+        """
+        live = self.live_filter()
+        if not live:
+            return {}
+        return {"$or": [live, _DAMAGED_TIME]}
+
     def list_query(self, scope: str, after: tuple[datetime, str] | None) -> Doc:
         """The filter of ``list`` (and ``latest`` with no ``after``); EXPLAIN tests use it."""
         query: Doc = {"_id.scope": scope, **self.live_filter()}
@@ -191,7 +205,7 @@ class MongoSnapshotStore(MongoRuntimeStore, SnapshotStore):
     async def _get(self, scope: str, snapshot_id: str) -> Snapshot | None:
         with self._holder.errors("read"):
             doc = await self.collection.find_one(
-                {"_id": self.key(scope, snapshot_id), **self.live_filter()}
+                {"_id": self.key(scope, snapshot_id), **self.live_or_damaged()}
             )
         return None if doc is None else await self._snapshot(scope, doc)
 
@@ -204,6 +218,23 @@ class MongoSnapshotStore(MongoRuntimeStore, SnapshotStore):
                 .limit(1)
             )
             docs = await cursor.to_list(1)
+            # A document whose createdAt is not a date has no place in the order:
+            # the newest cannot be known, so latest refuses rather than roll back.
+            damaged = await self.collection.find_one(
+                {"_id.scope": scope, **_DAMAGED_TIME}, projection={"_id": 1}, hint=NEWEST_INDEX
+            )
+        if damaged is not None:
+            await self.warn(
+                StoreWarning(
+                    kind="invalid_record",
+                    reason="a stored snapshot document's createdAt is not a date",
+                    scope_key=scope,
+                )
+            )
+            raise CorruptSnapshotError(
+                f"a stored snapshot of scope {scope!r} is damaged (its creation time is not "
+                "a date), so the newest one cannot be known; nothing was returned"
+            )
         return await self._snapshot(scope, docs[0]) if docs else None
 
     async def _list(
@@ -237,8 +268,10 @@ class MongoSnapshotStore(MongoRuntimeStore, SnapshotStore):
             live = await self.collection.delete_one({"_id": key, **self.live_filter()})
             if live.deleted_count:
                 return True
-            # Not live: an expired leftover goes too (never one put since: it is live).
-            await self.collection.delete_one({"_id": key, **self._expired_filter()})
+            # Not live: an expired or damaged leftover goes too (never one put since: it is live).
+            await self.collection.delete_one(
+                {"_id": key, "$or": [self._expired_filter(), _DAMAGED_TIME]}
+            )
         return False
 
     async def _purge_expired(self) -> int:
@@ -247,6 +280,7 @@ class MongoSnapshotStore(MongoRuntimeStore, SnapshotStore):
         with self._holder.errors("write"):
             result = await self.collection.delete_many(self._expired_filter())
         return int(result.deleted_count)
+
 
     async def _list_scopes(self, after: str | None, limit: int) -> builtins.list[str]:
         # One probe of scope_newest per scope: the first entry above the last
