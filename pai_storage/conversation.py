@@ -105,6 +105,13 @@ def _draft(
     }
 
 
+def _key(name: str, value: str) -> str:
+    try:
+        return check_thread_key(name, value)
+    except ThreadStoreInvariantError as err:
+        raise ThreadStoreInvariantError(f"bad {name}: {err}") from None
+
+
 class Conversation:
     """One thread of a scope, as a chat: add messages, stream replies, read them back.
 
@@ -136,8 +143,8 @@ class Conversation:
         lease_ttl: timedelta = timedelta(seconds=60),
     ) -> None:
         self.store = store
-        self.scope_key = check_thread_key("scope_key", scope_key)
-        self.thread_id = check_thread_key("thread_id", thread_id)
+        self.scope_key = _key("scope_key", scope_key)
+        self.thread_id = _key("thread_id", thread_id)
         self.agent = agent
         if not flush_every >= 0:
             raise ThreadStoreInvariantError(f"flush_every is seconds >= 0, not {flush_every!r}")
