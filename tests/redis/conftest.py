@@ -11,6 +11,7 @@ restart one.
 from __future__ import annotations
 
 import os
+import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -19,6 +20,11 @@ import pytest
 import pytest_asyncio
 
 pytest.importorskip("redis")
+
+# tests/ (for support.proxy): this directory has no __init__.py, so no package
+# basedir puts it on the path; a directory named redis without one never hides
+# redis-py there.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pai_storage_redis.harness import drop_prefix
 from redis_servers import RedisServer
