@@ -137,9 +137,13 @@ class Cluster:
                 os.kill(pid, signum)
 
     def drop(self) -> None:
+        """``pg_dropcluster --stop``, then the configuration directory it leaves when
+        it holds files it did not write (``conf.d/failover.conf``)."""
         if self.created:
             _run("pg_dropcluster", "--stop", self.version, self.name)
             self.created = False
+        if self.conf_dir.is_dir():
+            shutil.rmtree(self.conf_dir)
 
 
 class StandbyPair:
