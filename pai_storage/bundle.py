@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Self
 
-from .errors import ConfigurationError, InvalidInputError
+from .errors import ConfigurationError, InvalidInputError, general_errors
 from .lifecycle import ManagedStore
 from .registry import backend_for_url
 from .url import StoreURL
@@ -188,10 +188,15 @@ class Stores:
         return ScopeErasure(threads, kv_items, sessions, snapshots)
 
     async def initialize(self) -> None:
-        """Initialize every component (each is also initialized lazily on first use)."""
-        for component in COMPONENTS:
-            if component in self._stores:
-                await self._stores[component].initialize()
+        """Initialize every component (each is also initialized lazily on first use).
+
+        Raises the general error classes (``ConfigurationError``,
+        ``UnavailableError``, ...), the thread store's failures included.
+        """
+        with general_errors():
+            for component in COMPONENTS:
+                if component in self._stores:
+                    await self._stores[component].initialize()
 
     async def close(self) -> None:
         """Close every component, the guard first (its locks are released while
@@ -258,6 +263,19 @@ def connect(
         URL whose backend does not provide that component. The password of a URL never
         appears in a message.
     """
+    with general_errors():  # the URL parser and the registry serve open_store too
+        return _connect(url, threads, kv, state, snapshots, guard, options)
+
+
+def _connect(
+    url: str | StoreURL,
+    threads: str | StoreURL | None,
+    kv: str | StoreURL | None,
+    state: str | StoreURL | None,
+    snapshots: str | StoreURL | None,
+    guard: str | StoreURL | None,
+    options: dict[str, Any],
+) -> Stores:
     overrides = {
         "threads": threads,
         "kv": kv,
@@ -295,8 +313,9 @@ def connect(
 
 
 def _open_one(component: str, url: str | StoreURL, options: dict[str, Any]) -> Any:
-    backend, parsed = backend_for_url(url)
-    return backend.open_components(parsed, [component], **options)[component]
+    with general_errors():
+        backend, parsed = backend_for_url(url)
+        return backend.open_components(parsed, [component], **options)[component]
 
 
 def open_kv_store(url: str | StoreURL, **options: Any) -> KeyValueStore:

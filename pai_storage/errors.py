@@ -45,6 +45,8 @@ wherever that input is validated.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Self
 
 if TYPE_CHECKING:
@@ -200,3 +202,44 @@ class ConversationConflictError(ThreadStoreError):
     reply was opened while another run is open. The message says which.
     Nothing of the failed write was applied.
     """
+
+
+# ---------------------------------------------------------------- general equivalents
+
+_GENERAL: tuple[tuple[type[ThreadStoreError], type[StorageError]], ...] = (
+    (ThreadStorePageTokenError, PageTokenError),
+    (ThreadStoreCommitUnknownError, OutcomeUnknownError),
+    (ThreadStoreUnavailableError, UnavailableError),
+    (ThreadStoreConfigurationError, ConfigurationError),
+    (ThreadStoreInvariantError, InvalidInputError),
+)
+
+
+def general_error(error: StorageError) -> StorageError:
+    """The general class of a thread-store error (its message kept); other errors as they are.
+
+    What the runtime stores and :func:`~pai_storage.connect` raise where they
+    share code with the thread store (URL parsing, the registry, a shared
+    client): their callers see the general classes only.
+    """
+    if not isinstance(error, ThreadStoreError):
+        return error
+    if isinstance(error, ThreadStoreSerializationError):
+        return SerializationError.at(error.path, error.reason)
+    for special, general in _GENERAL:
+        if isinstance(error, special):
+            return general(str(error))
+    return StorageError(str(error))
+
+
+@contextmanager
+def general_errors() -> Iterator[None]:
+    """Raise the general class of any thread-store error raised in the block.
+
+    The driver's exception stays reachable as ``err.__cause__`` when there was
+    one (else the thread-store error is).
+    """
+    try:
+        yield
+    except ThreadStoreError as exc:
+        raise general_error(exc) from (exc.__cause__ or exc)

@@ -33,7 +33,7 @@ from datetime import timedelta
 from typing import Any, Literal, overload
 
 from .clock import Clock
-from .errors import ConfigurationError, InvalidInputError, PageTokenError
+from .errors import ConfigurationError, InvalidInputError, PageTokenError, general_errors
 from .events import WarningCallback
 from .lifecycle import ManagedStore
 from .models import STRICT_JSON_TEXT
@@ -169,7 +169,8 @@ def check_value(value: Any, *, path: str = "value", limit: int | None = None) ->
     strict JSON, and :class:`InvalidInputError` when its canonical UTF-8 size
     exceeds ``limit`` bytes (the message names both).
     """
-    check_json(value, path)
+    with general_errors():  # the strict-JSON check is shared with the thread store
+        check_json(value, path)
     text = canonical_json(value)
     if limit is not None:
         size = len(text.encode("utf-8"))

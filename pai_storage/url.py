@@ -119,6 +119,16 @@ def make_url(url: str | StoreURL) -> StoreURL:
         ) from None
     if not scheme:
         raise ThreadStoreConfigurationError("the store URL has no scheme")
+    if scheme == "sqlite" and parts.netloc:
+        # SQLAlchemy reads sqlite://foo.db as host "foo.db" and no path: a private
+        # in-memory database, nothing written to any file. Never that by accident.
+        raise ThreadStoreConfigurationError(
+            f"a SQLite URL has no host part, but '{scheme}://' is followed by "
+            f"{hostname or 'one'!r}: that would open a private in-memory database and "
+            "write nothing to any file. Write a relative path as sqlite:///foo.db "
+            "(three slashes), an absolute one as sqlite:////abs/path.db (four), or "
+            "sqlite:///:memory: for an in-memory database"
+        )
     return StoreURL(
         scheme=scheme,
         driver=driver or None,

@@ -38,6 +38,7 @@ from sqlalchemy import (
 )
 
 from pai_storage.backend import StoreURL
+from pai_storage.errors import general_errors
 from pai_storage.models import truncate_ms
 from pai_storage.runtime import RuntimeStore
 
@@ -99,7 +100,8 @@ class RuntimeDb:
     """
 
     def __init__(self, url: str | StoreURL | None, client: object, options: dict[str, Any]) -> None:
-        self.client: SqlClient = SqlClient.attached(url, client, **options)
+        with general_errors():
+            self.client: SqlClient = SqlClient.attached(url, client, **options)
         self.url = self.client.url
         self.dialect = self.client.dialect
         self.head_bytes = head_bytes(self.dialect)
@@ -127,7 +129,8 @@ class RuntimeDb:
 
     async def ready(self) -> None:
         """Connect (schema included); on MariaDB/MySQL read ``max_allowed_packet`` once."""
-        await self.client.ready()
+        with general_errors():  # the client is shared with the thread store
+            await self.client.ready()
         if self.mysql and self.max_packet is None:
 
             async def packet(conn: AsyncConnection) -> int:
@@ -137,7 +140,8 @@ class RuntimeDb:
             self.max_packet = await self.read(packet)
 
     async def release(self) -> None:
-        await self.client.release()
+        with general_errors():
+            await self.client.release()
 
     # ------------------------------------------------------------ transactions
 
@@ -157,12 +161,16 @@ class RuntimeDb:
         async def attempt() -> T:
             return await client.run_write(lambda op: operation(client.connection(op)))
 
-        return await client.retrying(attempt)
+        # The client maps driver errors to the thread store's classes (it serves
+        # both); a runtime store raises the general ones, the original chained.
+        with general_errors():
+            return await client.retrying(attempt)
 
     async def read(self, operation: Callable[[AsyncConnection], Awaitable[T]]) -> T:
         """``operation(conn)`` in one read snapshot."""
         client = self.client
-        return await client.run_read(lambda op: operation(client.connection(op)))
+        with general_errors():
+            return await client.run_read(lambda op: operation(client.connection(op)))
 
     async def now(self, conn: AsyncConnection, store: ManagedStore) -> datetime:
         """The store's time in whole milliseconds: the test clock, else the server's.
