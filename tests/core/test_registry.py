@@ -106,7 +106,7 @@ def test_builtin_scheme_entry_points_match_each_backend() -> None:
     declared: dict[str, set[str]] = {}
     for ep in eps.select(group=SCHEME_ENTRY_POINT_GROUP):
         declared.setdefault(ep.value, set()).add(ep.name)
-    assert set(backends) == {"memory", "postgres", "mongo", "sql"}
+    assert set(backends) == {"memory", "postgres", "mongo", "sql", "redis"}
     assert set(declared) == set(backends.values())
     for name, value in backends.items():
         assert declared[value] == set(get_backend(name).url_schemes), name
@@ -119,8 +119,9 @@ BACKEND_MODULES = (
     "pai_storage_postgres",
     "pai_storage_mongo",
     "pai_storage_sql",
+    "pai_storage_redis",
 )
-DRIVERS = ("asyncpg", "pymongo", "bson", "sqlalchemy", "aiosqlite", "asyncmy")
+DRIVERS = ("asyncpg", "pymongo", "bson", "sqlalchemy", "aiosqlite", "asyncmy", "redis")
 
 
 def _fresh(code: str, *, path: Path | None = None) -> dict[str, Any]:
