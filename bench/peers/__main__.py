@@ -74,6 +74,18 @@ def _openai(database: str) -> Callable[[], Peer]:
     return make
 
 
+def _adapter(name: str, database: str = "") -> Callable[[], Peer]:
+    """A framework's workload through its pai_storage.integrations adapter."""
+
+    def make() -> Peer:
+        from . import adapter_peers
+
+        factory = getattr(adapter_peers, name)
+        return factory(database) if database else factory()  # type: ignore[no-any-return]
+
+    return make
+
+
 SYSTEMS: dict[str, tuple[str, Callable[[], Peer]]] = {
     # key: (database, factory)
     "pai-memory": ("memory", _pai("memory")),
@@ -88,6 +100,14 @@ SYSTEMS: dict[str, tuple[str, Callable[[], Peer]]] = {
     "pai-sql": ("sqlite", _pai("sql")),
     "langgraph-sqlite": ("sqlite", _langgraph("sqlite")),
     "openai-sqlite": ("sqlite", _openai("sqlite")),
+    # The frameworks on pai-storage (pai_storage.integrations), beside their native stores.
+    "langgraph-pai-postgres": ("postgresql", _adapter("PaiCheckpointSaverPeer", "postgresql")),
+    "adk-pai-postgres": ("postgresql", _adapter("PaiSessionServicePeer")),
+    "openai-pai-postgres": ("postgresql", _adapter("PaiSessionPeer", "postgresql")),
+    "langgraph-pai-mongo": ("mongodb", _adapter("PaiCheckpointSaverPeer", "mongodb")),
+    "openai-pai-mongo": ("mongodb", _adapter("PaiSessionPeer", "mongodb")),
+    "langgraph-pai-sqlite": ("sqlite", _adapter("PaiCheckpointSaverPeer", "sqlite")),
+    "openai-pai-sqlite": ("sqlite", _adapter("PaiSessionPeer", "sqlite")),
 }
 
 DISTRIBUTIONS = (
