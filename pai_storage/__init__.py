@@ -14,6 +14,15 @@ Every store an agent product needs, from one connection string::
     async with pai_storage.connect("memory://") as stores:
         stores.threads, stores.kv, stores.state, stores.snapshots, stores.guard
 
+A chat, with the versions tracked for you (``docs/conversation.md``)::
+
+    chat = stores.threads.conversation("tenant-42", "chat-1")
+    await chat.add("user", "Hi!")
+    async with chat.reply() as answer:
+        await answer.write("Hello!")
+
+The same without ``await``: :mod:`pai_storage.sync` (``sync.connect(url)``).
+
 This module is what an application imports: opening stores (``open_store``,
 ``connect``, ``open_kv_store``, ...), the store contracts, the records,
 inputs and results, the errors, the parsers and the JSON builders
