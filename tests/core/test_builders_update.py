@@ -12,13 +12,15 @@ from pai_storage import builders as b
 
 async def _created(store: Any, **root: Any) -> ThreadRecord:
     result = await store.commit_thread(b.create("s", "t", **root))
-    assert isinstance(result, CommittedResult) and result.thread is not None
+    assert isinstance(result, CommittedResult)
+    assert result.thread is not None
     return result.thread
 
 
 async def _commit(store: Any, commit: dict[str, Any]) -> ThreadRecord:
     result = await store.commit_thread(commit)
-    assert isinstance(result, CommittedResult) and result.thread is not None, result
+    assert isinstance(result, CommittedResult), result
+    assert result.thread is not None
     return result.thread
 
 
