@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import math
 import sys
 import time
@@ -45,7 +46,7 @@ from .errors import ThreadStoreError
 from .models import CommittedResult, ThreadVersion
 from .registry import open_store
 from .store import ThreadStore
-from .url import make_url, redact
+from .url import StoreURL, make_url, redact
 
 __all__ = ["BenchResult", "OpStats", "add_arguments", "main", "percentile", "run_benchmark"]
 
@@ -191,6 +192,33 @@ class BenchResult:
     def commits_per_second(self) -> float:
         stats = self.ops.get("commit")
         return stats.per_second if stats is not None else math.nan
+
+    def as_json(self) -> dict[str, Any]:
+        """The results as ``pai-storage bench --json`` prints them (milliseconds)."""
+        return {
+            "url": self.url,
+            "scope": self.scope,
+            "threads": self.threads,
+            "messages": self.messages,
+            "writers": self.writers,
+            "operations": {
+                stats.name: {
+                    "count": stats.count,
+                    "p50Ms": stats.quantile_ms(50),
+                    "p95Ms": stats.quantile_ms(95),
+                    "p99Ms": stats.quantile_ms(99),
+                    "maxMs": max(stats.latencies) * 1000.0,
+                    "perSecond": stats.per_second,
+                }
+                for stats in self.ops.values()
+                if stats.count
+            },
+            "commitsPerSecond": None
+            if math.isnan(self.commits_per_second)
+            else self.commits_per_second,
+            "cleanedUp": self.cleaned_up,
+            "remaining": self.remaining,
+        }
 
     def summary(self) -> str:
         """The summary table printed at the end of a run."""
@@ -601,13 +629,23 @@ async def run_benchmark(
 async def main(args: argparse.Namespace) -> int:
     """Run ``pai-storage bench`` with arguments parsed by :func:`add_arguments`."""
     url: str = args.url
+    as_json = getattr(args, "json", False)
     progress = Progress(sys.stderr if getattr(args, "progress", True) else None)
+
+    parsed: StoreURL | None = None
+
+    def fail(status: int, exc: BaseException, message: str) -> int:
+        print(message, file=sys.stderr)
+        if as_json:
+            error = {"type": type(exc).__name__, "message": redact(str(exc), parsed)}
+            print(json.dumps({"ok": False, "status": status, "error": error}))
+        return status
+
     try:
         parsed = make_url(url)
         store = open_store(parsed)
     except ThreadStoreError as exc:
-        print(f"pai-storage bench: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return EXIT_FAILED
+        return fail(EXIT_FAILED, exc, f"pai-storage bench: {type(exc).__name__}: {exc}")
     shown = str(parsed)  # the password masked
     try:
         async with store:
@@ -622,11 +660,12 @@ async def main(args: argparse.Namespace) -> int:
                 progress=progress,
             )
     except _ScopeNotEmpty as exc:
-        print(f"pai-storage bench: refused: {exc}", file=sys.stderr)
-        return EXIT_REFUSED
+        return fail(EXIT_REFUSED, exc, f"pai-storage bench: refused: {exc}")
     except (BenchFailure, ThreadStoreError) as exc:
         message = redact(f"{type(exc).__name__}: {exc}", parsed)
-        print(f"pai-storage bench: failed: {message}", file=sys.stderr)
-        return EXIT_FAILED
-    print(result.summary())
+        return fail(EXIT_FAILED, exc, f"pai-storage bench: failed: {message}")
+    if as_json:
+        print(json.dumps({"ok": True, **result.as_json()}, indent=2))
+    else:
+        print(result.summary())
     return EXIT_OK

@@ -10,10 +10,14 @@
     pai-storage import URL FILE     restore threads from an export
     pai-storage --version
 
-Every command exits 0 on success and 1 on a :class:`ThreadStoreError`, whose
+Every command exits 0 on success and 1 on a :class:`StorageError`, whose
 message goes to stderr without a traceback and with any URL password masked.
 Usage errors exit 2. ``bench`` has its own statuses (see
 :mod:`pai_storage.benchmark`).
+
+``check``, ``copy``, ``import`` and ``bench`` take ``--json``: stdout is then
+one JSON object, ``"ok": true`` with the results, or ``"ok": false`` with
+``"error": {"type": ..., "message": ...}`` (the message also goes to stderr).
 
 The demo plays ``docs/commits.md#worked-example-one-turn`` step by step.
 """
@@ -25,43 +29,26 @@ import asyncio
 import importlib
 import importlib.util
 import json
+import os
 import re
 import sys
-import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from datetime import timedelta
 from importlib.metadata import entry_points
 from typing import Any, TextIO
 
 from . import __version__
-from . import builders as b
 from .bundle import connect
-from .clock import ManualClock, system_clock
-from .demo_runtime import RuntimeDemo
+from .demo_threads import DemoFailure, run_demo
 from .errors import (
     ConfigurationError,
     StorageError,
     ThreadStoreConfigurationError,
     ThreadStoreError,
 )
-from .models import (
-    CommittedResult,
-    ConflictResult,
-    Message,
-    QueuedItem,
-    RunRecord,
-    TextPart,
-    ThreadLease,
-    ThreadReadResult,
-    ThreadRecord,
-    ThreadVersion,
-    format_timestamp,
-)
 from .registry import ENTRY_POINT_GROUP, available_backends, backend_for_url, get_backend
 from .store import ThreadStore
 from .transfer import CopyReport
-from .url import make_url, redact
+from .url import StoreURL, make_url, redact
 
 __all__ = ["main"]
 
@@ -70,30 +57,6 @@ EXIT_ERROR = 1
 
 
 # ---------------------------------------------------------------- output helpers
-
-
-class _DemoFailure(Exception):
-    """The store answered something the worked example does not expect."""
-
-
-@dataclass(frozen=True)
-class _Glyphs:
-    dot: str = "·"
-    ellipsis: str = "…"
-    arrow: str = "→"
-    dash: str = "—"
-
-
-_ASCII = _Glyphs(dot="|", ellipsis="...", arrow="->", dash="-")
-
-
-def _glyphs_for(stream: TextIO) -> _Glyphs:
-    encoding = getattr(stream, "encoding", None) or "ascii"
-    try:
-        "·…→—".encode(encoding)
-    except (UnicodeEncodeError, LookupError):
-        return _ASCII
-    return _Glyphs()
 
 
 _USERINFO = re.compile(r"(://[^/@:\s]*:)[^@\s]*@")
@@ -117,452 +80,26 @@ def _error(message: str, mask: Callable[[str], str] = lambda s: s) -> None:
     print(f"pai-storage: error: {mask(message)}", file=sys.stderr)
 
 
+def _print_json(document: dict[str, Any]) -> None:
+    print(json.dumps(document, ensure_ascii=False, indent=2))
+
+
+def _json_error(exc: BaseException, mask: Callable[[str], str]) -> dict[str, Any]:
+    return {"ok": False, "error": {"type": type(exc).__name__, "message": mask(str(exc))}}
+
+
 # ---------------------------------------------------------------- demo
-
-
-_QUESTION_1 = "What is the capital of France?"
-_ANSWER_1 = "The capital of France is Paris."
-_QUESTION_2 = "And of Italy?"
-_ANSWER_2 = "Rome."
-
-
-class _Demo:
-    """Plays the worked example of one turn on a fresh thread in a fresh scope.
-
-    Each step prints what it commits and the state it leaves; the steps and
-    their JSON are those of ``docs/commits.md#worked-example-one-turn``.
-    """
-
-    def __init__(
-        self,
-        store: ThreadStore,
-        url: str,
-        out: TextIO,
-        *,
-        clock: ManualClock | None,
-        show_json: bool,
-    ) -> None:
-        self.store = store
-        self.url = url
-        self.out = out
-        self.clock = clock
-        self.show_json = show_json
-        self.g = _glyphs_for(out)
-        self.scope = f"demo-{uuid.uuid4().hex[:12]}"
-        self.thread = "support-chat"
-        self.title = "Capitals"
-        self.version: ThreadVersion | None = None
-        self.step = 0
-        # A short lease on a real provider clock, so the takeover needs only a
-        # short wait; the manual clock of memory:// just jumps past it.
-        self.short_lease_ms = 30_000 if clock is not None else 1_500
-
-    # ------------------------------------------------------------ printing
-
-    def say(self, text: str = "") -> None:
-        print(text, file=self.out)
-
-    def title_line(self, text: str) -> None:
-        self.step += 1
-        self.say()
-        self.say(f"{self.step:>2}. {text}")
-
-    def detail(self, label: str, text: str) -> None:
-        self.say(f"    {label:<12}{text}")
-
-    def short_version(self, version: ThreadVersion | None) -> str:
-        if version is None:
-            return "thread deleted"
-        return (
-            f"rev {version.revision} {self.g.dot} instance "
-            f"{version.thread_instance_id[:8]}{self.g.ellipsis}"
-        )
-
-    def show_commit(self, commit: dict[str, Any]) -> None:
-        if not self.show_json:
-            return
-        text = json.dumps(commit, indent=2, ensure_ascii=self.g is _ASCII)
-        for line in text.splitlines():
-            self.say(f"    {line}")
-
-    def lease_text(self, lease: ThreadLease | None) -> str:
-        if lease is None:
-            return "none"
-        return (
-            f"{lease.run_id} held by {lease.owner_id} ({lease.operation}), "
-            f"expires {format_timestamp(lease.expires_at)}"
-        )
-
-    def message_line(self, message: Message) -> str:
-        texts = [p.text for p in message.parts if isinstance(p, TextPart)]
-        text = " ".join(texts)
-        if len(text) > 40:
-            text = text[:39] + self.g.ellipsis
-        assoc = message.association
-        owner = f"[{assoc.run_id} {assoc.relation}]" if assoc.kind == "run" else "[standalone]"
-        quoted = json.dumps(text, ensure_ascii=self.g is _ASCII)
-        return f"{message.message_id:<4}{message.role:<10}{message.status:<10}{owner:<14}{quoted}"
-
-    def run_line(self, run: RunRecord) -> str:
-        admitted = "admitted" if run.admission.admitted else "not admitted"
-        parts = [f"{run.run_id:<4}{run.status:<10}{admitted:<13}"]
-        if run.input_message_ids:
-            parts.append(f"inputs {','.join(run.input_message_ids)}")
-        if run.operation:
-            parts.append(f"op {run.operation}")
-        if run.admission.queue_item_id:
-            parts.append(f"queue item {run.admission.queue_item_id}")
-        if run.finished_at:
-            parts.append(f"finished {format_timestamp(run.finished_at)}")
-        return "  ".join(parts)
-
-    def queue_line(self, item: QueuedItem) -> str:
-        return f"{item.queue_item_id:<4}for run {item.run_id}"
-
-    def show_family(self, label: str, lines: list[str]) -> None:
-        if not lines:
-            self.detail(label, "(empty)")
-            return
-        for index, line in enumerate(lines):
-            self.detail(label if index == 0 else "", line)
-
-    async def read(self) -> ThreadReadResult:
-        page = {"type": "page", "page": {"limit": 100}}
-        return await self.store.read_thread(
-            b.read(
-                self.scope,
-                self.thread,
-                messages={**page, "view": "raw"},
-                runs=page,
-                queuedItems=page,
-            )
-        )
-
-    async def show_state(self) -> None:
-        result = await self.read()
-        if result.thread is None:
-            self.detail("thread", "none (deleted)")
-            return
-        self.detail("lease", self.lease_text(result.thread.lease))
-        messages = result.messages.items if result.messages else []
-        runs = result.runs.items if result.runs else []
-        queued = result.queued_items.items if result.queued_items else []
-        self.show_family("messages", [self.message_line(m) for m in messages])
-        self.show_family("runs", [self.run_line(r) for r in runs])
-        self.show_family("queue", [self.queue_line(q) for q in queued])
-
-    # ------------------------------------------------------------ committing
-
-    def update(
-        self, changes: dict[str, Any], version: ThreadVersion | None = None
-    ) -> dict[str, Any]:
-        return b.update_at(
-            self.scope, self.thread, version or self.version, changes, root=b.root(title=self.title)
-        )
-
-    async def commit(self, commit: dict[str, Any]) -> CommittedResult:
-        self.show_commit(commit)
-        result = await self.store.commit_thread(commit)
-        if isinstance(result, ConflictResult):
-            raise _DemoFailure(
-                f"step {self.step} expected a commit but got a conflict "
-                f"(current version: {self.short_version(result.current_version)})"
-            )
-        self.version = result.thread.version if result.thread is not None else None
-        self.detail(
-            "committed",
-            f"{self.short_version(self.version)} {self.g.dot} committedAt "
-            f"{format_timestamp(result.committed_at)}",
-        )
-        return result
-
-    async def conflict(self, commit: dict[str, Any]) -> ConflictResult:
-        self.show_commit(commit)
-        result = await self.store.commit_thread(commit)
-        if isinstance(result, CommittedResult):
-            raise _DemoFailure(f"step {self.step} expected a conflict but the commit was applied")
-        self.detail(
-            "conflict",
-            f"nothing applied {self.g.dot} current version is "
-            f"{self.short_version(result.current_version)}",
-        )
-        return result
-
-    def tick(self, seconds: float = 1) -> None:
-        if self.clock is not None:
-            self.clock.advance(timedelta(seconds=seconds))
-
-    # ------------------------------------------------------------ the story
-
-    async def run(self) -> None:
-        g = self.g
-        self.say(
-            f"pai-storage demo {g.dot} {make_url(self.url)} {g.dot} scope {self.scope} "
-            f"{g.dot} thread {self.thread}"
-        )
-        try:
-            await self.story()
-        except BaseException:
-            await self.cleanup_quietly()
-            raise
-        await self.cleanup()
-
-    async def story(self) -> None:
-        g = self.g
-        self.title_line(
-            f"Create the thread: user message m1, run r1 (running), lease r1 {g.arrow} w1"
-        )
-        await self.commit(
-            b.create(
-                self.scope,
-                self.thread,
-                {
-                    "messages": [
-                        {"type": "insert", "record": b.message("m1", _QUESTION_1, run_id="r1")}
-                    ],
-                    "runs": [{"type": "insert", "record": b.run("r1", inputs=["m1"])}],
-                    "lease": b.acquire("r1", "w1", 30_000, "send"),
-                },
-                title=self.title,
-            )
-        )
-        await self.show_state()
-
-        self.tick()
-        self.title_line("A second user turn arrives while r1 runs: queue run r2 with item q1")
-        await self.commit(
-            self.update(
-                {
-                    "runs": [
-                        {
-                            "type": "insert",
-                            "record": b.run("r2", "queued", queue_item_id="q1"),
-                        }
-                    ],
-                    "queuedItems": [
-                        {"type": "insert", "record": b.queued_item("q1", "r2", _QUESTION_2)}
-                    ],
-                }
-            )
-        )
-        await self.show_state()
-
-        self.tick()
-        self.title_line("Stream r1's answer: insert assistant message m2 (streaming)")
-        streaming = b.message(
-            "m2", _ANSWER_1[:12], role="assistant", run_id="r1", relation="output"
-        )
-        streaming["status"] = "streaming"
-        await self.commit(self.update({"messages": [{"type": "insert", "record": streaming}]}))
-        await self.show_state()
-
-        self.tick()
-        self.title_line("Finish streaming: replace m2 (complete) and renew w1's lease")
-        done = b.message("m2", _ANSWER_1, role="assistant", run_id="r1", relation="output")
-        await self.commit(
-            self.update(
-                {
-                    "messages": [{"type": "replace", "record": done}],
-                    "lease": b.renew("r1", "w1", 30_000),
-                }
-            )
-        )
-        await self.show_state()
-
-        self.tick()
-        self.title_line("Finish r1 (completed) and release its lease")
-        await self.commit(
-            self.update(
-                {
-                    "runs": [
-                        {"type": "replace", "record": b.run("r1", "completed", inputs=["m1"])}
-                    ],
-                    "lease": b.release("r1", "w1"),
-                }
-            )
-        )
-        revision_5 = self.version
-        await self.show_state()
-
-        self.tick()
-        self.title_line(
-            f"Admit r2: delete q1, insert its input m3, r2 running, lease r2 {g.arrow} w2"
-        )
-        await self.commit(
-            self.update(
-                {
-                    "messages": [
-                        {"type": "insert", "record": b.message("m3", _QUESTION_2, run_id="r2")}
-                    ],
-                    "runs": [{"type": "replace", "record": b.run("r2", inputs=["m3"])}],
-                    "queuedItems": [{"type": "delete", "id": "q1"}],
-                    "lease": b.acquire("r2", "w2", self.short_lease_ms, "send"),
-                }
-            )
-        )
-        await self.show_state()
-
-        self.tick()
-        self.title_line("A stale writer still holding revision 5 tries to fail r1")
-        failed = b.run("r1", "failed", inputs=["m1"])
-        failed["error"] = {"code": "timeout", "message": "gave up waiting"}
-        await self.conflict(
-            self.update({"runs": [{"type": "replace", "record": failed}]}, revision_5)
-        )
-
-        self.title_line("w2 stops renewing; its lease expires and w3 takes over r2")
-        if self.clock is not None:
-            self.clock.advance(timedelta(milliseconds=self.short_lease_ms + 1_000))
-            self.detail("clock", "moved past the lease's expiry (manual clock)")
-        else:
-            wait = self.short_lease_ms / 1000 + 0.5
-            self.detail("waiting", f"{wait:.1f} s for the lease to expire on the server clock")
-            await asyncio.sleep(wait)
-        await self.commit(self.update({"lease": b.acquire("r2", "w3", 30_000, "resume")}))
-        await self.show_state()
-
-        self.tick()
-        self.title_line("r2 completes: insert its answer m4, r2 completed, release w3's lease")
-        await self.commit(
-            self.update(
-                {
-                    "messages": [
-                        {
-                            "type": "insert",
-                            "record": b.message(
-                                "m4", _ANSWER_2, role="assistant", run_id="r2", relation="output"
-                            ),
-                        }
-                    ],
-                    "runs": [
-                        {"type": "replace", "record": b.run("r2", "completed", inputs=["m3"])}
-                    ],
-                    "lease": b.release("r2", "w3"),
-                }
-            )
-        )
-        await self.show_state()
-
-        self.tick()
-        self.title_line(
-            f"Regenerate r1's answer: truncate after m1 and r1, r1 running again, "
-            f"lease r1 {g.arrow} w1"
-        )
-        await self.commit(
-            self.update(
-                {
-                    "messages": [{"type": "truncate", "afterId": "m1"}],
-                    "runs": [
-                        {"type": "truncate", "afterId": "r1"},
-                        {
-                            "type": "replace",
-                            "record": b.run("r1", inputs=["m1"], operation="regenerate"),
-                        },
-                    ],
-                    "lease": b.acquire("r1", "w1", 30_000, "regenerate"),
-                }
-            )
-        )
-        await self.show_state()
-
-        self.tick()
-        await self.final_read()
-
-    async def final_read(self) -> None:
-        g = self.g
-        self.title_line("Read the thread: the root and every page come from one version")
-        result = await self.read()
-        root = result.thread
-        if root is None:
-            raise _DemoFailure("the thread is missing")
-        pages = [p for p in (result.messages, result.runs, result.queued_items) if p is not None]
-        same = all(p.version == root.version for p in pages)
-        self.detail("observed", format_timestamp(result.observed_at))
-        self.detail(
-            "version",
-            f"{self.short_version(root.version)} "
-            f"({'root and all pages agree' if same else 'PAGES DISAGREE'})",
-        )
-        if not same:
-            raise _DemoFailure("a read returned pages from different versions")
-        transcript = await self.store.read_thread(
-            b.read(
-                self.scope,
-                self.thread,
-                messages={"type": "page", "view": "transcript", "page": {"limit": 100}},
-            )
-        )
-        lines = [
-            self.message_line(m) for m in (transcript.messages.items if transcript.messages else [])
-        ]
-        self.show_family("transcript", lines)
-
-        self.title_line("List the scope's threads (newest update first)")
-        listed = await self.store.list_threads({"scopeKey": self.scope, "limit": 10})
-        for thread in listed.items:
-            self.detail("thread", self.thread_line(thread))
-        if not listed.items:
-            raise _DemoFailure("the thread is missing from the list")
-        self.detail("more", "yes" if listed.next_page_token else f"no {g.dash} that is all")
-
-    def thread_line(self, thread: ThreadRecord) -> str:
-        return (
-            f"{thread.thread_id} {self.g.dot} {thread.title!r} {self.g.dot} agent {thread.agent} "
-            f"{self.g.dot} rev {thread.version.revision} {self.g.dot} updated "
-            f"{format_timestamp(thread.updated_at)}"
-        )
-
-    async def cleanup_quietly(self) -> None:
-        """After a failure: delete whatever version of the thread exists, ignoring errors."""
-        try:
-            current = await self.store.read_thread(b.read(self.scope, self.thread))
-            if current.thread is not None:
-                await self.store.commit_thread(
-                    b.delete(self.scope, self.thread, current.thread.version)
-                )
-        except ThreadStoreError:
-            pass
-
-    async def cleanup(self) -> None:
-        if self.version is None:
-            return
-        self.title_line("Clean up: delete the thread")
-        await self.commit(b.delete(self.scope, self.thread, self.version))
-        await self.show_state()
-
-
-_RUNTIME = frozenset({"kv", "state", "snapshots", "guard"})
-
-
-async def _run_demo(url: str, out: TextIO, show_json: bool, part: str = "all") -> None:
-    backend, parsed = backend_for_url(url)
-    clock = ManualClock(system_clock()) if backend.name == "memory" else None
-    options: dict[str, Any] = {"clock": clock} if clock is not None else {}
-    if part in ("all", "threads"):
-        async with backend.open(parsed, **options) as store:
-            await _Demo(store, url, out, clock=clock, show_json=show_json).run()
-    if part in ("all", "runtime"):
-        missing = sorted(_RUNTIME - backend.components)
-        if missing:
-            print(
-                f"\nPart 2 (the runtime stores) skipped: the {backend.name} backend does not "
-                f"provide {', '.join(missing)}",
-                file=out,
-            )
-            return
-        async with connect(parsed, **options) as stores:
-            await RuntimeDemo(stores, out, clock).run()
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     url: str = args.url
     mask = _password_masker(url)
     try:
-        asyncio.run(_run_demo(url, sys.stdout, args.json, args.part))
+        asyncio.run(run_demo(url, sys.stdout, args.json, args.part))
     except StorageError as exc:
         _error(f"{type(exc).__name__}: {exc}", mask)
         return EXIT_ERROR
-    except _DemoFailure as exc:
+    except DemoFailure as exc:
         _error(f"the demo did not go as specified: {exc}", mask)
         return EXIT_ERROR
     print(file=sys.stdout)
@@ -587,6 +124,31 @@ def _broken_backends() -> list[str]:
     return notes
 
 
+def _durability(backend: str, url: StoreURL) -> str:
+    """What a commit acknowledged by this URL's store survives, when the backend
+    does not report it itself."""
+    if backend == "sql" and url.scheme == "sqlite":
+        path = url.path[1:]  # after the slash that ends the (empty) host
+        if path in ("", ":memory:"):
+            return "none (an in-memory database: nothing is written to disk)"
+        return (
+            f"file {path} (SQLite, WAL journal: a commit is on disk when it returns; one machine)"
+        )
+    if backend == "sql":
+        return (
+            "server (InnoDB: a commit is durable as innodb_flush_log_at_trx_commit "
+            "is set on the server; 1, the default, flushes every commit)"
+        )
+    if backend == "postgres":
+        return (
+            "server (a commit is durable as synchronous_commit is set on the server; "
+            "docs/postgres.md shows a synchronous standby)"
+        )
+    if backend == "mongo":
+        return "replica set (writes acknowledged by a majority of members, w: majority)"
+    return f"not reported by the {backend} backend"
+
+
 async def _run_check(url: str) -> list[tuple[str, str]]:
     backend, parsed = backend_for_url(url)
     backend.check_driver()
@@ -602,6 +164,8 @@ async def _run_check(url: str) -> list[tuple[str, str]]:
     ]
     shown = {key for key, _ in rows}
     rows.extend((key, value) for key, value in info.details.items() if key not in shown)
+    if "durability" not in info.details:
+        rows.append(("durability", _durability(backend.name, parsed)))
     return rows
 
 
@@ -610,15 +174,17 @@ def _cmd_check(args: argparse.Namespace) -> int:
     mask = _password_masker(url)
     try:
         rows = asyncio.run(_run_check(url))
-    except ThreadStoreConfigurationError as exc:
-        _error(f"{type(exc).__name__}: {exc}", mask)
-        if "installed schemes" in str(exc):
-            for note in _broken_backends():
-                print(f"pai-storage: note: {mask(note)}", file=sys.stderr)
-        return EXIT_ERROR
     except StorageError as exc:  # a runtime-only backend raises the general classes
         _error(f"{type(exc).__name__}: {exc}", mask)
+        if isinstance(exc, ConfigurationError) and "installed schemes" in str(exc):
+            for note in _broken_backends():
+                print(f"pai-storage: note: {mask(note)}", file=sys.stderr)
+        if args.json:
+            _print_json(_json_error(exc, mask))
         return EXIT_ERROR
+    if args.json:
+        _print_json({"ok": True, **{key: mask(value) for key, value in rows}})
+        return EXIT_OK
     width = max(len(key) for key, _ in rows) + 2
     for key, value in rows:
         print(f"{key:<{width}}{mask(value)}")
@@ -637,6 +203,9 @@ def _cmd_bench(extra: Sequence[str]) -> int:
     )
     benchmark.add_arguments(parser)
     # benchmark.main reports its own errors (passwords masked) and returns the status.
+    parser.add_argument(
+        "--json", action="store_true", help="print the results as one JSON object on stdout"
+    )
     status: int = asyncio.run(benchmark.main(parser.parse_args(list(extra))))
     return status
 
@@ -690,11 +259,36 @@ def _open_threads(url: str) -> ThreadStore:
     return backend.open(parsed)
 
 
+def _same_store(source: str, target: str) -> bool:
+    """Whether two URLs name one store (one backend, server, database and path)."""
+    backend, a = backend_for_url(source)
+    other, b = backend_for_url(target)
+    if backend.name != other.name:
+        return False
+
+    def where(url: StoreURL) -> tuple[object, ...]:
+        path = url.path
+        if url.scheme == "sqlite" and path not in ("", "/", "/:memory:"):
+            path = os.path.realpath(path[1:])
+        return (url.host or "", url.port, url.username, path, url.query)
+
+    return where(a) == where(b)
+
+
+def _refuse_same(args: argparse.Namespace) -> None:
+    if _same_store(args.source, args.target):
+        raise ConfigurationError(
+            "the source and the target are the same store; copy to another URL "
+            "(a copy onto itself would only compare every thread with itself)"
+        )
+
+
 async def _run_copy(args: argparse.Namespace) -> int:
     from .transfer import copy_threads
 
     if args.all:
         return await _run_copy_all(args)
+    _refuse_same(args)
     progress = _Progress("copy", sys.stderr)
     async with _open_threads(args.source) as source, _open_threads(args.target) as target:
         try:
@@ -708,8 +302,20 @@ async def _run_copy(args: argparse.Namespace) -> int:
             )
         finally:
             progress.close()
-    _print_thread_report(report)
+    if args.json:
+        _print_json({"ok": report.ok, "threads": _thread_report(report)})
+    else:
+        _print_thread_report(report)
     return EXIT_OK if report.ok else EXIT_ERROR
+
+
+def _thread_report(report: CopyReport) -> dict[str, Any]:
+    return {
+        "copied": len(report.copied),
+        "present": len(report.present),
+        "verified": report.verified,
+        "mismatched": [{"scopeKey": s, "threadId": t} for s, t in report.mismatched],
+    }
 
 
 def _print_thread_report(report: CopyReport) -> None:
@@ -728,6 +334,7 @@ async def _run_copy_all(args: argparse.Namespace) -> int:
         raise ConfigurationError(
             "--all copies every scope of every store; it cannot be combined with --scope"
         )
+    _refuse_same(args)
     async with connect(args.source) as source, connect(args.target) as target:
         require_enumeration(source, target)  # refuse before anything is written
         progress = _Progress("copy threads", sys.stderr)
@@ -741,7 +348,8 @@ async def _run_copy_all(args: argparse.Namespace) -> int:
             )
         finally:
             progress.close()
-        _print_thread_report(threads)
+        if not args.json:
+            _print_thread_report(threads)
         progress = _Progress("copy runtime data", sys.stderr, unit="item")
         try:
             runtime = await copy_runtime(
@@ -753,6 +361,25 @@ async def _run_copy_all(args: argparse.Namespace) -> int:
             )
         finally:
             progress.close()
+    ok = threads.ok and runtime.ok
+    if args.json:
+        _print_json(
+            {
+                "ok": ok,
+                "threads": _thread_report(threads),
+                "runtime": {
+                    "copied": len(runtime.copied),
+                    "present": len(runtime.present),
+                    "verified": runtime.verified,
+                    "mismatched": [
+                        {"component": item.component, "where": list(item.where)}
+                        for item in runtime.mismatched
+                    ],
+                    **{c: runtime.count(c) for c in ("kv", "state", "snapshots")},
+                },
+            }
+        )
+        return EXIT_OK if ok else EXIT_ERROR
     counts = ", ".join(
         f"{runtime.count(component)} {noun}"
         for component, noun in (
@@ -767,7 +394,7 @@ async def _run_copy_all(args: argparse.Namespace) -> int:
     )
     for item in runtime.mismatched:
         print(f"mismatch: {item}", file=sys.stderr)
-    return EXIT_OK if threads.ok and runtime.ok else EXIT_ERROR
+    return EXIT_OK if ok else EXIT_ERROR
 
 
 async def _run_export(args: argparse.Namespace, stream: TextIO) -> int:
@@ -786,6 +413,15 @@ async def _run_import(args: argparse.Namespace, stream: TextIO) -> int:
             report = await store.import_threads(stream, on_conflict="fail")
         else:
             report = await store.import_threads(stream, on_conflict="skip")
+    if getattr(args, "json", False):
+        _print_json(
+            {
+                "ok": True,
+                "imported": [{"scopeKey": s, "threadId": t} for s, t in report.imported],
+                "skipped": [{"scopeKey": s, "threadId": t} for s, t in report.skipped],
+            }
+        )
+        return EXIT_OK
     print(f"imported {len(report.imported)} thread(s), skipped {len(report.skipped)} existing")
     return EXIT_OK
 
@@ -813,13 +449,16 @@ def _cmd_transfer(args: argparse.Namespace) -> int:
             return asyncio.run(_run_import(args, source))
     except StorageError as exc:
         _error(f"{type(exc).__name__}: {exc}", mask)
-        return EXIT_ERROR
+        failure: BaseException = exc
     except OSError as exc:
         _error(f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc), mask)
-        return EXIT_ERROR
+        failure = exc
     except UnicodeDecodeError as exc:
         _error(f"{args.file}: not UTF-8 text ({exc.reason})", mask)
-        return EXIT_ERROR
+        failure = exc
+    if getattr(args, "json", False):
+        _print_json(_json_error(failure, mask))
+    return EXIT_ERROR
 
 
 # ---------------------------------------------------------------- entry point
@@ -868,6 +507,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Initialize a store and report its backend, server version and transactions.",
     )
     check.add_argument("url", metavar="URL", help="store URL, e.g. postgresql://user@host/db")
+    check.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 
     copy = sub.add_parser(
         "copy",
@@ -894,6 +534,7 @@ def _parser() -> argparse.ArgumentParser:
         ),
     )
     copy.add_argument("--no-verify", action="store_true", help="skip the digest comparison")
+    copy.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 
     export = sub.add_parser(
         "export",
@@ -920,6 +561,7 @@ def _parser() -> argparse.ArgumentParser:
     imp.add_argument(
         "--fail-on-existing", action="store_true", help="stop at a thread that exists already"
     )
+    imp.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 
     # The benchmark's options belong to pai_storage.benchmark, imported only when used.
     sub.add_parser(
