@@ -50,12 +50,12 @@ from .conversation import Conversation, Reply
 from .errors import *  # noqa: F403 - every error class is public
 from .errors import __all__ as _error_names
 from .events import StoreWarning, WarningCallback
+from .fields import format_timestamp, truncate_ms
 from .guard import ExecutionGuard, Lock, LockInfo, LostCallback
 from .kv import Item, KeyValueStore, KVConflict
 from .maintenance import PrunedThread
 from .models import *  # noqa: F403 - the record and input types are the public API
 from .models import __all__ as _model_names
-from .models import format_timestamp, truncate_ms
 from .parsing import (
     parse,
     parse_aggregate,

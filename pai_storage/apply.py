@@ -34,6 +34,7 @@ from .aggregate import (
 )
 from .changes import FamilyWrite, record_id
 from .families import FamilySpec
+from .fields import truncate_ms
 from .models import (
     CommittedResult,
     CommitThreadInput,
@@ -43,14 +44,13 @@ from .models import (
     RunRecord,
     ThreadReadResult,
     ThreadRecord,
-    truncate_ms,
 )
 from .pipeline import (
     CommitTransaction,
     HeldThread,
-    ReadHead,
     ReadSnapshot,
     RelationshipContext,
+    SnapshotRoot,
     run_commit,
     run_read,
     run_sync,
@@ -60,10 +60,10 @@ from .relationships import (
     MessageRef,
     QueueRef,
     RelationshipReader,
-    RunFacts,
     RunRef,
+    RunRelations,
     assert_relationships,
-    facts_from_aggregate,
+    relations_from_aggregate,
 )
 from .roots import (
     apply_thread_root_update,
@@ -188,9 +188,9 @@ class _AggregateTransaction(CommitTransaction):
         after = self.result()
         assert after is not None
         if self._bounded:
-            context.plan.check_aggregate(after)
+            context.check.check_aggregate(after)
         else:
-            assert_relationships(facts_from_aggregate(after))
+            assert_relationships(relations_from_aggregate(after))
 
 
 def apply_thread_changes(
@@ -343,15 +343,15 @@ class _StagedReader:
         self._runs = _StagedFamily[RunRecord](stored["runs"], writes.get("runs"))
         self._items = _StagedFamily[QueuedItem](stored["queuedItems"], writes.get("queuedItems"))
 
-    async def run_facts(self, run_ids: Iterable[str]) -> Mapping[str, RunFacts]:
-        facts: dict[str, RunFacts] = {}
+    async def run_facts(self, run_ids: Iterable[str]) -> Mapping[str, RunRelations]:
+        facts: dict[str, RunRelations] = {}
         for run_id in run_ids:
             run = self._runs.get(run_id)
             messages = self._messages.run_rows(run_id)
             foreign = bool(messages) and self._messages.count_between(
                 messages[0].position, messages[-1].position
             ) != len(messages)
-            facts[run_id] = RunFacts(
+            facts[run_id] = RunRelations(
                 RunRef.of(run.record) if run is not None else None,
                 [MessageRef.of(e.position, e.record) for e in messages],
                 foreign,
@@ -490,11 +490,11 @@ class AggregateSnapshot(ReadSnapshot):
             }
         )
 
-    async def head(self) -> ReadHead:
+    async def head(self) -> SnapshotRoot:
         if self._aggregate is None:
-            return ReadHead(self._observed_at, None)
+            return SnapshotRoot(self._observed_at, None)
         positions = {name: fam.next_position for name, fam in self._families.items()}
-        return ReadHead(self._observed_at, self._aggregate.root, positions)
+        return SnapshotRoot(self._observed_at, self._aggregate.root, positions)
 
     async def load_rows(self, spec: FamilySpec, ids: Sequence[str]) -> Mapping[str, Entry[Any]]:
         return _rows(self._families[spec.name], ids)
@@ -509,7 +509,7 @@ class AggregateSnapshot(ReadSnapshot):
 
     async def head_and_page(
         self, spec: FamilySpec, plan: ChildPagePlan, window: Window
-    ) -> tuple[ReadHead, Sequence[tuple[int, Any]]] | None:
+    ) -> tuple[SnapshotRoot, Sequence[tuple[int, Any]]] | None:
         # The reference answer of the one-request primitive: the window capped
         # by the family's counter in the same state as the head.
         head = await self.head()

@@ -6,7 +6,7 @@ import threading
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
-from .models import truncate_ms
+from .fields import truncate_ms
 
 __all__ = ["Clock", "ManualClock", "system_clock"]
 

@@ -42,7 +42,9 @@ from .clock import Clock
 from .conflicts import Conflict
 from .errors import InvalidInputError, PageTokenError
 from .events import StoreWarning, WarningCallback
-from .models import Id, Json, Page, StoreModel, Timestamp
+from .fields import Id
+from .frozen import FrozenList
+from .models import Json, Page, StoreModel, Timestamp
 from .runtime import (
     DEFAULT_MAX_VALUE_BYTES,
     DEFAULT_PAGE_LIMIT,
@@ -468,7 +470,7 @@ class KeyValueStore(RuntimeStore):
             position = {"ns": last.namespace, "key": last.key}
             token = self.encode_token(_SEARCH, _TOKEN_SCOPE, query, position)
         # Every item was built by this store: the page needs no validation either.
-        return _ItemPage.trusted({"items": items, "next_page_token": token})
+        return _ItemPage.trusted({"items": FrozenList(items), "next_page_token": token})
 
     async def list_keys(
         self,

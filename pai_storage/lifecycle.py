@@ -25,7 +25,7 @@ from typing import Self
 from .clock import Clock
 from .errors import ConfigurationError
 from .events import StoreWarning, WarningCallback, emit_warning
-from .models import truncate_ms
+from .fields import truncate_ms
 
 __all__ = ["ManagedStore"]
 

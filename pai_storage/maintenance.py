@@ -28,18 +28,17 @@ from typing import TYPE_CHECKING, Any
 
 from .aggregate import Entry, Family, ThreadAggregate
 from .errors import ThreadStoreInvariantError, ThreadStoreUnavailableError
+from .fields import Id, truncate_ms
 from .leases import is_expired
 from .models import (
     CommittedResult,
     ConflictResult,
-    Id,
     Message,
     ReadThreadInput,
     RunRecord,
     ThreadReadResult,
     ThreadRecord,
     ThreadVersion,
-    truncate_ms,
 )
 from .parsing import parse
 from .pipeline import ReadSnapshot, run_read

@@ -16,13 +16,13 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from .aggregate import ThreadAggregate
+from .fields import convert_validation_error
 from .models import (
     CommitThreadResult,
     Message,
     QueuedItem,
     RunRecord,
     ThreadRecord,
-    convert_validation_error,
 )
 
 __all__ = [

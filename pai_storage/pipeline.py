@@ -39,6 +39,7 @@ from typing import Any, TypeVar
 from .aggregate import Entry, FamilyName
 from .changes import FamilyWrite, apply_family_changes, change_ids
 from .families import FAMILIES, FamilySpec, family
+from .fields import truncate_ms
 from .leases import LeaseConflict, apply_lease_change
 from .models import (
     CommittedResult,
@@ -51,18 +52,17 @@ from .models import (
     ThreadReadResult,
     ThreadRecord,
     ThreadVersion,
-    truncate_ms,
 )
-from .relationships import RelationshipPlan, RelationshipReader, plan_relationship_validation
+from .relationships import RelationshipCheck, RelationshipReader, relationship_check
 from .roots import apply_thread_root_update, check_condition, new_instance_id
 from .selection import ChildPagePlan, IdsPlan, ReadPlan, Window
 
 __all__ = [
     "CommitTransaction",
     "HeldThread",
-    "ReadHead",
     "ReadSnapshot",
     "RelationshipContext",
+    "SnapshotRoot",
     "ThreadConflict",
     "commit_time",
     "run_commit",
@@ -124,7 +124,7 @@ class RelationshipContext:
         The lease after the commit.
     """
 
-    plan: RelationshipPlan
+    check: RelationshipCheck
     changes: ThreadChanges
     writes: Mapping[FamilyName, FamilyWrite[Any]]
     lease: ThreadLease | None
@@ -194,10 +194,10 @@ class CommitTransaction(ABC):
     async def check_relationships(self, context: RelationshipContext) -> None:
         """Assert the relationship rules on the post-commit state.
 
-        The default loads only the facts the plan names through
+        The default loads only the facts the check names through
         :meth:`relationship_reader`; the in-memory reference overrides it.
         """
-        await context.plan.check(self.relationship_reader(context))
+        await context.check.check(self.relationship_reader(context))
 
 
 def commit_time(server_time: datetime, previous: ThreadRecord | None) -> datetime:
@@ -290,7 +290,7 @@ async def _judge(
         write = writes[spec.name]
         if write.changed:
             truncated[spec.name] = list(await tx.write_family(spec, write))
-    plan = plan_relationship_validation(
+    check = relationship_check(
         changes,
         previous_message_runs={k: e.record.run_id for k, e in loaded["messages"].items()},
         previous_item_runs={k: e.record.run_id for k, e in loaded["queuedItems"].items()},
@@ -307,7 +307,7 @@ async def _judge(
 
 
 @dataclass(frozen=True, slots=True)
-class ReadHead:
+class SnapshotRoot:
     """The root of a read snapshot and the time it was observed.
 
     Attributes
@@ -330,7 +330,7 @@ class ReadSnapshot(ABC):
     """One read's primitives over one thread, all in one consistent snapshot."""
 
     @abstractmethod
-    async def head(self) -> ReadHead:
+    async def head(self) -> SnapshotRoot:
         """The root, its counters and the observation time."""
 
     @abstractmethod
@@ -354,7 +354,7 @@ class ReadSnapshot(ABC):
 
     async def head_and_page(
         self, spec: FamilySpec, plan: ChildPagePlan, window: Window
-    ) -> tuple[ReadHead, Sequence[tuple[int, Any]]] | None:
+    ) -> tuple[SnapshotRoot, Sequence[tuple[int, Any]]] | None:
         """The head and one page in one request, or ``None`` when not supported.
 
         Optional (the default answers ``None``, and :func:`run_read` calls
@@ -413,7 +413,7 @@ async def run_read(
 def _single_page_result(
     spec: FamilySpec,
     plan: ChildPagePlan,
-    head: ReadHead,
+    head: SnapshotRoot,
     rows: Sequence[tuple[int, Any]],
     clock_now: datetime | None,
 ) -> ThreadReadResult:

@@ -14,10 +14,10 @@ The rules are per run, so one checker serves every backend:
    ``running``/``waiting``/``completed``/``failed`` imply admitted;
 7. a lease names an existing ``running`` or ``waiting`` run.
 
-An aggregate backend checks every run (:func:`facts_from_aggregate`). A
-normalized backend calls :func:`plan_relationship_validation` with the previous
-rows its write touches and the truncation impact; the plan names the few runs
-whose rules the commit can affect, and :meth:`RelationshipPlan.check` loads
+An aggregate backend checks every run (:func:`relations_from_aggregate`). A
+normalized backend calls :func:`relationship_check` with the previous
+rows its write touches and the truncation impact; the check names the few runs
+whose rules the commit can affect, and :meth:`RelationshipCheck.check` loads
 their post-commit facts through a :class:`RelationshipReader` (queries inside
 the commit's transaction, which see its own writes) and asserts the rules.
 Nothing loads the whole transcript: a run's facts are its own messages.
@@ -46,14 +46,14 @@ __all__ = [
     "OPEN_STATUSES",
     "MessageRef",
     "QueueRef",
-    "RelationshipFacts",
-    "RelationshipPlan",
+    "RelationshipCheck",
     "RelationshipReader",
-    "RunFacts",
     "RunRef",
+    "RunRelations",
+    "ThreadRelations",
     "assert_relationships",
-    "facts_from_aggregate",
-    "plan_relationship_validation",
+    "relations_from_aggregate",
+    "relationship_check",
 ]
 
 OPEN_STATUSES = frozenset({"running", "waiting"})
@@ -110,7 +110,7 @@ class QueueRef:
 
 
 @dataclass(slots=True)
-class RunFacts:
+class RunRelations:
     """Everything the rules need about one run id, post-commit.
 
     Attributes
@@ -132,10 +132,10 @@ class RunFacts:
 
 
 @dataclass(slots=True)
-class RelationshipFacts:
+class ThreadRelations:
     """Post-commit facts for a set of runs plus the thread-wide ones."""
 
-    runs: Mapping[str, RunFacts]
+    runs: Mapping[str, RunRelations]
     open_runs: Sequence[RunRef] = ()
     tail: MessageRef | None = None
     lease: ThreadLease | None = None
@@ -146,7 +146,7 @@ def _broken(rule: int, detail: str) -> ThreadStoreInvariantError:
     return ThreadStoreInvariantError(f"relationship rule {rule} broken: {detail}")
 
 
-def _assert_run(run_id: str, facts: RunFacts) -> None:
+def _assert_run(run_id: str, facts: RunRelations) -> None:
     run, messages, items = facts.run, facts.messages, facts.queued_items
     if run is None:
         if messages:
@@ -192,7 +192,7 @@ def _assert_run(run_id: str, facts: RunFacts) -> None:
             )
 
 
-def assert_relationships(facts: RelationshipFacts) -> None:
+def assert_relationships(facts: ThreadRelations) -> None:
     """Raise :class:`ThreadStoreInvariantError` if the facts break a relationship rule."""
     for run_id, run_facts in facts.runs.items():
         _assert_run(run_id, run_facts)
@@ -217,7 +217,7 @@ def assert_relationships(facts: RelationshipFacts) -> None:
             )
 
 
-def facts_from_aggregate(aggregate: ThreadAggregate) -> RelationshipFacts:
+def relations_from_aggregate(aggregate: ThreadAggregate) -> ThreadRelations:
     """Facts for every run id the aggregate mentions (the full check)."""
     lease = aggregate.root.lease
     run_ids = dict.fromkeys(e.record.run_id for e in aggregate.runs)
@@ -227,7 +227,7 @@ def facts_from_aggregate(aggregate: ThreadAggregate) -> RelationshipFacts:
     )
     if lease is not None:
         run_ids[lease.run_id] = None
-    return RelationshipFacts(
+    return ThreadRelations(
         runs=_run_facts(aggregate, run_ids),
         open_runs=_open_runs(aggregate),
         tail=_tail(aggregate),
@@ -238,8 +238,8 @@ def facts_from_aggregate(aggregate: ThreadAggregate) -> RelationshipFacts:
 class RelationshipReader(Protocol):
     """Post-commit queries a normalized backend answers inside its transaction."""
 
-    async def run_facts(self, run_ids: Iterable[str]) -> Mapping[str, RunFacts]:
-        """Facts for each id (a missing run gives ``RunFacts(run=None, ...)``)."""
+    async def run_facts(self, run_ids: Iterable[str]) -> Mapping[str, RunRelations]:
+        """Facts for each id (a missing run gives ``RunRelations(run=None, ...)``)."""
         ...
 
     async def open_runs(self) -> Sequence[RunRef]:
@@ -252,7 +252,7 @@ class RelationshipReader(Protocol):
 
 
 @dataclass(slots=True)
-class RelationshipPlan:
+class RelationshipCheck:
     """Which runs a commit can affect, and whether the thread-wide rules need a look."""
 
     run_ids: set[str] = field(default_factory=set)
@@ -271,10 +271,10 @@ class RelationshipPlan:
         return sorted(run_ids)
 
     def _assert(
-        self, runs: Mapping[str, RunFacts], open_runs: Sequence[RunRef], tail: MessageRef | None
+        self, runs: Mapping[str, RunRelations], open_runs: Sequence[RunRef], tail: MessageRef | None
     ) -> None:
         assert_relationships(
-            RelationshipFacts(
+            ThreadRelations(
                 runs=runs,
                 open_runs=open_runs,
                 tail=tail,
@@ -314,12 +314,12 @@ def _tail(aggregate: ThreadAggregate) -> MessageRef | None:
     return MessageRef.of(last.position, last.record)
 
 
-def _run_facts(aggregate: ThreadAggregate, run_ids: Iterable[str]) -> dict[str, RunFacts]:
+def _run_facts(aggregate: ThreadAggregate, run_ids: Iterable[str]) -> dict[str, RunRelations]:
     """Facts for ``run_ids`` from one cheap pass over the messages and queued items."""
-    facts: dict[str, RunFacts] = {}
+    facts: dict[str, RunRelations] = {}
     for run_id in run_ids:
         run = aggregate.runs.get(run_id)
-        facts[run_id] = RunFacts(RunRef.of(run.record) if run else None, [], False, [])
+        facts[run_id] = RunRelations(RunRef.of(run.record) if run else None, [], False, [])
     spans: dict[str, tuple[int, int]] = {}
     for index, entry in enumerate(aggregate.messages):
         owner = entry.record.run_id
@@ -338,7 +338,7 @@ def _run_facts(aggregate: ThreadAggregate, run_ids: Iterable[str]) -> dict[str, 
     return facts
 
 
-def plan_relationship_validation(
+def relationship_check(
     changes: ThreadChanges | None,
     *,
     previous_message_runs: Mapping[str, str | None],
@@ -346,7 +346,7 @@ def plan_relationship_validation(
     truncated_message_runs: Iterable[str] = (),
     truncated_run_ids: Iterable[str] = (),
     lease: ThreadLease | None,
-) -> RelationshipPlan:
+) -> RelationshipCheck:
     """Plan the bounded relationship check of a normalized commit.
 
     Parameters
@@ -371,10 +371,10 @@ def plan_relationship_validation(
     tail rule only if messages or runs change. Given a valid previous state,
     checking those runs is equivalent to checking them all.
     """
-    plan = RelationshipPlan(lease=lease)
-    affected = plan.run_ids
+    check = RelationshipCheck(lease=lease)
+    affected = check.run_ids
     if changes is None:
-        return plan
+        return check
     for change in changes.messages or ():
         if isinstance(change, InsertChange | ReplaceChange):
             if change.record.run_id is not None:

@@ -14,9 +14,10 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from . import codec
 from .errors import ThreadStoreInvariantError
 from .events import StoreWarning
-from .models import Page, StoreModel, ThreadRecord, stored_records
+from .models import Page, StoreModel, ThreadRecord
 from .selection import timestamp_ms
 
 if TYPE_CHECKING:
@@ -28,7 +29,6 @@ __all__ = [
     "ListRow",
     "dec",
     "dump",
-    "dump_written",
     "enc",
     "enc_opt",
     "list_page",
@@ -55,27 +55,14 @@ def dec(data: bytes) -> str:
 
 
 def dump(record: StoreModel) -> str:
-    """The record's JSON form as compact text, stored verbatim."""
-    return record.to_json_text()
-
-
-def dump_written(record: StoreModel) -> str:
-    """:func:`dump` of a record a commit writes, which is kept by that text
-    (:meth:`~pai_storage.backend.StoreModel.keep_written`): the read that
-    follows the commit gets a copy of it instead of validating the text."""
-    text = record.to_json_text()
-    record.keep_written(text)
-    return text
+    """The record's JSON form as compact text, stored verbatim (:func:`codec.encode`)."""
+    return codec.encode(record)
 
 
 def parse(model: type[M], doc: str) -> M:
-    """Strictly parse stored JSON text (invalid data raises ``ThreadStoreInvariantError``).
-
-    pydantic parses the text itself (ints stay ints, floats floats, key order
-    kept); see :meth:`~pai_storage.backend.StoreModel.model_validate_stored`.
-    """
-    record: M = model.model_validate_stored(doc)
-    return record
+    """Strictly parse stored JSON text (invalid data raises ``ThreadStoreInvariantError``):
+    :func:`~pai_storage.codec.decode`."""
+    return codec.decode(model, doc)
 
 
 def page_records(spec: FamilySpec, rows: Sequence[Any]) -> list[tuple[int, Any]]:
@@ -89,7 +76,7 @@ def page_records(spec: FamilySpec, rows: Sequence[Any]) -> list[tuple[int, Any]]
     if not rows:
         return []
     positions, docs, stored_ids = zip(*rows, strict=True)
-    records = spec.model.model_validate_stored_many(docs)
+    records = codec.decode_many(spec.model, docs)
     # Compared in C, a page at a time: the records' ids as stored, and the rows'.
     if list(map(str.encode, map(attrgetter(spec.id_attr), records))) != list(
         map(bytes, stored_ids)
@@ -112,15 +99,11 @@ def listed_roots(scope_key: str, rows: Sequence[ListRow]) -> Iterator[ThreadReco
     skips it (its text is not a valid root, or the root is not its row's:
     another scope, thread id or order key).
 
-    The page's remembered roots (:data:`~pai_storage.models.stored_records`)
-    are looked up in one call; the others are validated one at a time, as the
-    caller takes them.
+    Each root is decoded as the caller takes it.
     """
-    kept = stored_records.get_many(ThreadRecord, [doc for _, _, doc in rows])
-    for (sort_key, thread_id, doc), root in zip(rows, kept, strict=True):
+    for sort_key, thread_id, doc in rows:
         try:
-            if root is None:
-                root = ThreadRecord.model_validate_stored(doc)
+            root = codec.decode(ThreadRecord, doc)
             if (
                 root.scope_key != scope_key
                 or root.thread_id.encode() != thread_id

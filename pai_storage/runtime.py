@@ -36,7 +36,6 @@ from .clock import Clock
 from .errors import ConfigurationError, InvalidInputError, PageTokenError, general_errors
 from .events import WarningCallback
 from .lifecycle import ManagedStore
-from .models import STRICT_JSON_TEXT
 from .strict_json import (
     MAX_JSON_NODES,
     check_json,

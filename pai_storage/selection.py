@@ -29,7 +29,8 @@ from typing import Any, TypeVar
 from .aggregate import FamilyName, FamilyView, ThreadAggregate
 from .errors import ThreadStoreInvariantError, ThreadStorePageTokenError
 from .families import family as family_spec
-from .memo import remember
+from .fields import Order
+from .frozen import FrozenList
 from .models import (
     MAX_ID_LENGTH,
     Message,
@@ -69,21 +70,8 @@ R = TypeVar("R", Message, RunRecord, QueuedItem)
 
 
 def timestamp_ms(moment: datetime) -> int:
-    """Milliseconds since the Unix epoch (the list cursor's time key).
-
-    Remembered for the most recent datetimes in UTC: a list page checks the
-    key of each root it lists (most of them kept records, whose timestamps
-    are the same objects read after read).
-    """
-    if type(moment) is not datetime or moment.tzinfo is not UTC:
-        return round(moment.timestamp() * 1000)
-    found = _MILLISECONDS.get(moment)
-    if found is None:
-        found = remember(_MILLISECONDS, moment, round(moment.timestamp() * 1000))
-    return found
-
-
-_MILLISECONDS: dict[datetime, int] = {}
+    """Milliseconds since the Unix epoch (the list cursor's time key)."""
+    return round(moment.timestamp() * 1000)
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +110,7 @@ _ROOT_PAGE = Page[ThreadRecord]
 
 def _child_page(items: list[T], token: str | None, version: ThreadVersion) -> ThreadPage[T]:
     page: ThreadPage[T] = _CHILD_PAGE.trusted(
-        {"items": items, "next_page_token": token, "version": version}
+        {"items": FrozenList(items), "next_page_token": token, "version": version}
     )
     return page
 
@@ -558,7 +546,7 @@ class ListPlan:
                 self._query,
                 {"u": timestamp_ms(last.updated_at), "t": last.thread_id},
             )
-        return _ROOT_PAGE.trusted({"items": items, "next_page_token": token})
+        return _ROOT_PAGE.trusted({"items": FrozenList(items), "next_page_token": token})
 
     def select(self, roots: Iterable[ThreadRecord]) -> Page[ThreadRecord]:
         """Run the plan over roots held in memory (already limited to this scope).
@@ -589,43 +577,6 @@ class ListPlan:
                 if len(rows) == self.fetch:
                     break
         return self.finish(rows)
-
-
-_PLANS_KEPT = 1024
-"""How many read plans a :class:`SelectionHelpers` remembers (the latest)."""
-
-
-def _plan_key(request: ReadThreadInput) -> tuple[Any, ...] | None:
-    """Everything the plan of ``request`` depends on, as a key, or ``None``
-    when it is not worth remembering: a continuation (its token is decoded
-    for each read) or an ``ids`` selection (as long as its list of ids).
-
-    Values are as validation made them (strict: a literal is a ``str``, a
-    limit an ``int``, never a ``bool``), so equal keys plan alike.
-    """
-    include = request.include
-    if include is None:
-        return (request.scope_key, request.thread_id)
-    key: list[Any] = [request.scope_key, request.thread_id]
-    for selection in (include.messages, include.runs, include.queued_items):
-        if selection is None:
-            key.append(None)
-            continue
-        page = getattr(selection, "page", None)
-        if page is None or page.page_token is not None:
-            return None
-        key.append(
-            (
-                type(selection),
-                page.limit,
-                *(
-                    tuple(value) if type(value) is list else value  # a run page's statuses
-                    for name, value in selection.__dict__.items()
-                    if name != "page"
-                ),
-            )
-        )
-    return tuple(key)
 
 
 class SelectionHelpers:
@@ -659,34 +610,9 @@ class SelectionHelpers:
         scope_digest: ScopeDigest = default_scope_digest,
     ) -> None:
         self.codec = PageTokenCodec(token_prefix, secret=secret, scope_digest=scope_digest)
-        self._plans: OrderedDict[tuple[Any, ...], ReadPlan] = OrderedDict()
 
     def plan_read(self, request: ReadThreadInput) -> ReadPlan:
-        """Validate a read's selections and decode their tokens.
-
-        Plans are values, never changed once made: the plan of a read that
-        decodes no token and names no ids is remembered by what it depends
-        on (:func:`_plan_key`), that of the 1,024 such reads planned last
-        (the oldest goes first), and the same read made again (an agent
-        reads its thread's newest messages every turn) gets the same plan
-        object.
-        """
-        key = _plan_key(request)
-        if key is None:
-            return self._plan_read(request)
-        plans = self._plans
-        plan = plans.get(key)
-        if plan is None:
-            plan = self._plan_read(request)
-            plans[key] = plan
-            while len(plans) > _PLANS_KEPT:
-                try:
-                    plans.popitem(last=False)
-                except KeyError:  # another thread emptied it meanwhile
-                    break
-        return plan
-
-    def _plan_read(self, request: ReadThreadInput) -> ReadPlan:
+        """Validate a read's selections and decode their tokens."""
         include = request.include
         scope, thread = request.scope_key, request.thread_id
         return ReadPlan(

@@ -28,9 +28,10 @@ from __future__ import annotations
 import math
 import re
 from math import copysign, isfinite
-from typing import Any
+from typing import Any, cast
 
 from .errors import ThreadStoreSerializationError
+from .frozen import FrozenDict, FrozenList
 
 __all__ = [
     "INT64_MAX",
@@ -110,15 +111,20 @@ class _Shared(Exception):
 class _Walk:
     """State of one check: containers seen so far, and values counted."""
 
-    __slots__ = ("done", "nodes", "seen")
+    __slots__ = ("done", "frozen", "nodes", "seen")
 
-    def __init__(self) -> None:
+    def __init__(self, frozen: bool) -> None:
+        self.frozen = frozen  # copies made read-only (FrozenDict, FrozenList)
         self.nodes = 1  # the top-level value
         self.seen: set[int] = set()
         # For the shared walk: id -> None while the container is on the current
         # path (seen again: a cycle); afterwards (its copy, values below it,
         # its height).
         self.done: dict[int, tuple[Any, int, int] | None] = {}
+
+
+_DICTS = frozenset[type]((dict, FrozenDict))
+_CONTAINERS = frozenset[type]((dict, list, FrozenDict, FrozenList))
 
 
 def _scalar_ok(value: Any, kind: type) -> bool:
@@ -213,6 +219,8 @@ def _copy_tree(value: dict[Any, Any] | list[Any], depth: int, walk: _Walk) -> An
         except _Bad as bad:
             _unwind(bad, len(out))  # items are copied in order: this is the index
             raise
+    if walk.frozen:
+        return FrozenDict(out) if type(out) is dict else FrozenList(out)
     return out
 
 
@@ -266,6 +274,8 @@ def _copy_shared(value: dict[Any, Any] | list[Any], depth: int, walk: _Walk) -> 
         _unwind(bad, segment)
         raise
     height += 1
+    if walk.frozen:
+        out = FrozenDict(out) if type(out) is dict else FrozenList(out)
     done[ident] = (out, walk.nodes - start, height)
     return out, height
 
@@ -282,10 +292,12 @@ def check_json(value: Any, path: str = "") -> Any:
     Raises :class:`ThreadStoreSerializationError` naming the first bad value;
     ``path`` prefixes the location named in the error (``"metadata"`` gives
     ``metadata.items[3]: ...``). The copy shares no ``dict`` or ``list`` with
-    ``value`` (a container shared within ``value`` is shared within the copy).
+    ``value`` (a container shared within ``value`` is shared within the copy);
+    with ``frozen`` its containers are read-only (:mod:`pai_storage.frozen`).
+    A read-only container is taken as a ``dict`` or ``list``.
     """
     kind = type(value)
-    if kind is not dict and kind is not list:
+    if kind not in _CONTAINERS:
         if not _scalar_ok(value, kind):
             raise _fail(path, _describe(value))
         return value
@@ -306,9 +318,13 @@ def check_json(value: Any, path: str = "") -> Any:
         ) from None
 
 
-def check_json_object(value: Any, path: str = "") -> dict[str, Any]:
+def check_json_object(value: Any, path: str = "", *, frozen: bool = False) -> dict[str, Any]:
     """Like :func:`check_json`, and ``value`` must be a ``dict``."""
-    if type(value) is not dict:
+    if type(value) not in _DICTS:
         raise _fail(path, f"expected a JSON object, got {type(value).__qualname__}")
-    copied: dict[str, Any] = check_json(value, path)
+    copied: dict[str, Any] = check_json(value, path, frozen=frozen)
     return copied
+
+
+_EMPTY_DICT = FrozenDict()
+_EMPTY_LIST = FrozenList()

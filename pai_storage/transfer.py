@@ -37,8 +37,9 @@ from .aggregate import Entry, Family, ThreadAggregate
 from .clock import system_clock
 from .conflicts import Conflict
 from .errors import ThreadStoreError, ThreadStoreInvariantError
-from .models import Message, QueuedItem, RunRecord, ThreadRecord, truncate_ms
-from .relationships import assert_relationships, facts_from_aggregate
+from .fields import truncate_ms
+from .models import Message, QueuedItem, RunRecord, ThreadRecord
+from .relationships import assert_relationships, relations_from_aggregate
 from .runtime import canonical_json
 
 if TYPE_CHECKING:
@@ -282,7 +283,7 @@ def _finish(block: _Block, data: dict[str, Any]) -> ThreadAggregate:
     )
     if data["digest"] != thread_digest(aggregate):
         raise _Corrupt("the block's digest does not match its content")
-    assert_relationships(facts_from_aggregate(aggregate))
+    assert_relationships(relations_from_aggregate(aggregate))
     return aggregate
 
 

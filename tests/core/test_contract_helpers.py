@@ -57,7 +57,7 @@ def test_the_core_helpers_are_public_names() -> None:
         "assert_commit_input",
         "apply_thread_changes",
         "apply_thread_root_update",
-        "plan_relationship_validation",
+        "relationship_check",
         "SelectionHelpers",
         "PageTokenCodec",
         "default_scope_digest",

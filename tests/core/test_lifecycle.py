@@ -32,8 +32,8 @@ from pai_storage.backend import (
     SourceChanged,
     ThreadAggregate,
     assert_relationships,
-    facts_from_aggregate,
     new_instance_id,
+    relations_from_aggregate,
     thread_digest,
 )
 from pai_storage.maintenance import plan_fork
@@ -235,7 +235,7 @@ async def test_a_fork_at_any_cut_obeys_every_rule(
         result = await store.fork_thread("s", "src", "fork", through_message_id=cut)
         assert isinstance(result, CommittedResult)
         fork = await _aggregate(store, "s", "fork")
-        assert_relationships(facts_from_aggregate(fork))
+        assert_relationships(relations_from_aggregate(fork))
         messages, runs = _expected_fork(source, cut)
         assert [e.record.message_id for e in fork.messages] == messages
         assert [e.record.run_id for e in fork.runs] == runs

@@ -14,18 +14,17 @@ from typing import Any
 
 import pytest
 
-from pai_storage import ListThreadsInput, ThreadRecord
+from pai_storage import ListThreadsInput, ThreadRecord, codec
 from pai_storage.events import StoreWarning
-from pai_storage.models import stored_records
 from pai_storage.rows import ListCursor, ListRow, dump, list_page, listed_roots
 from pai_storage.selection import ListPlan, SelectionHelpers, timestamp_ms
 
 
 @pytest.fixture(autouse=True)
-def fresh_memo() -> Iterator[None]:
-    stored_records.clear()
+def fresh_cache() -> Iterator[None]:
+    codec.cache.clear()
     yield
-    stored_records.clear()
+    codec.cache.clear()
 
 
 def _root(thread_id: str, scope: str = "s", ms: int = 0, agent: str = "a") -> ThreadRecord:
@@ -58,14 +57,15 @@ def _skipped(thread_id: str | None, reason: str) -> StoreWarning:
     )
 
 
-@pytest.mark.parametrize("times", [1, 2, 3])  # validated, then remembered
+@pytest.mark.parametrize("times", [1, 2, 3])  # decoded, then shared from the cache
 def test_valid_rows_give_their_roots_in_row_order(times: int) -> None:
     roots = [_root(f"t{i}", ms=i) for i in range(5)]
     rows = [_row(r) for r in roots]
     for _ in range(times):
         listed = list(listed_roots("s", rows))
         assert listed == roots
-        listed[0].metadata["k"].append(2)  # a copy: nothing later changes
+        with pytest.raises(TypeError):
+            listed[0].metadata["k"].append(2)  # read-only: shared by every reader
     assert list(listed_roots("s", rows)) == roots
     assert list(listed_roots("s", [])) == []
 
@@ -101,15 +101,15 @@ def test_a_bad_row_is_skipped_with_a_warning_and_the_others_kept(case: int, time
         assert listed[1] == warning  # the reason names no stored contents
 
 
-def test_roots_are_kept_as_any_read_keeps_them() -> None:
-    # Read twice before they are kept, whether or not a bad row is beside them;
-    # the bad row is never kept.
+def test_roots_are_cached_as_any_read_caches_them() -> None:
+    # Valid roots are shared from the codec's cache on the next listing; the
+    # bad row is never cached.
     roots = [_root(f"t{i}", ms=i) for i in range(3)]
     rows = [*map(_row, roots), _bad_rows()[0][0]]
-    list(listed_roots("s", rows))
-    assert len(stored_records) == 0
-    list(listed_roots("s", rows))
-    assert len(stored_records) == 3
+    first = list(listed_roots("s", rows))
+    assert len(codec.cache) == 3
+    again = list(listed_roots("s", rows))
+    assert all(a is b for a, b in zip(first[:3], again[:3], strict=True))
 
 
 def test_roots_are_validated_as_the_caller_takes_them() -> None:

@@ -41,11 +41,12 @@ from pai_storage.backend import (
     apply_family_changes,
     apply_thread_changes,
     change_ids,
-    facts_from_aggregate,
-    plan_relationship_validation,
+    relations_from_aggregate,
+    relationship_check,
     run_commit,
     run_sync,
 )
+from pai_storage.frozen import FrozenDict, FrozenList
 
 from .test_relationships import T0, commits, ins, msg, valid_aggregates
 
@@ -150,9 +151,7 @@ async def test_staged_view_answers_like_the_post_commit_state(data: Any) -> None
         except ThreadStoreInvariantError:
             return  # a mechanical error: no post-commit state to compare
     context = RelationshipContext(
-        plan_relationship_validation(
-            changes, previous_message_runs={}, previous_item_runs={}, lease=None
-        ),
+        relationship_check(changes, previous_message_runs={}, previous_item_runs={}, lease=None),
         changes,
         writes,
         None,
@@ -162,7 +161,7 @@ async def test_staged_view_answers_like_the_post_commit_state(data: Any) -> None
     post = IndexedThread.from_aggregate(agg)
     for spec in FAMILIES:
         getattr(post, spec.attr).apply(writes[spec.name])
-    facts = facts_from_aggregate(post.to_aggregate())
+    facts = relations_from_aggregate(post.to_aggregate())
     run_ids = sorted({*facts.runs, *(e.record.run_id for e in thread.runs), "never-seen"})
     got = await reader.run_facts(run_ids)
     for run_id in run_ids:
@@ -384,8 +383,10 @@ async def test_inputs_and_results_share_no_container_with_stored_state() -> None
     result = await store.commit_thread(commit)
     stored = _stored_containers(_stored(store))
     assert len(stored) >= 8  # the walk does see the stored JSON values
-    assert not stored.keys() & _containers(commit).keys()
-    assert not stored.keys() & _containers(result).keys()
+    assert not stored.keys() & _containers(message).keys()  # the caller's own objects
+    # What is stored nobody can change, so results may share it.
+    assert all(type(value) in (FrozenDict, FrozenList) for value in stored.values())
+    assert all(type(value) in (FrozenDict, FrozenList) for value in _containers(result).values())
     read = await store.read_thread(
         b.read(
             "s",
@@ -394,10 +395,9 @@ async def test_inputs_and_results_share_no_container_with_stored_state() -> None
             runs={"type": "page", "page": {"limit": 10}},
         )
     )
-    assert not stored.keys() & _containers(read).keys()
     listed = await store.list_threads({"scopeKey": "s", "limit": 10})
-    assert not stored.keys() & _containers(listed).keys()
-    # the copies are equal to what is stored
+    for value in (*_containers(read).values(), *_containers(listed).values()):
+        assert type(value) in (FrozenDict, FrozenList)
     assert read.messages is not None
     assert read.messages.items[0] == _stored(store).messages.get("m1").record  # type: ignore[union-attr]
     assert listed.items == [_stored(store).root]

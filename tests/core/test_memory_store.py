@@ -190,23 +190,29 @@ async def test_copies_in_and_out() -> None:
         metadata["tags"].append("MUTATED")
         message["metadata"]["k"].append("MUTATED")
         message["parts"].append({"type": "text", "text": "MUTATED"})
-        result.thread.metadata["tags"].append("MUTATED")
+        with pytest.raises(TypeError):
+            result.thread.metadata["tags"].append("MUTATED")
 
         model = CommitThreadInput.model_validate(b.create("s", "t2", metadata={"x": [1]}))
         await store.commit_thread(model)
-        model.mutation.root.metadata["x"].append("MUTATED")
+        with pytest.raises(TypeError):
+            model.mutation.root.metadata["x"].append("MUTATED")
 
         state = await read_all(store)
         assert state.thread.metadata == {"tags": ["a"], "n": 1}
         assert state.messages.items[0].metadata == {"k": [1]}
         assert len(state.messages.items[0].parts) == 1
-        state.thread.metadata["tags"].append("MUTATED")
-        state.messages.items[0].metadata["k"].append("MUTATED")
-        state.messages.items.clear()
+        with pytest.raises(TypeError):
+            state.thread.metadata["tags"].append("MUTATED")
+        with pytest.raises(TypeError):
+            state.messages.items[0].metadata["k"].append("MUTATED")
+        with pytest.raises(TypeError):
+            state.messages.items.clear()
 
         listed = await store.list_threads({"scopeKey": "s", "limit": 10})
         for item in listed.items:
-            item.metadata["MUTATED"] = True
+            with pytest.raises(TypeError):
+                item.metadata["MUTATED"] = True
 
         again = await read_all(store)
         assert again.thread.metadata == {"tags": ["a"], "n": 1}

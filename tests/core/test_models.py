@@ -36,8 +36,6 @@ from pai_storage import (
     truncate_ms,
 )
 from pai_storage import builders as b
-from pai_storage.memo import REMEMBERED
-from pai_storage.selection import timestamp_ms
 from pai_storage.strict_json import MAX_JSON_DEPTH
 
 from . import strategies as s
@@ -563,7 +561,6 @@ def test_timestamp_json_form_of_any_offset_and_datetime_type(
         f"{utc.second:02d}.{utc.microsecond // 1000:03d}Z"
     )
     assert format_timestamp(moment) == expected
-    assert format_timestamp(moment) == expected  # remembered when in UTC
     assert format_timestamp(moment.astimezone(UTC)) == expected
 
 
@@ -590,36 +587,6 @@ def test_truncate_ms_is_the_instant_in_utc_to_the_millisecond(
     assert type(truncated) is type(expected)
 
 
-def _past_the_bound() -> list[datetime]:
-    """Three memories' worth of distinct datetimes in UTC, some of whole milliseconds."""
-    start = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
-    return [start + timedelta(microseconds=997 * i) for i in range(3 * REMEMBERED)]
-
-
-def test_remembered_millisecond_keys_are_the_keys_computed_afresh() -> None:
-    moments = _past_the_bound()
-    keys = [timestamp_ms(m) for m in moments]
-    assert len(selection._MILLISECONDS) <= REMEMBERED
-    for moment, key in zip(moments, keys, strict=True):
-        assert key == round(moment.timestamp() * 1000)
-        assert timestamp_ms(moment) == key
-        assert timestamp_ms(moment.astimezone(timezone(timedelta(hours=-7)))) == key
-        assert timestamp_ms(_Clock.combine(moment.date(), moment.timetz())) == key
-
-
-def test_remembered_timestamp_texts_are_the_texts_formatted_afresh() -> None:
-    moments = _past_the_bound()
-    texts = [format_timestamp(m) for m in moments]
-    assert len(models._FORMATTED) <= REMEMBERED
-    for moment, text in zip(moments, texts, strict=True):
-        assert format_timestamp(moment) == text
-        assert text == format_timestamp(_Clock.combine(moment.date(), moment.timetz()))
-        shifted = moment.astimezone(timezone(timedelta(hours=5)))  # equal to moment
-        assert format_timestamp(shifted) == text
-        utc = moment.replace(microsecond=moment.microsecond // 1000 * 1000)
-        assert text == datetime.isoformat(utc, timespec="milliseconds")[:-6] + "Z"
-
-
 # ---------------------------------------------------------------- immutability
 
 
@@ -633,11 +600,31 @@ def test_models_are_frozen() -> None:
     assert hash(version) == hash(ThreadVersion(thread_instance_id="i", revision=1))
 
 
-def test_deep_copy_shares_no_opaque_state() -> None:
-    draft = MessageDraft.model_validate(b.message("m1", metadata={"a": [1]}))
-    copied = draft.deep_copy()
-    copied.metadata["a"].append(2)
-    assert draft.metadata == {"a": [1]}
+def test_lists_and_opaque_values_are_read_only_at_every_depth() -> None:
+    source = b.message("m1", metadata={"a": [1, {"b": {"c": [2]}}]})
+    draft = MessageDraft.model_validate(source)
+    assert draft.metadata == {"a": [1, {"b": {"c": [2]}}]}  # equal to plain values
+    assert isinstance(draft.metadata, dict)
+    assert isinstance(draft.parts, list)
+    for attempt in (
+        lambda: draft.metadata.__setitem__("x", 1),
+        lambda: draft.metadata["a"].append(3),
+        lambda: draft.metadata["a"][1]["b"]["c"].clear(),
+        lambda: draft.metadata["a"][1].update({"x": 1}),
+        lambda: draft.parts.append(draft.parts[0]),
+        lambda: draft.parts.__iadd__([]),
+    ):
+        with pytest.raises(TypeError, match="read-only"):
+            attempt()
+    source["metadata"]["a"].append("caller's")  # the caller's own object is not held
+    assert draft.metadata == {"a": [1, {"b": {"c": [2]}}]}
+    assert copy.deepcopy(draft) == draft
+    assert pickle.loads(pickle.dumps(draft)) == draft
+    assert json.loads(draft.to_json_text())["metadata"] == {"a": [1, {"b": {"c": [2]}}]}
+    plain = draft.metadata.copy()
+    plain["x"] = 1  # copy() gives a plain dict
+    again = MessageDraft.model_validate({**draft.to_json(), "metadata": draft.metadata})
+    assert again == draft  # read-only values are accepted as input
 
 
 def test_deepest_accepted_opaque_value_serializes_and_deeper_is_rejected() -> None:

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from pai_storage.models import STRICT_JSON_TEXT
+from pai_storage.codec import STRICT_JSON_TEXT
 from pai_storage.runtime import canonical_json, parse_json_text
 
 scalars = (

@@ -22,8 +22,8 @@ from pai_storage.backend import (
     AggregateSnapshot,
     ChildPagePlan,
     FamilySpec,
-    ReadHead,
     SelectionHelpers,
+    SnapshotRoot,
     Window,
     apply_thread_changes,
     run_read,
@@ -41,7 +41,7 @@ class SeparateRequests(AggregateSnapshot):
 
     async def head_and_page(
         self, spec: FamilySpec, plan: ChildPagePlan, window: Window
-    ) -> tuple[ReadHead, Sequence[tuple[int, Any]]] | None:
+    ) -> tuple[SnapshotRoot, Sequence[tuple[int, Any]]] | None:
         return None
 
 
@@ -52,7 +52,7 @@ class Recording(AggregateSnapshot):
 
     async def head_and_page(
         self, spec: FamilySpec, plan: ChildPagePlan, window: Window
-    ) -> tuple[ReadHead, Sequence[tuple[int, Any]]] | None:
+    ) -> tuple[SnapshotRoot, Sequence[tuple[int, Any]]] | None:
         Recording.combined += 1
         return await super().head_and_page(spec, plan, window)
 
@@ -188,39 +188,6 @@ def _plan(request: dict[str, Any], helpers: SelectionHelpers = HELPERS) -> Any:
     return helpers.plan_read(ReadThreadInput.model_validate(request))
 
 
-FIRST_PAGES: list[dict[str, Any]] = [
-    {},
-    {"messages": {"type": "page", "view": "transcript", "order": "newest", "page": {"limit": 20}}},
-    {"messages": {"type": "page", "view": "context", "order": "newest", "page": {"limit": 20}}},
-    {"messages": {"type": "page", "view": "transcript", "page": {"limit": 20}}},
-    {"messages": {"type": "page", "view": "transcript", "order": "newest", "page": {"limit": 2}}},
-    {"messages": {"type": "page", "view": "raw", "afterMessageId": "u1", "page": {"limit": 2}}},
-    {"messages": {"type": "page", "view": "raw", "beforeMessageId": "u1", "page": {"limit": 2}}},
-    {"runs": {"type": "page", "page": {"limit": 2}}},
-    {"runs": {"type": "page", "statuses": ["failed"], "page": {"limit": 2}}},
-    {"runs": {"type": "page", "statuses": ["failed", "completed"], "page": {"limit": 2}}},
-    {"queuedItems": {"type": "page", "page": {"limit": 2}}},
-    {"queuedItems": {"type": "page", "runId": "r1", "page": {"limit": 2}}},
-    {
-        "messages": {"type": "page", "view": "raw", "page": {"limit": 2}},
-        "runs": {"type": "page", "page": {"limit": 2}},
-    },
-]
-
-
-def test_a_first_page_read_again_gets_the_same_plan_and_another_read_its_own() -> None:
-    helpers = SelectionHelpers("pai-test")
-    for scope, thread in (("s", "t"), ("s", "t2"), ("s2", "t")):
-        plans = [_plan(b.read(scope, thread, **include), helpers) for include in FIRST_PAGES]
-        again = [_plan(b.read(scope, thread, **include), helpers) for include in FIRST_PAGES]
-        assert all(map(operator.is_, plans, again))
-        assert len({id(plan) for plan in plans}) == len(FIRST_PAGES)
-        for plan, include in zip(plans, FIRST_PAGES, strict=True):
-            assert (plan.scope_key, plan.thread_id) == (scope, thread)
-            fresh = SelectionHelpers("pai-test")  # nothing remembered
-            assert _same_plan(plan, _plan(b.read(scope, thread, **include), fresh))
-
-
 def _same_plan(one: Any, other: Any) -> bool:
     # Every attribute alike but the codec and the filter (a new closure per
     # plan; what it accepts is compared by the reads below).
@@ -236,36 +203,9 @@ def _same_plan(one: Any, other: Any) -> bool:
     ) and (one.scope_key, one.thread_id) == (other.scope_key, other.thread_id)
 
 
-def test_continuations_and_ids_are_planned_for_each_read() -> None:
-    helpers = SelectionHelpers("pai-test")
-    first = _read(Recording(_thread(), OBSERVED), b.read("s", "t", messages=_raw_page()))
-    token = first.messages.next_page_token if first.messages else None
-    assert token is not None
-    for include in (
-        {"messages": _raw_page(token)},
-        {"messages": {"type": "ids", "messageIds": ["u1", "h1"]}},
-        {"runs": {"type": "ids", "runIds": ["r1"]}},
-        {"messages": _raw_page(), "runs": {"type": "ids", "runIds": ["r1"]}},
-    ):
-        request = b.read("s", "t", **include)
-        assert _plan(request, helpers) is not _plan(request, helpers)
-    assert not helpers._plans
-
-
 def _raw_page(token: str | None = None) -> dict[str, Any]:
     page: dict[str, Any] = {"limit": 2} if token is None else {"limit": 2, "pageToken": token}
     return {"type": "page", "view": "raw", "page": page}
-
-
-def test_remembered_plans_are_bounded_and_the_oldest_go_first() -> None:
-    helpers = SelectionHelpers("pai-test")
-    first = [_plan(b.read("s", f"t{n}", messages=_raw_page()), helpers) for n in range(10)]
-    for n in range(10, selection._PLANS_KEPT + 5):
-        _plan(b.read("s", f"t{n}", messages=_raw_page()), helpers)
-        assert len(helpers._plans) <= selection._PLANS_KEPT
-    for n in (5, 9):  # kept: planned among the last 1,024
-        assert _plan(b.read("s", f"t{n}", messages=_raw_page()), helpers) is first[n]
-    assert _plan(b.read("s", "t0", messages=_raw_page()), helpers) is not first[0]
 
 
 def test_a_page_plan_cannot_be_changed() -> None:
@@ -276,38 +216,3 @@ def test_a_page_plan_cannot_be_changed() -> None:
         with pytest.raises(AttributeError, match="value shared by reads"):
             delattr(plan, name)
     assert plan.limit == 2
-
-
-def test_plan_keys_know_every_field_of_a_read() -> None:
-    # _plan_key builds its key from the request's scope and thread, each
-    # selection's fields and its page's limit and token: a field added to one
-    # of these models must be added to the key (or this list) knowingly.
-    fields = {
-        models.ReadThreadInput: {"scope_key", "thread_id", "include"},
-        models.ReadInclude: {"messages", "runs", "queued_items"},
-        models.PageRequest: {"limit", "page_token"},
-        models.MessagePageSelection: {
-            "type",
-            "view",
-            "order",
-            "after_message_id",
-            "before_message_id",
-            "page",
-        },
-        models.RunPageSelection: {"type", "order", "statuses", "page"},
-        models.QueuedItemPageSelection: {"type", "order", "run_id", "page"},
-    }
-    for model, names in fields.items():
-        assert set(model.model_fields) == names, model.__name__
-
-
-def test_a_remembered_plan_reads_what_a_new_plan_reads() -> None:
-    thread = _thread()
-    for include in FIRST_PAGES:
-        request = b.read("s", "t", **include)
-        remembered = _plan(request)
-        assert _plan(request) is remembered
-        new = _plan(request, SelectionHelpers("pai-test"))
-        assert new is not remembered
-        for snapshot in (Recording(thread, OBSERVED), SeparateRequests(thread, OBSERVED)):
-            assert run_sync(run_read(snapshot, remembered)) == run_sync(run_read(snapshot, new))

@@ -20,15 +20,15 @@ from pai_storage.backend import (
     Family,
     LeaseConflict,
     MessageRef,
-    RunFacts,
     RunRef,
+    RunRelations,
     ThreadAggregate,
     apply_family_changes,
     apply_lease_change,
     apply_thread_changes,
     change_ids,
-    facts_from_aggregate,
-    plan_relationship_validation,
+    relations_from_aggregate,
+    relationship_check,
     stamp_message,
     stamp_queued_item,
     stamp_run,
@@ -430,13 +430,13 @@ class AggregateReader:
     """Answers post-commit queries from an aggregate; run facts only for requested ids."""
 
     def __init__(self, aggregate: ThreadAggregate) -> None:
-        self.facts = facts_from_aggregate(aggregate)
+        self.facts = relations_from_aggregate(aggregate)
         self.requested: set[str] = set()
 
-    async def run_facts(self, run_ids: Iterable[str]) -> Mapping[str, RunFacts]:
+    async def run_facts(self, run_ids: Iterable[str]) -> Mapping[str, RunRelations]:
         ids = list(run_ids)
         self.requested.update(ids)
-        return {i: self.facts.runs.get(i, RunFacts(None, [], False, [])) for i in ids}
+        return {i: self.facts.runs.get(i, RunRelations(None, [], False, [])) for i in ids}
 
     async def open_runs(self) -> Sequence[RunRef]:
         return list(self.facts.open_runs)
@@ -514,7 +514,7 @@ async def _planner_verdict(agg: ThreadAggregate, commit: CommitThreadInput, now:
     msg_cut, run_cut = writes["messages"].truncate_after, writes["runs"].truncate_after
     touched_msgs = _touched(agg.messages, changes.messages)
     touched_items = _touched(agg.queued_items, changes.queued_items)
-    plan = plan_relationship_validation(
+    plan = relationship_check(
         changes,
         previous_message_runs={i: e.record.run_id for i, e in touched_msgs.items()},
         previous_item_runs={i: e.record.run_id for i, e in touched_items.items()},

@@ -8,8 +8,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from pai_storage.clock import system_clock
+from pai_storage.fields import truncate_ms
 from pai_storage.guard import ExecutionGuard, LockInfo
-from pai_storage.models import truncate_ms
 
 __all__ = ["MemoryExecutionGuard"]
 

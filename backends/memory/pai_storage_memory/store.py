@@ -34,7 +34,6 @@ from pai_storage.backend import (
     ThreadAggregate,
     ThreadConflict,
     ThreadHead,
-    detached,
     fork_aggregate,
     read_aggregate,
     run_commit,
@@ -127,7 +126,7 @@ class MemoryThreadStore(ThreadStore):
         plan = self.selections.plan_read(request)
         with self._lock:
             thread = self._thread(request.scope_key, request.thread_id)
-            return detached(read_aggregate(thread, plan, self._clock()))
+            return read_aggregate(thread, plan, self._clock())
 
     async def _list_threads(self, request: ListThreadsInput) -> Page[ThreadRecord]:
         plan = self.selections.plan_list(request)
@@ -135,7 +134,7 @@ class MemoryThreadStore(ThreadStore):
             scope = self._scopes.get(request.scope_key)
             if scope is None:
                 return plan.finish([])
-            return detached(plan.select_sorted(scope.roots_after))
+            return plan.select_sorted(scope.roots_after)
 
     async def _commit_thread(self, request: CommitThreadInput) -> CommittedResult | ConflictResult:
         # The request is the store's own copy already: ThreadStore.commit_thread
@@ -150,7 +149,7 @@ class MemoryThreadStore(ThreadStore):
             result = run_sync(run_commit(tx, request))
             if isinstance(result, CommittedResult):
                 self._store(request.scope_key, request.thread_id, before, tx.apply())
-            return detached(result)
+            return result
 
     def _store(
         self,
@@ -223,7 +222,7 @@ class MemoryThreadStore(ThreadStore):
             assert source is not None  # planning raised for a missing source
             copied = fork_aggregate(source.to_aggregate(), plan, now)
             self._store(plan.scope_key, plan.thread_id, None, IndexedThread.from_aggregate(copied))
-            return detached(copied.root)
+            return copied.root
 
     async def _info(self) -> StoreInfo:
         return StoreInfo(

@@ -12,7 +12,7 @@ no strict-JSON value can be confused with.
 Roots written by commits carry one more provider key, ``_facts``: the
 relationship facts of the thread's open runs and its last message, kept by
 every commit so that the next one can check the relationship rules without
-querying the children (see :class:`RootFacts`). A root without ``_facts`` is
+querying the children (see :class:`RootSummary`). A root without ``_facts`` is
 read like any other (its next commit queries the children and writes them).
 Every document is ``_schemaVersion: 1``.
 
@@ -49,6 +49,7 @@ from pai_storage import (
     RunRecord,
     ThreadRecord,
     ThreadStoreInvariantError,
+    codec,
 )
 from pai_storage.backend import (
     FAMILIES,
@@ -57,8 +58,8 @@ from pai_storage.backend import (
     FamilySpec,
     MessageRef,
     RunRef,
-    stored_records,
 )
+from pai_storage.frozen import FrozenDict
 from pai_storage.models import StoreModel
 from pai_storage.strict_json import MAX_JSON_NODES
 
@@ -70,8 +71,8 @@ __all__ = [
     "PLAIN_CODEC_OPTIONS",
     "RAW_CODEC_OPTIONS",
     "SCHEMA_VERSION",
-    "OpenRunFacts",
-    "RootFacts",
+    "OpenRunSummary",
+    "RootSummary",
     "child_document",
     "decode_document",
     "decoded",
@@ -283,7 +284,7 @@ def _dump(record: BaseModel) -> dict[str, Any]:
 def root_document(
     record: ThreadRecord,
     next_order: Mapping[FamilyName, int],
-    facts: RootFacts | None = None,
+    facts: RootSummary | None = None,
 ) -> dict[str, Any]:
     """The stored root: the record's fields, ``_schemaVersion``, ``_nextOrder`` and,
     when given, ``_facts`` (a root without them is valid too)."""
@@ -325,7 +326,7 @@ def _validate(model: type[M], data: dict[str, Any], size: int | None) -> M:
     # Timestamps are BSON dates: a string there is invalid, whatever it spells.
     # An unknown size takes the full check, which counts the values itself.
     size = MAX_JSON_NODES if size is None else size
-    return model.model_validate_decoded(data, size, dates=True)
+    return codec.decode_document(model, data, size, dates=True)
 
 
 _FAMILY_NAMES = frozenset(spec.name for spec in FAMILIES)
@@ -337,7 +338,7 @@ def parse_root(
     """Validate a stored root strictly; returns the record and the order counters.
 
     ``size`` is the length of the BSON document ``doc`` was decoded from, when
-    known (see :meth:`~pai_storage.models.StoreModel.model_validate_decoded`).
+    known (see :func:`pai_storage.codec.decode_document`).
     Raises :class:`ThreadStoreInvariantError` (never echoing stored contents).
     """
     data = dict(doc)
@@ -366,7 +367,8 @@ def _root_keys(data: dict[str, Any]) -> dict[FamilyName, int]:
         if not _is_int(value) or value < 1:
             raise _invalid("thread", "malformed _nextOrder")
         next_order[name] = int(value)
-    return next_order
+    # Read-only: the codec's cache shares it with every later read of the root.
+    return cast(dict[FamilyName, int], FrozenDict(cast(dict[str, int], next_order)))
 
 
 def _is_int(value: object) -> bool:
@@ -440,11 +442,11 @@ def _read_plainly(
     """The record of ``raw`` plainly decoded, with what ``keys(data, *args)`` took
     of its provider keys; ``None`` when the exact path must decide.
 
-    Documents read before come from ``stored_records``, by their exact bytes.
+    Documents read before come from the codec's cache, by their exact bytes.
     """
     kind = (model, keys)
     stored = raw.raw if type(raw.raw) is bytes else bytes(raw.raw)
-    found: tuple[M, K] | None = stored_records.get(kind, stored)
+    found: tuple[M, K] | None = codec.cache.get(kind, stored)
     if found is not None:
         return found
     try:
@@ -452,10 +454,10 @@ def _read_plainly(
         taken = keys(data, *args)
     except Exception:  # anything at all: the exact path decides
         return None
-    record = model.model_validate_plain_bson(data, len(stored))
+    record = codec.decode_plain_bson(model, data, len(stored))
     if record is None:
         return None
-    stored_records.add(kind, stored, (record, taken))
+    codec.cache.put(kind, stored, (record, taken))
     return record, taken
 
 
@@ -463,7 +465,7 @@ def _read_plainly(
 
 
 @dataclass(frozen=True, slots=True)
-class OpenRunFacts:
+class OpenRunSummary:
     """What the relationship rules need about one open (running or waiting) run.
 
     ``messages`` is the rule-relevant part of the run's messages in position
@@ -478,7 +480,7 @@ class OpenRunFacts:
 
 
 @dataclass(frozen=True, slots=True)
-class RootFacts:
+class RootSummary:
     """The ``_facts`` of a root: the thread's open runs and its last message, post-commit.
 
     A commit that inserts messages and inserts or replaces runs (with any
@@ -488,7 +490,7 @@ class RootFacts:
     """
 
     tail: MessageRef | None
-    open: tuple[OpenRunFacts, ...]
+    open: tuple[OpenRunSummary, ...]
 
     def document(self) -> dict[str, Any]:
         return {
@@ -509,7 +511,7 @@ class RootFacts:
 
     def after(
         self, runs: Sequence[tuple[RunRef, bool]], inserted: Sequence[MessageRef]
-    ) -> tuple[RootFacts, dict[str, OpenRunFacts]] | None:
+    ) -> tuple[RootSummary, dict[str, OpenRunSummary]] | None:
         """The facts after a commit that writes ``runs`` and appends ``inserted``.
 
         ``runs`` are the commit's run writes in order, each ``(run, True)``
@@ -521,22 +523,22 @@ class RootFacts:
         before and after, the inserted ones), or ``None`` when a replaced run
         was not open.
         """
-        known: dict[str, OpenRunFacts] = {o.run.run_id: o for o in self.open}
+        known: dict[str, OpenRunSummary] = {o.run.run_id: o for o in self.open}
         for run, is_insert in runs:
             before = known.get(run.run_id)
             if before is not None:
-                known[run.run_id] = OpenRunFacts(run, before.messages, before.foreign)
+                known[run.run_id] = OpenRunSummary(run, before.messages, before.foreign)
             elif is_insert:
-                known[run.run_id] = OpenRunFacts(run, (), False)
+                known[run.run_id] = OpenRunSummary(run, (), False)
             else:
                 return None
         if inserted:
             known = {run_id: self._appended(facts, inserted) for run_id, facts in known.items()}
         tail = inserted[-1] if inserted else self.tail
         still_open = tuple(f for f in known.values() if f.run.status in OPEN_STATUSES)
-        return RootFacts(tail, still_open), known
+        return RootSummary(tail, still_open), known
 
-    def _appended(self, facts: OpenRunFacts, inserted: Sequence[MessageRef]) -> OpenRunFacts:
+    def _appended(self, facts: OpenRunSummary, inserted: Sequence[MessageRef]) -> OpenRunSummary:
         run_id = facts.run.run_id
         messages = list(facts.messages)
         foreign = facts.foreign
@@ -549,7 +551,7 @@ class RootFacts:
             foreign = foreign or gap
             messages = _relevant([*messages, ref])
             gap = False
-        return OpenRunFacts(facts.run, tuple(messages), foreign)
+        return OpenRunSummary(facts.run, tuple(messages), foreign)
 
 
 def _relevant(messages: list[MessageRef]) -> list[MessageRef]:
@@ -594,7 +596,7 @@ def _parse_ref(value: Any) -> MessageRef | None:
     )
 
 
-def _parse_open(value: Any) -> OpenRunFacts:
+def _parse_open(value: Any) -> OpenRunSummary:
     fields = {
         "runId",
         "status",
@@ -621,10 +623,10 @@ def _parse_open(value: Any) -> OpenRunFacts:
             raise TypeError
         refs.append(ref)
     run = RunRef(run_id, status, admitted, _optional_str(value["queueItemId"]), tuple(inputs))
-    return OpenRunFacts(run, tuple(refs), foreign)
+    return OpenRunSummary(run, tuple(refs), foreign)
 
 
-def root_facts(doc: Mapping[str, Any]) -> RootFacts | None:
+def root_facts(doc: Mapping[str, Any]) -> RootSummary | None:
     """The ``_facts`` of a decoded root, or ``None`` for a root without them.
 
     Raises :class:`ThreadStoreInvariantError` when they are malformed.
@@ -637,6 +639,6 @@ def root_facts(doc: Mapping[str, Any]) -> RootFacts | None:
             raise TypeError
         if type(value["open"]) is not list:
             raise TypeError
-        return RootFacts(_parse_ref(value["tail"]), tuple(_parse_open(o) for o in value["open"]))
+        return RootSummary(_parse_ref(value["tail"]), tuple(_parse_open(o) for o in value["open"]))
     except TypeError:
         raise _invalid("thread", "malformed _facts") from None

@@ -14,17 +14,19 @@ remove expired locks in the background and never touches the counter.
 
 Every primitive is judged on the server's clock (``$$NOW``) or the test clock:
 
-- acquire: one upserting ``findAndModify`` on ``{_id: resource}`` whose
-  pipeline keeps a live lock unchanged and replaces an absent or expired one
-  with the caller's; the caller holds the lock when the document it gets back
-  carries its token. Updates of one document are atomic, and of two inserts
-  racing for an absent lock the unique ``_id`` index lets one through (the
-  other is retried as an update by the server, or refused as a duplicate key),
-  so of concurrent acquisitions of a free resource exactly one wins. The
-  winner then draws the next value of the counter (``$inc``, atomic) and
-  stamps it on its own lock, matched by token. Drawn
-  while the lock is held, a fencing token is always greater than that of
-  every earlier holder of the resource, whatever expired or was deleted.
+- acquire: one multi-document transaction (committed whole or not at all:
+  nobody ever sees a lock without its fencing token). In it, an upserting
+  ``findAndModify`` on ``{_id: resource}`` whose pipeline keeps a live lock
+  unchanged and replaces an absent or expired one with the caller's (every
+  caller value a ``$literal``); the caller holds the lock when the document
+  it gets back carries its token, else the transaction is aborted ("busy",
+  no token drawn). Then the next value of the counter (``$inc``) is put on
+  the lock, and the transaction commits. Two transactions writing the same
+  lock or the counter conflict: the server aborts one, which is tried again,
+  so of concurrent acquisitions of a free resource exactly one wins, and
+  fencing tokens increase in the order acquisitions commit: a holder's is
+  greater than that of every earlier holder of the resource, whatever
+  expired or was deleted.
 - renew and release: an update or delete matched by ``_id``, token and an
   unexpired lease. Release is a plain delete whose count is the answer (an
   expired lock of ours is deleted by a second one and answers ``False``): a
@@ -62,10 +64,19 @@ COUNTER_ID: Mapping[str, str] = {"counter": "fencing"}
 TTL_INDEX = "expiresAt_ttl"
 
 _PENDING = 0
-"""The fencing token of a lock between its acquisition and its stamp (never handed out)."""
+"""The fencing token of a lock inside its acquisition's transaction (never seen outside it)."""
 
-_STAMP_READS = 5
-"""How often ``inspect`` re-reads a lock still being stamped before reporting it as is."""
+_TXN_OPTIONS: Mapping[str, Any] = {
+    "read_concern": ReadConcern("snapshot"),
+    "write_concern": WriteConcern("majority"),
+    "read_preference": ReadPreference.PRIMARY,
+}
+_TXN_ATTEMPTS = 20
+"""How often an acquisition's transaction is tried when the server aborts it (conflicts)."""
+_RETRY_DELAY = 0.002
+_MAX_RETRY_DELAY = 0.05
+_ABORT_SECONDS = 2.0
+"""The bound on aborting a transaction (with the server gone it dies with its session)."""
 
 Doc = dict[str, Any]
 
@@ -167,28 +178,8 @@ class MongoExecutionGuard(MongoRuntimeStore, ExecutionGuard):
                     return None  # a racing acquisition inserted the lock first
                 raise
             doc = decoded(doc)
-        if doc is None or doc.get("token") != token:
-            return None  # a live lock holds the resource
-        try:
-            fencing = await self._stamp(resource, token)
-        except BaseException:
-            # Best effort: do not keep a lock nobody will know it holds (the lease ends anyway).
-            with contextlib.suppress(Exception):
-                await asyncio.shield(self._release(resource, token))
-            raise
-        if fencing is None:  # lost between the two commands (lease shorter than a round trip)
-            return None
-        return LockInfo.model_construct(
-            resource=resource,
-            owner=owner,
-            fencing_token=fencing,
-            acquired_at=_date(doc.get("acquiredAt")),
-            expires_at=_date(doc.get("expiresAt")),
-        )
-
-    async def _stamp(self, resource: str, token: str) -> int | None:
-        """Draw the next fencing token and put it on our lock; ``None`` if the lock is gone."""
-        with self._holder.errors("write"):
+            if doc is None or doc.get("token") != token:
+                return None  # a live lock holds the resource
             counter = decoded(
                 await self._modify.find_one_and_update(
                     {"_id": dict(COUNTER_ID)},
@@ -237,11 +228,6 @@ class MongoExecutionGuard(MongoRuntimeStore, ExecutionGuard):
 
     async def _inspect(self, resource: str) -> LockInfo | None:
         doc = await self._read_lock(resource)
-        for attempt in range(1, _STAMP_READS):
-            if doc is None or doc.get("fencingToken") != _PENDING:
-                break
-            await asyncio.sleep(0.002 * attempt)  # an acquisition is stamping it right now
-            doc = await self._read_lock(resource)
         if doc is None:
             return None
         owner, fencing = doc.get("owner"), doc.get("fencingToken")

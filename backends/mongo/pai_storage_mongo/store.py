@@ -87,13 +87,13 @@ from pai_storage.backend import (
     ListPlan,
     MessageRef,
     QueueRef,
-    ReadHead,
     ReadPlan,
     ReadSnapshot,
     RelationshipContext,
     RelationshipReader,
-    RunFacts,
     RunRef,
+    RunRelations,
+    SnapshotRoot,
     SourceChanged,
     StoreURL,
     ThreadAggregate,
@@ -102,7 +102,6 @@ from pai_storage.backend import (
     Window,
     apply_thread_root_update,
     commit_time,
-    detached,
     duplicate_insert_error,
     map_errors,
     redact,
@@ -116,8 +115,8 @@ from .documents import (
     CODEC_OPTIONS,
     RAW_CODEC_OPTIONS,
     SCHEMA_VERSION,
-    OpenRunFacts,
-    RootFacts,
+    OpenRunSummary,
+    RootSummary,
     child_document,
     decode_or_invalid,
     parse_child,
@@ -268,10 +267,10 @@ class _InsertExists(Exception):
 
 
 class _Mispredicted(Exception):
-    """Internal: a root stamped in the hold is not the one the pipeline judged (see ``hold``)."""
+    """Internal: a root written ahead in the hold is not the one the pipeline judged."""
 
 
-_EMPTY_FACTS = RootFacts(None, ())
+_EMPTY_FACTS = RootSummary(None, ())
 
 COPY_BATCH = 1000
 """The most documents a fork or a restore inserts with one ``insert_many``."""
@@ -283,7 +282,7 @@ class _Cached(NamedTuple):
     raw: RawBSONDocument
     root: ThreadRecord
     next_positions: Mapping[FamilyName, int]
-    facts: RootFacts
+    facts: RootSummary
 
 
 class _RootCache:
@@ -306,10 +305,8 @@ class _RootCache:
         return entry
 
     def put(self, key: tuple[str, str], entry: _Cached) -> None:
-        # Its own copy: the root a commit or a read hands its caller is never this one.
-        self._entries[key] = entry._replace(
-            root=detached(entry.root), next_positions=dict(entry.next_positions)
-        )
+        # Its own next positions (roots are immutable, shared as they are).
+        self._entries[key] = entry._replace(next_positions=dict(entry.next_positions))
         self._entries.move_to_end(key)
         while len(self._entries) > self.LIMIT:
             self._entries.popitem(last=False)
@@ -1154,15 +1151,15 @@ class MongoThreadStore(ThreadStore):
         a commit before those inserts were written — a mechanical error, a lease
         conflict, or the unique index refusing one — it is rolled back and the
         commit is judged again with every named row loaded, so the outcome is
-        exactly the reference's. Likewise a root stamped in the hold that is
+        exactly the reference's. Likewise a root written ahead in the hold that is
         not the one the pipeline judged is rolled back and the commit judged
-        again without stamping ahead.
+        again without writing ahead.
         """
         exact = False
-        stamp = True
+        write_ahead = True
         key = (request.scope_key, request.thread_id)
         while True:
-            tx = _MongoCommit(self, session, request, exact=exact, stamp=stamp)
+            tx = _MongoCommit(self, session, request, exact=exact, write_ahead=write_ahead)
             await session.start_transaction(**_TXN_OPTIONS)
             try:
                 outcome = await self._apply(session, request, tx)
@@ -1170,7 +1167,7 @@ class MongoThreadStore(ThreadStore):
                 if not isinstance(exc, ServerSelectionTimeoutError):
                     await self._abort(session)
                 if isinstance(exc, _Mispredicted):
-                    stamp = False
+                    write_ahead = False
                     continue
                 if tx.unverified and isinstance(exc, ThreadStoreInvariantError | _InsertExists):
                     exact = True
@@ -1294,7 +1291,7 @@ def _lease_shape(
 
 
 def _facts_follow(changes: ThreadChanges | None) -> bool:
-    """Whether a commit's facts follow from its writes (see ``RootFacts.after``).
+    """Whether a commit's facts follow from its writes (see ``RootSummary.after``).
 
     True when it only inserts messages and inserts or replaces runs, with any
     root or lease change.
@@ -1314,7 +1311,7 @@ class _MongoCommit(CommitTransaction):
     Every statement is filtered on the thread's ``{scopeKey, threadId}``.
 
     The root is written once per commit, with the thread's relationship
-    facts (``_facts``, see :class:`~pai_storage_mongo.documents.RootFacts`):
+    facts (``_facts``, see :class:`~pai_storage_mongo.documents.RootSummary`):
     after the relationship check, or in the hold itself when the store knows
     the stored root and the commit's facts follow from its writes (it inserts
     messages and inserts or replaces runs; see :meth:`hold`). That makes an
@@ -1328,7 +1325,7 @@ class _MongoCommit(CommitTransaction):
         request: CommitThreadInput,
         *,
         exact: bool,
-        stamp: bool = True,
+        write_ahead: bool = True,
     ) -> None:
         self._store = store
         self._session = session
@@ -1337,12 +1334,12 @@ class _MongoCommit(CommitTransaction):
         mutation = request.mutation
         self._changes: ThreadChanges | None = getattr(mutation, "changes", None)
         self._exact = exact
-        self._stamp = stamp
+        self._write_ahead = write_ahead
         self._held_at: datetime | None = None
         self._root_id: Any = None
-        self._previous_facts: RootFacts | None = None
-        self._stamped: RawBSONDocument | None = None
-        self._facts: RootFacts | None = None
+        self._previous_facts: RootSummary | None = None
+        self._written_ahead: RawBSONDocument | None = None
+        self._facts: RootSummary | None = None
         self._root: tuple[ThreadRecord, Mapping[FamilyName, int]] | None = None
         self._stored: RawBSONDocument | None = None
         self.unverified: set[FamilyName] = set()
@@ -1368,8 +1365,8 @@ class _MongoCommit(CommitTransaction):
         the commit time is ``$$NOW`` (never before the last commit) and the
         lease times follow from it on the server — and returns it. The
         pipeline then judges the commit from the known root, and
-        :meth:`write_root` checks that it produced exactly the stamped bytes
-        (anything else is rolled back and judged again without stamping).
+        :meth:`write_root` checks that it produced exactly the bytes written ahead
+        (anything else is rolled back and judged again without writing ahead).
 
         Otherwise an update or delete marks the stored root (``_heldAt:
         $$NOW``) and gets it back in one round trip, but only when it is at
@@ -1384,9 +1381,9 @@ class _MongoCommit(CommitTransaction):
         condition = self._request.condition
         if condition.type == "version":
             expected = condition.version
-            stamped = await self._stamp_ahead(threads, expected)
-            if stamped is not None:
-                return stamped
+            written_ahead = await self._write_root_ahead(threads, expected)
+            if written_ahead is not None:
+                return written_ahead
             held = await threads.find_one_and_update(
                 {
                     **self._key,
@@ -1429,14 +1426,14 @@ class _MongoCommit(CommitTransaction):
         self._previous_facts = _EMPTY_FACTS
         return stored
 
-    async def _stamp_ahead(
+    async def _write_root_ahead(
         self, threads: AsyncCollection[RawBSONDocument], expected: ThreadVersion
     ) -> HeldThread | None:
         """The hold that writes the final root (see :meth:`hold`), when it applies."""
         cached = self._store._roots.get((self._request.scope_key, self._request.thread_id))
         mutation = self._request.mutation
         if (
-            not self._stamp
+            not self._write_ahead
             or cached is None
             or cached.root.version != expected
             or isinstance(mutation, DeleteMutation)
@@ -1446,7 +1443,7 @@ class _MongoCommit(CommitTransaction):
         previous = cached.root
         changes = self._changes or ThreadChanges()
         if isinstance(changes.lease, RenewLease) and previous.lease is None:
-            return None  # a conflict: nothing to stamp
+            return None  # a conflict: nothing to write ahead
         inserted = [
             MessageRef.of(cached.next_positions["messages"] + i, cast(Any, c.record))
             for i, c in enumerate(changes.messages or ())
@@ -1487,24 +1484,24 @@ class _MongoCommit(CommitTransaction):
                     }
                 }
             )
-        stamped = await threads.find_one_and_update(
+        written_ahead = await threads.find_one_and_update(
             {**self._key, "$expr": {"$eq": ["$$ROOT", {"$literal": cached.raw}]}},
             pipeline,
             return_document=ReturnDocument.AFTER,
             session=self._session,
         )
-        if stamped is None:  # the stored root is not the one this store knew
+        if written_ahead is None:  # the stored root is not the one this store knew
             return None
         try:
-            written = stamped["updatedAt"]
-        except (BSONError, ValueError, KeyError):  # pragma: no cover - the stamp wrote it
+            written = written_ahead["updatedAt"]
+        except (BSONError, ValueError, KeyError):  # pragma: no cover - the write ahead wrote it
             written = None
         if not isinstance(written, datetime):  # pragma: no cover - $max of two dates
             raise ThreadStoreInvariantError("invalid stored thread: malformed updatedAt")
         self._held_at = written if written.tzinfo else written.replace(tzinfo=UTC)
         self._root_id = cached.raw["_id"]
         self._previous_facts = cached.facts
-        self._stamped = stamped
+        self._written_ahead = written_ahead
         self._facts = facts
         return HeldThread(previous, cached.next_positions)
 
@@ -1533,11 +1530,11 @@ class _MongoCommit(CommitTransaction):
     async def write_root(
         self, root: ThreadRecord, next_positions: Mapping[FamilyName, int], *, created: bool
     ) -> None:
-        """Check a root stamped in the hold; otherwise keep it for after the relationship check."""
-        if self._stamped is not None:
-            # The stamped document is exactly this root's, or the stamp was wrong.
+        """Check a root written ahead in the hold, or keep it for after the relationship check."""
+        if self._written_ahead is not None:
+            # The document written ahead is exactly this root's, or the prediction was wrong.
             expected = {"_id": self._root_id, **root_document(root, next_positions, self._facts)}
-            if bson.encode(expected) != self._stamped.raw:
+            if bson.encode(expected) != self._written_ahead.raw:
                 raise _Mispredicted()
         self._root = (root, next_positions)
 
@@ -1612,7 +1609,7 @@ class _MongoCommit(CommitTransaction):
     def relationship_reader(self, context: RelationshipContext) -> RelationshipReader:
         reader = self._reader(context)
         derived = self._derive(context)
-        return _KnownFacts(*derived, reader) if derived is not None else reader
+        return _SummaryReader(*derived, reader) if derived is not None else reader
 
     def _reader(self, context: RelationshipContext) -> _Reader:
         inserted = context.writes["messages"].inserts
@@ -1621,14 +1618,14 @@ class _MongoCommit(CommitTransaction):
             self._store,
             self._session,
             self._key,
-            prefetch=context.plan.run_ids | ({context.lease.run_id} if context.lease else set()),
+            prefetch=context.check.run_ids | ({context.lease.run_id} if context.lease else set()),
             tail=inserted[-1] if inserted else None,
             queue_unchanged=not changes.queued_items and not changes.runs,
         )
 
     def _derive(
         self, context: RelationshipContext
-    ) -> tuple[RootFacts, dict[str, OpenRunFacts]] | None:
+    ) -> tuple[RootSummary, dict[str, OpenRunSummary]] | None:
         """The facts after this commit from the previous ones and its writes, when they follow."""
         previous = self._previous_facts
         if previous is None or not _facts_follow(context.changes):
@@ -1650,25 +1647,27 @@ class _MongoCommit(CommitTransaction):
         When the facts follow from the previous ones and this commit's writes,
         they answer the rules' queries (only runs they do not know are
         queried); otherwise the queries run and the facts are read back. A
-        root stamped in the hold is written already: its facts must be the
-        ones derived here (they are, unless the stamp was wrong).
+        root written ahead in the hold is written already: its facts must be the
+        ones derived here (they are, unless the prediction was wrong).
         """
         reader = self._reader(context)
         derived = self._derive(context)
-        await context.plan.check(_KnownFacts(*derived, reader) if derived is not None else reader)
+        await context.check.check(
+            _SummaryReader(*derived, reader) if derived is not None else reader
+        )
         if self._root is None:  # pragma: no cover - the pipeline writes the root first
             raise RuntimeError("the root was not written before the relationship check")
         root, next_positions = self._root
         if derived is not None:
             facts = derived[0]
-        elif self._previous_facts is not None and not context.plan.check_tail:
+        elif self._previous_facts is not None and not context.check.check_tail:
             facts = self._previous_facts  # no message or run changed: nor did the facts
         else:
             facts = await _read_facts(reader)
-        if self._stamped is not None:
+        if self._written_ahead is not None:
             if facts != self._facts:
                 raise _Mispredicted()
-            self._stored = self._stamped
+            self._stored = self._written_ahead
             return
         document = root_document(root, next_positions, facts)
         await self._store._col("threads").replace_one(self._key, document, session=self._session)
@@ -1676,21 +1675,21 @@ class _MongoCommit(CommitTransaction):
         self._stored = RawBSONDocument(bson.encode({"_id": self._root_id, **document}))
 
 
-async def _read_facts(reader: _Reader) -> RootFacts:
+async def _read_facts(reader: _Reader) -> RootSummary:
     """The thread's facts after the commit, through the (memoizing) relationship reader."""
     open_runs = await reader.open_runs()
     tail = await reader.tail()
     facts = await reader.run_facts([r.run_id for r in open_runs]) if open_runs else {}
-    return RootFacts(
+    return RootSummary(
         tail,
         tuple(
-            OpenRunFacts(run, tuple(facts[run.run_id].messages), facts[run.run_id].foreign_inside)
+            OpenRunSummary(run, tuple(facts[run.run_id].messages), facts[run.run_id].foreign_inside)
             for run in open_runs
         ),
     )
 
 
-class _KnownFacts:
+class _SummaryReader:
     """The relationship queries of a commit whose facts follow from its writes.
 
     The open runs, the tail and the facts of every run the facts know (open
@@ -1699,7 +1698,7 @@ class _KnownFacts:
     """
 
     def __init__(
-        self, facts: RootFacts, known: Mapping[str, OpenRunFacts], reader: _Reader
+        self, facts: RootSummary, known: Mapping[str, OpenRunSummary], reader: _Reader
     ) -> None:
         self._facts = facts
         self._known = known
@@ -1711,17 +1710,19 @@ class _KnownFacts:
     async def tail(self) -> MessageRef | None:
         return self._facts.tail
 
-    async def run_facts(self, run_ids: Iterable[str]) -> Mapping[str, RunFacts]:
+    async def run_facts(self, run_ids: Iterable[str]) -> Mapping[str, RunRelations]:
         ids = list(dict.fromkeys(run_ids))
         others = [i for i in ids if i not in self._known]
-        found: dict[str, RunFacts] = dict(await self._reader.run_facts(others)) if others else {}
+        found: dict[str, RunRelations] = (
+            dict(await self._reader.run_facts(others)) if others else {}
+        )
         for run_id in ids:
             if run_id in self._known:
                 known = self._known[run_id]
                 # No queued item names it: an open run is admitted (a valid thread has
                 # none of its items), an inserted run is new, and the commit changes
                 # no queued item.
-                found[run_id] = RunFacts(known.run, list(known.messages), known.foreign, [])
+                found[run_id] = RunRelations(known.run, list(known.messages), known.foreign, [])
         return found
 
 
@@ -1789,7 +1790,7 @@ class _MongoSnapshot(ReadSnapshot):
             families.append(spec.name)
         return stages, families
 
-    async def head(self) -> ReadHead:
+    async def head(self) -> SnapshotRoot:
         """The root, ``$$NOW`` and the first pages in one aggregation (``hello`` for a
         missing thread)."""
         pipeline: list[Doc] = [
@@ -1806,7 +1807,7 @@ class _MongoSnapshot(ReadSnapshot):
             if observed is None:
                 hello = await self._store._hello()
                 observed = hello["localTime"]
-            return ReadHead(observed, None)
+            return SnapshotRoot(observed, None)
         try:
             stored, now = docs[0]["root"], docs[0]["now"]
             for name in families:
@@ -1829,7 +1830,7 @@ class _MongoSnapshot(ReadSnapshot):
             facts = root_facts(decode_or_invalid(stored, "thread"))
             if facts is not None:
                 roots.offer(key, _Cached(stored, root, next_positions, facts))
-        return ReadHead(observed, root, next_positions)
+        return SnapshotRoot(observed, root, next_positions)
 
     async def load_rows(self, spec: FamilySpec, ids: Sequence[str]) -> Mapping[str, Entry[Any]]:
         return await self._store._load(self._session, spec, self._key, ids)
@@ -1958,7 +1959,7 @@ class _Reader:
         self._queue_unchanged = queue_unchanged
         self._runs: dict[str, RunRef] | None = None
         self._open: list[RunRef] | None = None
-        self._facts: dict[str, RunFacts] = {}
+        self._facts: dict[str, RunRelations] = {}
 
     async def _load_runs(self, ids: Iterable[str], with_open: bool) -> None:
         wanted = sorted(set(ids))
@@ -2064,7 +2065,7 @@ class _Reader:
             messages[run_id] = [picked[o] for o in sorted(picked)]
         return messages, spans
 
-    async def run_facts(self, run_ids: Iterable[str]) -> Mapping[str, RunFacts]:
+    async def run_facts(self, run_ids: Iterable[str]) -> Mapping[str, RunRelations]:
         """Facts for each id, each loaded once per commit."""
         ids = list(dict.fromkeys(run_ids))
         missing = [i for i in ids if i not in self._facts]
@@ -2072,7 +2073,7 @@ class _Reader:
             self._facts.update(await self._load_facts(missing))
         return {i: self._facts[i] for i in ids}
 
-    async def _load_facts(self, ids: list[str]) -> dict[str, RunFacts]:
+    async def _load_facts(self, ids: list[str]) -> dict[str, RunRelations]:
         key, session = self._key, self._session
         missing = [i for i in ids if self._runs is None or i not in self._runs]
         known_absent = self._runs is not None and set(missing) <= self._prefetch
@@ -2100,7 +2101,7 @@ class _Reader:
                     raise ThreadStoreInvariantError("invalid stored queued item") from None
                 if run_id in items:
                     items[run_id].append((order, QueueRef(item_id, run_id)))
-        facts: dict[str, RunFacts] = {}
+        facts: dict[str, RunRelations] = {}
         for run_id in ids:
             owned = messages[run_id]
             foreign = False
@@ -2111,7 +2112,7 @@ class _Reader:
                         {**key, "_order": {"$gte": first, "$lte": last}}, session=session
                     )
                     foreign = between != count
-            facts[run_id] = RunFacts(
+            facts[run_id] = RunRelations(
                 run=runs.get(run_id),
                 messages=owned,
                 foreign_inside=foreign,

@@ -26,6 +26,7 @@ An ``http://`` endpoint (an emulator on loopback) is allowed when given.
 from __future__ import annotations
 
 import builtins
+import gc
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
@@ -89,6 +90,13 @@ class S3Blobs(Blobs):
     async def open(self) -> None:
         with _errors("list the bucket"):
             await obstore.list(self._store, "", chunk_size=1).collect_async()
+
+    async def close(self) -> None:
+        # Drop the client while the event loop runs: its connection pool is then
+        # torn down now, not by the interpreter's finalization (which obstore
+        # 0.12 may abort on).
+        self._store = None  # type: ignore[assignment]
+        gc.collect()
 
     async def read_small(self, key: str) -> tuple[bytes, str] | None:
         try:

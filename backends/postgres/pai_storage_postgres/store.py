@@ -63,12 +63,12 @@ from pai_storage.backend import (
     ListPlan,
     MessageRef,
     QueueRef,
-    ReadHead,
     ReadSnapshot,
     RelationshipContext,
     RelationshipReader,
-    RunFacts,
     RunRef,
+    RunRelations,
+    SnapshotRoot,
     SourceChanged,
     ThreadAggregate,
     ThreadConflict,
@@ -83,7 +83,7 @@ from pai_storage.rows import (
     ListCursor,
     ListRow,
     dec,
-    dump_written,
+    dump,
     enc,
     enc_opt,
     list_page,
@@ -747,7 +747,7 @@ class _PgTransaction(_ThreadRows, CommitTransaction):
             next_positions["messages"],
             next_positions["runs"],
             next_positions["queuedItems"],
-            dump_written(root),
+            dump(root),
         )
         if not created:
             await self._conn.execute(update_root_statement(t), *args)
@@ -824,11 +824,11 @@ class _PgSnapshot(_ThreadRows, ReadSnapshot):
         rows: list[Any] = await self._conn.fetch(sql, *args)
         return rows
 
-    async def head(self) -> ReadHead:
+    async def head(self) -> SnapshotRoot:
         (row,) = await self._fetch(head_statement(self._tables.threads), self._scope, self._thread)
         if row["doc"] is None:
-            return ReadHead(row["now"], None)
-        return ReadHead(row["now"], self._parse_root(row["doc"]), self._positions(row))
+            return SnapshotRoot(row["now"], None)
+        return SnapshotRoot(row["now"], self._parse_root(row["doc"]), self._positions(row))
 
     async def anchor_positions(self, message_ids: Sequence[str]) -> Mapping[str, int]:
         rows = await self._conn.fetch(
@@ -862,7 +862,7 @@ class _PgSnapshot(_ThreadRows, ReadSnapshot):
 
     async def head_and_page(
         self, spec: FamilySpec, plan: ChildPagePlan, window: Window
-    ) -> tuple[ReadHead, Sequence[tuple[int, Any]]] | None:
+    ) -> tuple[SnapshotRoot, Sequence[tuple[int, Any]]] | None:
         """The root and the page in one statement (:func:`head_page_statement`).
 
         One statement is its own snapshot: the page is bounded by the family's
@@ -899,12 +899,12 @@ class _PgSnapshot(_ThreadRows, ReadSnapshot):
         if head is None:  # unreachable: the root part always returns its one row
             raise ThreadStoreInvariantError("a read returned no root row")
         if head[1] is None:
-            return ReadHead(head[0], None), ()
+            return SnapshotRoot(head[0], None), ()
         root = self._parse_root(head[1])
         # UNION ALL promises no order across or within its parts: sort here
         # (the rows come in order, so this is one linear pass).
         page.sort(reverse=window.order == "newest")  # positions are unique
-        return ReadHead(head[0], root, self._positions(head)), page_records(spec, page)
+        return SnapshotRoot(head[0], root, self._positions(head)), page_records(spec, page)
 
 
 class _StatementSnapshot(_PgSnapshot):
@@ -1126,7 +1126,7 @@ def _columns(spec: FamilySpec, entries: Sequence[Entry[Any]]) -> list[list[Any]]
     """Column arrays ``position, id, <extra columns>, doc`` for ``unnest``."""
     positions = [e.position for e in entries]
     ids = [enc(spec.record_id(e.record)) for e in entries]
-    docs = [dump_written(e.record) for e in entries]
+    docs = [dump(e.record) for e in entries]
     extra: list[list[Any]]
     if spec.name == "messages":
         records = [cast(Message, e.record) for e in entries]
@@ -1255,7 +1255,7 @@ class _Reader:
         self._scope = scope
         self._thread = thread
 
-    async def run_facts(self, run_ids: Iterable[str]) -> Mapping[str, RunFacts]:
+    async def run_facts(self, run_ids: Iterable[str]) -> Mapping[str, RunRelations]:
         ids = list(run_ids)
         keys = [enc(i) for i in ids]
         conn, s, th = self._conn, self._scope, self._thread
@@ -1279,7 +1279,7 @@ class _Reader:
             keys,
         )
         items = sorted(items, key=lambda r: int(r["position"]))
-        facts: dict[str, RunFacts] = {i: RunFacts(None, [], False, []) for i in ids}
+        facts: dict[str, RunRelations] = {i: RunRelations(None, [], False, []) for i in ids}
         for r in runs:
             rid = dec(r["run_id"])
             status, admitted, queue_item, inputs = run_ref_fields(r["doc"])

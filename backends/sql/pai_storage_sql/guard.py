@@ -32,7 +32,7 @@ from sqlalchemy import ColumnElement, and_, bindparam, delete, select, update
 from sqlalchemy.dialects import mysql, sqlite
 
 from pai_storage.guard import ExecutionGuard, LockInfo
-from pai_storage.models import truncate_ms
+from pai_storage.fields import truncate_ms
 
 from .runtime_support import SqlRuntimeStore, split_client_options
 from .runtime_tables import digest

@@ -74,12 +74,12 @@ from pai_storage.backend import (
     ListPlan,
     MessageRef,
     QueueRef,
-    ReadHead,
     ReadSnapshot,
     RelationshipContext,
     RelationshipReader,
-    RunFacts,
     RunRef,
+    RunRelations,
+    SnapshotRoot,
     SourceChanged,
     ThreadAggregate,
     ThreadConflict,
@@ -93,7 +93,7 @@ from pai_storage.rows import (
     ListCursor,
     ListRow,
     dec,
-    dump_written,
+    dump,
     enc,
     list_page,
     page_records,
@@ -762,7 +762,7 @@ class _Transaction(_ThreadRows, CommitTransaction):
             "messages_next": next_positions["messages"],
             "runs_next": next_positions["runs"],
             "queued_next": next_positions["queuedItems"],
-            "doc": dump_written(root),
+            "doc": dump(root),
         }
         self._check_size("thread root", values["doc"])
         if not created:
@@ -908,7 +908,7 @@ class _Snapshot(_ThreadRows, ReadSnapshot):
 
     async def head_and_page(
         self, spec: FamilySpec, plan: ChildPagePlan, window: Window
-    ) -> tuple[ReadHead, Sequence[tuple[int, Any]]] | None:
+    ) -> tuple[SnapshotRoot, Sequence[tuple[int, Any]]] | None:
         """The root and the page in one ``UNION ALL`` statement (SQLite).
 
         Its second part reads the page's rows by position from a bounded index
@@ -944,13 +944,13 @@ class _Snapshot(_ThreadRows, ReadSnapshot):
             else:
                 found.append((int(position), row_doc, row_id))
         if head is None:
-            return ReadHead(now, None), []
+            return SnapshotRoot(now, None), []
         # Positions are unique: the documents are never compared.
         found.sort(reverse=window.order == "newest")
         root = self._parse_root(head[0])
-        return ReadHead(now, root, self._next(*head[1:])), page_records(spec, found)
+        return SnapshotRoot(now, root, self._next(*head[1:])), page_records(spec, found)
 
-    async def head(self) -> ReadHead:
+    async def head(self) -> SnapshotRoot:
         t = self._t.threads
         cols = (t.c.doc, t.c.messages_next, t.c.runs_next, t.c.queued_next)
         row: Any
@@ -973,9 +973,9 @@ class _Snapshot(_ThreadRows, ReadSnapshot):
             row = (await self._op.rows(stmt, {"k": self._key}))[0]
             now = cast(datetime, row[4]).replace(tzinfo=UTC)
         if row is None or row[0] is None:
-            return ReadHead(now, None)
+            return SnapshotRoot(now, None)
         doc, messages, runs, queued = row[:4]
-        return ReadHead(now, self._parse_root(doc), self._next(messages, runs, queued))
+        return SnapshotRoot(now, self._parse_root(doc), self._next(messages, runs, queued))
 
     async def anchor_positions(self, message_ids: Sequence[str]) -> Mapping[str, int]:
         if not message_ids:
@@ -1149,7 +1149,7 @@ def _row(spec: FamilySpec, entry: Entry[Any]) -> dict[str, Any]:
     else:
         q = cast(QueuedItem, entry.record)
         row.update(queue_item_id=enc(rid), run_h=digest(q.run_id), run_id=enc(q.run_id))
-    row["doc"] = dump_written(entry.record)
+    row["doc"] = dump(entry.record)
     return row
 
 
@@ -1166,9 +1166,9 @@ class _Reader:
         self._t = store.tables
         self._key = key
 
-    async def run_facts(self, run_ids: Iterable[str]) -> Mapping[str, RunFacts]:
+    async def run_facts(self, run_ids: Iterable[str]) -> Mapping[str, RunRelations]:
         ids = list(run_ids)
-        facts: dict[str, RunFacts] = {i: RunFacts(None, [], False, []) for i in ids}
+        facts: dict[str, RunRelations] = {i: RunRelations(None, [], False, []) for i in ids}
         if not ids:
             return facts
         params = {"k": self._key, "ids": [digest(i) for i in ids]}

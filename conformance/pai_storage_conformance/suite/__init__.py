@@ -22,6 +22,7 @@ from .errors import TestErrorsAndWarnings
 from .guard import ExecutionGuardTests
 from .hostile import TestHostileValues
 from .identity import TestIdentityAndScoping
+from .immutability import TestImmutableRecords
 from .json_values import TestStrictJson
 from .kv import KeyValueStoreTests
 from .leases import TestLeases
@@ -50,6 +51,7 @@ __all__ = [
     "TestHostileValues",
     "TestIdSelections",
     "TestIdentityAndScoping",
+    "TestImmutableRecords",
     "TestIsolation",
     "TestKeyValueStore",
     "TestLeases",
@@ -81,6 +83,7 @@ class ThreadStoreConformance(
     TestWorkedExample,
     TestStrictJson,
     TestErrorsAndWarnings,
+    TestImmutableRecords,
     TestHostileValues,
     TestConcurrency,
     TestConversation,

@@ -26,12 +26,10 @@ from pai_storage import (
     ThreadStorePageTokenError,
     ThreadStoreSerializationError,
     ThreadStoreUnavailableError,
-    ToolCallPart,
 )
 from pai_storage import builders as b
-from pai_storage.backend import stored_records
 
-from ._support import assert_same_values, new_scope
+from ._support import new_scope
 
 __all__ = ["TestErrorsAndWarnings"]
 
@@ -951,160 +949,6 @@ class TestErrorsAndWarnings:
 
     # ------------------------------------------------------------ copies
 
-    async def test_mutating_returned_records_does_not_change_the_store(
-        self, store: ThreadStore
-    ) -> None:
-        scope = new_scope()
-        result = await store.commit_thread(
-            b.create(
-                scope,
-                "t1",
-                {"messages": [b.insert(b.message("m1", metadata={"k": [1]}))]},
-                metadata={"a": {"b": [1]}},
-                privateMetadata={"p": 1},
-            )
-        )
-        assert isinstance(result, CommittedResult)
-        assert result.thread is not None
-        result.thread.metadata["a"]["b"].append("committed")
-        result.thread.private_metadata["new"] = 1
-
-        read = await store.read_thread(
-            b.read(scope, "t1", messages={"type": "ids", "messageIds": ["m1"]})
-        )
-        assert read.thread is not None
-        assert read.thread.metadata == {"a": {"b": [1]}}
-        assert read.thread.private_metadata == {"p": 1}
-        read.thread.metadata["a"]["b"].append("read")
-        assert read.messages is not None
-        read.messages.items[0].metadata["k"].append("read")
-        read.messages.items.clear()
-
-        listed = await store.list_threads({"scopeKey": scope, "limit": 5})
-        assert listed.items[0].metadata == {"a": {"b": [1]}}
-        listed.items[0].metadata["a"] = "listed"
-
-        # Every later read gives the stored records, however often the same
-        # records were read and changed before (a store may keep what it read).
-        for _ in range(3):
-            again = await store.read_thread(
-                b.read(scope, "t1", messages={"type": "ids", "messageIds": ["m1"]})
-            )
-            assert again.thread is not None
-            assert again.thread.metadata == {"a": {"b": [1]}}
-            assert again.thread.private_metadata == {"p": 1}
-            assert again.messages is not None
-            assert [m.message_id for m in again.messages.items] == ["m1"]
-            message = again.messages.items[0]
-            assert message.metadata == {"k": [1]}
-            assert [part.to_json() for part in message.parts] == [{"type": "text", "text": "m1"}]
-            again.thread.metadata["a"]["b"].append("again")
-            again.thread.private_metadata.clear()
-            message.metadata["k"].append("again")
-            message.parts.clear()
-            listed = await store.list_threads({"scopeKey": scope, "limit": 5})
-            assert listed.items[0].metadata == {"a": {"b": [1]}}
-            listed.items[0].metadata["a"]["b"].append("listed")
-
-    async def test_changing_every_value_of_read_records_changes_no_later_read(
-        self, store: ThreadStore
-    ) -> None:
-        # Runs, queued items and every kind of part, read and changed again and
-        # again: each read gives the stored JSON form.
-        scope = new_scope()
-        request = await _thread_of_every_kind(store, scope)
-
-        def json_forms(read: ThreadReadResult) -> tuple[list[Any], ...]:
-            assert read.messages is not None
-            assert read.runs is not None
-            assert read.queued_items is not None
-            return tuple(
-                [item.to_json() for item in page.items]
-                for page in (read.messages, read.runs, read.queued_items)
-            )
-
-        expected = json_forms(await store.read_thread(request))
-        assert expected[0][0]["parts"][2] == _EVERY_PART[2]  # no output: none read
-        for _ in range(3):
-            read = await store.read_thread(request)
-            assert json_forms(read) == expected
-            assert read.messages is not None
-            assert read.runs is not None
-            assert read.queued_items is not None
-            read_message = read.messages.items[0]
-            read_message.metadata["k"]["n"].append("changed")
-            text, call, bare, data = read_message.parts
-            assert isinstance(text, TextPart)
-            assert isinstance(call, ToolCallPart)
-            assert isinstance(bare, ToolCallPart)
-            assert isinstance(data, DataPart)
-            assert text.provider_metadata is not None
-            text.provider_metadata["p"].append("changed")
-            call.input["q"].append("changed")
-            call.output["hits"][0]["id"] = "changed"
-            assert call.call_provider_metadata is not None
-            call.call_provider_metadata["c"]["new"] = 1
-            bare.model_fields_set.add("output")  # would write "output": null
-            data.data.append("changed")
-            read_message.parts.reverse()
-            for read_run in read.runs.items:
-                read_run.input_message_ids.append("changed")
-                read_run.metadata["m"] = "changed"
-                read_run.private_metadata["new"] = 1
-            read.queued_items.items[0].input["input"].append("changed")
-            read.queued_items.items[0].metadata["new"] = 1
-
-    async def test_records_read_back_are_the_same_with_or_without_remembered_records(
-        self, store: ThreadStore
-    ) -> None:
-        # A store may keep the records it writes, and records read before, by
-        # their stored form (stored_records): what it gives from them is what
-        # validating that form gives, value for value, fields sets included.
-        scope = new_scope()
-        by_ids = await _thread_of_every_kind(store, scope)
-        first = await store.read_thread(by_ids)
-        assert first.thread is not None
-        assert first.messages is not None
-        later = b.message("m2", metadata={"n": None}, run_id="r1", relation="output")
-        later["parts"] = [{"type": "text", "text": "t", "providerMetadata": None}]
-        later["producer"] = {"kind": "agent", "id": None}
-        replaced = {**first.messages.items[0].to_draft().to_json(), "metadata": {"replaced": [1.5]}}
-        updated = await store.commit_thread(
-            b.update_at(
-                scope,
-                "t1",
-                first.thread.version,
-                {"messages": [b.replace(replaced), b.insert(later)]},
-                root=b.root(metadata={"root": [1.0, {"x": None}]}, category=None),
-            )
-        )
-        assert isinstance(updated, CommittedResult)
-        newest = b.read(
-            scope,
-            "t1",
-            messages={"type": "page", "view": "raw", "order": "newest", "page": {"limit": 1}},
-        )
-        listing = {"scopeKey": scope, "limit": 5}
-
-        async def read_all() -> tuple[Any, ...]:
-            read, page = await store.read_thread(by_ids), await store.read_thread(newest)
-            listed = await store.list_threads(listing)
-            return (read.thread, read.messages, read.runs, read.queued_items, page.messages, listed)
-
-        kept = [await read_all() for _ in range(3)]  # written, then read again
-        entries, size = stored_records.limits
-        stored_records.resize(entries=0, size=0)
-        try:
-            validated = await read_all()
-        finally:
-            stored_records.resize(entries=entries, size=size)
-        assert validated[1] is not None
-        assert validated[1].items[0].metadata == {"replaced": [1.5]}
-        assert validated[4] is not None
-        assert validated[4].items[0].producer.id is None
-        for values in kept:
-            assert_same_values(values, validated)
-
     async def test_mutating_inputs_after_commit_does_not_change_the_store(
         self, store: ThreadStore
     ) -> None:
@@ -1131,7 +975,8 @@ class TestErrorsAndWarnings:
         scope_model = new_scope()
         model_data = model.model_copy(update={"scope_key": scope_model})
         await store.commit_thread(model_data)
-        model_data.mutation.root.metadata["root"]["x"] = 3  # type: ignore[union-attr]
+        with pytest.raises(TypeError):  # a model's values are read-only
+            model_data.mutation.root.metadata["root"]["x"] = 3  # type: ignore[union-attr]
 
         for current in (scope, scope_model):
             read = await store.read_thread(

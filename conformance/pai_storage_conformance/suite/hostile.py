@@ -622,7 +622,7 @@ class TestHostileValues:
     async def test_a_model_changed_after_validation_is_validated_again(
         self, store: ThreadStore
     ) -> None:
-        # A parsed model's own dicts can still be changed, and pydantic's
+        # A parsed model's values are read-only, but pydantic's
         # model_copy(update=...) does not validate: a model input is checked like
         # its JSON form, and nothing is written.
         scope = new_scope("hostile")
@@ -632,15 +632,18 @@ class TestHostileValues:
             return CommitThreadInput.model_validate(b.create(scope, "t1", changes))
 
         changed = commit()
-        assert changed.mutation.root is not None  # type: ignore[union-attr]
-        changed.mutation.root.metadata["x"] = float("nan")  # type: ignore[union-attr]
+        root = changed.mutation.root  # type: ignore[union-attr]
+        assert root is not None
+        with pytest.raises(TypeError):
+            root.metadata["x"] = float("nan")
+        nan_root = root.model_copy(update={"metadata": {"x": float("nan")}})
+        mutation = changed.mutation.model_copy(update={"root": nan_root})
         with pytest.raises(ThreadStoreSerializationError, match="metadata"):
-            await store.commit_thread(changed)
+            await store.commit_thread(changed.model_copy(update={"mutation": mutation}))
         message = commit()
         record = message.mutation.changes.messages[0].record  # type: ignore[union-attr,index]
-        record.metadata["b"] = b"raw"
-        with pytest.raises(ThreadStoreSerializationError, match="metadata"):
-            await store.commit_thread(message)
+        with pytest.raises(TypeError):
+            record.metadata["b"] = b"raw"
         for update in ({"scope_key": "a\ud800"}, {"thread_id": 5}, {"thread_id": ""}):
             with pytest.raises(ThreadStoreInvariantError):
                 await store.commit_thread(commit().model_copy(update=update))
@@ -674,8 +677,8 @@ class TestHostileValues:
             b.create(scope, "t1", {"messages": [{"type": "insert", "record": draft}]})
         )
         assert isinstance(created, CommittedResult)
-        draft.metadata["k"].append(2)  # the caller's object, after the commit
-        draft.metadata["late"] = True
+        with pytest.raises(TypeError):  # the caller's model is read-only, too
+            draft.metadata["k"].append(2)
         read = await store.read_thread(
             b.read(scope, "t1", messages={"type": "ids", "messageIds": ["m1"]})
         )

@@ -28,6 +28,7 @@ from pai_storage import (
     public_projection,
 )
 from pai_storage import builders as b
+from pai_storage.frozen import FrozenDict, FrozenList
 
 from ._support import new_scope
 
@@ -291,9 +292,16 @@ ROUND_TRIP: dict[str, Any] = {
 }
 
 
+_READ_ONLY: dict[type, type] = {FrozenDict: dict, FrozenList: list}
+
+
 def _assert_same(got: Any, expected: Any, path: str = "") -> None:
-    """Equal values, equal types (``1`` vs ``1.0``, ``True`` vs ``1``) and equal key order."""
-    assert type(got) is type(expected), f"{path}: {type(got).__name__} != {type(expected).__name__}"
+    """Equal values, equal types (``1`` vs ``1.0``, ``True`` vs ``1``) and equal key order.
+
+    A record's read-only containers are its ``dict`` and ``list`` values.
+    """
+    kind = _READ_ONLY.get(type(got), type(got))
+    assert kind is type(expected), f"{path}: {type(got).__name__} != {type(expected).__name__}"
     if isinstance(expected, dict):
         assert list(got) == list(expected), f"{path}: key order {list(got)} != {list(expected)}"
         for key in expected:

@@ -56,12 +56,12 @@ from pai_storage.backend import (
     HeldThread,
     MessageRef,
     QueueRef,
-    ReadHead,
     ReadSnapshot,
     RelationshipContext,
     RelationshipReader,
-    RunFacts,
     RunRef,
+    RunRelations,
+    SnapshotRoot,
     SourceChanged,
     ThreadAggregate,
     ThreadConflict,
@@ -183,13 +183,13 @@ class _Transaction(CommitTransaction, RelationshipReader):
     def relationship_reader(self, context: RelationshipContext) -> RelationshipReader:
         return self
 
-    async def run_facts(self, run_ids: Iterable[str]) -> Mapping[str, RunFacts]:
+    async def run_facts(self, run_ids: Iterable[str]) -> Mapping[str, RunRelations]:
         messages, runs, queued = (self.view.rows(spec) for spec in FAMILIES)
         facts = {}
         for run_id in run_ids:
             run = next((e.record for e in runs if e.record.run_id == run_id), None)
             owned = [i for i, e in enumerate(messages) if e.record.run_id == run_id]
-            facts[run_id] = RunFacts(
+            facts[run_id] = RunRelations(
                 run=RunRef.of(run) if run is not None else None,
                 messages=[MessageRef.of(messages[i].position, messages[i].record) for i in owned],
                 foreign_inside=bool(owned) and owned[-1] - owned[0] + 1 != len(owned),
@@ -212,9 +212,9 @@ class _Snapshot(ReadSnapshot):
     def __init__(self, view: _View) -> None:
         self.view = view
 
-    async def head(self) -> ReadHead:
+    async def head(self) -> SnapshotRoot:
         root, positions = self.view.root()
-        return ReadHead(truncate_ms(system_clock()), root, positions)
+        return SnapshotRoot(truncate_ms(system_clock()), root, positions)
 
     async def load_rows(self, spec: FamilySpec, ids: Sequence[str]) -> Mapping[str, Entry[Any]]:
         return {i: entry for i in ids if (entry := self.view.row(spec, i)) is not None}
