@@ -56,36 +56,14 @@ held to these input limits.
 
 from __future__ import annotations
 
-import copy
-import functools
 import json
-import math
-import operator
-import re
-import types
-import typing
-from collections.abc import Callable, Iterable, Mapping
-from datetime import UTC, datetime
-from typing import (
-    Annotated,
-    Any,
-    ClassVar,
-    Generic,
-    Literal,
-    Self,
-    TypeVar,
-    cast,
-    get_args,
-    get_origin,
-)
+from typing import Annotated, Any, ClassVar, Generic, Literal, Self, TypeVar, cast
 
 from pydantic import (
     AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
-    PlainSerializer,
-    PlainValidator,
     SerializationInfo,
     SerializerFunctionWrapHandler,
     StrictBool,
@@ -331,7 +309,7 @@ class StoreModel(BaseModel):
             yield name, (_Opaque(value) if name in _OPAQUE_FIELDS else value)
 
     def to_json(self) -> dict[str, Any]:
-        """The JSON form of this value (a fresh ``dict``).
+        """The JSON form of this value (a fresh, changeable ``dict``).
 
         The same as ``model_dump(mode="json", by_alias=True)``, about twice as fast.
         """
@@ -487,7 +465,7 @@ class Visibility(StoreModel):
 class _MessageFields(StoreModel):
     message_id: Id
     role: Literal["user", "assistant", "system", "tool"]
-    parts: Annotated[list[Part], Field(min_length=1)]
+    parts: Annotated[Items[Part], Field(min_length=1)]
     producer: Producer
     association: Association
     visibility: Visibility
@@ -551,7 +529,7 @@ class _RunFields(StoreModel):
     run_id: Id
     status: RunStatus
     initiator: RunInitiator
-    input_message_ids: list[Id]
+    input_message_ids: Items[Id]
     operation: Operation | None = None
     error: RunError | None = None
     metadata: JsonObject
@@ -617,7 +595,7 @@ def _distinct(ids: list[str]) -> list[str]:
 
 
 IdSelection = Annotated[
-    list[Id], Field(min_length=1, max_length=MAX_ID_SELECTION_SIZE), AfterValidator(_distinct)
+    Items[Id], Field(min_length=1, max_length=MAX_ID_SELECTION_SIZE), AfterValidator(_distinct)
 ]
 
 
@@ -653,7 +631,7 @@ class RunIdsSelection(StoreModel):
 class RunPageSelection(StoreModel):
     type: Literal["page"]
     order: Order | None = None
-    statuses: Annotated[list[RunStatus], Field(min_length=1)] | None = None
+    statuses: Annotated[Items[RunStatus], Field(min_length=1)] | None = None
     page: PageRequest
 
 
@@ -690,7 +668,7 @@ class ReadThreadInput(StoreModel):
 
 
 class Page(StoreModel, Generic[T]):
-    items: list[T]
+    items: Items[T]
     next_page_token: StrictStr | None = None
 
 
@@ -834,9 +812,9 @@ LeaseChange = Annotated[AcquireLease | RenewLease | ReleaseLease, Field(discrimi
 
 
 class ThreadChanges(StoreModel):
-    messages: list[MessageChange] | None = None
-    runs: list[RunChange] | None = None
-    queued_items: list[QueuedItemChange] | None = None
+    messages: Items[MessageChange] | None = None
+    runs: Items[RunChange] | None = None
+    queued_items: Items[QueuedItemChange] | None = None
     lease: LeaseChange | None = None
 
 

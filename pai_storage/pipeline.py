@@ -114,7 +114,7 @@ class RelationshipContext:
 
     Attributes
     ----------
-    plan:
+    check:
         The runs to check and whether the tail rule needs a look.
     changes:
         The commit's changes.
@@ -298,7 +298,7 @@ async def _judge(
         truncated_run_ids=truncated.get("runs", ()),
         lease=lease,
     )
-    await tx.check_relationships(RelationshipContext(plan, changes, writes, lease))
+    await tx.check_relationships(RelationshipContext(check, changes, writes, lease))
     # The root and the time were stamped here: no second validation of the result.
     return CommittedResult.trusted({"type": "committed", "thread": root, "committed_at": now})
 

@@ -401,5 +401,5 @@ def relationship_check(
             old_run = previous_item_runs.get(item_change.id)
         if old_run is not None:
             affected.add(old_run)
-    plan.check_tail = bool(changes.messages or changes.runs)
-    return plan
+    check.check_tail = bool(changes.messages or changes.runs)
+    return check

@@ -19,7 +19,6 @@ deleted and re-created is rejected.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -37,7 +36,6 @@ from .models import (
     MessageIdsSelection,
     MessagePageSelection,
     MessageSelection,
-    Order,
     Page,
     QueuedItem,
     QueuedItemIdsSelection,

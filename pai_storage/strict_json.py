@@ -170,11 +170,11 @@ def _copy_tree(value: dict[Any, Any] | list[Any], depth: int, walk: _Walk) -> An
         raise _TooBig
     depth += 1
     out: Any
-    if type(value) is dict:
+    if type(value) in _DICTS:
         out = {}
         key: Any = None
         try:
-            for key, sub in value.items():
+            for key, sub in cast(dict[Any, Any], value).items():
                 if type(key) is not str or not key.isascii():
                     bad = _bad_key(key)
                     if bad is not None:
@@ -183,7 +183,7 @@ def _copy_tree(value: dict[Any, Any] | list[Any], depth: int, walk: _Walk) -> An
                 if kind is str:
                     if not sub.isascii() and _SURROGATE.search(sub):
                         raise _Bad(_describe(sub))
-                elif kind is dict or kind is list:
+                elif kind in _CONTAINERS:
                     sub = _copy_tree(sub, depth, walk)
                 elif kind is int:
                     if not INT64_MIN <= sub <= INT64_MAX:
@@ -205,7 +205,7 @@ def _copy_tree(value: dict[Any, Any] | list[Any], depth: int, walk: _Walk) -> An
                 if kind is str:
                     if not sub.isascii() and _SURROGATE.search(sub):
                         raise _Bad(_describe(sub))
-                elif kind is dict or kind is list:
+                elif kind in _CONTAINERS:
                     sub = _copy_tree(sub, depth, walk)
                 elif kind is int:
                     if not INT64_MIN <= sub <= INT64_MAX:
@@ -251,8 +251,8 @@ def _copy_shared(value: dict[Any, Any] | list[Any], depth: int, walk: _Walk) -> 
     if walk.nodes > MAX_JSON_NODES:
         raise _TooBig
     height = 0
-    items = value.items() if type(value) is dict else enumerate(value)
-    out: Any = {} if type(value) is dict else []
+    items = cast(dict[Any, Any], value).items() if type(value) in _DICTS else enumerate(value)
+    out: Any = {} if type(value) in _DICTS else []
     segment: Any = None
     try:
         for segment, sub in items:
@@ -261,7 +261,7 @@ def _copy_shared(value: dict[Any, Any] | list[Any], depth: int, walk: _Walk) -> 
                 if bad is not None:
                     raise bad
             kind = type(sub)
-            if kind is dict or kind is list:
+            if kind in _CONTAINERS:
                 sub, sub_height = _copy_shared(sub, depth + 1, walk)
                 height = max(height, sub_height)
             elif not _scalar_ok(sub, kind):
@@ -286,7 +286,7 @@ def _render(path: str, segments: list[str | int]) -> str:
     return path
 
 
-def check_json(value: Any, path: str = "") -> Any:
+def check_json(value: Any, path: str = "", *, frozen: bool = False) -> Any:
     """Return the store's own copy of ``value``, or raise unless it is strict JSON.
 
     Raises :class:`ThreadStoreSerializationError` naming the first bad value;
@@ -302,12 +302,14 @@ def check_json(value: Any, path: str = "") -> Any:
             raise _fail(path, _describe(value))
         return value
     if not value:  # an empty object or array (most metadata): its copy, no walk
-        return {} if kind is dict else []
+        if frozen:
+            return _EMPTY_DICT if kind in _DICTS else _EMPTY_LIST
+        return {} if kind in _DICTS else []
     try:
         try:
-            return _copy_tree(value, 0, _Walk())
+            return _copy_tree(value, 0, _Walk(frozen))
         except _Shared:
-            return _copy_shared(value, 0, _Walk())[0]
+            return _copy_shared(value, 0, _Walk(frozen))[0]
     except _Bad as bad:
         raise _fail(_render(path, bad.segments), bad.reason) from None
     except _TooBig:

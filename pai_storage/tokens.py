@@ -25,7 +25,6 @@ import base64
 import binascii
 import hashlib
 import hmac
-import importlib
 import json
 import re
 from collections.abc import Callable

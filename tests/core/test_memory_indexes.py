@@ -357,7 +357,7 @@ def _stored_containers(thread: IndexedThread) -> dict[int, Any]:
     return found
 
 
-async def test_inputs_and_results_share_no_container_with_stored_state() -> None:
+async def test_stored_state_shares_no_container_with_inputs_and_is_read_only() -> None:
     store, _ = _long_thread_store()
     tool = {
         "type": "tool-call",

@@ -181,7 +181,7 @@ async def test_worked_example_one_turn() -> None:
         assert again.current_version == root.version
 
 
-async def test_copies_in_and_out() -> None:
+async def test_copies_in_read_only_out() -> None:
     async with open_store("memory://") as store:
         metadata: dict[str, Any] = {"tags": ["a"], "n": 1}
         message = b.message("m1", metadata={"k": [1]})

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import json
+import pickle
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
@@ -31,8 +33,6 @@ from pai_storage import (
     ToolCallPart,
     TruncateChange,
     format_timestamp,
-    models,
-    selection,
     truncate_ms,
 )
 from pai_storage import builders as b

@@ -3,7 +3,6 @@ a page in one request (``ReadSnapshot.head_and_page``) or in separate ones."""
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -14,8 +13,6 @@ from pai_storage import (
     ThreadAggregate,
     ThreadReadResult,
     ThreadStorePageTokenError,
-    models,
-    selection,
 )
 from pai_storage import builders as b
 from pai_storage.backend import (

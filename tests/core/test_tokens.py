@@ -5,11 +5,9 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import importlib
 import json
 import re
 import string
-import sys
 from typing import Any
 
 import pytest
@@ -21,7 +19,6 @@ from pai_storage import (
     ThreadStoreConfigurationError,
     ThreadStorePageTokenError,
     open_store,
-    tokens,
 )
 from pai_storage import builders as b
 from pai_storage.backend import PageTokenCodec, query_digest

@@ -1,6 +1,6 @@
 """The read fast paths give exactly what full validation gives.
 
-``StoreModel.trusted`` builds a model from checked fields; ``model_validate_stored``
+``StoreModel.trusted`` builds a model from checked fields; ``codec.decode``
 validates stored JSON text with pydantic-core constraints only, falling back to
 ``model_validate_json`` for anything they reject.
 """
@@ -25,8 +25,10 @@ from pai_storage import (
     ThreadRecord,
     ThreadStoreInvariantError,
     ThreadStoreSerializationError,
+    codec,
 )
-from pai_storage.models import _DECODED_VALIDATORS, _STORED_VALIDATORS
+from pai_storage.codec import _DECODED as _DECODED_VALIDATORS
+from pai_storage.codec import _STORED as _STORED_VALIDATORS
 from pai_storage.strict_json import MAX_JSON_DEPTH, MAX_JSON_NODES
 
 from . import strategies as s
@@ -82,7 +84,7 @@ def test_stored_text_validates_like_model_validate_json(
 ) -> None:
     text = stored_text(model, data.draw(strategy))
     expected = model.model_validate_json(text)
-    stored = model.model_validate_stored(text)
+    stored = codec.decode(model, text)
     records = [stored]
     # The fast path alone: it may refuse valid text (floats beyond 2**63), never accept
     # anything else than what full validation gives.
@@ -162,7 +164,7 @@ def test_invalid_stored_text_raises_what_model_validate_json_raises(text: str) -
     with pytest.raises(ThreadStoreInvariantError) as expected:
         Message.model_validate_json(text)
     with pytest.raises(ThreadStoreInvariantError) as got:
-        Message.model_validate_stored(text)
+        codec.decode(Message, text)
     _assert_stored_form(got.value, expected.value)
 
 
@@ -203,7 +205,7 @@ VALID_STORED = {
 @pytest.mark.parametrize(("text_id", "text"), VALID_STORED.items(), ids=VALID_STORED.keys())
 def test_valid_stored_text_gives_what_model_validate_json_gives(text_id: str, text: str) -> None:
     expected = Message.model_validate_json(text)
-    got = Message.model_validate_stored(text)
+    got = codec.decode(Message, text)
     if "full check" not in text_id:
         assert got == _STORED_VALIDATORS[Message].validate_json(text)  # taken by the fast path
     assert got == expected
@@ -215,25 +217,29 @@ def test_a_page_of_stored_texts_validates_like_each_text() -> None:
     # Valid texts (fast path and full check alike) give the records each gives
     # alone; an invalid one anywhere in the page raises what it raises alone.
     valid = list(VALID_STORED.values())
-    got = Message.model_validate_stored_many(valid)
-    assert got == [Message.model_validate_stored(text) for text in valid]
+    got = codec.decode_many(Message, valid)
+    assert got == [codec.decode(Message, text) for text in valid]
     assert [json.dumps(r.to_json()) for r in got] == [
         json.dumps(Message.model_validate_json(text).to_json()) for text in valid
     ]
-    assert Message.model_validate_stored_many([]) == []
+    assert codec.decode_many(Message, []) == []
     for text in INVALID_STORED.values():
         with pytest.raises(ThreadStoreInvariantError) as alone:
-            Message.model_validate_stored(text)
+            codec.decode(Message, text)
         with pytest.raises(ThreadStoreInvariantError) as in_page:
-            Message.model_validate_stored_many([*valid[:2], text, *valid[2:]])
+            codec.decode_many(Message, [*valid[:2], text, *valid[2:]])
         assert type(in_page.value) is type(alone.value)
         assert str(in_page.value) == str(alone.value)
 
 
-def test_stored_opaque_values_are_fresh_objects() -> None:
+def test_stored_opaque_values_are_read_only_and_shared() -> None:
     text = _with_metadata('{"x":[1,{"y":2}]}')
-    first, second = Message.model_validate_stored(text), Message.model_validate_stored(text)
-    first.metadata["x"][1]["y"] = 3
+    first, second = codec.decode(Message, text), codec.decode(Message, text)
+    assert second is first  # from the cache: immutable, so shared
+    with pytest.raises(TypeError):
+        first.metadata["x"][1]["y"] = 3
+    with pytest.raises(TypeError):
+        first.metadata["x"].append(3)
     assert second.metadata == {"x": [1, {"y": 2}]}
 
 
@@ -250,7 +256,7 @@ def test_decoded_document_validates_like_model_validate(
 ) -> None:
     text = stored_text(model, data.draw(strategy))
     expected = model.model_validate(json.loads(text))
-    got = model.model_validate_decoded(json.loads(text), len(text))
+    got = codec.decode_document(model, json.loads(text), len(text))
     records = [got]
     with contextlib.suppress(ValidationError):
         records.append(_DECODED_VALIDATORS[model].validate_python(json.loads(text)))
@@ -295,14 +301,14 @@ def test_invalid_decoded_document_raises_what_model_validate_raises(value: Any) 
     with pytest.raises(ThreadStoreInvariantError) as expected:
         Message.model_validate(value)
     with pytest.raises(ThreadStoreInvariantError) as got:
-        Message.model_validate_decoded(value, 1000)
+        codec.decode_document(Message, value, 1000)
     _assert_stored_form(got.value, expected.value)
 
 
 @pytest.mark.parametrize(("text_id", "text"), VALID_STORED.items(), ids=VALID_STORED.keys())
 def test_valid_decoded_document_gives_what_model_validate_gives(text_id: str, text: str) -> None:
     expected = Message.model_validate(_decoded(text))
-    got = Message.model_validate_decoded(_decoded(text), len(text))
+    got = codec.decode_document(Message, _decoded(text), len(text))
     if "full check" not in text_id:
         assert got == _DECODED_VALIDATORS[Message].validate_python(_decoded(text))
     assert got == expected
@@ -318,7 +324,7 @@ def test_a_large_decoded_document_takes_the_full_check() -> None:
     with pytest.raises(ThreadStoreInvariantError) as expected:
         Message.model_validate(value)
     with pytest.raises(ThreadStoreInvariantError) as got:
-        Message.model_validate_decoded(value, 3 * MAX_JSON_NODES)
+        codec.decode_document(Message, value, 3 * MAX_JSON_NODES)
     _assert_stored_form(got.value, expected.value)
 
 
@@ -330,11 +336,11 @@ def test_a_stored_error_never_quotes_stored_contents() -> None:
     extra = json.dumps(_message(**{secret: 1}))
     for text in (metadata, extra):
         with pytest.raises(ThreadStoreInvariantError) as stored:
-            Message.model_validate_stored(text)
+            codec.decode(Message, text)
         assert secret not in str(stored.value)
         assert "ssn-123" not in str(stored.value)
         with pytest.raises(ThreadStoreInvariantError) as decoded:
-            Message.model_validate_decoded(_decoded(text), len(text))
+            codec.decode_document(Message, _decoded(text), len(text))
         assert secret not in str(decoded.value)
     # An input's error still names the path (the caller's own data).
     with pytest.raises(ThreadStoreInvariantError, match="ssn-123"):
@@ -345,12 +351,12 @@ def test_a_decoded_document_with_text_for_a_date() -> None:
     # A JSON document's timestamps are text: the full check parses them. A BSON
     # document's are dates (dates=True): text there is invalid stored data.
     text = json.dumps(_message())
-    assert Message.model_validate_decoded(json.loads(text), len(text)) == Message.model_validate(
+    assert codec.decode_document(Message, json.loads(text), len(text)) == Message.model_validate(
         json.loads(text)
     )
     with pytest.raises(ThreadStoreInvariantError, match=r"createdAt: a stored timestamp must"):
-        Message.model_validate_decoded(json.loads(text), len(text), dates=True)
+        codec.decode_document(Message, json.loads(text), len(text), dates=True)
     bson = _decoded(text)
-    assert Message.model_validate_decoded(bson, len(text), dates=True) == Message.model_validate(
+    assert codec.decode_document(Message, bson, len(text), dates=True) == Message.model_validate(
         bson
     )

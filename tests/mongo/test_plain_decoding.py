@@ -32,8 +32,15 @@ from pai_storage_mongo.documents import (
     root_document,
 )
 
-from pai_storage import Message, QueuedItem, RunRecord, ThreadRecord, ThreadStoreInvariantError
-from pai_storage.backend import family, stored_records
+from pai_storage import (
+    Message,
+    QueuedItem,
+    RunRecord,
+    ThreadRecord,
+    ThreadStoreInvariantError,
+    codec,
+)
+from pai_storage.backend import family
 
 COUNTERS = {"messages": 3, "runs": 2, "queuedItems": 5}
 CHILDREN: dict[str, tuple[Any, Any]] = {
@@ -44,11 +51,11 @@ CHILDREN: dict[str, tuple[Any, Any]] = {
 
 
 @pytest.fixture(autouse=True)
-def fresh_memo() -> Iterator[None]:
+def fresh_cache() -> Iterator[None]:
     # Each test starts with no remembered documents (a hit is a copy of a read).
-    stored_records.clear()
+    codec.cache.clear()
     yield
-    stored_records.clear()
+    codec.cache.clear()
 
 
 def _raw(doc: dict[str, Any]) -> RawBSONDocument:
@@ -197,24 +204,30 @@ def test_undecodable_bytes_are_the_exact_paths_error() -> None:
         read_child(Message, raw)
 
 
-def test_a_document_read_again_gives_a_copy_of_the_same_record() -> None:
-    # Documents read more than once come from stored_records, by their bytes:
-    # every read gives the same record, and none shares anything changeable.
+def test_a_document_read_again_gives_the_same_shared_record() -> None:
+    # Documents read before come from the codec's cache, by their bytes: every
+    # read gives the same record, which nobody can change.
     raw = _raw(_message_doc())
     expected = _exact_child(Message, raw)
-    for kept in (0, 1, 1, 1):  # kept when read the second time
+    first = read_child(Message, raw)
+    for _ in range(3):
         order, record = read_child(Message, raw)
         assert (order, record) == expected
-        assert len(stored_records) == kept
-        record.metadata["n"] = "changed"
-        record.parts.clear()
+        assert record is first[1]
+        assert len(codec.cache) == 1
+        with pytest.raises(TypeError):
+            record.metadata["n"] = "changed"
+        with pytest.raises(TypeError):
+            record.parts.clear()
     root = _root_record(metadata={"a": [1]})
     raw_root = _raw(root_document(root, COUNTERS))
     for _ in range(4):
         record, counters = read_root(raw_root)
         assert (record, counters) == (root, COUNTERS)
-        record.metadata["a"].append("changed")
-        counters["messages"] = 0
+        with pytest.raises(TypeError):
+            record.metadata["a"].append("changed")
+        with pytest.raises(TypeError):
+            counters["messages"] = 0
     damaged = _message_doc(status="done")  # other bytes: read anew, and refused
     with pytest.raises(ThreadStoreInvariantError):
         read_child(Message, _raw(damaged))

@@ -27,7 +27,7 @@ from pai_storage import (
     ThreadStorePageTokenError,
 )
 from pai_storage import builders as b
-from pai_storage.backend import ChildPagePlan, FamilySpec, ReadHead, Window, run_read
+from pai_storage.backend import ChildPagePlan, FamilySpec, SnapshotRoot, Window, run_read
 from pai_storage.families import family as family_spec
 
 from .helpers import URL, dsn
@@ -68,7 +68,7 @@ class _TwoStep(_PgSnapshot):
 
     async def head_and_page(
         self, spec: FamilySpec, plan: ChildPagePlan, window: Window
-    ) -> tuple[ReadHead, Sequence[tuple[int, Any]]] | None:
+    ) -> tuple[SnapshotRoot, Sequence[tuple[int, Any]]] | None:
         return None
 
 
@@ -176,7 +176,7 @@ async def test_single_pages_take_one_statement(
     await _fill(store)
     calls: list[str] = []
 
-    async def head(self: _PgSnapshot) -> ReadHead:
+    async def head(self: _PgSnapshot) -> SnapshotRoot:
         calls.append("head")
         return await original_head(self)
 
