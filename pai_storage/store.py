@@ -41,6 +41,7 @@ from .selection import SelectionHelpers
 if TYPE_CHECKING:
     from .aggregate import ThreadAggregate
     from .conversation import Conversation
+    from .inputs import CommitThreadJSON, ListThreadsJSON, ReadThreadJSON
     from .maintenance import ForkRequest, PrunedThread, ThreadHead
     from .models import ThreadVersion
     from .transfer import ImportReport
@@ -133,7 +134,9 @@ class ThreadStore(ManagedStore, ABC):
 
     # ------------------------------------------------------------ public API
 
-    async def read_thread(self, request: ReadThreadInput | Mapping[str, Any]) -> ThreadReadResult:
+    async def read_thread(
+        self, request: ReadThreadInput | ReadThreadJSON | Mapping[str, Any]
+    ) -> ThreadReadResult:
         """Read a thread root and the selected pages of its child families.
 
         A missing thread gives ``thread=None`` and no pages. Otherwise there is
@@ -154,7 +157,7 @@ class ThreadStore(ManagedStore, ABC):
         return await self._read_thread(parsed)
 
     async def list_threads(
-        self, request: ListThreadsInput | Mapping[str, Any]
+        self, request: ListThreadsInput | ListThreadsJSON | Mapping[str, Any]
     ) -> Page[ThreadRecord]:
         """List thread roots of one scope, newest update first, then by thread id.
 
@@ -168,7 +171,7 @@ class ThreadStore(ManagedStore, ABC):
         return await self._list_threads(parsed)
 
     async def commit_thread(
-        self, request: CommitThreadInput | Mapping[str, Any]
+        self, request: CommitThreadInput | CommitThreadJSON | Mapping[str, Any]
     ) -> CommittedResult | ConflictResult:
         """Atomically compare the version and apply one complete write set.
 
@@ -306,7 +309,7 @@ class ThreadStore(ManagedStore, ABC):
         runs that are open (``running``/``waiting``) or ``queued``, runs with
         a message after the cut or created after the cut message, nor any
         message of such a run. Copied records keep their timestamps and
-        positions. The fork is planned and copied at one version of the
+        positions. The fork's plan is made and copied at one version of the
         source (inside one transaction that holds it, or one snapshot), so
         commits to the source while it is forked do not make it fail.
 
