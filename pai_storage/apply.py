@@ -522,5 +522,5 @@ class AggregateSnapshot(ReadSnapshot):
 def read_aggregate(
     aggregate: ThreadAggregate | IndexedThread | None, plan: ReadPlan, observed_at: datetime
 ) -> ThreadReadResult:
-    """Serve a planned read from a thread held in memory (``None``: it is missing)."""
+    """Serve a read plan from a thread held in memory (``None``: it is missing)."""
     return run_sync(run_read(AggregateSnapshot(aggregate, observed_at), plan))

@@ -17,7 +17,7 @@ core runs the algorithms:
   :class:`IndexedTransaction` (the memory backend).
 - :data:`FAMILIES` describes the three child families once (id field, noun,
   model, stamping).
-- Reads and lists are planned by the store's ``selections``
+- Reads and lists get their plans from the store's ``selections``
   (:class:`SelectionHelpers`), bound to its page-token codec.
 - :func:`map_errors` turns every driver exception of a block into the
   contract's errors through one backend-supplied function.
@@ -31,8 +31,8 @@ core runs the algorithms:
   primitives a backend implements on its store and declares with
   :data:`LIFECYCLE` in ``capabilities`` (``docs/lifecycle.md``): the
   updated-at index (:class:`ThreadHead`), a whole-thread load, an atomic
-  restore, and a fork planned and copied in one transaction
-  (:class:`ForkRequest` planned at the held version into a :class:`ForkPlan`).
+  restore, and a fork whose plan is made and copied in one transaction
+  (:class:`ForkRequest` turned into a :class:`ForkPlan` at the held version).
 - A copy of the runtime stores (``pai-storage copy --all``) enumerates them
   through three primitives (``_list_sessions`` and ``_session_keys`` of the
   agent-state store, ``_list_scopes`` of the snapshot store) that a backend

@@ -455,7 +455,7 @@ def fork_aggregate(
 ) -> ThreadAggregate:
     """The fork of a thread held in memory: ``plan`` applied to ``source``.
 
-    Raises :class:`SourceChanged` when ``source`` is not at the planned version.
+    Raises :class:`SourceChanged` when ``source`` is not at the plan's version.
     """
     if source.root.version != plan.source_version:
         raise SourceChanged

@@ -371,7 +371,7 @@ class ReadSnapshot(ABC):
 async def run_read(
     snapshot: ReadSnapshot, plan: ReadPlan, *, clock_now: datetime | None = None
 ) -> ThreadReadResult:
-    """Serve a planned read through a backend's snapshot primitives.
+    """Serve a read plan through a backend's snapshot primitives.
 
     The root and every requested page come from the one snapshot, so they
     carry the same version. ``clock_now`` replaces the snapshot's observation

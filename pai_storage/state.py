@@ -196,7 +196,7 @@ class ListHead:
 
 @dataclass(frozen=True, slots=True)
 class ListWrite:
-    """One conditional list write, planned by the core for a backend to apply.
+    """One conditional list write, decided by the core for a backend to apply.
 
     Applied only while the stored list still has the head ``expect`` (``None``:
     the key is absent, or its session expired); then, with ``replace`` the

@@ -638,7 +638,7 @@ async def _runtime_items(source: Stores) -> list[RuntimeItem]:
     return items
 
 
-def _sha256(*texts: str) -> str:
+def _digest_of(*texts: str) -> str:
     digest = hashlib.sha256()
     for text in texts:
         digest.update(text.encode("utf-8"))
@@ -656,7 +656,7 @@ async def _kv_digest(stores: Stores, item: RuntimeItem) -> str | None:
     found = await stores.kv.get(namespace, key)
     if found is None:
         return None
-    return _sha256(canonical_json(found.value), "expires" if found.expires_at else "forever")
+    return _digest_of(canonical_json(found.value), "expires" if found.expires_at else "forever")
 
 
 async def _copy_kv(source: Stores, target: Stores, item: RuntimeItem) -> str | None:
@@ -692,7 +692,7 @@ async def _session_digest(stores: Stores, item: RuntimeItem) -> str | None:
         texts += ["value", key, canonical_json(await state.get(user_id, session_id, key))]
     for key in lists:
         texts += ["list", key, canonical_json(await state.get_list(user_id, session_id, key))]
-    return _sha256(*texts)
+    return _digest_of(*texts)
 
 
 async def _copy_session(source: Stores, target: Stores, item: RuntimeItem) -> str | None:
@@ -750,7 +750,7 @@ async def _snapshot_digest(stores: Stores, item: RuntimeItem) -> str | None:
     found = await stores.snapshots.get(scope, snapshot_id)
     if found is None:
         return None
-    return _sha256(found.info.sha256, canonical_json(found.info.metadata))
+    return _digest_of(found.info.sha256, canonical_json(found.info.metadata))
 
 
 async def _copy_snapshot(source: Stores, target: Stores, item: RuntimeItem) -> str | None:

@@ -212,7 +212,7 @@ class MemoryThreadStore(ThreadStore):
             return None
 
     async def _fork_copy(self, fork: ForkRequest) -> ThreadRecord:
-        with self._lock:  # planned and copied under one lock: one version
+        with self._lock:  # the plan made and copied under one lock: one version
             source = self._thread(fork.scope_key, fork.source_thread_id)
             now = self._clock()
             plan = run_sync(fork.plan_in(self, AggregateSnapshot(source, now)))

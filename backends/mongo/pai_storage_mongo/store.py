@@ -741,7 +741,7 @@ class MongoThreadStore(ThreadStore):
     # ------------------------------------------------------------ lists
 
     def list_query(self, plan: ListPlan) -> tuple[Doc, Keys]:
-        """The filter and index hint serving a planned list (sorted by :data:`LIST_SORT`).
+        """The filter and index hint serving a list plan (sorted by :data:`LIST_SORT`).
 
         ``listVisibility`` is always bound (``"visible"`` or ``$in`` both values)
         so the ``updatedAt`` order comes from the index; the keyset cursor
@@ -1022,7 +1022,7 @@ class MongoThreadStore(ThreadStore):
         client holds one batch at a time, never the transcript.
 
         The transaction reads one snapshot (read concern ``snapshot``): the
-        fork is planned from reads in it and copies the source as it was
+        fork's plan is made from reads in it, and it copies the source as it was
         then, so commits to the source go on meanwhile and neither waits for
         nor conflicts with the other. The fork's root, with its ``_facts``
         read back from the copied children, is inserted last; an existing
@@ -1934,7 +1934,7 @@ class _Reader:
     """The relationship planner's post-commit queries, inside the commit's transaction.
 
     It sees the transaction's own writes. Round trips are saved where the
-    commit already knows the answer: runs are fetched once for the planned ids
+    commit already knows the answer: runs are fetched once for the ids the check names
     and the open runs together; the tail is the last inserted message when the
     commit inserted any; and when the commit changes no run and no queued item,
     each run's queued items are unchanged from the (valid) previous state, so

@@ -522,7 +522,7 @@ class PostgresThreadStore(ThreadStore):
                 else:
                     # A generic plan knows no scope's size and may walk the global
                     # index, stepping over every other scope; a sweep is rare, so
-                    # it is planned for its own scope each time.
+                    # it gets a custom plan for its own scope each time.
                     async with conn.transaction(readonly=True):
                         await conn.execute("SET LOCAL plan_cache_mode = force_custom_plan")
                         rows = await conn.fetch(sql, *args)
@@ -569,7 +569,7 @@ class PostgresThreadStore(ThreadStore):
         """The fork in one transaction; the copied rows never leave the database.
 
         The source root is held (``FOR SHARE``: commits to it wait, other
-        forks of it do not), the fork planned from reads in the same
+        forks of it do not), the fork's plan made from reads in the same
         transaction (so at the held version), its root inserted, then one
         ``INSERT ... SELECT`` per family copies the rows the plan keeps.
         """

@@ -550,7 +550,7 @@ class SqlThreadStore(ThreadStore):
         """The fork in one write transaction; the copied rows never leave the database.
 
         The source root is held (``FOR UPDATE`` on MySQL; SQLite's write
-        transaction holds the database), the fork planned from reads in the
+        transaction holds the database), the fork's plan made from reads in the
         same transaction (so at the held version), its root inserted, then
         one ``INSERT ... SELECT`` per family copies the rows the plan keeps.
         """
