@@ -57,9 +57,6 @@ COMMON_OPTIONS: Final = frozenset({"clock", "on_warning", "token_secret"})
 """Options every component of every backend accepts; ``connect`` passes them to each URL."""
 
 
-_ERASE_PAGE = 1000
-
-
 @dataclass(frozen=True, slots=True)
 class ScopeErasure:
     """What :meth:`Stores.erase_scope` deleted (this call; a resumed call counts the rest)."""
@@ -135,11 +132,15 @@ class Stores:
         - agent state: every session of the user ``scope_key``;
         - snapshots: every snapshot of the scope ``scope_key``.
 
-        Components the bundle does not hold are left out. Each store is
-        erased through its public operations, one keyset page at a time, so
-        an interrupted erasure is finished by calling it again. A scope key
-        that is not a valid runtime-store name (it holds U+0000 or U+001F)
-        cannot key runtime data, so only threads are erased for it.
+        Expired items, sessions and snapshots are erased too (no read sees
+        them, but they are still stored until a purge or the TTL monitor
+        removes them), so once this returns nothing of the tenant is left in
+        these stores; the counts include them. Locks are not erased: their
+        names are the caller's, not scoped, and they expire. Components the
+        bundle does not hold are left out. An interrupted erasure is finished
+        by calling it again. A scope key that is not a valid runtime-store
+        name (it holds U+0000 or U+001F) cannot key runtime data, so only
+        threads are erased for it.
 
         Raises
         ------
@@ -158,33 +159,17 @@ class Stores:
             if "threads" in self._stores:
                 return ScopeErasure(threads=threads)
             raise
+        # Each store's scoped delete (its _erase_scope primitive) removes expired
+        # data too: listing would skip it.
         if "kv" in self._stores:
-            kv, token = self.kv, None
-            while True:
-                items = await kv.search((name,), limit=_ERASE_PAGE, page_token=token)
-                for item in items.items:
-                    kv_items += await kv.delete(item.namespace, item.key)
-                token = items.next_page_token
-                if token is None:
-                    break
+            await self.kv.initialize()
+            kv_items = await self.kv._erase_scope(name)
         if "state" in self._stores:
-            state, token = self.state, None
-            while True:
-                ids = await state.list_session_ids(name, limit=_ERASE_PAGE, page_token=token)
-                for session_id in ids.items:
-                    sessions += await state.delete(name, session_id)
-                token = ids.next_page_token
-                if token is None:
-                    break
+            await self.state.initialize()
+            sessions = await self.state._erase_scope(name)
         if "snapshots" in self._stores:
-            store, token = self.snapshots, None
-            while True:
-                infos = await store.list(name, limit=_ERASE_PAGE, page_token=token)
-                for info in infos.items:
-                    snapshots += await store.delete(name, info.snapshot_id)
-                token = infos.next_page_token
-                if token is None:
-                    break
+            await self.snapshots.initialize()
+            snapshots = await self.snapshots._erase_scope(name)
         return ScopeErasure(threads, kv_items, sessions, snapshots)
 
     async def initialize(self) -> None:

@@ -405,6 +405,27 @@ class KeyValueStore(RuntimeStore):
         await self._ensure_ready()
         return await self._purge_expired()
 
+    async def _erase_scope(self, scope: str) -> int:
+        """Delete every item whose namespace begins with ``(scope,)``, expired or not.
+
+        The primitive of :meth:`Stores.erase_scope <pai_storage.Stores.erase_scope>`
+        (``scope`` is a valid name, the store initialized); returns how many
+        items were deleted. This default deletes the live items page by page,
+        then purges every expired item of the store (expired items are not
+        listed), counting only the live ones; a backend deletes the scope's
+        items, expired ones included, with one scoped delete instead.
+        """
+        erased, token = 0, None
+        while True:
+            page = await self.search((scope,), limit=MAX_PAGE_LIMIT, page_token=token)
+            for item in page.items:
+                erased += await self.delete(item.namespace, item.key)
+            token = page.next_page_token
+            if token is None:
+                break
+        await self._purge_expired()
+        return erased
+
     # ------------------------------------------------------------ listing
 
     async def search(

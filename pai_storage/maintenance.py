@@ -10,8 +10,10 @@ runs every algorithm, check order and batching loop here:
   racing commit either lands first (the delete then conflicts and the thread
   survives) or conflicts itself.
 - :func:`erase_scope` deletes every thread of a scope the same way, batch by
-  batch, until the index holds none; an interrupted erasure is finished by
-  calling it again.
+  batch, until the index holds none; a thread another client's open
+  transaction holds is skipped and come back to (for at most
+  :data:`HELD_WAIT` seconds); an interrupted erasure is finished by calling
+  it again.
 - :func:`plan_fork` decides *what* a fork copies from ordinary consistent
   reads (the cut, the runs left out) into a :class:`ForkPlan`; the backend's
   :meth:`ThreadStore._fork_copy` only executes it in one transaction, and
@@ -21,6 +23,7 @@ runs every algorithm, check order and batching loop here:
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -69,6 +72,16 @@ SWEEP_BATCH = 100
 
 MAX_SWEEP_LIMIT = 10_000
 """The largest ``limit`` one :meth:`ThreadStore.prune_threads` call accepts."""
+
+HELD_WAIT = 150.0
+"""Seconds :func:`erase_scope` keeps coming back to threads whose delete the
+database kept refusing while it answered reads (another client's open
+transaction holds them: a process killed in the middle of a write holds its
+threads until the server ends its transaction; MongoDB's default
+``transactionLifetimeLimitSeconds`` is 60 s, checked about once a minute)."""
+
+HELD_RETRY_INTERVAL = 1.0
+"""Seconds between two passes over the threads that were held."""
 
 _OPEN = ("running", "waiting")
 _FORK_ATTEMPTS = 8
@@ -205,25 +218,83 @@ async def prune_threads(
 
 
 async def erase_scope(store: ThreadStore, scope_key: str) -> int:
-    """Delete every thread of the scope (see :meth:`ThreadStore.erase_scope`)."""
+    """Delete every thread of the scope (see :meth:`ThreadStore.erase_scope`).
+
+    Passes over the scope's index until one deletes everything it finds. A
+    thread whose delete fails as unavailable while a read of it succeeds is
+    held by another client's open transaction: it is skipped, the pass goes
+    on, and the next pass (after :data:`HELD_RETRY_INTERVAL` seconds) tries it
+    again, for at most :data:`HELD_WAIT` seconds from the first refusal.
+
+    Raises
+    ------
+    UnavailableError
+        Threads were still held after :data:`HELD_WAIT` seconds (every other
+        thread of the scope is erased; the message says when to call again),
+        or the database is unavailable.
+    """
+    from .errors import ThreadStoreUnavailableError
+
     scope = check_thread_key("scope_key", scope_key)
-    erased = 0
+    erased, deadline = 0, None
+    loop = asyncio.get_running_loop()
     while True:
-        batch = await store._thread_heads(scope, updated_before=None, after=None, limit=SWEEP_BATCH)
+        deleted, held = await _erase_pass(store, scope)
+        erased += deleted
+        if not held:
+            left = await store._thread_heads(scope, updated_before=None, after=None, limit=1)
+            if not left:
+                return erased
+            continue  # a thread that changed during the pass: another pass
+        if deadline is None:
+            deadline = loop.time() + HELD_WAIT
+        if loop.time() >= deadline:
+            raise ThreadStoreUnavailableError(
+                f"erase_scope: {len(held)} thread(s) of the scope could not be deleted for "
+                f"{HELD_WAIT:.0f} s: another client's open transaction holds them (a process "
+                "stopped in the middle of a write holds its threads until the server ends its "
+                "transaction; MongoDB: after transactionLifetimeLimitSeconds, 60 s by default, "
+                "checked about once a minute). Every other thread of the scope is erased; call "
+                "erase_scope again in two minutes"
+            ) from held[-1]
+        await asyncio.sleep(HELD_RETRY_INTERVAL)
+
+
+async def _erase_pass(store: ThreadStore, scope: str) -> tuple[int, list[Exception]]:
+    """One pass over the scope's index: how many threads it deleted, and the
+    errors of those another client's transaction held (skipped)."""
+    from .errors import UnavailableError
+
+    erased, after = 0, None
+    held: list[Exception] = []
+    while True:
+        batch = await store._thread_heads(
+            scope, updated_before=None, after=after, limit=SWEEP_BATCH
+        )
         if not batch:
-            return erased
+            return erased, held
         for head in batch:
-            if await _delete(store, scope, head.thread_id, head.version):
-                erased += 1
-                continue
-            # The thread changed since the index was read: delete it at its
-            # current version; if it changes again, the next batch finds it.
-            read = await store.read_thread({"scopeKey": scope, "threadId": head.thread_id})
-            current = read.thread
-            if current is not None and await _delete(
-                store, scope, current.thread_id, current.version
-            ):
-                erased += 1
+            try:
+                erased += await _erase_thread(store, scope, head)
+            except UnavailableError as exc:
+                # A read still works (else the database is down: raised), so the
+                # delete was refused because a transaction holds the thread.
+                await store.read_thread({"scopeKey": scope, "threadId": head.thread_id})
+                held.append(exc)
+        after = batch[-1]
+
+
+async def _erase_thread(store: ThreadStore, scope: str, head: ThreadHead) -> int:
+    """Delete one thread of the index; 1 when this call deleted it."""
+    if await _delete(store, scope, head.thread_id, head.version):
+        return 1
+    # The thread changed since the index was read: delete it at its current
+    # version; if it changes again, it moved on in the index and is met again.
+    read = await store.read_thread({"scopeKey": scope, "threadId": head.thread_id})
+    current = read.thread
+    if current is not None and await _delete(store, scope, current.thread_id, current.version):
+        return 1
+    return 0
 
 
 # ------------------------------------------------------------------ fork

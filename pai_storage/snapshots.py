@@ -48,6 +48,7 @@ from .events import StoreWarning, WarningCallback
 from .models import JsonObject, Page, StoreModel, Timestamp
 from .runtime import (
     DEFAULT_PAGE_LIMIT,
+    MAX_PAGE_LIMIT,
     RuntimeStore,
     check_limit,
     check_name,
@@ -355,6 +356,28 @@ class SnapshotStore(RuntimeStore):
         """Delete every expired snapshot now; return how many were deleted."""
         await self._ensure_ready()
         return await self._purge_expired()
+
+    async def _erase_scope(self, scope: str) -> int:
+        """Delete every snapshot of ``scope``, expired or not.
+
+        The primitive of :meth:`Stores.erase_scope <pai_storage.Stores.erase_scope>`
+        (``scope`` is a valid name, the store initialized); returns how many
+        snapshots were deleted. This default deletes the live snapshots page
+        by page, then purges every expired snapshot of the store (expired
+        snapshots are not listed), counting only the live ones; a backend
+        deletes the scope's snapshots, expired ones included, with one scoped
+        delete instead.
+        """
+        erased, token = 0, None
+        while True:
+            page = await self.list(scope, limit=MAX_PAGE_LIMIT, page_token=token)
+            for info in page.items:
+                erased += await self.delete(scope, info.snapshot_id)
+            token = page.next_page_token
+            if token is None:
+                break
+        await self._purge_expired()
+        return erased
 
     # ------------------------------------------------------------ for backends
 

@@ -43,6 +43,7 @@ from .models import Json, Page, StoreModel
 from .runtime import (
     DEFAULT_MAX_VALUE_BYTES,
     DEFAULT_PAGE_LIMIT,
+    MAX_PAGE_LIMIT,
     RuntimeStore,
     check_limit,
     check_name,
@@ -521,6 +522,28 @@ class AgentStateStore(RuntimeStore):
         """Delete every expired session now; return how many were deleted."""
         await self._ensure_ready()
         return await self._purge_expired()
+
+    async def _erase_scope(self, user: str) -> int:
+        """Delete every session of ``user``, expired or not, with all its state.
+
+        The primitive of :meth:`Stores.erase_scope <pai_storage.Stores.erase_scope>`
+        (``user`` is a valid name, the store initialized); returns how many
+        sessions were deleted. This default deletes the live sessions page by
+        page, then purges every expired session of the store (expired
+        sessions are not listed), counting only the live ones; a backend
+        deletes the user's sessions, expired ones included, with one scoped
+        delete instead.
+        """
+        erased, token = 0, None
+        while True:
+            page = await self.list_session_ids(user, limit=MAX_PAGE_LIMIT, page_token=token)
+            for session_id in page.items:
+                erased += await self.delete(user, session_id)
+            token = page.next_page_token
+            if token is None:
+                break
+        await self._purge_expired()
+        return erased
 
     # ------------------------------------------------------------ for backends
 

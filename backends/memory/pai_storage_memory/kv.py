@@ -221,6 +221,13 @@ class MemoryKeyValueStore(KeyValueStore):
             ordered = [ns for ns in ordered if namespace_path(ns) > bound]
         return ordered[:limit]
 
+    async def _erase_scope(self, scope: str) -> int:
+        with self._lock:
+            erased = [address for address in self._entries if address[0][:1] == (scope,)]
+            for address in erased:
+                del self._entries[address]
+            return len(erased)
+
     async def _purge_expired(self) -> int:
         with self._lock:
             now = self._clock()

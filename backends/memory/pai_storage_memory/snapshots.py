@@ -94,6 +94,10 @@ class MemorySnapshotStore(SnapshotStore):
                 self._scopes.pop(scope, None)
             return stored is not None and stored.live(self._clock())
 
+    async def _erase_scope(self, scope: str) -> int:
+        with self._lock:
+            return len(self._scopes.pop(scope, {}))
+
     async def _purge_expired(self) -> int:
         with self._lock:
             now = self._clock()

@@ -203,6 +203,10 @@ class MemoryAgentStateStore(AgentStateStore):
             )
             return ids[:limit]
 
+    async def _erase_scope(self, user: str) -> int:
+        with self._lock:
+            return len(self._users.pop(user, {}))
+
     async def _purge_expired(self) -> int:
         with self._lock:
             now = self._clock()

@@ -329,6 +329,12 @@ class MongoKeyValueStore(MongoRuntimeStore, KeyValueStore):
             low = _skip(namespace_path(namespace), len(namespace), max_depth)
         return found
 
+    async def _erase_scope(self, scope: str) -> int:
+        low = namespace_path((scope,))  # every item of the scope, expired or not
+        with self._holder.errors("write"):
+            result = await self.collection.delete_many({"ns": _range(low, prefix_upper_bound(low))})
+        return int(result.deleted_count)
+
     async def _purge_expired(self) -> int:
         now = self.now() or await self._holder.server_time()
         with self._holder.errors("write"):

@@ -281,6 +281,10 @@ class MongoSnapshotStore(MongoRuntimeStore, SnapshotStore):
             result = await self.collection.delete_many(self._expired_filter())
         return int(result.deleted_count)
 
+    async def _erase_scope(self, scope: str) -> int:
+        with self._holder.errors("write"):  # expired snapshots too: no liveness filter
+            result = await self.collection.delete_many({"_id.scope": scope})
+        return int(result.deleted_count)
 
     async def _list_scopes(self, after: str | None, limit: int) -> builtins.list[str]:
         # One probe of scope_newest per scope: the first entry above the last

@@ -487,6 +487,20 @@ class MongoAgentStateStore(MongoRuntimeStore, AgentStateStore):
             )
         return result.deleted_count
 
+    async def _erase_scope(self, user: str) -> int:
+        # Every session of the user, expired or not: the user's range of the _id
+        # index (the equality on _id.user routes it on a sharded cluster).
+        query = {
+            "_id": {
+                "$gt": {"user": user, "session": MinKey()},
+                "$lt": {"user": user, "session": MaxKey()},
+            },
+            "_id.user": user,
+        }
+        with self._holder.errors("write"):
+            result = await self.collection.delete_many(query)
+        return int(result.deleted_count)
+
     # ------------------------------------------------------------ enumeration
 
     async def _list_sessions(

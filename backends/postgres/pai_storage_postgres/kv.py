@@ -381,6 +381,11 @@ class PostgresKeyValueStore(PgRuntimeStore, KeyValueStore):
         paths = sorted(str(r["path"]) for r in await self._fetch(sql, *args))
         return [namespace_from_path(path) for path in paths]
 
+    async def _erase_scope(self, scope: str) -> int:
+        low = namespace_path((scope,))  # expired items too: no expiry condition
+        statement = f"DELETE FROM {self.tables.kv} WHERE ns >= $1 AND ns < $2"
+        return await self._delete_rows(statement, low, prefix_upper_bound(low))
+
     async def _purge_expired(self) -> int:
         return await self._purge_batches(self.sql.purge, PURGE_BATCH)
 

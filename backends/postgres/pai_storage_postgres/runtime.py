@@ -87,6 +87,13 @@ class PgRuntimeStore(RuntimeStore):
         self._pool = None
         await self._client.release()
 
+    async def _delete_rows(self, statement: str, *args: Any) -> int:
+        """Run one autocommit ``DELETE`` (a scope erasure); the rows it deleted."""
+        async with self._client.connection(self._pool, runtime=True) as conn:
+            with self._client.errors("commit", runtime=True):
+                status = await conn.execute(statement, *args)
+        return rows_affected(status)
+
     async def _purge_batches(self, statement: str, batch: int) -> int:
         """Run ``statement`` until it deletes fewer than ``batch`` rows; the rows deleted.
 

@@ -228,6 +228,10 @@ class PostgresSnapshotStore(PgRuntimeStore, SnapshotStore):
                 )
         return live is True
 
+    async def _erase_scope(self, scope: str) -> int:
+        statement = f"DELETE FROM {self.tables.snapshots} WHERE scope = $1"  # expired ones too
+        return await self._delete_rows(statement, scope.encode())
+
     async def _purge_expired(self) -> int:
         return await self._purge_batches(self._sql.purge, PURGE_BATCH)
 

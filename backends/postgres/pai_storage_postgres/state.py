@@ -514,5 +514,10 @@ class PostgresAgentStateStore(PgRuntimeStore, AgentStateStore):
         lists = [str(r["key"]) for r in rows if r["is_list"]]
         return values, lists
 
+    async def _erase_scope(self, user: str) -> int:
+        # Expired sessions too; their values and list items go by ON DELETE CASCADE.
+        statement = f"DELETE FROM {self.tables.state_sessions} WHERE user_key = $1"
+        return await self._delete_rows(statement, user)
+
     async def _purge_expired(self) -> int:
         return await self._purge_batches(self.sql.purge, PURGE_BATCH)

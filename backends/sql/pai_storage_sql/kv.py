@@ -523,6 +523,10 @@ class SqlKeyValueStore(SqlRuntimeStore, KeyValueStore):
 
         return await self._db.read(read)
 
+    async def _erase_scope(self, scope: str) -> int:
+        low = namespace_path((scope,)).encode()  # every item of the scope, expired or not
+        return await self._db.erase_range(self.table, low, low[:-1] + b"\x20")
+
     async def _list_namespaces(
         self,
         prefix: tuple[str, ...],

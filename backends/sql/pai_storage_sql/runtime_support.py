@@ -35,6 +35,7 @@ from sqlalchemy import (
     select,
     text,
     true,
+    tuple_,
 )
 
 from pai_storage.backend import StoreURL
@@ -222,6 +223,34 @@ class RuntimeDb:
                 oldest = select(rowid).select_from(table).where(expires <= now).limit(PURGE_BATCH)
                 statement = delete(table).where(rowid.in_(oldest))
             return int((await conn.execute(statement)).rowcount)
+
+        total = 0
+        while True:
+            count = await self.write(batch)
+            total += count
+            if count < PURGE_BATCH:
+                return total
+
+    async def erase_range(self, table: Table, low: bytes, high: bytes) -> int:
+        """Delete every row of ``table`` whose ordered key ``sk`` is in ``[low, high)``.
+
+        Expired rows too (a scope erasure). In batches of at most
+        :data:`PURGE_BATCH` rows, each one transaction: the rows of the range
+        found by :func:`ordered_scan` (exact on long keys), deleted by their
+        unique ``(sk_head, sk_tail_hash)``; until a batch is short. Returns
+        the rows deleted.
+        """
+        query = select(table.c.sk_head, table.c.sk_tail, table.c.sk_tail_hash)
+        unique = tuple_(table.c.sk_head, table.c.sk_tail_hash)
+
+        async def batch(conn: AsyncConnection) -> int:
+            rows = await ordered_scan(
+                conn, query, table, "sk", self.head_bytes, low, True, high, PURGE_BATCH
+            )
+            if rows:
+                keys = [(r.sk_head, r.sk_tail_hash) for r in rows]
+                await conn.execute(delete(table).where(unique.in_(keys)))
+            return len(rows)
 
         total = 0
         while True:

@@ -295,6 +295,14 @@ class SqlSnapshotStore(SqlRuntimeStore, SnapshotStore):
 
         return await self._db.write(write)
 
+    async def _erase_scope(self, scope: str) -> int:
+        t = self.table
+        scoped = and_(t.c.scope_hash == digest(scope.encode()), t.c.scope == scope.encode())
+
+        async def write(conn: AsyncConnection) -> int:
+            return int((await conn.execute(delete(t).where(scoped))).rowcount)  # expired too
+
+        return await self._db.write(write)
 
     async def _list_scopes(self, after: str | None, limit: int) -> builtins.list[str]:
         """Scopes with a live snapshot, in order: one walk of the ``_scopes`` index.

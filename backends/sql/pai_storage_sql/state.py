@@ -500,6 +500,11 @@ class SqlAgentStateStore(SqlRuntimeStore, AgentStateStore):
 
         return await self._db.read(read)
 
+    async def _erase_scope(self, user: str) -> int:
+        # Every session key of the user, expired or not; values and items cascade.
+        low = user.encode()
+        return await self._db.erase_range(self.sessions, low + b"\x00", low + b"\x01")
+
     # ------------------------------------------------------------ enumeration
 
     async def _list_sessions(
