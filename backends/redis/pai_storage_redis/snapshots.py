@@ -29,6 +29,7 @@ from typing import Any, ClassVar
 from pai_storage import Clock, StoreURL, WarningCallback
 from pai_storage.backend import SnapshotDraft, SnapshotStore
 from pai_storage.snapshots import DEFAULT_SNAPSHOT_TTL, Snapshot, SnapshotInfo
+from pai_storage.state import ENUMERATE
 
 from .client import CLOCK_LUA, from_ms, ms, to_ms
 from .runtime import RedisRuntimeStore
@@ -51,8 +52,8 @@ end
 """
 )
 
-# KEYS: hash, order set, expiry index. ARGV: clock, id, data, metadata, size, sha256,
-# ttl ms or '', native, scope.
+# KEYS: hash, order set, expiry index, scope index. ARGV: clock, id, data, metadata,
+# size, sha256, ttl ms or '', native, scope.
 PUT = (
     _SNAP_LUA
     + """
@@ -75,6 +76,7 @@ else
   redis.call('HSET', D, 'd', ARGV[3], 'm', ARGV[4], 'z', ARGV[5], 'h', ARGV[6], 'c', c)
 end
 redis.call('ZADD', O, 0, pad(c) .. '\\0' .. id)
+redis.call('ZADD', KEYS[4], 0, scope)
 return {c, e}
 """
 )
@@ -118,7 +120,7 @@ return out
 """
 )
 
-# KEYS: hash, order set, expiry index. ARGV: clock, id, scope.
+# KEYS: hash, order set, expiry index, scope index. ARGV: clock, id, scope.
 DELETE = (
     _SNAP_LUA
     + """
@@ -128,12 +130,13 @@ if not r[1] then return 0 end
 redis.call('ZREM', KEYS[2], pad(r[1]) .. '\\0' .. ARGV[2])
 redis.call('ZREM', KEYS[3], ARGV[3] .. '\\0' .. pad(r[1]) .. '\\0' .. ARGV[2])
 redis.call('DEL', KEYS[1])
+if redis.call('ZCARD', KEYS[2]) == 0 then redis.call('ZREM', KEYS[4], ARGV[3]) end
 if r[2] and tonumber(r[2]) <= now then return 0 end
 return 1
 """
 )
 
-# KEYS: expiry index. ARGV: clock, hash base, order set base, batch.
+# KEYS: expiry index, scope index. ARGV: clock, hash base, order set base, batch.
 PURGE = (
     _SNAP_LUA
     + """
@@ -147,9 +150,42 @@ for _, m in ipairs(due) do
   local c = redis.call('HGET', D, 'c')
   if c and pad(c) == string.sub(entry, 1, 15) then redis.call('DEL', D) end
   redis.call('ZREM', ARGV[3] .. scope, entry)
+  if redis.call('ZCARD', ARGV[3] .. scope) == 0 then redis.call('ZREM', KEYS[2], scope) end
   redis.call('ZREM', KEYS[1], m)
 end
 return #due
+"""
+)
+
+# KEYS: scope index. ARGV: clock, order set base, hash base, start, limit. Returns the
+# scopes (after start) holding a live snapshot.
+LIST_SCOPES = (
+    _SNAP_LUA
+    + """
+local now = clock(ARGV[1])
+local start, limit = ARGV[4], tonumber(ARGV[5])
+local out = {}
+while #out < limit do
+  local want = limit - #out
+  local scopes = redis.call('ZRANGEBYLEX', KEYS[1], start, '+', 'LIMIT', 0, want)
+  for _, scope in ipairs(scopes) do
+    local O, from, found = ARGV[2] .. scope, '+', false
+    repeat
+      local batch = redis.call('ZREVRANGEBYLEX', O, from, '-', 'LIMIT', 0, 50)
+      for _, entry in ipairs(batch) do
+        if fetch(ARGV[3] .. scope .. '\\0' .. string.sub(entry, 17), entry, now, {}) then
+          found = true
+          break
+        end
+        from = '(' .. entry
+      end
+    until found or #batch < 50
+    if found then out[#out + 1] = scope end
+    start = '(' .. scope
+  end
+  if #scopes < want then break end
+end
+return out
 """
 )
 
@@ -166,6 +202,7 @@ class RedisSnapshotStore(RedisRuntimeStore, SnapshotStore):
     """
 
     component = "snapshots"
+    capabilities: ClassVar[frozenset[str]] = frozenset({ENUMERATE})
     max_snapshot_bytes: ClassVar[int | None] = 64 * 1024 * 1024
 
     def __init__(
@@ -189,6 +226,7 @@ class RedisSnapshotStore(RedisRuntimeStore, SnapshotStore):
             **client_options,
         )
         self._exp = self.root + ":exp"
+        self._scopes = self.root + ":scopes"
 
     def _hash(self, scope: str, snapshot_id: str) -> str:
         return f"{self.root}:d:{scope}\x00{snapshot_id}"
@@ -201,7 +239,12 @@ class RedisSnapshotStore(RedisRuntimeStore, SnapshotStore):
     async def _put(self, draft: SnapshotDraft) -> SnapshotInfo:
         created, expires = await self.write(
             PUT,
-            [self._hash(draft.scope, draft.snapshot_id), self._order(draft.scope), self._exp],
+            [
+                self._hash(draft.scope, draft.snapshot_id),
+                self._order(draft.scope),
+                self._exp,
+                self._scopes,
+            ],
             draft.snapshot_id,
             draft.data,
             draft.metadata_json,
@@ -253,15 +296,26 @@ class RedisSnapshotStore(RedisRuntimeStore, SnapshotStore):
         return Snapshot.model_construct(info=info, data=data)
 
     async def _delete(self, scope: str, snapshot_id: str) -> bool:
-        keys = [self._hash(scope, snapshot_id), self._order(scope), self._exp]
+        keys = [self._hash(scope, snapshot_id), self._order(scope), self._exp, self._scopes]
         return bool(await self.write(DELETE, keys, snapshot_id, scope))
+
+    async def _list_scopes(self, after: str | None, limit: int) -> builtins.list[str]:
+        start = "-" if after is None else "(" + after
+        found = await self.read(
+            LIST_SCOPES, [self._scopes], f"{self.root}:o:", f"{self.root}:d:", start, limit
+        )
+        return [scope.decode() for scope in found]
 
     async def _purge_expired(self) -> int:
         total = 0
         while True:
             seen = int(
                 await self.write(
-                    PURGE, [self._exp], f"{self.root}:d:", f"{self.root}:o:", PURGE_BATCH
+                    PURGE,
+                    [self._exp, self._scopes],
+                    f"{self.root}:d:",
+                    f"{self.root}:o:",
+                    PURGE_BATCH,
                 )
             )
             total += seen

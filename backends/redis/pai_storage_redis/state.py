@@ -27,7 +27,14 @@ from typing import Any, ClassVar
 from pai_storage import Clock, StoreURL, WarningCallback
 from pai_storage.backend import AgentStateStore, ListHead, ListWrite, SessionKey
 from pai_storage.runtime import DEFAULT_MAX_VALUE_BYTES
-from pai_storage.state import DEFAULT_SESSION_TTL, StaleVersion, StoredKind, VersionedState
+from pai_storage.state import (
+    ANONYMOUS_USER,
+    DEFAULT_SESSION_TTL,
+    ENUMERATE,
+    StaleVersion,
+    StoredKind,
+    VersionedState,
+)
 
 from .client import CLOCK_LUA, ms
 from .runtime import RedisRuntimeStore
@@ -59,12 +66,21 @@ local function drop(S, LB)
   end
   redis.call('DEL', S)
 end
+-- The session's entry in the enumeration index (KEYS[#KEYS]): the member with the
+-- anonymous user's key (the only one starting with U+001F) cut to '', so it sorts first.
+local function entry(member)
+  if string.byte(member, 1) ~= 31 then return member end
+  local sep = string.find(member, '\\0', 1, true)
+  return string.sub(member, sep)
+end
 local function fresh(S, LB, now)
   if not live(S, now) then drop(S, LB) end
 end
 -- After a write: the session's expiry, its index entries, Redis's own expiry.
+-- Every script that calls it has the enumeration index as its last key.
 local function touch(S, LB, now, ttl, native, U, X, member, sid)
   redis.call('ZADD', U, 0, sid)
+  redis.call('ZADD', KEYS[#KEYS], 0, entry(member))
   local e = false
   if ttl ~= '' then
     e = num(now + tonumber(ttl))
@@ -87,7 +103,8 @@ end
 """
 )
 
-# KEYS: session, user index, expiry index. ARGV: clock, key, text, expected or '',
+# KEYS: session, user index, expiry index, enumeration index. ARGV: clock, key, text,
+# expected or '',
 # ttl, native, list base, member, session id. Returns {'list'} (the key holds a list),
 # {'stale', current version or '0'} (nothing written) or {'saved', new version}.
 SAVE = (
@@ -137,7 +154,8 @@ return {'list', r[1], r[2]}
 """
 )
 
-# KEYS: session, list, user index, expiry index. ARGV: clock, key, expected length or
+# KEYS: session, list, user index, expiry index, enumeration index. ARGV: clock, key,
+# expected length or
 # '' (absent), expected hash, replace '1'/'0', new length, new hash, ttl, native, list
 # base, member, session id, then the items. Returns -1 (a value), 0 (head moved) or 1.
 WRITE_LIST = (
@@ -189,7 +207,8 @@ return 0
 """
 )
 
-# KEYS: session, user index, expiry index. ARGV: clock, list base, member, session id.
+# KEYS: session, user index, expiry index, enumeration index. ARGV: clock, list base,
+# member, session id.
 DELETE = (
     _SESSION_LUA
     + """
@@ -199,13 +218,14 @@ local existed = live(S, now) and states(S) > 0
 drop(S, ARGV[2])
 redis.call('ZREM', KEYS[2], ARGV[4])
 redis.call('ZREM', KEYS[3], ARGV[3])
+redis.call('ZREM', KEYS[4], entry(ARGV[3]))
 if existed then return 1 end
 return 0
 """
 )
 
-# KEYS: session, list, user index, expiry index. ARGV: clock, key, ttl, native, list
-# base, member, session id.
+# KEYS: session, list, user index, expiry index, enumeration index. ARGV: clock, key,
+# ttl, native, list base, member, session id.
 DELETE_STATE = (
     _SESSION_LUA
     + """
@@ -219,6 +239,7 @@ if states(S) == 0 then
   redis.call('DEL', S)
   redis.call('ZREM', KEYS[3], ARGV[7])
   redis.call('ZREM', KEYS[4], ARGV[6])
+  redis.call('ZREM', KEYS[5], entry(ARGV[6]))
 else
   touch(S, ARGV[5], now, ARGV[3], ARGV[4], KEYS[3], KEYS[4], ARGV[6], ARGV[7])
 end
@@ -247,7 +268,8 @@ return out
 """
 )
 
-# KEYS: expiry index. ARGV: clock, session base, list base, user index base, batch.
+# KEYS: expiry index, enumeration index. ARGV: clock, session base, list base, user
+# index base, batch.
 PURGE = (
     _SESSION_LUA
     + """
@@ -266,10 +288,45 @@ for _, m in ipairs(due) do
     drop(S, ARGV[3] .. m .. '\\0')
     redis.call('ZREM', ARGV[4] .. string.sub(m, 1, sep - 1), string.sub(m, sep + 1))
     redis.call('ZREM', KEYS[1], m)
+    redis.call('ZREM', KEYS[2], entry(m))
     n = n + 1
   end
 end
 return {n, #due}
+"""
+)
+
+
+# KEYS: enumeration index. ARGV: clock, session base, start, limit, the anonymous
+# user's key. Returns the live entries ('<user>\0<session>', '' for anonymous).
+LIST_ALL = (
+    _SESSION_LUA
+    + """
+local now = clock(ARGV[1])
+local start, limit = ARGV[3], tonumber(ARGV[4])
+local out = {}
+while #out < limit do
+  local want = limit - #out
+  local batch = redis.call('ZRANGEBYLEX', KEYS[1], start, '+', 'LIMIT', 0, want)
+  for _, e in ipairs(batch) do
+    local member = e
+    if string.byte(e, 1) == 0 then member = ARGV[5] .. e end
+    local S = ARGV[2] .. member
+    if live(S, now) and states(S) > 0 then out[#out + 1] = e end
+    start = '(' .. e
+  end
+  if #batch < want then break end
+end
+return out
+"""
+)
+
+# KEYS: session. ARGV: clock. Returns the live session's fields (none when gone).
+SESSION_FIELDS = (
+    _SESSION_LUA
+    + """
+if not live(KEYS[1], clock(ARGV[1])) then return {} end
+return redis.call('HKEYS', KEYS[1])
 """
 )
 
@@ -287,6 +344,7 @@ class RedisAgentStateStore(RedisRuntimeStore, AgentStateStore):
     """
 
     component = "state"
+    capabilities: ClassVar[frozenset[str]] = frozenset({ENUMERATE})
     value_bytes_limit: ClassVar[int | None] = 64 * 1024 * 1024
 
     def __init__(
@@ -312,6 +370,7 @@ class RedisAgentStateStore(RedisRuntimeStore, AgentStateStore):
             **client_options,
         )
         self._exp = self.root + ":exp"
+        self._all = self.root + ":all"
 
     # ------------------------------------------------------------ keys
 
@@ -342,7 +401,7 @@ class RedisAgentStateStore(RedisRuntimeStore, AgentStateStore):
     ) -> int | StoredKind | StaleVersion:
         outcome, *version = await self.write(
             SAVE,
-            [self._hash(session), self._users(session.user), self._exp],
+            [self._hash(session), self._users(session.user), self._exp, self._all],
             key,
             text,
             "" if expected_version is None else str(expected_version),
@@ -386,6 +445,7 @@ class RedisAgentStateStore(RedisRuntimeStore, AgentStateStore):
                     self._list_base(session) + key,
                     self._users(session.user),
                     self._exp,
+                    self._all,
                 ],
                 key,
                 "" if expect is None else str(expect.length),
@@ -419,7 +479,7 @@ class RedisAgentStateStore(RedisRuntimeStore, AgentStateStore):
         return bool(await self.read(EXISTS, [self._hash(session)]))
 
     async def _delete(self, session: SessionKey) -> bool:
-        keys = [self._hash(session), self._users(session.user), self._exp]
+        keys = [self._hash(session), self._users(session.user), self._exp, self._all]
         found = await self.write(
             DELETE, keys, self._list_base(session), self._member(session), session.session
         )
@@ -431,6 +491,7 @@ class RedisAgentStateStore(RedisRuntimeStore, AgentStateStore):
             self._list_base(session) + key,
             self._users(session.user),
             self._exp,
+            self._all,
         ]
         found = await self.write(
             DELETE_STATE,
@@ -451,12 +512,34 @@ class RedisAgentStateStore(RedisRuntimeStore, AgentStateStore):
         )
         return [sid.decode() for sid in found]
 
+    async def _list_sessions(
+        self, after: tuple[str | None, str] | None, limit: int
+    ) -> list[tuple[str | None, str]]:
+        start = "-" if after is None else f"({after[0] or ''}\x00{after[1]}"
+        found = await self.read(
+            LIST_ALL, [self._all], f"{self.root}:s:", start, limit, ANONYMOUS_USER
+        )
+        out: list[tuple[str | None, str]] = []
+        for raw in found:
+            user, _, session = raw.partition(b"\x00")
+            out.append((user.decode() or None, session.decode()))
+        return out
+
+    async def _session_keys(
+        self, user_id: str | None, session_id: str
+    ) -> tuple[list[str], list[str]]:
+        session = SessionKey(ANONYMOUS_USER if user_id is None else user_id, session_id)
+        fields = [f.decode() for f in await self.read(SESSION_FIELDS, [self._hash(session)])]
+        values = sorted(f[2:] for f in fields if f.startswith("v:"))
+        lists = sorted(f[2:] for f in fields if f.startswith("l:"))
+        return values, lists
+
     async def _purge_expired(self) -> int:
         total = 0
         while True:
             deleted, seen = await self.write(
                 PURGE,
-                [self._exp],
+                [self._exp, self._all],
                 f"{self.root}:s:",
                 f"{self.root}:l:",
                 f"{self.root}:u:",
