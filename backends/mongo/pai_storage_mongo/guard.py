@@ -40,21 +40,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import pymongo
 from bson import Int64
-from pymongo import ASCENDING, IndexModel, ReturnDocument
-from pymongo.errors import PyMongoError
+from pymongo import ASCENDING, IndexModel, ReadPreference, ReturnDocument
+from pymongo.errors import PyMongoError, ServerSelectionTimeoutError
+from pymongo.read_concern import ReadConcern
+from pymongo.write_concern import WriteConcern
 
 from pai_storage.errors import ConfigurationError, StorageError
 from pai_storage.guard import ExecutionGuard, LockInfo
 
 from .client import closed_error
 from .documents import decoded
-from .errors import is_duplicate_key
+from .errors import is_duplicate_key, is_transient
 from .runtime import MongoRuntimeStore, split_client_options
+
+if TYPE_CHECKING:
+    from pymongo.asynchronous.client_session import AsyncClientSession
 
 __all__ = ["COUNTER_ID", "MongoExecutionGuard", "indexes"]
 
@@ -143,9 +150,9 @@ class MongoExecutionGuard(MongoRuntimeStore, ExecutionGuard):
         self, resource: str, owner: str, token: str, lease_ttl: timedelta
     ) -> LockInfo | None:
         now = self._now()
-        lease = {"$add": [now, _millis(lease_ttl)]}
         # Keep a live lock as it is (a no-op write); otherwise, absent or expired,
-        # replace it with ours. One document, one command: atomic on the server.
+        # replace it with ours. The caller's values are $literal: never read as
+        # field paths, variables or operators, whatever they look like.
         take = [
             {
                 "$replaceWith": {
@@ -153,18 +160,48 @@ class MongoExecutionGuard(MongoRuntimeStore, ExecutionGuard):
                         {"$gt": ["$expiresAt", now]},
                         "$$ROOT",
                         {
-                            "_id": resource,
-                            "token": token,
-                            "owner": owner,
+                            "_id": {"$literal": resource},
+                            "token": {"$literal": token},
+                            "owner": {"$literal": owner},
                             "fencingToken": Int64(_PENDING),
                             "acquiredAt": now,
-                            "expiresAt": lease,
+                            "expiresAt": {"$add": [now, _millis(lease_ttl)]},
                         },
                     ]
                 }
             }
         ]
-        with self._holder.errors("write"):
+        client = self.collection.database.client
+        delay = _RETRY_DELAY
+        for attempt in range(1, _TXN_ATTEMPTS + 1):
+            try:
+                async with client.start_session(causal_consistency=False) as session:
+                    return await self._take(session, resource, owner, token, take)
+            except PyMongoError as exc:
+                retry = is_transient(exc) and not isinstance(exc, ServerSelectionTimeoutError)
+                if not retry or attempt == _TXN_ATTEMPTS:
+                    with self._holder.errors("write"):
+                        raise
+                await asyncio.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 2, _MAX_RETRY_DELAY)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _take(
+        self,
+        session: AsyncClientSession,
+        resource: str,
+        owner: str,
+        token: str,
+        take: list[Doc],
+    ) -> LockInfo | None:
+        """One transaction: take the lock, draw the next fencing token, put it on the lock.
+
+        Committed whole or not at all, so nobody ever sees a lock without its
+        token; a busy resource aborts it (no token drawn). Concurrent
+        transactions on the lock or the counter conflict and one is retried.
+        """
+        await session.start_transaction(**_TXN_OPTIONS)
+        try:
             try:
                 doc = await self._modify.find_one_and_update(
                     {"_id": resource},
@@ -172,6 +209,7 @@ class MongoExecutionGuard(MongoRuntimeStore, ExecutionGuard):
                     projection={"token": 1, "acquiredAt": 1, "expiresAt": 1},
                     upsert=True,
                     return_document=ReturnDocument.AFTER,
+                    session=session,
                 )
             except PyMongoError as exc:
                 if is_duplicate_key(exc):
@@ -187,17 +225,29 @@ class MongoExecutionGuard(MongoRuntimeStore, ExecutionGuard):
                     projection={"_id": 0, "value": 1},
                     upsert=True,
                     return_document=ReturnDocument.AFTER,
+                    session=session,
                 )
             )
-        value = (counter or {}).get("value")
-        if not isinstance(value, int):
-            raise StorageError("the fencing counter document of the lock collection is damaged")
-        fencing = int(value)
-        with self._holder.errors("write"):
-            result = await self.collection.update_one(
-                {"_id": resource, "token": token}, {"$set": {"fencingToken": Int64(fencing)}}
+            value = (counter or {}).get("value")
+            if not isinstance(value, int):
+                raise StorageError("the fencing counter document of the lock collection is damaged")
+            await self.collection.update_one(
+                {"_id": resource, "token": token},
+                {"$set": {"fencingToken": Int64(value)}},
+                session=session,
             )
-        return fencing if result.matched_count == 1 else None
+            await session.commit_transaction()
+        finally:
+            if session.in_transaction:  # busy or failed: nothing of it is kept
+                with contextlib.suppress(PyMongoError), pymongo.timeout(_ABORT_SECONDS):
+                    await session.abort_transaction()
+        return LockInfo.model_construct(
+            resource=resource,
+            owner=owner,
+            fencing_token=int(value),
+            acquired_at=_date(doc.get("acquiredAt")),
+            expires_at=_date(doc.get("expiresAt")),
+        )
 
     async def _renew(self, resource: str, token: str, lease_ttl: timedelta) -> datetime | None:
         query = {**self.live_filter(resource), "token": token}
