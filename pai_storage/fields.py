@@ -219,6 +219,14 @@ def _loc_path(loc: tuple[int | str, ...], data: Any) -> str:
     return path
 
 
+_PLAIN = {
+    "union_tag_not_found": "the '{tag}' field is missing (it says which kind this is)",
+    "missing": "a required field is missing",
+    "extra_forbidden": "an unknown field",
+}
+"""Plain words for pydantic's messages ("Unable to extract tag using discriminator")."""
+
+
 def convert_validation_error(
     exc: ValidationError, what: str, data: Any = None, *, stored: bool = False
 ) -> ThreadStoreInvariantError:
@@ -248,12 +256,13 @@ def convert_validation_error(
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
         field = f"{where}: " if where else ""
         return ThreadStoreInvariantError(f"invalid {what}: {field}an unknown field{more}")
+    ctx = first.get("ctx") or {}
+    tag = str(ctx.get("discriminator", "type")).strip(chr(39))
     if first["type"] == "union_tag_invalid":
-        ctx = first.get("ctx") or {}
-        first["msg"] = (
-            f"unknown {str(ctx.get('discriminator', 'tag')).strip(chr(39))} (expected one of "
-            f"{ctx.get('expected_tags', '?')})"
-        )
+        first["msg"] = f"unknown {tag} (expected one of {ctx.get('expected_tags', '?')})"
+    else:  # pydantic's wording, in plain words
+        plain = _PLAIN.get(first["type"])
+        first["msg"] = first["msg"] if plain is None else plain.format(tag=tag)
     where = _loc_path(first["loc"], data) or "<input>"
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
     return ThreadStoreInvariantError(f"invalid {what}: {where}: {first['msg']}{more}")

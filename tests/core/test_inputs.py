@@ -109,3 +109,31 @@ async def test_a_typed_commit_read_and_list_run_as_written() -> None:
         assert thread is not None
         assert thread.title == "Trip"
         assert [t.thread_id for t in (await store.list_threads(listed)).items] == ["chat-1"]
+
+
+@pytest.mark.parametrize(
+    ("data", "words"),
+    [
+        (
+            {"scopeKey": "a", "threadId": "t", "condition": {}, "mutation": {"type": "delete"}},
+            "condition: the 'type' field is missing",
+        ),
+        (
+            {"scopeKey": "a", "threadId": "t", "condition": {"type": "nope"}},
+            "condition: unknown type (expected one of 'missing', 'version')",
+        ),
+        (
+            {"scopeKey": "a", "limit": 3, "limt": 3},
+            "limt: an unknown field",
+        ),
+        ({"scopeKey": "a"}, "threadId: a required field is missing"),
+    ],
+)
+def test_validation_messages_are_plain_words(data: dict[str, Any], words: str) -> None:
+    model = m.ListThreadsInput if "limt" in data else m.CommitThreadInput
+    with pytest.raises(pai_storage.InvalidInputError) as raised:
+        model.model_validate(data)
+    message = str(raised.value)
+    assert words in message
+    for jargon in ("discriminator", "Unable to extract", "Extra inputs", "Field required"):
+        assert jargon not in message
