@@ -8,6 +8,12 @@ checks, the wait loop of :meth:`ExecutionGuard.acquire` (a retry every
 ``retry_interval`` with jitter, until ``lock_timeout``), the watchdog that
 renews each held lock every ``lease_ttl / 3``, lost-lock detection and the
 ``on_lost`` callback, and releasing everything on :meth:`ExecutionGuard.close`.
+
+Leases are also timed here, on this process's monotonic clock, from when the
+request that granted or renewed one was sent (the server granted it no
+earlier, so it lasts at least ``lease_ttl`` from then): a grant that comes
+back after that is never handed out, and a held lock is marked lost at that
+deadline unless a renewal answered first, whatever the server is doing.
 A backend supplies five primitives that act atomically on the server, compare
 the lock's token there and judge expiry on the server's clock:
 :meth:`~ExecutionGuard._acquire`, :meth:`~ExecutionGuard._renew`,
@@ -19,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import inspect
 import logging
 import random
@@ -64,6 +71,14 @@ _MIN_RENEW_SECONDS: Final = 0.001
 """Floor of the watchdog period, so a tiny ``lease_ttl`` cannot make it spin."""
 
 _WATCHDOG_PREFIX: Final = "pai-storage-guard-watchdog"
+
+
+class _Late(enum.Enum):
+    LATE = "late"
+
+
+_LATE: Final = _Late.LATE
+"""What an acquisition attempt gives when its grant came back after its lease ended."""
 
 
 class LockInfo(StoreModel):
@@ -117,8 +132,11 @@ class Lock:
         The lease length each renewal grants.
     lost:
         Set when the lock stops being held other than by :meth:`release`: the
-        lease ran out, someone else took the resource, the watchdog could not
-        reach the server before the lease ended, or the guard was closed.
+        lease ran out, someone else took the resource, the watchdog got no
+        answer from the server before the lease ended (counted on this
+        process's monotonic clock from when the last successful request was
+        sent; set at that instant, not when a stuck call returns), or the
+        guard was closed.
     """
 
     __slots__ = (
@@ -207,6 +225,8 @@ class Lock:
         expires_at = await self._guard._renew(self.resource, self.token, self.lease_ttl)
         if expires_at is None:
             await self._guard._mark_lost(self)
+            return False
+        if self._done:  # lost meanwhile (its lease ended here first) or released
             return False
         self.expires_at = expires_at
         self._granted_at = max(self._granted_at, sent)
@@ -352,13 +372,19 @@ class ExecutionGuard(RuntimeStore):
         deadline = loop.time() + timeout.total_seconds()
         while True:
             lock = await self._attempt(resource, owner, lease, on_lost)
-            if lock is not None:
+            if isinstance(lock, Lock):
                 return lock
             remaining = deadline - loop.time()
             if remaining <= 0:
+                why = (
+                    f"the last grant came back after its lease_ttl {_seconds(lease)} had run "
+                    "out (a lease must outlast a round trip to the server)"
+                    if lock is _LATE
+                    else "it is held by another acquisition"
+                )
                 raise LockTimeoutError(
                     f"could not acquire the lock on resource {resource!r} within "
-                    f"lock_timeout {_seconds(timeout)}: it is held by another acquisition"
+                    f"lock_timeout {_seconds(timeout)}: {why}"
                 )
             pause = retry.total_seconds() * random.uniform(1 - _JITTER, 1 + _JITTER)
             await asyncio.sleep(min(pause, remaining))
@@ -373,6 +399,10 @@ class ExecutionGuard(RuntimeStore):
     ) -> Lock | None:
         """Acquire ``resource`` if it is free now, else return ``None`` at once.
 
+        Also ``None`` when the server's grant came back after ``lease_ttl`` had
+        run out (counted from when the request was sent): such a lock may be
+        someone else's by then, so it is given back rather than returned.
+
         Raises
         ------
         InvalidInputError
@@ -383,7 +413,8 @@ class ExecutionGuard(RuntimeStore):
         resource, owner = _names(resource, owner)
         lease = check_duration("lease_ttl", lease_ttl) or self.lease_ttl
         _check_callback(on_lost)
-        return await self._attempt(resource, owner, lease, on_lost)
+        lock = await self._attempt(resource, owner, lease, on_lost)
+        return lock if isinstance(lock, Lock) else None
 
     async def inspect(self, resource: str) -> LockInfo | None:
         """Who holds ``resource`` now, or ``None`` when it is free (expired counts as free).
@@ -452,6 +483,17 @@ class ExecutionGuard(RuntimeStore):
         this store ever assigned, for any resource) and return the new lock's
         :class:`LockInfo`. Return ``None`` when an unexpired lock exists. Of
         concurrent calls on a free resource exactly one may succeed.
+
+        The grant and its fencing token are **one atomic step** (one statement,
+        one script or one transaction): no reader ever sees the lock without
+        its token, and a crash leaves either both or neither. ``resource``,
+        ``owner`` and ``token`` are data, never code: a database that reads
+        strings as expressions (MongoDB's ``$field``) must quote them.
+
+        The core times the request itself: a grant that comes back once
+        ``lease_ttl`` has passed since the call began (this process's
+        monotonic clock) is not handed out but released with
+        :meth:`_release`, so the primitive need not check lateness.
         """
 
     @abstractmethod
@@ -460,6 +502,12 @@ class ExecutionGuard(RuntimeStore):
 
         Return the new ``expires_at``, or ``None`` when the lock is absent,
         expired or holds another token (then change nothing).
+
+        The watchdog does not wait for a renewal past the lease's end as seen
+        from this process: it marks the lock lost at that deadline and lets
+        the call finish in the background (it need not stop when cancelled),
+        releasing a lease it still obtained. So a renewal may land after its
+        lock was declared lost, and must therefore match the token.
         """
 
     @abstractmethod
@@ -482,10 +530,18 @@ class ExecutionGuard(RuntimeStore):
 
     async def _attempt(
         self, resource: str, owner: str, lease: timedelta, on_lost: LostCallback | None
-    ) -> Lock | None:
+    ) -> Lock | _Late | None:
+        """One acquisition request: the lock, ``None`` when busy, or :data:`_LATE`.
+
+        A grant answered once its lease may have ended (``lease`` after the
+        request was sent, on this process's monotonic clock) is never returned:
+        another worker may hold the resource by now. It is given back (the
+        release matches its token, so it never frees a successor's lock).
+        """
         await self._ensure_ready()  # also refuses a waiter whose guard was closed meanwhile
         token = uuid4().hex
-        sent = asyncio.get_running_loop().time()
+        loop = asyncio.get_running_loop()
+        sent = loop.time()
         request = asyncio.ensure_future(self._acquire(resource, owner, token, lease))
         try:
             # Shielded: a caller cancelled mid-request must not leave behind a
@@ -496,10 +552,13 @@ class ExecutionGuard(RuntimeStore):
             raise
         if info is None:
             return None
-        if self.closed:  # closed while the request ran: give the lock straight back
+        late = loop.time() >= sent + lease.total_seconds()
+        if late or self.closed:  # give the lock straight back
             with contextlib.suppress(Exception):
                 await self._release(resource, token)
-            await self._ensure_ready()  # raises the "closed" error
+            await self._ensure_ready()  # closed while the request ran: the "closed" error
+            _log.debug("a grant of %r came after its lease had run out here", resource)
+            return _LATE
         lock = Lock(self, info, token, lease, on_lost, sent)
         self._held[token] = lock
         lock._watchdog = self._track(
@@ -520,36 +579,66 @@ class ExecutionGuard(RuntimeStore):
     async def _watch(self, lock: Lock) -> None:
         """Renew ``lock`` every ``lease_ttl / 3`` until it is released or lost.
 
-        A renewal that gets no answer before the lease surely ends (as seen
-        from here: ``lock._granted_at + lease_ttl``) gives the lock up as lost;
-        one that fails is retried every ``retry_interval`` until then.
+        Everything is timed on this process's monotonic clock from when the
+        request behind the current lease was sent (``lock._granted_at``): a
+        renewal is due a third of the lease after it, and the lease surely
+        lasts until ``lock._granted_at + lease_ttl``. At that deadline the lock
+        is lost, whatever the server is doing: a renewal still in flight is
+        not waited for (a database call may not stop when cancelled) but left
+        to finish in the background, and a lease it obtained all the same is
+        given back. A renewal that fails is retried every ``retry_interval``
+        until the deadline.
         """
         loop = asyncio.get_running_loop()
         ttl = lock.lease_ttl.total_seconds()
         period = max(ttl / 3, _MIN_RENEW_SECONDS)
         retry = min(self.retry_interval.total_seconds(), period)
-        pause = period
+        due = lock._granted_at + period
         while True:
-            await asyncio.sleep(pause)
-            lease_end = lock._granted_at + ttl
+            await asyncio.sleep(max(min(due, lock._granted_at + ttl) - loop.time(), 0.0))
+            lease_end = lock._granted_at + ttl  # renew() may have moved it meanwhile
             sent = loop.time()
             if sent >= lease_end:
                 break
+            renewal = asyncio.ensure_future(self._renew(lock.resource, lock.token, lock.lease_ttl))
             try:
-                async with asyncio.timeout_at(lease_end):
-                    expires_at = await self._renew(lock.resource, lock.token, lock.lease_ttl)
-            except TimeoutError:
+                await asyncio.wait({renewal}, timeout=lease_end - sent)
+            except asyncio.CancelledError:  # released or closed: the renewal is not needed
+                renewal.cancel()
+                self._track(asyncio.ensure_future(self._settle(renewal, lock, give_back=False)))
+                raise
+            if not renewal.done():
+                self._track(asyncio.ensure_future(self._settle(renewal, lock, give_back=True)))
                 break
+            try:
+                expires_at = renewal.result()
             except Exception:  # unreachable or failing server: retry while the lease lasts
                 _log.debug("renewing %r failed; retrying", lock, exc_info=True)
-                pause = min(retry, max(lock._granted_at + ttl - loop.time(), 0.0))
+                due = loop.time() + retry
                 continue
             if expires_at is None:
                 break
             lock.expires_at = expires_at
             lock._granted_at = max(lock._granted_at, sent)
-            pause = period
+            due = sent + period
         await self._mark_lost(lock)
+
+    async def _settle(
+        self, renewal: asyncio.Future[datetime | None], lock: Lock, *, give_back: bool
+    ) -> None:
+        """Wait out a renewal the watchdog stopped waiting for.
+
+        With ``give_back`` (the lock was lost at its deadline), a lease the
+        renewal obtained all the same is released; otherwise (released or
+        closed) the caller releases it.
+        """
+        try:
+            if await renewal is not None and give_back:
+                await self._release(lock.resource, lock.token)
+        except asyncio.CancelledError:  # the renewal was cancelled (by close(), say)
+            pass
+        except Exception:  # best effort: the lease runs out on its own
+            _log.debug("a renewal of %r abandoned at its deadline failed", lock, exc_info=True)
 
     async def _mark_lost(self, lock: Lock) -> None:
         if lock._done:

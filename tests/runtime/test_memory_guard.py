@@ -309,3 +309,28 @@ async def test_a_lock_granted_while_closing_is_given_back(clock: ManualClock) ->
     with pytest.raises(ConfigurationError, match="closed"):
         await attempt
     assert guard._locks == {}
+
+
+async def test_grants_that_always_come_after_their_lease_time_out_saying_why(
+    flaky: _FlakyGuard,
+) -> None:
+    # Every answer takes longer than the 20 ms lease: no attempt may be returned as
+    # held, and the wait ends at lock_timeout with the reason, nothing left behind.
+    flaky.acquire_delay = 0.05
+    lease = timedelta(milliseconds=20)
+    assert await flaky.try_acquire("r", owner="w1", lease_ttl=lease) is None
+    with pytest.raises(LockTimeoutError) as caught:
+        await flaky.acquire(
+            "r",
+            owner="w1",
+            lease_ttl=lease,
+            lock_timeout=timedelta(milliseconds=200),
+            retry_interval=timedelta(milliseconds=10),
+        )
+    message = str(caught.value)
+    assert "'r'" in message
+    assert "lease_ttl 0.02 s" in message
+    assert "round trip" in message
+    assert sum(info is not None for info in flaky.acquired) >= 2  # the server granted them
+    assert await flaky.inspect("r") is None  # and each was given back
+    assert not flaky._held

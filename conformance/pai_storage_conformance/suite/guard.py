@@ -11,6 +11,7 @@ on resources of its own, so a guard over a shared database is fine.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
@@ -55,6 +56,80 @@ Only a bound on failure: a test that passes never waits this long, so it is
 generous enough for a database round trip stalled by a busy machine, yet far
 below the 30 s ``retry_interval`` the timeout tests must not sit out.
 """
+
+
+EXPRESSION_NAMES = (
+    "$",
+    "$$",
+    "$$ROOT",
+    "$$CURRENT",
+    "$$NOW",
+    "$$REMOVE",
+    "$.a",
+    "$a.b",
+    "$worker",
+    "$token",
+    "$owner",
+    "$_id",
+    "$expiresAt",
+    "$fencingToken",
+    "$literal",
+    "$$ROOT.token",
+    "{$literal: 1}",
+)
+"""Valid names a database could take for field paths, variables or operators.
+
+MongoDB reads a string starting with ``$`` in an aggregation expression as a
+field path (``$$`` as a variable); a guard must store each exactly as given.
+"""
+
+
+class _LateGrants:
+    """Holds back the answer of acquisitions by :attr:`OWNER` after the server granted them.
+
+    With ``delay`` the answer comes that many seconds late; without it, it waits
+    for :meth:`past_the_lease`. Only the first acquisition is held back; later
+    ones set :attr:`retried`.
+    """
+
+    OWNER = "late"
+
+    def __init__(
+        self, guard: ExecutionGuard, monkeypatch: pytest.MonkeyPatch, delay: float | None = None
+    ) -> None:
+        self.granted = asyncio.Event()
+        self.retried = asyncio.Event()
+        self.answer = asyncio.Event()
+        self.sent: list[float] = []
+        acquire = guard._acquire
+
+        async def late_answer(
+            resource: str, owner: str, token: str, lease_ttl: timedelta
+        ) -> LockInfo | None:
+            if owner != self.OWNER:
+                return await acquire(resource, owner, token, lease_ttl)
+            if self.sent:
+                self.retried.set()
+                return await acquire(resource, owner, token, lease_ttl)
+            self.sent.append(asyncio.get_running_loop().time())  # after the guard's own "sent"
+            info = await acquire(resource, owner, token, lease_ttl)
+            self.granted.set()
+            if delay is None:
+                await self.answer.wait()
+            else:
+                await asyncio.sleep(
+                    max(self.sent[0] + delay - asyncio.get_running_loop().time(), 0)
+                )
+            return info
+
+        monkeypatch.setattr(guard, "_acquire", late_answer)
+
+    async def past_the_lease(self, lease: timedelta) -> None:
+        """Answer once the first request's lease has surely ended as seen from here."""
+        await asyncio.wait_for(self.granted.wait(), WAIT)
+        loop = asyncio.get_running_loop()
+        await asyncio.sleep(max(self.sent[0] + lease.total_seconds() - loop.time(), 0) + 0.01)
+        self.answer.set()
 
 
 def _resource(tag: str) -> str:
@@ -608,6 +683,160 @@ class ExecutionGuardTests:
         with pytest.raises(InvalidInputError, match="on_lost"):
             await guard.acquire(resource, owner="w1", on_lost="later")  # type: ignore[arg-type]
         assert await guard.inspect(resource) is None
+
+    # ------------------------------------------------------------ names taken literally
+
+    @pytest.mark.parametrize("name", EXPRESSION_NAMES)
+    async def test_expression_like_resource_and_owner_are_taken_literally(
+        self, guard: ExecutionGuard, clock: ManualClock, name: str
+    ) -> None:
+        # The whole name is the resource (a prefix would hide a leading "$"), so it is
+        # shared with other runs on the same database: an earlier run's leftover lock
+        # has expired on this clock, a concurrent run's is waited for.
+        clock.advance(timedelta(minutes=1))
+        lock = await guard.acquire(
+            name,
+            owner=name,
+            lease_ttl=timedelta(seconds=30),
+            lock_timeout=timedelta(seconds=WAIT),
+            retry_interval=timedelta(milliseconds=20),
+        )
+        try:
+            info = await guard.inspect(name)
+            assert info == LockInfo(
+                resource=name,
+                owner=name,
+                fencing_token=lock.fencing_token,
+                acquired_at=lock.acquired_at,
+                expires_at=lock.expires_at,
+            )
+            assert await guard.try_acquire(name, owner="w2") is None
+            assert await lock.renew() is True
+        finally:
+            assert await lock.release() is True
+        assert await guard.inspect(name) is None
+
+    async def test_every_allowed_name_is_a_literal_owner(self, guard: ExecutionGuard) -> None:
+        tag = uuid.uuid4().hex
+        owners = [*HOSTILE_NAMES, *EXPRESSION_NAMES]
+        locks = [await _held(guard, f"{tag}-{i}", owner=owner) for i, owner in enumerate(owners)]
+        for lock, owner in zip(locks, owners, strict=True):
+            info = await guard.inspect(lock.resource)
+            assert info is not None, owner
+            assert (info.owner, info.fencing_token) == (owner, lock.fencing_token)
+            assert await lock.release() is True
+
+    @pytest.mark.parametrize("owner", ["$token", "$owner", "$fencingToken", "$$ROOT", "$"])
+    async def test_an_expression_like_owner_over_an_expired_lock(
+        self, guard: ExecutionGuard, clock: ManualClock, owner: str
+    ) -> None:
+        resource = _resource("expired-owner")
+        stale = await guard.try_acquire(resource, owner="w1", lease_ttl=timedelta(seconds=1))
+        assert stale is not None
+        clock.advance(timedelta(seconds=1))
+        lock = await _held(guard, resource, owner=owner)
+        info = await guard.inspect(resource)
+        assert info is not None
+        assert (info.owner, info.fencing_token) == (owner, lock.fencing_token)
+        assert stale.token not in info.model_dump_json()
+        assert await lock.release() is True
+
+    # ------------------------------------------------------------ the lease as seen here
+
+    async def test_a_grant_answered_after_its_lease_is_not_held(
+        self, guard: ExecutionGuard, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        resource = _resource("late-grant")
+        late = _LateGrants(guard, monkeypatch)
+        attempt = asyncio.ensure_future(
+            guard.try_acquire(resource, owner=late.OWNER, lease_ttl=SHORT_LEASE)
+        )
+        await late.past_the_lease(SHORT_LEASE)
+        assert await asyncio.wait_for(attempt, WAIT) is None
+        # What the server granted was given back: the resource is free (the server's
+        # clock, a manual one here, never ended that lease).
+        assert await guard.inspect(resource) is None
+        lock = await _held(guard, resource, owner="w2")
+        assert await lock.release() is True
+
+    async def test_a_late_grant_never_makes_two_holders(
+        self, guard: ExecutionGuard, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        resource = _resource("late-takeover")
+        late = _LateGrants(guard, monkeypatch)
+        waiter = asyncio.ensure_future(
+            guard.acquire(
+                resource,
+                owner=late.OWNER,
+                lease_ttl=SHORT_LEASE,
+                lock_timeout=timedelta(seconds=60),
+                retry_interval=timedelta(milliseconds=20),
+            )
+        )
+        await asyncio.wait_for(late.granted.wait(), WAIT)
+        clock.advance(SHORT_LEASE)  # the lease ends on the server before its grant arrives
+        thief = await _held(guard, resource, owner="thief")
+        await late.past_the_lease(SHORT_LEASE)
+        await asyncio.wait_for(late.retried.wait(), WAIT)  # it went on waiting
+        assert not waiter.done()
+        info = await guard.inspect(resource)
+        assert info is not None
+        assert (info.owner, info.fencing_token) == ("thief", thief.fencing_token)
+        assert await thief.release() is True
+        second = await asyncio.wait_for(waiter, WAIT)
+        assert second.fencing_token > thief.fencing_token
+        assert not thief.lost.is_set()
+        assert await second.release() is True
+
+    async def test_a_slow_grant_is_renewed_before_its_lease_ends(
+        self, guard: ExecutionGuard, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        # The grant takes 80% of the lease: the first renewal is due at once, not a
+        # third of the lease after the grant arrived (which is after the lease ended).
+        lease = timedelta(seconds=2)
+        resource = _resource("slow-grant")
+        slow = _LateGrants(guard, monkeypatch, delay=0.8 * lease.total_seconds())
+        lock = await guard.try_acquire(resource, owner=slow.OWNER, lease_ttl=lease)
+        assert lock is not None
+        loop = asyncio.get_running_loop()
+        await asyncio.sleep(max(slow.sent[0] + 1.5 * lease.total_seconds() - loop.time(), 0))
+        assert not lock.lost.is_set()
+        assert await lock.release() is True
+
+    async def test_lost_when_the_lease_ends_here_whatever_the_server_does(
+        self, guard: ExecutionGuard, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        resource = _resource("stuck-renewal")
+        stuck, unblock = asyncio.Event(), asyncio.Event()
+        renew = guard._renew
+
+        async def stuck_renewal(resource: str, token: str, lease_ttl: timedelta) -> datetime | None:
+            stuck.set()
+            while not unblock.is_set():  # like a database call that cannot be interrupted
+                with contextlib.suppress(asyncio.CancelledError):
+                    await unblock.wait()
+            return await renew(resource, token, lease_ttl)
+
+        monkeypatch.setattr(guard, "_renew", stuck_renewal)
+        loop = asyncio.get_running_loop()
+        before = loop.time()
+        lock = await guard.try_acquire(resource, owner="w1", lease_ttl=SHORT_LEASE)
+        assert lock is not None
+        try:
+            await asyncio.wait_for(stuck.wait(), WAIT)
+            await asyncio.wait_for(lock.lost.wait(), WAIT)
+            # Not before the lease could have ended, counted from before the request.
+            assert loop.time() >= before + SHORT_LEASE.total_seconds() - 0.001
+            assert not unblock.is_set()
+        finally:
+            unblock.set()
+        assert await lock.release() is False
+        # The renewal went through after all (the manual clock never ended the
+        # lease): the guard gives that lease back.
+        end = loop.time() + WAIT
+        while await guard.inspect(resource) is not None:
+            assert loop.time() < end, "the renewed lease was never given back"
+            await asyncio.sleep(0.01)
 
     # ------------------------------------------------------------ defaults and edges
 
