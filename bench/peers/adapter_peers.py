@@ -24,6 +24,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from langchain_core.runnables import RunnableConfig
+
 import pai_storage
 
 from .adk_peer import USER_ID, AdkPeer
@@ -166,7 +168,7 @@ class PaiCheckpointSaverPeer(LangGraphPeer):
         await self.kv.initialize()
         self.saver = PaiCheckpointSaver(self.kv, scope_key=SCOPE)
 
-        def respond(state: Any, config: Any) -> dict[str, Any]:
+        def respond(state: Any, config: RunnableConfig) -> dict[str, Any]:
             return {"messages": [self.replies[config["configurable"]["thread_id"]]]}
 
         builder: Any = StateGraph(MessagesState)

@@ -27,6 +27,7 @@ import asyncio
 import base64
 import random
 import re
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import timedelta
@@ -82,6 +83,7 @@ __all__ = ["PaiCheckpointSaver", "PaiStore"]
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 _INVERT = str.maketrans("0123456789abcdef", "fedcba9876543210")
 _PAGE = 100
+_REMEMBERED = 1024  # checkpoints whose channel map a saver keeps (a few KB each)
 
 
 def _key(checkpoint_id: str) -> str:
@@ -146,6 +148,15 @@ class PaiCheckpointSaver(BaseCheckpointSaver[str]):
         self.kv = kv_of(stores, "PaiCheckpointSaver")
         self.scope_key = text_id("scope_key", scope_key)
         self._bridge = LoopBridge("PaiCheckpointSaver")
+        # Where the channels of recent checkpoints live: a checkpoint is written
+        # once and never changes, so a put whose parent is here skips reading it.
+        self._channels: OrderedDict[tuple[str, ...], Any] = OrderedDict()
+
+    def _remember(self, namespace: tuple[str, ...], checkpoint_id: str, channels: Any) -> None:
+        self._channels[(*namespace, checkpoint_id)] = channels
+        self._channels.move_to_end((*namespace, checkpoint_id))
+        while len(self._channels) > _REMEMBERED:
+            self._channels.popitem(last=False)
 
     @classmethod
     @asynccontextmanager
@@ -212,6 +223,8 @@ class PaiCheckpointSaver(BaseCheckpointSaver[str]):
             asyncio.gather(*(self._writes(thread_id, checkpoint_ns, i) for i in by_id)),
         )
         values_of = {cid: item.value for cid, item in by_id.items()}
+        for cid, item in by_id.items():
+            self._remember(namespace, cid, item.value["channels"])
         values_of.update({_checkpoint_id(key): item.value for key, item in holders.items()})
         return [
             self._tuple(thread_id, checkpoint_ns, cid, item.value, values_of, pending)
@@ -352,8 +365,10 @@ class PaiCheckpointSaver(BaseCheckpointSaver[str]):
         channels: dict[str, list[Any]] = {}
         unchanged = [c for c in versions if c not in new_versions]
         if unchanged and parent_id:
-            parent = await self.kv.get(namespace, _key(parent_id))
-            known = {} if parent is None else parent.value["channels"]
+            known = self._channels.get((*namespace, parent_id))
+            if known is None:
+                parent = await self.kv.get(namespace, _key(parent_id))
+                known = {} if parent is None else parent.value["channels"]
             for channel in unchanged:
                 ref = known.get(channel)
                 if ref is not None and ref[0] == versions[channel]:
@@ -373,6 +388,7 @@ class PaiCheckpointSaver(BaseCheckpointSaver[str]):
                 "blobs": blobs,
             },
         )
+        self._remember(namespace, checkpoint_id, channels)
         return _config(thread_id, checkpoint_ns, checkpoint_id)
 
     async def aput_writes(
@@ -395,8 +411,10 @@ class PaiCheckpointSaver(BaseCheckpointSaver[str]):
             WRITES_IDX_MAP.get(channel, idx): [channel, *_dump(self.serde, value)]
             for idx, (channel, value) in enumerate(writes)
         }
+        # Most tasks write once: try to create the item (one round trip); a
+        # conflict hands back the stored item to merge into.
+        item: KVItem | None = None
         while True:
-            item = await self.kv.get(namespace, task)
             stored: dict[int, list[Any]] = (
                 {} if item is None else {w[0]: w[1:] for w in item.value["writes"]}
             )
@@ -411,11 +429,15 @@ class PaiCheckpointSaver(BaseCheckpointSaver[str]):
             result = await self.kv.put_if_version(namespace, task, value, expected)
             if not isinstance(result, KVConflict):
                 return
+            item = result.current
 
     async def adelete_thread(self, thread_id: str) -> None:
         """Delete every checkpoint and write of the thread (one delete per item)."""
         self._bridge.bind()
-        await delete_under(self.kv, self._thread(thread_id))
+        prefix = self._thread(thread_id)
+        for remembered in [k for k in self._channels if k[: len(prefix)] == prefix]:
+            del self._channels[remembered]
+        await delete_under(self.kv, prefix)
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy every checkpoint and write of a thread to another thread id."""

@@ -153,6 +153,26 @@ async def test_bad_ids_are_refused(stores: pai_storage.Stores) -> None:
         await saver.aput({"configurable": {"thread_id": "a\x1fb"}}, checkpoint, {}, {})
 
 
+async def test_unchanged_channels_found_by_a_saver_that_did_not_write_them(
+    stores: pai_storage.Stores,
+) -> None:
+    writer, other = PaiCheckpointSaver(stores), PaiCheckpointSaver(stores)
+    first = empty_checkpoint()
+    first["channel_values"] = {"a": "a1", "b": "b1"}
+    first["channel_versions"] = {"a": "1", "b": "1"}
+    config = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
+    stored = await writer.aput(config, first, {"step": 0}, {"a": "1", "b": "1"})
+    second = empty_checkpoint()
+    second["channel_values"] = {"a": "a2", "b": "b1"}
+    second["channel_versions"] = {"a": "2", "b": "1"}
+    # `other` has never seen the parent: it reads where `b` lives from the store.
+    latest = await other.aput(stored, second, {"step": 1}, {"a": "2"})
+    for saver in (writer, other, PaiCheckpointSaver(stores)):
+        found = await saver.aget_tuple(latest)
+        assert found is not None
+        assert found.checkpoint["channel_values"] == {"a": "a2", "b": "b1"}
+
+
 # ---------------------------------------------------------------- PaiStore
 
 
