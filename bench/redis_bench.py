@@ -167,12 +167,13 @@ async def main(url: str, quick: bool) -> None:
             sr = root("state")
             s_member = "user\x00session"
             s_hash, s_users, s_exp = f"{sr}:s:{s_member}", f"{sr}:u:user", f"{sr}:exp"
+            s_all = f"{sr}:all"
             list_base = f"{sr}:l:{s_member}\x00"
             ttl = str(30 * 24 * 3600 * 1000)
 
             async def floor_save() -> Any:
                 return await run(
-                    state_scripts.SAVE, [s_hash, s_users, s_exp], "value",
+                    state_scripts.SAVE, [s_hash, s_users, s_exp, s_all], "value",
                     json.dumps(value, separators=(",", ":")), "", ttl, "1", list_base, s_member,
                     "session",
                 )  # fmt: skip
@@ -195,7 +196,8 @@ async def main(url: str, quick: bool) -> None:
                 )
                 text = json.dumps(item, separators=(",", ":"))
                 return await run(
-                    state_scripts.WRITE_LIST, [s_hash, list_base + "log", s_users, s_exp], "log",
+                    state_scripts.WRITE_LIST, [s_hash, list_base + "log", s_users, s_exp, s_all],
+                    "log",
                     "" if not head else str(length), "" if not head else digest, "0",
                     str(length + 1), extend_list_hash(digest, [text]), ttl, "1", list_base,
                     s_member, "session", text,
@@ -213,7 +215,7 @@ async def main(url: str, quick: bool) -> None:
             # ---------------------------------------------------------- snapshots
             data = os.urandom(1024 * 1024)
             dr = root("snapshots")
-            d_keys = [f"{dr}:d:scope\x00snap", f"{dr}:o:scope", f"{dr}:exp"]
+            d_keys = [f"{dr}:d:scope\x00snap", f"{dr}:o:scope", f"{dr}:exp", f"{dr}:scopes"]
             m = n // 10
 
             async def floor_snap_put() -> Any:
