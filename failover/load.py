@@ -15,11 +15,13 @@
 Every attempt is recorded with its outcome: acknowledged, conflict (nothing
 applied), ``UnavailableError`` (nothing applied), ``OutcomeUnknownError``
 (either), another typed error, or a raw exception (a contract breach). After
-the fault, :meth:`Load.verify` re-reads everything through the *same* stores
-and judges every attempt: an acknowledged write is present with its exact
-content at the version it was acknowledged with, an unknown one is present
-once or not at all, a write reported as not applied is absent, and no version
-was acknowledged twice.
+the fault, :meth:`Load.verify` reads everything back through an independent
+:class:`~failover.witness.Witness` (a plain driver client on the server, never
+the stores that wrote it) and judges every attempt: an acknowledged write is
+present with its exact content at the version it was acknowledged with, an
+unknown one is present once or not at all, a write reported as not applied is
+absent, and no version was acknowledged twice. (The execution guard's holds
+and fencing tokens are judged from what the writers saw while they ran.)
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from failover.witness import Witness
 from pai_storage import (
     CommittedResult,
     Item,
@@ -504,8 +507,8 @@ class Load:
 
     # ------------------------------------------------------------ checking
 
-    async def verify(self, report: Report) -> None:
-        """Re-read everything through the same stores and judge every attempt."""
+    async def verify(self, report: Report, witness: Witness) -> None:
+        """Read everything back through ``witness`` and judge every attempt."""
         report.load_s = self.load_s
         for attempt in self.attempts:
             if attempt.outcome == ACK and attempt.store != "read":
@@ -518,9 +521,10 @@ class Load:
                 report.errors.append(
                     f"{attempt.store} {attempt.key}: {attempt.outcome}: {attempt.error}"
                 )
-        await self._verify_threads(report)
-        await self._verify_kv(report)
-        await self._verify_state(report)
+        await self._verify_threads(report, witness)
+        await self._verify_kv(report, witness)
+        await self._verify_state(report, witness)
+        report.notes.append(f"verified with {witness.describe()}")
         self._verify_guard(report)
         for store in STORES:
             report.recovery_s[store] = self.first_ack_after_fault(store)
@@ -552,28 +556,9 @@ class Load:
                 f"but is stored {count} time(s); the error was {attempt.error}"
             )
 
-    async def _messages(self, thread_id: str) -> tuple[int, list[tuple[str, str]]]:
-        threads = self.stores.threads
-        request = b.read(
-            SCOPE, thread_id, messages={"type": "page", "view": "raw", "page": {"limit": 100}}
-        )
-        out: list[tuple[str, str]] = []
-        revision = 0
-        first = True
-        while True:
-            read = await self._retrying(lambda: threads.read_thread(request), "read messages")
-            assert read.thread is not None
-            assert read.messages is not None
-            if first:
-                revision, first = read.thread.version.revision, False
-            out += [(m.message_id, m.parts[0].text) for m in read.messages.items]
-            if read.messages.next_page_token is None:
-                return revision, out
-            request["include"]["messages"]["page"]["pageToken"] = read.messages.next_page_token
-
-    async def _verify_threads(self, report: Report) -> None:
+    async def _verify_threads(self, report: Report, witness: Witness) -> None:
         for thread_id in self.thread_ids:
-            revision, messages = await self._messages(thread_id)
+            revision, messages = await witness.messages(SCOPE, thread_id)
             ids = Counter(mid for mid, _ in messages)
             position = {mid: index for index, (mid, _) in enumerate(messages)}
             for mid, count in ids.items():
@@ -612,13 +597,12 @@ class Load:
                 else:
                     self._judge_absent_or_once(report, attempt, ids[mid], "threads")
 
-    async def _verify_kv(self, report: Report) -> None:
-        kv = self.stores.kv
-        item = await self._retrying(lambda: kv.get(KV_NS, KV_KEY), "kv get")
-        log: list[str] = [] if item is None else item.value["log"]
+    async def _verify_kv(self, report: Report, witness: Witness) -> None:
+        item = await witness.kv(KV_NS, KV_KEY)
+        log: list[str] = [] if item is None else item[1]["log"]
         counts = Counter(log)
-        if item is not None and item.version != len(log):
-            report.violations.append(f"kv: version {item.version} but {len(log)} writes logged")
+        if item is not None and item[0] != len(log):
+            report.violations.append(f"kv: version {item[0]} but {len(log)} writes logged")
         versions = Counter(a.version for a in self.attempts if a.store == "kv" and a.outcome == ACK)
         for version, count in versions.items():
             if count > 1:
@@ -637,11 +621,8 @@ class Load:
             else:
                 self._judge_absent_or_once(report, attempt, counts[attempt.key], "kv")
 
-    async def _verify_state(self, report: Report) -> None:
-        state = self.stores.state
-        items = await self._retrying(
-            lambda: state.get_list(STATE_USER, STATE_SESSION, STATE_KEY), "state get_list"
-        )
+    async def _verify_state(self, report: Report, witness: Witness) -> None:
+        items = await witness.state_list(STATE_USER, STATE_SESSION, STATE_KEY)
         keys = [f"{item['writer']}-{item['n']}" for item in items]
         counts = Counter(keys)
         for attempt in self.attempts:

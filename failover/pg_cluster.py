@@ -1,27 +1,39 @@
-"""A throwaway PostgreSQL primary with a synchronous hot standby (Debian's cluster tools).
+"""A throwaway PostgreSQL primary with a hot standby (Debian's cluster tools).
 
 :class:`StandbyPair` makes two clusters with ``pg_createcluster`` (the newest
 version under ``/etc/postgresql``) on free loopback ports, trust authentication
 on loopback only. The standby is a ``pg_basebackup`` of the primary that
-streams from it, and the primary names it in ``synchronous_standby_names``, so
-a commit is acknowledged only once the standby has flushed it. Servers run as
-the ``postgres`` user; the commands are run as root (or as ``postgres``).
-:meth:`StandbyPair.drop` removes both clusters (``pg_dropcluster --stop``).
+streams from it through a :class:`ReplicationLink` (a fault proxy on a thread
+of its own), so a test can cut the replication stream: the standby then
+receives nothing more. By default the primary names the standby in
+``synchronous_standby_names``, so a commit is acknowledged only once the
+standby has flushed it; ``synchronous=False`` leaves it asynchronous (the
+mutation the failover test must detect). Servers run as the ``postgres`` user;
+the commands are run as root (or as ``postgres``). :meth:`StandbyPair.drop`
+removes both clusters (``pg_dropcluster --stop``, then their configuration).
 """
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import os
 import shutil
 import signal
 import subprocess
+import threading
 import time
 import uuid
+from collections.abc import Callable, Coroutine
 from contextlib import suppress
 from pathlib import Path
+from typing import Any, TypeVar
+
+from support.proxy import FaultProxy
 
 from failover.mongo_cluster import free_port
+
+T = TypeVar("T")
 
 CONF_ROOT = Path("/etc/postgresql")
 STANDBY_NAME = "failover_standby"
@@ -146,14 +158,67 @@ class Cluster:
             shutil.rmtree(self.conf_dir)
 
 
-class StandbyPair:
-    """A primary and its synchronous hot standby; see the module docstring."""
+class ReplicationLink:
+    """A :class:`FaultProxy` to the primary on an event loop of its own thread.
 
-    def __init__(self) -> None:
+    The standby streams through it, whatever the test's own event loop is
+    doing (a synchronous fixture, a busy load); :meth:`cut` cuts the stream
+    and refuses the standby's reconnections until :meth:`restore`.
+    """
+
+    def __init__(self, primary_port: int) -> None:
+        self._primary_port = primary_port
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._proxy: FaultProxy | None = None
+        self.port = 0
+
+    def _run(self, work: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(work, self._loop).result(timeout=30)
+
+    def _call(self, action: Callable[[FaultProxy], None]) -> None:
+        async def call() -> None:
+            assert self._proxy is not None
+            action(self._proxy)
+
+        self._run(call())
+
+    def start(self) -> int:
+        async def start() -> int:
+            self._proxy = FaultProxy(self._primary_port)
+            return await self._proxy.start()
+
+        self._thread.start()
+        self.port = self._run(start())
+        return self.port
+
+    def cut(self) -> None:
+        self._call(FaultProxy.cut)
+
+    def restore(self) -> None:
+        self._call(FaultProxy.restore)
+
+    def stop(self) -> None:
+        """Stop the proxy and its thread (idempotent)."""
+        if not self._thread.is_alive():
+            return
+        if self._proxy is not None:
+            self._run(self._proxy.stop())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=30)
+
+
+class StandbyPair:
+    """A primary and its hot standby (synchronous unless told otherwise); see the
+    module docstring."""
+
+    def __init__(self, *, synchronous: bool = True) -> None:
         version = pg_version()
         tag = uuid.uuid4().hex[:8]
+        self.synchronous = synchronous
         self.primary = Cluster(version, f"pai_failover_{tag}_a")
         self.standby = Cluster(version, f"pai_failover_{tag}_b")
+        self.link = ReplicationLink(self.primary.port)
 
     @property
     def url(self) -> str:
@@ -169,12 +234,13 @@ class StandbyPair:
         self.primary.ctl("start")
         self.primary.wait_ready()
         self.primary.psql("CREATE DATABASE test")
+        self.link.start()
         self.standby.create(
             {
                 **common,
                 "hot_standby": "on",
                 "primary_conninfo": (
-                    f"'host=127.0.0.1 port={self.primary.port} user=postgres "
+                    f"'host=127.0.0.1 port={self.link.port} user=postgres "
                     f"application_name={STANDBY_NAME}'"
                 ),
             }
@@ -204,34 +270,38 @@ class StandbyPair:
         _run("touch", str(data / "standby.signal"), user="postgres")
         self.standby.ctl("start")
         self.standby.wait_ready()
-        # Only now that the standby streams: before, every commit would wait for it.
-        self.primary.psql(f"ALTER SYSTEM SET synchronous_standby_names = '{STANDBY_NAME}'")
-        self.primary.psql("SELECT pg_reload_conf()")
-        self.wait_synchronous()
+        if self.synchronous:
+            # Only now that the standby streams: before, every commit would wait for it.
+            self.primary.psql(f"ALTER SYSTEM SET synchronous_standby_names = '{STANDBY_NAME}'")
+            self.primary.psql("SELECT pg_reload_conf()")
+        self.wait_streaming()
 
-    def wait_synchronous(self, timeout: float = 60.0) -> None:
+    def wait_streaming(self, timeout: float = 60.0) -> None:
+        """Wait until the standby streams, as a synchronous standby when it is one."""
+        wanted = "sync" if self.synchronous else "async"
         deadline = time.monotonic() + timeout
         while True:
             state = self.primary.psql(
                 "SELECT sync_state FROM pg_stat_replication "
                 f"WHERE application_name = '{STANDBY_NAME}' AND state = 'streaming'"
             )
-            if state == "sync":
+            if state == wanted:
                 return
             if time.monotonic() > deadline:
-                raise RuntimeError(f"the standby is not a streaming synchronous standby: {state!r}")
+                raise RuntimeError(f"the standby is not a streaming {wanted} standby: {state!r}")
             time.sleep(0.2)
 
     def stop_primary(self) -> None:
         """``pg_ctlcluster ... stop -m immediate``: no checkpoint, clients cut off."""
         self.primary.ctl("stop", "-m", "immediate")
 
-    def pause_standby(self) -> None:
-        """SIGSTOP the standby: the primary's commits wait for it (synchronous)."""
-        self.standby.signal(signal.SIGSTOP)
+    def cut_replication(self) -> None:
+        """Cut the replication stream: the standby receives no more WAL (a synchronous
+        primary's commits wait for it; an asynchronous one's are acknowledged alone)."""
+        self.link.cut()
 
-    def resume_standby(self) -> None:
-        self.standby.signal(signal.SIGCONT)
+    def restore_replication(self) -> None:
+        self.link.restore()
 
     def promote_standby(self) -> None:
         self.standby.ctl("promote")
@@ -244,6 +314,8 @@ class StandbyPair:
     def drop(self) -> None:
         """Drop both clusters (idempotent)."""
         errors: list[str] = []
+        with suppress(Exception):
+            self.link.stop()
         for cluster in (self.standby, self.primary):
             with suppress(Exception):
                 cluster.signal(signal.SIGCONT)

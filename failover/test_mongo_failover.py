@@ -2,9 +2,11 @@
 
 Each scenario runs racing writers on every store of one ``connect()`` bundle
 (see :mod:`failover.load`), injects the fault, waits for the first commit
-after it, heals the set and checks every attempt against a re-read through the
-same stores: nothing acknowledged is lost, every unknown outcome resolves to
-applied-once or not-applied, and no version is acknowledged twice.
+after it, heals the set and checks every attempt against what the primary
+holds, read over a direct connection of its own
+(:class:`failover.witness.MongoWitness`): nothing acknowledged is lost, every
+unknown outcome resolves to applied-once or not-applied, and no version is
+acknowledged twice.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ pytest.importorskip("pymongo")
 from failover.load import Load, Report, commit_once_more
 from failover.mongo_cluster import Member, ReplicaSet
 from failover.reporting import record
+from failover.witness import MongoWitness
 from pai_storage import connect
 
 pytestmark = pytest.mark.asyncio
@@ -147,11 +150,13 @@ async def test_mongo_failover(replica_set: ReplicaSet, scenario: str) -> None:
     # The last scenario sets w=1 in the URL: the thread store must ignore it (its
     # commits are always majority); every store must keep what it acknowledged.
     url = replica_set.url + ("&w=1" if scenario.endswith("-w1") else "")
-    async with connect(url, db_name=f"failover_{scenario.replace('-', '_')}") as stores:
+    db_name = f"failover_{scenario.replace('-', '_')}"
+    witness = MongoWitness([member.host for member in replica_set.members], db_name)
+    async with connect(url, db_name=db_name) as stores:
         load = Load(stores)
         await load.setup()
         await load.run(fault, heal=heal)
-        await load.verify(report)
+        await load.verify(report, witness)
         # The same store objects, never reopened, work against the current primary.
         await commit_once_more(stores, load.thread_ids[0])
     await asyncio.to_thread(replica_set.wait_healthy)
