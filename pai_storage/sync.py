@@ -26,6 +26,7 @@ code): that loop waits while the call runs on the portal's.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -107,19 +108,32 @@ class Blocking(Generic[T]):
 
 
 class _Root(Blocking[T]):
-    """The view :func:`connect` / :func:`open_store` return: it owns the portal's thread."""
+    """The view :func:`connect` / :func:`open_store` return: it owns the portal's thread.
 
-    __slots__ = ("_stop",)
+    One never closed is closed when the interpreter exits (``atexit``): the
+    portal's thread would otherwise be stopped only by the garbage collector,
+    too late to reach its loop, and the interpreter would hang on exit.
+    """
+
+    __slots__ = ("_open", "_stop")
 
     def __init__(self, target: T, portal: BlockingPortal, stop: Callable[[], object]) -> None:
         super().__init__(target, portal)
         self._stop = stop
+        self._open = True
+        atexit.register(self.close)
+
+    def _finish(self) -> None:
+        if self._open:
+            self._open = False
+            atexit.unregister(self.close)
+            self._stop()
 
     def __enter__(self) -> Any:
         try:
             super().__enter__()
         except BaseException:
-            self._stop()
+            self._finish()
             raise
         return self
 
@@ -132,15 +146,20 @@ class _Root(Blocking[T]):
         try:
             return super().__exit__(exc_type, exc, tb)
         finally:
-            self._stop()
+            self._finish()
 
     def close(self) -> None:
         """Close the stores and stop the portal's thread (what leaving ``with`` does)."""
+        if not self._open:
+            return
         try:
-            close: Callable[[], Awaitable[object]] = self.target.close  # type: ignore[attr-defined]
-            self._portal.call(close)
+            if self._context is not None:
+                self.__exit__(None, None, None)
+            else:
+                close: Callable[[], Awaitable[object]] = self.target.close  # type: ignore[attr-defined]
+                self._portal.call(close)
         finally:
-            self._stop()
+            self._finish()
 
 
 async def _await(awaitable: Awaitable[R]) -> R:

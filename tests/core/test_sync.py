@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -146,3 +148,15 @@ def test_typed_calls_async_iterators_and_close() -> None:
         assert all(line.endswith("\n") for line in lines)
     finally:
         store.close()
+
+
+def test_a_bundle_never_closed_does_not_keep_the_interpreter_from_exiting() -> None:
+    script = (
+        "from pai_storage import sync\n"
+        "stores = sync.connect('memory://')\n"
+        "print(stores.threads.conversation('s', 't').add('user', 'kept').text)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert (done.returncode, done.stdout.strip()) == (0, "kept"), done.stderr
