@@ -33,6 +33,7 @@ from datetime import timedelta
 from typing import Any, Literal, overload
 
 from .clock import Clock
+from .codec import STRICT_JSON_TEXT
 from .errors import ConfigurationError, InvalidInputError, PageTokenError, general_errors
 from .events import WarningCallback
 from .lifecycle import ManagedStore
@@ -191,7 +192,7 @@ def parse_json_text(text: str) -> Any:
     """Decode stored canonical JSON text; raises ``ValueError`` when it is not strict JSON.
 
     The result is a fresh value, owned by the caller. pydantic-core decodes
-    and checks the text in one pass (:data:`~pai_storage.models.STRICT_JSON_TEXT`);
+    and checks the text in one pass (:data:`~pai_storage.codec.STRICT_JSON_TEXT`);
     whatever it refuses is decoded again and walked by the full strict-JSON
     check, which decides (and names the problem).
     """

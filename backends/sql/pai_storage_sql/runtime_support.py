@@ -40,7 +40,7 @@ from sqlalchemy import (
 
 from pai_storage.backend import StoreURL
 from pai_storage.errors import general_errors
-from pai_storage.models import truncate_ms
+from pai_storage.fields import truncate_ms
 from pai_storage.runtime import RuntimeStore
 
 from .client import SqlClient
