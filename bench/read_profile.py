@@ -9,9 +9,9 @@ Prints, for the newest-20 read of a 1,000-message transcript and the first list
 page of 20, the median wall time and the CPU time per operation of the store
 and of the floor (``bench/postgres_bench.py``'s hand-written statements), in
 alternating blocks. The store is measured twice: as it runs (records read
-before come from ``stored_records``), and "cold", with that memo off, so that
-every stored record is validated again. ``--profile`` runs the store's side under ``cProfile`` and
-prints the top functions by own time.
+before are shared from the codec's cache), and "cold", with that cache off, so
+that every stored record is decoded again. ``--profile`` runs the store's side
+under ``cProfile`` and prints the top functions by own time.
 """
 
 from __future__ import annotations
@@ -33,8 +33,7 @@ from pai_storage_postgres import PostgresThreadStore
 from pai_storage_postgres.store import SESSION_SETTINGS, keep_session
 
 from pai_storage import builders as b
-from pai_storage import make_url
-from pai_storage.models import stored_records
+from pai_storage import codec, make_url
 
 sys.path.insert(0, str(Path(__file__).parent))
 from postgres_bench import SCOPE, Floor, build_thread, close_and_drop
@@ -42,20 +41,20 @@ from postgres_bench import SCOPE, Floor, build_thread, close_and_drop
 BLOCK = 50
 
 
-DEFAULT_MEMO = stored_records.limits
+DEFAULT_CACHE = codec.cache.limits
 
 
-def memo(on: bool) -> None:
-    """``stored_records`` at its default size, or off."""
-    entries, size = DEFAULT_MEMO if on else (0, 0)
-    stored_records.resize(entries=entries, size=size)
+def cache(on: bool) -> None:
+    """The codec's cache at its default size, or off."""
+    entries, size = DEFAULT_CACHE if on else (0, 0)
+    codec.cache.resize(entries=entries, size=size)
 
 
 async def measure(
     cases: dict[str, Callable[[], Awaitable[Any]]], n: int
 ) -> dict[str, tuple[float, float]]:
     """(median wall ms, CPU ms per operation) of each case, alternating blocks;
-    a ``-cold`` case runs with ``stored_records`` off."""
+    a ``-cold`` case runs with the codec's cache off."""
     walls: dict[str, list[float]] = {k: [] for k in cases}
     cpus: dict[str, list[float]] = {k: [] for k in cases}
     for fn in cases.values():
@@ -63,8 +62,8 @@ async def measure(
             await fn()
     for _ in range(max(1, n // BLOCK)):
         for key, fn in cases.items():
-            memo(not key.endswith("-cold"))
-            for _ in range(2):  # a record is kept when it is read the second time
+            cache(not key.endswith("-cold"))
+            for _ in range(2):  # warm: the first read decodes, the second shares
                 await fn()
             c0 = time.process_time()
             for _ in range(BLOCK):
@@ -112,7 +111,7 @@ async def main(url: str, n: int, profile: str | None) -> None:
             "list-floor": lambda: floor.list_page(None),
         }
         if profile is not None:
-            memo(not profile.endswith("-cold"))
+            cache(not profile.endswith("-cold"))
             fn = cases[profile]
             for _ in range(50):
                 await fn()
