@@ -52,6 +52,7 @@ EXPECTED_INDEXES: dict[str, dict[str, tuple[Any, ...]]] = {
         "_id_": ((("_id", 1),),),
         "scope_newest": ((("_id.scope", 1), ("createdAt", -1), ("_id.snapshotId", -1)),),
         "createdAt_ttl": ((("createdAt", 1),), ("expireAfterSeconds", DAYS_30)),
+        "blob": ((("blob", 1),), ("sparse", True)),
     },
     "locks": {
         "_id_": ((("_id", 1),),),

@@ -31,9 +31,7 @@ from pai_storage import ManualClock
 from pai_storage.errors import (
     ConfigurationError,
     CorruptSnapshotError,
-    InvalidInputError,
     OutcomeUnknownError,
-    SnapshotTooLargeError,
     StorageError,
     UnavailableError,
 )
@@ -388,18 +386,11 @@ async def test_lock_document_counter_and_ttl_index(guard: MongoExecutionGuard, r
 # --------------------------------------------------------------------------- limits
 
 
-async def test_snapshot_size_limit(snapshots: MongoSnapshotStore) -> None:
+async def test_the_largest_snapshot_in_a_document(snapshots: MongoSnapshotStore) -> None:
+    """15 MiB with the largest metadata fits in one document (larger ones: GridFS,
+    ``test_snapshot_gridfs.py``)."""
     assert MAX_SNAPSHOT_BYTES == 15 * 1024 * 1024
-    with pytest.raises(SnapshotTooLargeError) as caught:
-        await snapshots.put("sc", "big", b"\x00" * (MAX_SNAPSHOT_BYTES + 1))
-    message = str(caught.value)
-    assert "15,728,641" in message
-    assert "15,728,640" in message
-    assert "mongo" in message
-    assert "snapshots=" in message
-    assert isinstance(caught.value, InvalidInputError)
-    assert (await snapshots.list("sc")).items == []
-    # The largest snapshot with the largest metadata fits in one document.
+    assert snapshots.max_snapshot_bytes is None
     metadata = {"k": "m" * (MAX_METADATA_BYTES - 16)}
     data = bytes(range(256)) * (MAX_SNAPSHOT_BYTES // 256)
     info = await snapshots.put("sc", "max", data, metadata=metadata)
@@ -408,6 +399,10 @@ async def test_snapshot_size_limit(snapshots: MongoSnapshotStore) -> None:
     assert got is not None
     assert got.data == data
     assert got.info.metadata == metadata
+    stored = await snapshots.collection.find_one({"_id.snapshotId": "max"})
+    assert stored is not None
+    assert "data" in stored
+    assert "blob" not in stored
 
 
 async def test_damaged_snapshot_is_never_returned(

@@ -368,6 +368,9 @@ async def _runtime_workload(harness: MongoHarness) -> None:
         assert page.next_page_token is not None
         await snapshots.list("scope", limit=1, page_token=page.next_page_token)
         await snapshots.delete("scope", "one")
+        await snapshots.put("scope", "large", b"L" * (15 * 1024 * 1024 + 1))  # GridFS
+        assert (await snapshots.get("scope", "large")) is not None
+        await snapshots.delete("scope", "large")
         await snapshots.purge_expired()
     async with harness.component("guard") as guard:
         lock = await guard.try_acquire("resource", owner="worker")

@@ -91,6 +91,8 @@ SHARD_KEYS: Final[Mapping[str, tuple[str, ...]]] = {
     "kv": ("ns", "key"),
     "state": ("_id.user",),
     "snapshots": ("_id.scope",),
+    "snapshotFiles": ("_id",),
+    "snapshotChunks": ("files_id",),
     "guard": ("_id",),
 }
 """The documented shard key of each collection kind (all range-sharded)."""
@@ -121,6 +123,7 @@ CROSS_SCOPE: Final[Mapping[str, str]] = {
     "store._heads_of_every_scope": "the retention sweep's updated-at index of every scope",
     "state._list_sessions": "enumerates the sessions of every user (a copy of the store)",
     "snapshots._list_scopes": "enumerates the scopes holding snapshots (a copy of the store)",
+    "snapshot_files.sweep": "removes the GridFS files no snapshot names, of every scope",
 }
 """Operations documented to span every scope: allowed to reach every shard.
 
@@ -134,6 +137,7 @@ _STORE_MODULES: Final = {
     "kv": "kv",
     "state": "state",
     "snapshots": "snapshots",
+    "snapshot_files": "snapshot_files",
     "guard": "guard",
     "client": "",
 }
@@ -212,6 +216,10 @@ def collection_kind(collection: str, origin: Sequence[str]) -> str | None:
     for frame in origin:
         module = frame.partition(".")[0]
         kind = _STORE_MODULES.get(module)
+        if kind == "snapshot_files":  # the GridFS bucket of large snapshots
+            if collection.endswith(".files"):
+                return "snapshotFiles"
+            return "snapshotChunks" if collection.endswith(".chunks") else "snapshots"
         if kind == "threads":
             for suffix, child in _THREAD_SUFFIXES:
                 if collection.endswith(suffix):

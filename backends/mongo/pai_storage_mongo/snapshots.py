@@ -18,9 +18,11 @@ names and prefixes). One document per snapshot::
   (none when ``snapshot_ttl`` is ``None``): MongoDB's monitor removes expired
   snapshots in the background, while every read filters on the server clock
   (``$$NOW``) so an expired snapshot is absent at once;
-- a document must fit MongoDB's 16 MiB limit, so data is limited to
-  :data:`MAX_SNAPSHOT_BYTES` (15 MiB); a larger snapshot raises
-  :class:`~pai_storage.errors.SnapshotTooLargeError` before anything is sent.
+- a document must fit MongoDB's 16 MiB limit, so data up to
+  :data:`MAX_SNAPSHOT_BYTES` (15 MiB) lives in the document; a larger
+  snapshot's bytes are a GridFS file the document names (``blob``, no
+  ``data``; :mod:`pai_storage_mongo.snapshot_files`), so there is no size limit
+  and a streamed put or an ``open`` holds one chunk at a time.
 
 See ``docs/mongodb.md``.
 """
@@ -40,25 +42,27 @@ from pai_storage.backend import ENUMERATE
 from pai_storage.errors import ConfigurationError, CorruptSnapshotError
 from pai_storage.events import StoreWarning
 from pai_storage.runtime import parse_json_text
+from pai_storage.snapshot_io import OpenedSnapshot, SnapshotStream, chunks_of
 from pai_storage.snapshots import Snapshot, SnapshotDraft, SnapshotInfo, SnapshotStore
 
 from .client import closed_error
 from .documents import decoded
 from .runtime import MongoRuntimeStore, split_client_options
+from .snapshot_files import SnapshotFiles
 
 __all__ = ["MAX_SNAPSHOT_BYTES", "SCHEMA_VERSION", "MongoSnapshotStore", "indexes"]
 
 MAX_SNAPSHOT_BYTES = 15 * 1024 * 1024
-"""The largest snapshot this backend stores: 15 MiB.
+"""The largest snapshot kept in its document: 15 MiB.
 
 The data lives in one document beside its metadata (at most 64 KiB), under
-MongoDB's 16 MiB document limit. Larger snapshots belong in another backend:
-``connect(url, snapshots="postgresql://...")``."""
+MongoDB's 16 MiB document limit. A larger snapshot's bytes go to GridFS."""
 
 SCHEMA_VERSION = 1
 
 NEWEST_INDEX = "scope_newest"
 TTL_INDEX = "createdAt_ttl"
+BLOB_INDEX = "blob"
 _MAX_TTL_SECONDS = 2**31 - 1  # the largest expireAfterSeconds MongoDB accepts
 
 _NEWEST_KEYS = [("_id.scope", ASCENDING), ("createdAt", DESCENDING), ("_id.snapshotId", DESCENDING)]
@@ -73,7 +77,11 @@ _DAMAGED_TIME: Doc = {"createdAt": {"$not": {"$type": "date"}}}
 
 def indexes(snapshot_ttl: timedelta | None) -> list[IndexModel]:
     """The indexes of the snapshot collection for a store with this ``snapshot_ttl``."""
-    models = [IndexModel(_NEWEST_KEYS, name=NEWEST_INDEX)]
+    models = [
+        IndexModel(_NEWEST_KEYS, name=NEWEST_INDEX),
+        # Sparse: only large snapshots name a GridFS file (the purge's sweep looks them up).
+        IndexModel([("blob", ASCENDING)], name=BLOB_INDEX, sparse=True),
+    ]
     if snapshot_ttl is not None:
         seconds = math.ceil(snapshot_ttl.total_seconds())
         if seconds <= _MAX_TTL_SECONDS:
@@ -110,7 +118,7 @@ class MongoSnapshotStore(MongoRuntimeStore, SnapshotStore):
     component = "snapshots"
     ttl_index = TTL_INDEX
     ttl_option = "snapshot_ttl"
-    max_snapshot_bytes: ClassVar[int | None] = MAX_SNAPSHOT_BYTES
+    max_snapshot_bytes: ClassVar[int | None] = None
     capabilities: ClassVar[frozenset[str]] = frozenset({ENUMERATE})
 
     def __init__(self, url: Any = None, *, client: object = None, **options: Any) -> None:
@@ -119,6 +127,7 @@ class MongoSnapshotStore(MongoRuntimeStore, SnapshotStore):
         self._attach(url, client, holder_options)
         ttl = self.snapshot_ttl
         self._ttl_ms: int | None = None if ttl is None else ttl // timedelta(milliseconds=1)
+        self._files: SnapshotFiles | None = None
 
     def _indexes(self) -> list[IndexModel]:
         return indexes(self.snapshot_ttl)
@@ -176,15 +185,97 @@ class MongoSnapshotStore(MongoRuntimeStore, SnapshotStore):
     # ------------------------------------------------------------ hooks
 
     async def _put(self, draft: SnapshotDraft) -> SnapshotInfo:
-        key = self.key(draft.scope, draft.snapshot_id)
+        if draft.size > MAX_SNAPSHOT_BYTES:
+            stream = SnapshotStream(
+                scope=draft.scope,
+                snapshot_id=draft.snapshot_id,
+                metadata=draft.metadata,
+                metadata_json=draft.metadata_json,
+                source=chunks_of(draft.data),
+                limit=None,
+                backend=self.backend_name,
+            )
+            return await self._put_stream(stream)
         document = {
-            "_id": key,
+            "_id": self.key(draft.scope, draft.snapshot_id),
             "size": Int64(draft.size),
             "sha256": draft.sha256,
             "metadata": draft.metadata_json,
             "data": Binary(draft.data),
             "_schemaVersion": SCHEMA_VERSION,
         }
+        created_at = await self._write(document)
+        return draft.info(created_at, self.snapshot_expiry(created_at))
+
+    @property
+    def files(self) -> SnapshotFiles:
+        """The GridFS bucket of large snapshots (initialize first)."""
+        collection = self.collection
+        if self._files is None or self._files.collection is not collection:
+            self._files = SnapshotFiles(collection)
+        return self._files
+
+    async def _put_stream(self, stream: SnapshotStream) -> SnapshotInfo:
+        # Up to the document limit the chunks are joined and kept in the document
+        # (the seed's layout); past it they are uploaded to GridFS as they come.
+        head: builtins.list[bytes] = []
+        held = 0
+        chunks = stream.chunks()
+        async for chunk in chunks:
+            head.append(chunk)
+            held += len(chunk)
+            if held > MAX_SNAPSHOT_BYTES:
+                break
+        else:
+            draft = SnapshotDraft(
+                scope=stream.scope,
+                snapshot_id=stream.snapshot_id,
+                data=b"".join(head),
+                size=stream.size,
+                sha256=stream.sha256,
+                metadata=stream.metadata,
+                metadata_json=stream.metadata_json,
+            )
+            return await self._put(draft)
+
+        failed: builtins.list[BaseException] = []
+
+        async def everything() -> Any:
+            try:
+                for chunk in head:
+                    yield chunk
+                head.clear()
+                async for chunk in chunks:
+                    yield chunk
+            except BaseException as exc:  # the caller's source or the size limit
+                failed.append(exc)
+                raise
+
+        try:
+            with self._holder.errors("write"):
+                file_id = await self.files.upload(stream.scope, stream.snapshot_id, everything())
+        except Exception:
+            if failed:  # the upload was aborted because the chunks failed: their error
+                raise failed[0] from None
+            raise
+        try:
+            document = {
+                "_id": self.key(stream.scope, stream.snapshot_id),
+                "size": Int64(stream.size),
+                "sha256": stream.sha256,
+                "metadata": stream.metadata_json,
+                "blob": file_id,
+                "_schemaVersion": SCHEMA_VERSION,
+            }
+            created_at = await self._write(document)
+        except BaseException:
+            with self._holder.errors("write"):
+                await self.files.delete(file_id)
+            raise
+        return stream.info(created_at, self.snapshot_expiry(created_at))
+
+    async def _write(self, document: Doc) -> datetime:
+        """Upsert a snapshot document, stamping ``createdAt`` on the store's clock."""
         pipeline: list[Doc] = [
             {"$replaceWith": {"$literal": document}},
             {"$set": {"createdAt": self._now()}},
@@ -192,15 +283,47 @@ class MongoSnapshotStore(MongoRuntimeStore, SnapshotStore):
         with self._holder.errors("write"):
             stored = decoded(
                 await self._modify.find_one_and_update(
-                    {"_id": key},
+                    {"_id": document["_id"]},
                     pipeline,
                     projection={"_id": 0, "createdAt": 1},
                     upsert=True,
                     return_document=ReturnDocument.AFTER,
                 )
             )
-        created_at = _date(stored.get("createdAt") if stored else None)
-        return draft.info(created_at, self.snapshot_expiry(created_at))
+        return _date(stored.get("createdAt") if stored else None)
+
+    async def _open(self, scope: str, snapshot_id: str) -> OpenedSnapshot | None:
+        with self._holder.errors("read"):
+            doc = await self.collection.find_one(
+                {"_id": self.key(scope, snapshot_id), **self.live_or_damaged()},
+                projection={"data": 0},
+            )
+        if doc is None:
+            return None
+        info = await self._info(scope, doc)
+        if info is None:
+            raise CorruptSnapshotError(
+                f"a stored snapshot of scope {scope!r} is damaged (its document does not "
+                "decode) and was not returned"
+            )
+        if "blob" not in doc:
+            snapshot = await self._get(scope, snapshot_id)  # a small one: read it whole
+            return None if snapshot is None else OpenedSnapshot(info, chunks_of(snapshot.data))
+        with self._holder.errors("read"):
+            opened = await self.files.open(doc["blob"], scope)
+        if opened is None:
+            raise CorruptSnapshotError(
+                f"a stored snapshot of scope {scope!r} is damaged (its GridFS file is missing) "
+                f"and was not returned (snapshot id {snapshot_id!r})"
+            )
+        chunks, close = opened
+
+        async def mapped() -> Any:
+            with self._holder.errors("read"):
+                async for chunk in chunks:
+                    yield chunk
+
+        return OpenedSnapshot(info, mapped(), close)
 
     async def _get(self, scope: str, snapshot_id: str) -> Snapshot | None:
         with self._holder.errors("read"):
@@ -258,28 +381,38 @@ class MongoSnapshotStore(MongoRuntimeStore, SnapshotStore):
 
     async def _delete(self, scope: str, snapshot_id: str) -> bool:
         key = self.key(scope, snapshot_id)
-        if self._ttl_ms is None:
-            with self._holder.errors("write"):
-                result = await self.collection.delete_one({"_id": key})
-            return result.deleted_count == 1
         # Liveness is in the filter, never in the answer: a delete the driver
         # retries is answered from the server's record of the first attempt.
         with self._holder.errors("write"):
-            live = await self.collection.delete_one({"_id": key, **self.live_filter()})
-            if live.deleted_count:
-                return True
-            # Not live: an expired or damaged leftover goes too (never one put since: it is live).
-            await self.collection.delete_one(
-                {"_id": key, "$or": [self._expired_filter(), _DAMAGED_TIME]}
+            live = await self.collection.find_one_and_delete(
+                {"_id": key, **self.live_filter()}, projection={"blob": 1}
             )
-        return False
+            gone = live
+            if live is None and self._ttl_ms is not None:
+                # Not live: an expired or damaged leftover goes too (never one put since).
+                gone = await self.collection.find_one_and_delete(
+                    {"_id": key, "$or": [self._expired_filter(), _DAMAGED_TIME]},
+                    projection={"blob": 1},
+                )
+            if gone is not None and "blob" in gone:
+                await self.files.delete(gone["blob"])
+        return live is not None
 
     async def _purge_expired(self) -> int:
-        if self._ttl_ms is None:
-            return 0
+        count = 0
         with self._holder.errors("write"):
-            result = await self.collection.delete_many(self._expired_filter())
-        return int(result.deleted_count)
+            if self._ttl_ms is not None:
+                expired = self._expired_filter()
+                # The GridFS files of expired large snapshots first (a TTL index never
+                # reaches them), then every document; a file whose document the TTL
+                # monitor removed first is left to the sweep below.
+                named = self.collection.find({**expired, "blob": {"$exists": True}}, {"blob": 1})
+                async for doc in named:
+                    await self.files.delete(doc["blob"])
+                result = await self.collection.delete_many(expired)
+                count = int(result.deleted_count)
+            await self.files.sweep()
+        return count
 
     async def _erase_scope(self, scope: str) -> int:
         with self._holder.errors("write"):  # expired snapshots too: no liveness filter
@@ -360,6 +493,14 @@ class MongoSnapshotStore(MongoRuntimeStore, SnapshotStore):
                 "decode) and was not returned"
             )
         data = doc.get("data")
+        if "blob" in doc:
+            with self._holder.errors("read"):
+                data = await self.files.read(doc["blob"], scope)
+            if data is None:
+                raise CorruptSnapshotError(
+                    f"a stored snapshot of scope {scope!r} is damaged (its GridFS file is "
+                    f"missing) and was not returned (snapshot id {info.snapshot_id!r})"
+                )
         # The core checks size and digest; anything but bytes is damage it cannot see.
         return Snapshot.model_construct(info=info, data=bytes(data) if type(data) is bytes else b"")
 

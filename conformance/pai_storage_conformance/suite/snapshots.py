@@ -644,7 +644,7 @@ class SnapshotStoreTests:
     async def test_snapshot_defaults_and_stated_limits(self, snapshot_store: SnapshotStore) -> None:
         assert snapshot_store.snapshot_ttl == timedelta(days=30), "snapshots expire after 30 days"
         limit = snapshot_store.max_snapshot_bytes
-        stated = {"memory": None, "mongo": 15 * MIB}
+        stated = {"memory": None, "mongo": None}  # MongoDB: GridFS past 15 MiB documents
         backend = snapshot_store.backend_name
         if backend in stated:
             assert limit == stated[backend], backend
