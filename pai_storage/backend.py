@@ -30,7 +30,7 @@ core runs the algorithms:
   (:mod:`pai_storage.maintenance`, :mod:`pai_storage.transfer`) over four
   primitives a backend implements on its store and declares with
   :data:`LIFECYCLE` in ``capabilities`` (``docs/lifecycle.md``): the
-  updated-at index (:class:`ThreadHead`), a whole-thread load, an atomic
+  updated-at index (:class:`ThreadIndexEntry`), a whole-thread load, an atomic
   restore, and a fork whose plan is made and copied in one transaction
   (:class:`ForkRequest` turned into a :class:`ForkPlan` at the held version).
 - A copy of the runtime stores (``pai-storage copy --all``) enumerates them
@@ -96,7 +96,7 @@ from .kv import (
 )
 from .leases import LEASE_CONFLICT, LeaseConflict, apply_lease_change, is_expired
 from .lifecycle import ManagedStore
-from .maintenance import ForkPlan, ForkRequest, SourceChanged, ThreadHead, fork_aggregate
+from .maintenance import ForkPlan, ForkRequest, SourceChanged, ThreadIndexEntry, fork_aggregate
 from .models import StoreModel
 from .pipeline import (
     CommitTransaction,
@@ -229,7 +229,7 @@ __all__ = [
     "StoreWarning",
     "ThreadAggregate",
     "ThreadConflict",
-    "ThreadHead",
+    "ThreadIndexEntry",
     "ThreadRelations",
     "ThreadStore",
     "VersionMismatch",

@@ -57,7 +57,7 @@ __all__ = [
     "ForkRequest",
     "PrunedThread",
     "SourceChanged",
-    "ThreadHead",
+    "ThreadIndexEntry",
     "ThreadReader",
     "check_thread_key",
     "erase_scope",
@@ -96,7 +96,7 @@ def check_thread_key(name: str, value: object) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class ThreadHead:
+class ThreadIndexEntry:
     """One entry of a backend's updated-at index: which thread, at which version, when.
 
     Returned by :meth:`ThreadStore._thread_heads` in ascending ``updated_at``
@@ -109,7 +109,7 @@ class ThreadHead:
     updated_at: datetime
 
     @classmethod
-    def of(cls, root: ThreadRecord) -> ThreadHead:
+    def of(cls, root: ThreadRecord) -> ThreadIndexEntry:
         return cls(root.scope_key, root.thread_id, root.version, root.updated_at)
 
     def sort_key(self) -> tuple[datetime, str, str]:
@@ -150,7 +150,7 @@ async def _delete(
 
 
 async def _prunable(
-    store: ThreadStore, head: ThreadHead, updated_before: datetime
+    store: ThreadStore, head: ThreadIndexEntry, updated_before: datetime
 ) -> ThreadRecord | None:
     """The candidate's current root when it may be pruned, else ``None``."""
     read = await store.read_thread(
@@ -198,7 +198,7 @@ async def prune_threads(
     cutoff = _check_cutoff(updated_before)
     limit = _check_limit(limit)
     deleted: list[PrunedThread] = []
-    after: ThreadHead | None = None
+    after: ThreadIndexEntry | None = None
     while len(deleted) < limit:
         batch = await store._thread_heads(
             scope, updated_before=cutoff, after=after, limit=SWEEP_BATCH
@@ -284,7 +284,7 @@ async def _erase_pass(store: ThreadStore, scope: str) -> tuple[int, list[Excepti
         after = batch[-1]
 
 
-async def _erase_thread(store: ThreadStore, scope: str, head: ThreadHead) -> int:
+async def _erase_thread(store: ThreadStore, scope: str, head: ThreadIndexEntry) -> int:
     """Delete one thread of the index; 1 when this call deleted it."""
     if await _delete(store, scope, head.thread_id, head.version):
         return 1

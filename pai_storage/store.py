@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from .aggregate import ThreadAggregate
     from .conversation import Conversation
     from .inputs import CommitThreadJSON, ListThreadsJSON, ReadThreadJSON
-    from .maintenance import ForkRequest, PrunedThread, ThreadHead
+    from .maintenance import ForkRequest, PrunedThread, ThreadIndexEntry
     from .models import ThreadVersion
     from .transfer import ImportReport
 
@@ -413,9 +413,9 @@ class ThreadStore(ManagedStore, ABC):
         scope_key: str | None,
         *,
         updated_before: datetime | None,
-        after: ThreadHead | None,
+        after: ThreadIndexEntry | None,
         limit: int,
-    ) -> Sequence[ThreadHead]:
+    ) -> Sequence[ThreadIndexEntry]:
         """Up to ``limit`` entries of the updated-at index, in ascending order.
 
         Threads of ``scope_key`` (of every scope when ``None``) with

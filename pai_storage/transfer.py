@@ -152,7 +152,7 @@ async def export_lines(
     consistent snapshot. A thread changed during the export appears once, as
     it was when its turn came.
     """
-    from .maintenance import SWEEP_BATCH, ThreadHead, check_thread_key
+    from .maintenance import SWEEP_BATCH, ThreadIndexEntry, check_thread_key
 
     scope = None if scope_key is None else check_thread_key("scope_key", scope_key)
     if thread_ids is not None:
@@ -170,7 +170,7 @@ async def export_lines(
         return
     yield header_line()
     seen: set[tuple[str, str]] = set()
-    after: ThreadHead | None = None
+    after: ThreadIndexEntry | None = None
     while True:
         batch = await store._thread_heads(
             scope, updated_before=None, after=after, limit=SWEEP_BATCH
@@ -436,7 +436,7 @@ async def copy_threads(
     and its digests compared. ``on_total`` receives the number of threads
     once the source's index was walked; ``on_thread`` is called after each.
     """
-    from .maintenance import SWEEP_BATCH, ThreadHead, check_thread_key
+    from .maintenance import SWEEP_BATCH, ThreadIndexEntry, check_thread_key
 
     scope = None if scope_key is None else check_thread_key("scope_key", scope_key)
     await source._ensure_ready()
@@ -444,7 +444,7 @@ async def copy_threads(
     source._require_lifecycle("copy")
     target._require_lifecycle("copy")
     keys: dict[tuple[str, str], None] = {}
-    after: ThreadHead | None = None
+    after: ThreadIndexEntry | None = None
     while True:
         batch = await source._thread_heads(
             scope, updated_before=None, after=after, limit=SWEEP_BATCH

@@ -22,7 +22,7 @@ from pymongo import AsyncMongoClient, monitoring
 
 from pai_storage import CommittedResult, ManualClock, ThreadVersion
 from pai_storage import builders as b
-from pai_storage.backend import ThreadHead
+from pai_storage.backend import ThreadIndexEntry
 
 from .helpers import raw_collections
 
@@ -93,7 +93,7 @@ async def test_thread_heads_are_index_ranges_without_a_sort(
     every = await store._thread_heads(None, updated_before=None, after=None, limit=100)
     assert [h.sort_key() for h in every] == sorted(h.sort_key() for h in every)
     assert len(every) == 24
-    middle: ThreadHead = every[10]
+    middle: ThreadIndexEntry = every[10]
     scoped = next(h for h in every[10:] if h.scope_key == "s0")
     cutoff = every[20].updated_at
     threads = raw_collections(store)["threads"]
@@ -116,7 +116,7 @@ async def test_thread_heads_are_index_ranges_without_a_sort(
                     and (before is None or h.updated_at < before)
                     and (after is None or h.sort_key() > after.sort_key())
                 ]
-                got: list[ThreadHead] = []
+                got: list[ThreadIndexEntry] = []
                 cursor = after
                 while True:
                     batch = await store._thread_heads(

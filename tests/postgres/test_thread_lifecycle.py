@@ -23,7 +23,7 @@ from pai_storage import builders as b
 from pai_storage.backend import (
     AggregateSnapshot,
     ForkRequest,
-    ThreadHead,
+    ThreadIndexEntry,
     fork_aggregate,
     new_instance_id,
 )
@@ -91,7 +91,7 @@ async def test_thread_heads_break_ties_by_scope_then_thread_in_code_point_order(
         everything = sorted(itertools.product(scopes, threads))
 
         async def walk(scope: str | None, batch: int) -> list[tuple[str, str]]:
-            seen: list[ThreadHead] = []
+            seen: list[ThreadIndexEntry] = []
             while True:
                 heads = await store._thread_heads(
                     scope, updated_before=None, after=seen[-1] if seen else None, limit=batch

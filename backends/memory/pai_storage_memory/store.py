@@ -33,7 +33,7 @@ from pai_storage.backend import (
     ListPlan,
     ThreadAggregate,
     ThreadConflict,
-    ThreadHead,
+    ThreadIndexEntry,
     fork_aggregate,
     read_aggregate,
     run_commit,
@@ -175,9 +175,9 @@ class MemoryThreadStore(ThreadStore):
         scope_key: str | None,
         *,
         updated_before: datetime | None,
-        after: ThreadHead | None,
+        after: ThreadIndexEntry | None,
         limit: int,
-    ) -> Sequence[ThreadHead]:
+    ) -> Sequence[ThreadIndexEntry]:
         with self._lock:
             if scope_key is None:
                 low: Any = None if after is None else after.sort_key()
@@ -192,7 +192,7 @@ class MemoryThreadStore(ThreadStore):
                 high = None if updated_before is None else (updated_before, "")
                 keys = scope.updates.irange(low, high, inclusive=(False, False))
                 found = [(scope_key, t) for _, t in islice(keys, limit)]
-            return [ThreadHead.of(self._scopes[s].threads[t].root) for s, t in found]
+            return [ThreadIndexEntry.of(self._scopes[s].threads[t].root) for s, t in found]
 
     async def _load_thread(self, scope_key: str, thread_id: str) -> ThreadAggregate | None:
         # Stored records are never changed in place (a commit replaces them),

@@ -98,7 +98,7 @@ from pai_storage.backend import (
     StoreURL,
     ThreadAggregate,
     ThreadConflict,
-    ThreadHead,
+    ThreadIndexEntry,
     Window,
     apply_thread_root_update,
     commit_time,
@@ -828,9 +828,9 @@ class MongoThreadStore(ThreadStore):
         scope_key: str | None,
         *,
         updated_before: datetime | None,
-        after: ThreadHead | None,
+        after: ThreadIndexEntry | None,
         limit: int,
-    ) -> Sequence[ThreadHead]:
+    ) -> Sequence[ThreadIndexEntry]:
         """Up to ``limit`` entries of the updated-at index, ascending, strictly after ``after``.
 
         One scope: ``scope_updated_asc`` (``{scopeKey, updatedAt, threadId}``),
@@ -852,7 +852,7 @@ class MongoThreadStore(ThreadStore):
 
     @staticmethod
     def heads_queries(
-        scope_key: str | None, updated_before: datetime | None, after: ThreadHead | None
+        scope_key: str | None, updated_before: datetime | None, after: ThreadIndexEntry | None
     ) -> tuple[list[Doc], Keys, Keys]:
         """The filters (read in turn), sort and index hint of one ``_thread_heads`` call.
 
@@ -893,10 +893,10 @@ class MongoThreadStore(ThreadStore):
         self,
         scope_key: str,
         updated_before: datetime | None,
-        after: ThreadHead | None,
+        after: ThreadIndexEntry | None,
         limit: int,
-    ) -> list[ThreadHead]:
-        heads: list[ThreadHead] = []
+    ) -> list[ThreadIndexEntry]:
+        heads: list[ThreadIndexEntry] = []
         ranges, sort, hint = self.heads_queries(scope_key, updated_before, after)
         for query in _live_ranges(ranges, updated_before):
             if len(heads) >= limit:
@@ -906,10 +906,10 @@ class MongoThreadStore(ThreadStore):
         return heads
 
     async def _heads_of_every_scope(
-        self, updated_before: datetime | None, after: ThreadHead | None, limit: int
-    ) -> list[ThreadHead]:
+        self, updated_before: datetime | None, after: ThreadIndexEntry | None, limit: int
+    ) -> list[ThreadIndexEntry]:
         """The cross-scope sweep: documented as administrative (it reaches every shard)."""
-        heads: list[ThreadHead] = []
+        heads: list[ThreadIndexEntry] = []
         ranges, sort, hint = self.heads_queries(None, updated_before, after)
         for query in _live_ranges(ranges, updated_before):
             if len(heads) >= limit:
@@ -1227,7 +1227,7 @@ def _live_ranges(ranges: Sequence[Doc], updated_before: datetime | None) -> list
     ]
 
 
-def _head(doc: Mapping[str, Any]) -> ThreadHead:
+def _head(doc: Mapping[str, Any]) -> ThreadIndexEntry:
     """One entry of the updated-at index from a root's projection."""
     try:
         version = ThreadVersion.model_validate(doc.get("version"))
@@ -1239,7 +1239,7 @@ def _head(doc: Mapping[str, Any]) -> ThreadHead:
         raise ThreadStoreInvariantError("invalid stored thread: malformed updatedAt")
     if not isinstance(thread, str):
         raise ThreadStoreInvariantError("invalid stored thread: malformed threadId")
-    return ThreadHead(scope, thread, version, updated)
+    return ThreadIndexEntry(scope, thread, version, updated)
 
 
 def _assumed_new(spec: FamilySpec, changes: Sequence[Any] | None) -> set[str]:

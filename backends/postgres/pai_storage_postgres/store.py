@@ -72,7 +72,7 @@ from pai_storage.backend import (
     SourceChanged,
     ThreadAggregate,
     ThreadConflict,
-    ThreadHead,
+    ThreadIndexEntry,
     Window,
     map_errors,
     run_commit,
@@ -495,9 +495,9 @@ class PostgresThreadStore(ThreadStore):
         scope_key: str | None,
         *,
         updated_before: datetime | None,
-        after: ThreadHead | None,
+        after: ThreadIndexEntry | None,
         limit: int,
-    ) -> Sequence[ThreadHead]:
+    ) -> Sequence[ThreadIndexEntry]:
         """A bounded range scan of ``<p>_scope_updated`` (one scope) or ``<p>_updated``."""
         sql = heads_statement(
             self.tables.threads,
@@ -527,7 +527,7 @@ class PostgresThreadStore(ThreadStore):
                         await conn.execute("SET LOCAL plan_cache_mode = force_custom_plan")
                         rows = await conn.fetch(sql, *args)
         return [
-            ThreadHead(dec(r["scope_key"]), dec(r["thread_id"]), _version(r), r["updated_at"])
+            ThreadIndexEntry(dec(r["scope_key"]), dec(r["thread_id"]), _version(r), r["updated_at"])
             for r in rows
         ]
 

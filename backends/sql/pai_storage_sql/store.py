@@ -83,7 +83,7 @@ from pai_storage.backend import (
     SourceChanged,
     ThreadAggregate,
     ThreadConflict,
-    ThreadHead,
+    ThreadIndexEntry,
     Window,
     run_commit,
     run_read,
@@ -385,9 +385,9 @@ class SqlThreadStore(ThreadStore):
         scope_key: str | None,
         *,
         updated_before: datetime | None,
-        after: ThreadHead | None,
+        after: ThreadIndexEntry | None,
         limit: int,
-    ) -> Sequence[ThreadHead]:
+    ) -> Sequence[ThreadIndexEntry]:
         """A bounded range scan of ``<p>_scope_updated`` (one scope) or ``<p>_updated``."""
         t = self.tables.threads
         cols = (t.c.scope_key, t.c.thread_id, t.c.instance_id, t.c.revision, t.c.updated_ms)
@@ -476,7 +476,7 @@ class SqlThreadStore(ThreadStore):
         for key in sorted(k for k in keyed if after_key is None or k > after_key)[:limit]:
             r = keyed[key]
             heads.append(
-                ThreadHead(
+                ThreadIndexEntry(
                     dec(r.scope_key),
                     dec(r.thread_id),
                     _version(r),

@@ -65,7 +65,7 @@ from pai_storage.backend import (
     SourceChanged,
     ThreadAggregate,
     ThreadConflict,
-    ThreadHead,
+    ThreadIndexEntry,
     Window,
     default_scope_digest,
     run_commit,
@@ -279,14 +279,14 @@ class KeyValueThreadStore(ThreadStore):
         scope_key: str | None,
         *,
         updated_before: datetime | None,
-        after: ThreadHead | None,
+        after: ThreadIndexEntry | None,
         limit: int,
-    ) -> Sequence[ThreadHead]:
+    ) -> Sequence[ThreadIndexEntry]:
         low = None if after is None else after.sort_key()
         async with self.server.lock:  # a range read of the index, then each entry's root
             found = self.server.updated.range(scope_key, low, updated_before, limit)
             roots = [_View(self.server, s, t).root()[0] for _, s, t in found]
-        return [ThreadHead.of(root) for root in roots if root is not None]
+        return [ThreadIndexEntry.of(root) for root in roots if root is not None]
 
     async def _load_thread(self, scope_key: str, thread_id: str) -> ThreadAggregate | None:
         async with self.server.lock:  # one consistent view of the root and every row

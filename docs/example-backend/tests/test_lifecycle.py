@@ -17,7 +17,7 @@ from pai_storage import builders as b
 from pai_storage.backend import (
     ForkRequest,
     ThreadConflict,
-    ThreadHead,
+    ThreadIndexEntry,
     new_instance_id,
 )
 
@@ -100,7 +100,7 @@ async def test_thread_heads_walk_the_index_from_an_entry() -> None:
             ("s", "t1"),
             ("s", "t2"),
         ]
-        assert everywhere[0] == ThreadHead.of(_by_id(store, "t3"))
+        assert everywhere[0] == ThreadIndexEntry.of(_by_id(store, "t3"))
 
 
 def _by_id(store: KeyValueThreadStore, thread_id: str) -> ThreadRecord:
