@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import random
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
@@ -52,18 +53,20 @@ from pymongo.errors import PyMongoError, ServerSelectionTimeoutError
 from pymongo.read_concern import ReadConcern
 from pymongo.write_concern import WriteConcern
 
-from pai_storage.errors import ConfigurationError, StorageError
+from pai_storage.errors import ConfigurationError, StorageError, UnavailableError
 from pai_storage.guard import ExecutionGuard, LockInfo
 
 from .client import closed_error
 from .documents import decoded
-from .errors import is_duplicate_key, is_transient
+from .errors import is_duplicate_key, is_transient, is_write_conflict
 from .runtime import MongoRuntimeStore, split_client_options
 
 if TYPE_CHECKING:
     from pymongo.asynchronous.client_session import AsyncClientSession
 
 __all__ = ["COUNTER_ID", "MongoExecutionGuard", "indexes"]
+
+_log = logging.getLogger("pai_storage")
 
 COUNTER_ID: Mapping[str, str] = {"counter": "fencing"}
 """The ``_id`` of the fencing counter document (never a resource: resources are strings)."""
@@ -177,13 +180,27 @@ class MongoExecutionGuard(MongoRuntimeStore, ExecutionGuard):
             try:
                 async with client.start_session(causal_consistency=False) as session:
                     return await self._take(session, resource, owner, token, take)
+            except _LockConflict as conflict:
+                if attempt == _TXN_ATTEMPTS:
+                    # Another transaction keeps writing this lock: an acquisition in
+                    # flight, or one of a client that died mid-way, which the server
+                    # ends within its transaction lifetime. Busy, as far as we know.
+                    return None
+                _log.debug("an acquisition of %r conflicted; retrying", resource, exc_info=conflict)
             except PyMongoError as exc:
                 retry = is_transient(exc) and not isinstance(exc, ServerSelectionTimeoutError)
                 if not retry or attempt == _TXN_ATTEMPTS:
+                    if is_transient(exc):
+                        raise UnavailableError(
+                            "MongoDB kept aborting the acquisition's transaction (another "
+                            "transaction holds the fencing counter: a client that died in the "
+                            "middle of an acquisition holds it until the server ends its "
+                            "transaction, within 60 s by default); nothing was acquired"
+                        ) from exc
                     with self._holder.errors("write"):
                         raise
-                await asyncio.sleep(delay * (0.5 + random.random()))
-                delay = min(delay * 2, _MAX_RETRY_DELAY)
+            await asyncio.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, _MAX_RETRY_DELAY)
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _take(
@@ -214,6 +231,8 @@ class MongoExecutionGuard(MongoRuntimeStore, ExecutionGuard):
             except PyMongoError as exc:
                 if is_duplicate_key(exc):
                     return None  # a racing acquisition inserted the lock first
+                if is_transient(exc) and is_write_conflict(exc):
+                    raise _LockConflict from exc
                 raise
             doc = decoded(doc)
             if doc is None or doc.get("token") != token:
@@ -308,6 +327,10 @@ class MongoExecutionGuard(MongoRuntimeStore, ExecutionGuard):
         with self._holder.errors("write"):
             result = await self.collection.delete_many(expired)
         return int(result.deleted_count)
+
+
+class _LockConflict(Exception):
+    """Another transaction is writing the lock document (its cause: the server's error)."""
 
 
 def _millis(duration: timedelta) -> int:
