@@ -218,3 +218,16 @@ async def test_a_failed_upload_leaves_no_file(gridfs: Fixture) -> None:
     assert await gridfs.store.get("sc", "s") is None
     assert await gridfs.files.count_documents({}) == 0
     assert await gridfs.chunks.count_documents({}) == 0
+
+
+async def test_erasing_a_scope_removes_its_gridfs_files(gridfs: Fixture) -> None:
+    large = b"E" * (MAX_SNAPSHOT_BYTES + 1)
+    await gridfs.store.put("tenant", "a", large)
+    await gridfs.store.put("other", "b", large)
+    assert await gridfs.store._erase_scope("tenant") == 1
+    assert await gridfs.files.count_documents({"metadata.scope": "tenant"}) == 0
+    assert await gridfs.files.count_documents({"metadata.scope": "other"}) == 1
+    doc = await gridfs.docs.find_one({"_id.snapshotId": "b"})
+    assert doc is not None
+    assert await gridfs.chunks.count_documents({"files_id": doc["blob"]}) == 16
+    assert await gridfs.chunks.count_documents({}) == 16
