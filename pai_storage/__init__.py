@@ -66,7 +66,7 @@ from .parsing import (
     parse_thread,
 )
 from .registry import available_backends, open_store, register_backend, unregister_backend
-from .snapshots import Snapshot, SnapshotInfo, SnapshotStore
+from .snapshots import Snapshot, SnapshotInfo, SnapshotReader, SnapshotStore
 from .state import AgentStateStore, ListConflict, StateConflict, VersionedState
 from .store import StoreInfo, ThreadStore, public_projection
 from .transfer import EXPORT_FORMAT, EXPORT_VERSION, ImportReport, ThreadExistsError
@@ -95,6 +95,7 @@ __all__ = [
     "ScopeErasure",
     "Snapshot",
     "SnapshotInfo",
+    "SnapshotReader",
     "SnapshotStore",
     "StateConflict",
     "Stores",
