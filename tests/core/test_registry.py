@@ -106,7 +106,7 @@ def test_builtin_scheme_entry_points_match_each_backend() -> None:
     declared: dict[str, set[str]] = {}
     for ep in eps.select(group=SCHEME_ENTRY_POINT_GROUP):
         declared.setdefault(ep.value, set()).add(ep.name)
-    assert set(backends) == {"memory", "postgres", "mongo", "sql", "redis"}
+    assert set(backends) == {"memory", "postgres", "mongo", "sql", "redis", "files", "s3"}
     assert set(declared) == set(backends.values())
     for name, value in backends.items():
         assert declared[value] == set(get_backend(name).url_schemes), name
