@@ -39,6 +39,7 @@ from pai_storage.errors import (
     PageTokenError,
     SerializationError,
     StorageError,
+    ThreadStoreError,
 )
 from pai_storage.kv import Item, KeyValueStore, KVConflict
 
@@ -890,6 +891,8 @@ class KeyValueStoreTests:
                     with pytest.raises(SerializationError) as info:
                         await call
                     assert isinstance(info.value, InvalidInputError), label
+                    # The general class: ThreadStore* errors belong to the thread store.
+                    assert not isinstance(info.value, ThreadStoreError), label
                     assert "value" in str(info.value), label
         assert (await kv_store.list_keys(ns)).items == ["existing"]
         kept = await kv_store.get(ns, "existing")

@@ -37,6 +37,7 @@ from pai_storage.errors import (
     PageTokenError,
     SerializationError,
     StorageError,
+    ThreadStoreError,
 )
 from pai_storage.state import AgentStateStore, ListConflict, StateConflict, VersionedState
 
@@ -722,8 +723,10 @@ class AgentStateStoreTests:
                 await state_store.append_list(user, session, "l", [bad])
             with pytest.raises(SerializationError, match=re.escape(words)):
                 await state_store.save(user, session, "new", bad)
-        with pytest.raises(SerializationError, match=r"values\[1\]"):
+        with pytest.raises(SerializationError, match=r"values\[1\]") as raised:
             await state_store.append_list(user, session, "l", ["ok", float("nan")])
+        # The general class: ThreadStore* errors belong to the thread store.
+        assert not isinstance(raised.value, ThreadStoreError)
         for not_a_list in ("abc", {"a": 1}, None, 5, {1, 2}, (x for x in [1])):
             with pytest.raises(InvalidInputError, match="list or tuple"):
                 await state_store.save_list(user, session, "l", not_a_list)  # type: ignore[arg-type]
