@@ -132,7 +132,7 @@ async def test_partial_events_are_not_stored(service: PaiSessionService) -> None
 async def test_get_session_config(service: PaiSessionService) -> None:
     session = await service.create_session(app_name=APP, user_id="u1", session_id="s1")
     events = [
-        _event("user" if i % 2 else "agent", f"e{i}", timestamp=1000.0 + i) for i in range(150)
+        _event("user" if i % 2 else "agent", f"e{i}", timestamp=1000.0 + i) for i in range(105)
     ]
     for event in events:
         await service.append_event(session, event)
@@ -151,22 +151,22 @@ async def test_get_session_config(service: PaiSessionService) -> None:
         )
         == ids[-3:]
     )
-    many = GetSessionConfig(num_recent_events=120)
+    many = GetSessionConfig(num_recent_events=102)  # more than a page
     assert (
         got_ids(await service.get_session(app_name=APP, user_id="u1", session_id="s1", config=many))
-        == ids[-120:]
+        == ids[-102:]
     )
     none = GetSessionConfig(num_recent_events=0)
     assert (
         got_ids(await service.get_session(app_name=APP, user_id="u1", session_id="s1", config=none))
         == []
     )
-    after = GetSessionConfig(after_timestamp=1140.0)
+    after = GetSessionConfig(after_timestamp=1090.0)
     assert (
         got_ids(
             await service.get_session(app_name=APP, user_id="u1", session_id="s1", config=after)
         )
-        == ids[140:]
+        == ids[90:]
     )
     both = GetSessionConfig(after_timestamp=1100.0, num_recent_events=5)
     assert (
