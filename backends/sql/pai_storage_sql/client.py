@@ -46,6 +46,7 @@ import importlib.util
 import inspect
 import sqlite3
 import threading
+import weakref
 from collections import deque
 from collections.abc import (
     AsyncIterator,
@@ -54,6 +55,7 @@ from collections.abc import (
     Iterable,
     Iterator,
     Mapping,
+    MutableMapping,
     Sequence,
 )
 from dataclasses import dataclass
@@ -105,11 +107,6 @@ _ACCEPTED_CLIENTS = (
     "a SQLAlchemy AsyncEngine (sqlite+aiosqlite, mysql+asyncmy or mysql+aiomysql) "
     "or a pai_storage_sql SqlClient"
 )
-
-CORE_CACHE_SIZE = 512
-"""Compiled shapes of Core statements a client keeps for :class:`CoreConnection`."""
-
-_UNPREPARED = object()
 
 _STORES = object()
 """Marks a client made by a store or ``connect()`` (closed by its last store)."""
@@ -328,8 +325,8 @@ class SqlClient(SharedClient[Engines]):
         self.is_mariadb = False
         self.max_packet: int | None = None
         """MySQL: the server's ``max_allowed_packet`` (bytes one statement may carry)."""
-        self._core_cache: dict[Any, Any] = {}
-        """SQLAlchemy's compiled forms of the runtime stores' statements (SQLite)."""
+        self._core_cache: MutableMapping[Any, Any] = weakref.WeakKeyDictionary()
+        """The compiled forms of the runtime stores' statements (SQLite), by statement."""
         super().__init__(owned=engine is None)
         self._held = _maker is not _STORES
         if self._held:
@@ -1222,34 +1219,42 @@ async def _transaction(
 
 
 class _Prepared:
-    """A Core statement's compiled form, what binding and reading its rows need."""
+    """A Core statement compiled for one dialect (``statement.compile``), and what
+    binding its values and reading its rows need, from SQLAlchemy's public API."""
 
     __slots__ = (
         "compiled",
         "expands",
         "keys",
         "lastrowid_key",
-        "metadata",
         "positions",
         "processors",
         "row_processors",
     )
 
     @classmethod
-    def make(cls, statement: Any, compiled: Any) -> _Prepared | None:
+    def make(cls, statement: Any, dialect: Any, keys: list[str], many: bool) -> _Prepared | None:
         """The prepared form, or ``None`` for what :class:`CoreConnection` leaves
         to SQLAlchemy."""
+        from sqlalchemy.sql import ClauseElement
+
+        if not isinstance(statement, ClauseElement):
+            return None
+        statement = cast(Any, statement)
+        compiled: Any = statement.compile(dialect=dialect, column_keys=keys, for_executemany=many)
         dml = compiled.isinsert or compiled.isupdate or compiled.isdelete
+        # A query is a statement with selected columns (not text).
+        columns = None if dml else getattr(statement, "selected_columns", None)
         if (
             not compiled.positional
-            or dml == bool(compiled._result_columns)  # a query is one with columns
+            or (not dml and columns is None)
             or compiled.effective_returning
             or compiled.insert_prefetch
             or compiled.update_prefetch
             or compiled.schema_translate_map
         ):
             return None
-        prepared = cls(compiled)
+        prepared = cls(compiled, dialect, [] if columns is None else list(columns))
         if compiled.isinsert and statement.table.autoincrement_column is not None:
             # The key comes back as the driver's lastrowid, as SQLAlchemy takes it;
             # a key given in the statement or one of several columns: SQLAlchemy.
@@ -1258,27 +1263,21 @@ class _Prepared:
             prepared.lastrowid_key = True
         return prepared
 
-    def __init__(self, compiled: Any) -> None:
+    def __init__(self, compiled: Any, dialect: Any, columns: list[Any]) -> None:
         self.compiled = compiled
         self.lastrowid_key = False
         self.expands = bool(compiled.literal_execute_params or compiled.post_compile_params)
         self.positions: tuple[str, ...] = tuple(compiled.positiontup or ())
-        self.processors: Mapping[str, Any] = compiled._bind_processors
-        columns = compiled._result_columns
-        self.keys = [c.keyname for c in columns]
-        results = [c.type._cached_result_processor(compiled.dialect, None) for c in columns]
+        processors = {
+            name: bind.type.dialect_impl(dialect).bind_processor(dialect)
+            for name, bind in compiled.binds.items()
+        }
+        self.processors: Mapping[str, Any] = {n: p for n, p in processors.items() if p}
+        self.keys: list[str] | None = [c.key for c in columns] if columns else None
+        results = [c.type.dialect_impl(dialect).result_processor(dialect, None) for c in columns]
         self.row_processors: tuple[tuple[int, Any], ...] = tuple(
             (i, process) for i, process in enumerate(results) if process is not None
         )
-        self.metadata: Any = None
-        if columns:
-            from sqlalchemy.engine.result import SimpleResultMetaData
-
-            # The rows' values go through the columns' result processors as
-            # SQLAlchemy's own results do.
-            self.metadata = SimpleResultMetaData(
-                self.keys, _processors=results if any(results) else None
-            )
 
 
 class CoreResult:
@@ -1321,11 +1320,13 @@ class CoreResult:
 
     def _rows_result(self, name: str) -> Any:
         if self._result is None:
-            if self._prepared is None:
+            if self._prepared is None or self._prepared.keys is None:
                 raise AttributeError(f"the result of a statement without rows has no {name!r}")
             from sqlalchemy.engine import IteratorResult
+            from sqlalchemy.engine.result import SimpleResultMetaData
 
-            self._result = IteratorResult(self._prepared.metadata, iter(self._rows or []))
+            rows = [tuple(row) for row in self.value_rows()]
+            self._result = IteratorResult(SimpleResultMetaData(self._prepared.keys), iter(rows))
         return self._result
 
     def __iter__(self) -> Iterator[Any]:
@@ -1361,7 +1362,7 @@ class CoreConnection:
 
     __slots__ = ("_cache", "_op")
 
-    def __init__(self, op: Operation, cache: dict[Any, Any]) -> None:
+    def __init__(self, op: Operation, cache: MutableMapping[Any, Any]) -> None:
         self._op = op
         self._cache = cache
 
@@ -1381,42 +1382,32 @@ class CoreConnection:
     def _prepare(
         self, statement: Any, given: Sequence[Mapping[str, Any]]
     ) -> tuple[_Prepared, list[dict[str, Any]]] | None:
-        """The statement's compiled shape (SQLAlchemy's compile cache, kept by the
-        client) and its parameter values for each mapping of ``given`` (over the
-        bound ones; one set when ``given`` is empty), or ``None`` when SQLAlchemy
+        """The statement's compiled form (compiled once per statement object and
+        set of parameter names; the client keeps it while the statement lives)
+        and its parameter values for each mapping of ``given`` (over the bound
+        ones; one set when ``given`` is empty), or ``None`` when SQLAlchemy
         runs it."""
-        if not hasattr(statement, "_compile_w_cache"):
-            return None
-        if len(self._cache) > CORE_CACHE_SIZE:
-            self._cache.clear()
         many = len(given) > 1
-        # SQLAlchemy 2.0 returns (compiled, extracted, hit); 2.1 adds the values.
-        found = statement._compile_w_cache(
-            self._op.dialect,
-            compiled_cache=self._cache,
-            column_keys=sorted(given[0]) if given else [],
-            for_executemany=many,
-        )
-        compiled, extracted = found[0], found[1]
-        if extracted is None:  # no cache key: not a reusable shape
+        keys = tuple(sorted(given[0])) if given else ()
+        try:
+            shapes = self._cache.get(statement)
+        except TypeError:  # not weakly referable: not a Core statement
             return None
-        prepared = compiled.__dict__.get("_pai_prepared", _UNPREPARED)
-        if prepared is _UNPREPARED:
-            prepared = compiled.__dict__["_pai_prepared"] = _Prepared.make(statement, compiled)
+        if shapes is None:
+            shapes = self._cache[statement] = {}
+        shape = (keys, many)
+        if shape in shapes:
+            prepared = shapes[shape]
+        else:
+            prepared = shapes[shape] = _Prepared.make(statement, self._op.dialect, list(keys), many)
         if prepared is None or (
-            many and (prepared.expands or prepared.metadata is not None or prepared.lastrowid_key)
+            many and (prepared.expands or prepared.keys is not None or prepared.lastrowid_key)
         ):
             return None
-        extra = {"_collected_params": found[2]} if len(found) == 4 else {}
+        compiled = prepared.compiled
         sets = [
-            compiled.construct_params(
-                p,
-                extracted_parameters=extracted,
-                escape_names=False,
-                _group_number=n if many else None,
-                **extra,
-            )
-            for n, p in enumerate(given or [None])  # type: ignore[list-item]
+            compiled.construct_params(p, escape_names=False)
+            for p in given or [None]  # type: ignore[list-item]
         ]
         return prepared, sets
 
@@ -1456,7 +1447,7 @@ class CoreConnection:
         params = sets[0]
         text = compiled.string
         if entry.expands:
-            expanded = compiled._process_parameters_for_postcompile(params)
+            expanded = compiled.construct_expanded_state(params, escape_names=False)
             text = expanded.statement
             positions = expanded.positiontup
             params = expanded.parameters
@@ -1467,7 +1458,7 @@ class CoreConnection:
         ]
         if op._events is not None:
             op._announce(text, args, False)
-        if entry.metadata is None:
+        if entry.keys is None:
             cursor = await op.driver.execute(text, args)
             key = (cursor.lastrowid,) if entry.lastrowid_key else None
             return CoreResult(None, cursor.rowcount, key)
