@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import ColumnElement, and_, bindparam, delete, select, update
 from sqlalchemy.dialects import mysql, sqlite
 
-from pai_storage.guard import ExecutionGuard, LockInfo
 from pai_storage.fields import truncate_ms
+from pai_storage.guard import ExecutionGuard, LockInfo
 
 from .runtime_support import SqlRuntimeStore, split_client_options
 from .runtime_tables import digest
