@@ -20,3 +20,10 @@ class TestS3SnapshotStore(SnapshotStoreTests):
     @pytest.fixture
     def snapshot_store(self, s3_store: SnapshotStore) -> SnapshotStore:
         return s3_store
+
+    @pytest.fixture
+    def pai_examples(self) -> int:
+        # Every step of the model-based test is several HTTP round trips to the
+        # emulator: 10 examples of 40 steps each (not the default 25) keep this
+        # CI step short; the directory store runs the full budget.
+        return 10
