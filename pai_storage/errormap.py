@@ -10,7 +10,8 @@ database in :func:`map_errors` (the shape of httpx's
 
 Errors that already belong to the contract pass through unchanged; anything
 else is translated and chained (``raise ... from exc``), so the original stays
-reachable as ``err.__cause__``. Cancellation and other ``BaseException``\\ s
+reachable as ``err.__cause__``; a ``translate`` that returns the exception
+itself lets it through as it is. Cancellation and other ``BaseException``\\ s
 are never translated.
 """
 
@@ -26,10 +27,14 @@ __all__ = ["map_errors"]
 
 @contextmanager
 def map_errors(translate: Callable[[Exception], Exception]) -> Iterator[None]:
-    """Translate every non-contract exception raised in the block with ``translate``."""
+    """Translate every non-contract exception raised in the block with ``translate``
+    (an exception it returns as it is goes through unchanged)."""
     try:
         yield
     except StorageError:
         raise
     except Exception as exc:
-        raise translate(exc) from exc
+        translated = translate(exc)
+        if translated is exc:
+            raise
+        raise translated from exc

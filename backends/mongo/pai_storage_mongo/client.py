@@ -39,8 +39,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import suppress
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final, cast
@@ -495,7 +496,7 @@ class MongoClientHolder(SharedClient["AsyncMongoClient[Doc]"]):
         :class:`~pai_storage.errors.StorageError` in a read; after the holder
         was closed under the operation, the closed-store error.
         """
-        return _mapping(self, phase)
+        return map_errors(functools.partial(_translate, self, phase))
 
     async def server_time(self) -> datetime:
         """The server's current time, to the millisecond (for bounds on an index)."""
@@ -505,31 +506,22 @@ class MongoClientHolder(SharedClient["AsyncMongoClient[Doc]"]):
         return truncate_ms(hello["localTime"])
 
 
-@contextlib.contextmanager
-def _mapping(holder: MongoClientHolder, phase: Phase) -> Iterator[None]:
-    try:
-        yield
-    except StorageError:
-        raise
-    except (pm.PyMongoError, BSONError) as exc:
+def _translate(holder: MongoClientHolder, phase: Phase, exc: Exception) -> Exception:
+    """The contract's error for ``exc`` (see :meth:`MongoClientHolder.errors`)."""
+    if isinstance(exc, pm.PyMongoError | BSONError):
         if holder.closed:
-            raise ThreadStoreConfigurationError(
-                "this store was closed while the operation ran"
-            ) from exc
-        raise runtime_error(exc, phase, holder.url) from exc
-    except Exception as exc:
-        if holder.closed and isinstance(exc, AttributeError | TypeError):
-            raise closed_error() from exc  # the client went away under the operation
-        if phase == "write":
-            raise OutcomeUnknownError(
-                f"a MongoDB write failed unexpectedly ({type(exc).__name__}); it may or may "
-                "not have been applied: read it back before retrying"
-            ) from exc
-        if phase == "read":
-            raise StorageError(
-                f"a MongoDB read failed unexpectedly ({type(exc).__name__})"
-            ) from exc
-        raise
+            return ThreadStoreConfigurationError("this store was closed while the operation ran")
+        return runtime_error(exc, phase, holder.url)
+    if holder.closed and isinstance(exc, AttributeError | TypeError):
+        return closed_error()  # the client went away under the operation
+    if phase == "write":
+        return OutcomeUnknownError(
+            f"a MongoDB write failed unexpectedly ({type(exc).__name__}); it may or may "
+            "not have been applied: read it back before retrying"
+        )
+    if phase == "read":
+        return StorageError(f"a MongoDB read failed unexpectedly ({type(exc).__name__})")
+    return exc
 
 
 def _describe(exc: pm.OperationFailure) -> str:
