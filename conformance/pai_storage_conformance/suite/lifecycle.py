@@ -608,21 +608,25 @@ class LifecycleTests:
         and without a cut: every fork succeeds and is the source at one version."""
         store, scope = lifecycle_store, new_scope("fork-busy")
         root = await _commit(store, b.create(scope, "src"))
-        for batch in range(10):  # 2,500 closed turns: 5,000 messages
+        for batch in range(10):  # 1,000 closed turns of 5 messages: 5,000 messages
             messages: list[dict[str, Any]] = []
             runs: list[dict[str, Any]] = []
-            for turn in range(batch * 250, (batch + 1) * 250):
-                question, answer = f"q{turn}", f"a{turn}"
-                reply = b.message(answer, role="assistant", run_id=f"r{turn}", relation="output")
-                messages += [b.insert(b.message(question, run_id=f"r{turn}")), b.insert(reply)]
-                runs.append(b.insert(b.run(f"r{turn}", "completed", inputs=[question])))
+            for turn in range(batch * 100, (batch + 1) * 100):
+                question, run_id = f"q{turn}", f"r{turn}"
+                messages.append(b.insert(b.message(question, run_id=run_id)))
+                for part in range(1, 5):
+                    reply = b.message(
+                        f"a{turn}-{part}", role="assistant", run_id=run_id, relation="output"
+                    )
+                    messages.append(b.insert(reply))
+                runs.append(b.insert(b.run(run_id, "completed", inputs=[question])))
             changes = {"messages": messages, "runs": runs}
             root = await _commit(
                 store, b.update_at(scope, "src", root.version, changes, root=b.root())
             )
         streaming = _Stream(store, scope, "src", root, pause=0.1)
         async with streaming:
-            for i, cut in enumerate([None, "a1234", "q2499"]):
+            for i, cut in enumerate([None, "a617-4", "q999"]):
                 before = streaming.commits
                 result = await store.fork_thread(scope, "src", f"fork-{i}", through_message_id=cut)
                 assert isinstance(result, CommittedResult), (cut, result)
@@ -630,7 +634,7 @@ class LifecycleTests:
         (source, fork) = await _decoded(await _export(store, scope, thread_ids=["src", "fork-0"]))
         _assert_fork_of_one_version(source, fork)
         assert len(fork.messages) >= 5_000
-        for fork_id, last_turn in (("fork-1", 1234), ("fork-2", 2498)):
+        for fork_id, last_turn in (("fork-1", 617), ("fork-2", 998)):
             # A cut in the 5,000: the newest message and run copied are the cut's turn.
             newest = {"type": "page", "order": "newest", "page": {"limit": 1}}
             read = await store.read_thread(
@@ -638,7 +642,7 @@ class LifecycleTests:
             )
             assert read.messages is not None
             assert read.runs is not None
-            assert [m.message_id for m in read.messages.items] == [f"a{last_turn}"], fork_id
+            assert [m.message_id for m in read.messages.items] == [f"a{last_turn}-4"], fork_id
             assert [r.run_id for r in read.runs.items] == [f"r{last_turn}"], fork_id
 
     async def test_a_small_thread_committed_back_to_back_forks_every_time(
