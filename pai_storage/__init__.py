@@ -71,6 +71,7 @@ from .state import AgentStateStore, ListConflict, StateConflict, VersionedState
 from .store import StoreInfo, ThreadStore, public_projection
 from .transfer import EXPORT_FORMAT, EXPORT_VERSION, ImportReport, ThreadExistsError
 from .url import StoreURL, make_url
+from .watch import ThreadChange
 
 __version__ = "0.1.0"
 
@@ -112,6 +113,7 @@ __all__ = [
     "StoreInfo",
     "StoreURL",
     "StoreWarning",
+    "ThreadChange",
     "ThreadExistsError",
     "ThreadStore",
     "WarningCallback",

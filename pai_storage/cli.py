@@ -8,6 +8,7 @@
     pai-storage copy SRC DST        copy every thread (or --scope S) to another store, verified
     pai-storage export URL          write the threads as JSON Lines (docs/lifecycle.md)
     pai-storage import URL FILE     restore threads from an export
+    pai-storage watch URL S T       print each change of thread T of scope S as a JSON line
     pai-storage --version
 
 Every command exits 0 on success and 1 on a :class:`StorageError`, whose
@@ -44,11 +45,14 @@ from .errors import (
     StorageError,
     ThreadStoreConfigurationError,
     ThreadStoreError,
+    ThreadStoreInvariantError,
 )
+from .models import ThreadVersion
 from .registry import ENTRY_POINT_GROUP, available_backends, backend_for_url, get_backend
 from .store import ThreadStore
 from .transfer import CopyReport
 from .url import StoreURL, make_url, redact
+from .watch import check_version
 
 __all__ = ["main"]
 
@@ -426,6 +430,39 @@ async def _run_import(args: argparse.Namespace, stream: TextIO) -> int:
     return EXIT_OK
 
 
+async def _run_watch(args: argparse.Namespace) -> int:
+    after = None if args.after is None else _after_version(args.after)
+    shown = 0
+    async with _open_threads(args.url) as store:
+        changes = store.watch(args.scope, args.thread, after=after, interval=args.interval)
+        async for change in changes:
+            print(json.dumps(change.to_json(), ensure_ascii=False), flush=True)
+            shown += 1
+            if shown == args.count:
+                break
+    return EXIT_OK
+
+
+def _after_version(text: str) -> ThreadVersion | None:
+    try:
+        return check_version(json.loads(text))
+    except ValueError as exc:
+        if isinstance(exc, StorageError):
+            raise
+        raise ThreadStoreInvariantError(
+            'after must be a version as JSON: {"threadInstanceId": "...", "revision": N}'
+        ) from None
+
+
+def _cmd_watch(args: argparse.Namespace) -> int:
+    mask = _password_masker(args.url)
+    try:
+        return asyncio.run(_run_watch(args))
+    except StorageError as exc:
+        _error(f"{type(exc).__name__}: {exc}", mask)
+        return EXIT_ERROR
+
+
 def _cmd_transfer(args: argparse.Namespace) -> int:
     urls = [getattr(args, name, None) for name in ("url", "source", "target")]
     maskers = [_password_masker(u) for u in urls if u]
@@ -563,6 +600,30 @@ def _parser() -> argparse.ArgumentParser:
     )
     imp.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 
+    watch = sub.add_parser(
+        "watch",
+        help="print each committed change of one thread as a JSON line",
+        description=(
+            "Follow thread THREAD of scope SCOPE and print one JSON object per change "
+            "(docs/watch.md): the new version, the one before, deleted, committedAt and the "
+            "root without privateMetadata. Runs until interrupted or --count changes."
+        ),
+    )
+    watch.add_argument("url", metavar="URL", help="store URL")
+    watch.add_argument("scope", metavar="SCOPE", help="the thread's scope key")
+    watch.add_argument("thread", metavar="THREAD", help="the thread id")
+    watch.add_argument(
+        "--interval", type=float, default=0.2, help="seconds between two polls (default 0.2)"
+    )
+    watch.add_argument(
+        "--after",
+        metavar="VERSION",
+        default=None,
+        help='report every change after this version (JSON: {"threadInstanceId": ..., '
+        '"revision": N}); default: from now',
+    )
+    watch.add_argument("--count", type=int, default=None, help="stop after N changes")
+
     # The benchmark's options belong to pai_storage.benchmark, imported only when used.
     sub.add_parser(
         "bench",
@@ -585,6 +646,8 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_demo(args)
         if args.command in ("copy", "export", "import"):
             return _cmd_transfer(args)
+        if args.command == "watch":
+            return _cmd_watch(args)
         return _cmd_check(args)
     except KeyboardInterrupt:
         print("pai-storage: interrupted", file=sys.stderr)

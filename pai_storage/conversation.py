@@ -24,7 +24,7 @@ import asyncio
 import random
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from types import TracebackType
@@ -38,7 +38,9 @@ from .maintenance import check_thread_key
 from .models import CommittedResult, Message, ThreadRecord
 
 if TYPE_CHECKING:
+    from .models import ThreadVersion
     from .store import ThreadStore
+    from .watch import ThreadChange
 
 __all__ = ["Conversation", "Reply", "Role"]
 
@@ -164,6 +166,12 @@ class Conversation:
         """The thread's root as stored now (``None`` before the first write)."""
         self._state = await self._read()
         return self._state.thread
+
+    def watch(
+        self, *, after: ThreadVersion | None = None, interval: float = 0.2
+    ) -> AsyncGenerator[ThreadChange, None]:
+        """The thread's changes as they are committed: :meth:`ThreadStore.watch` on this thread."""
+        return self.store.watch(self.scope_key, self.thread_id, after=after, interval=interval)
 
     async def messages(self, last: int | None = 20) -> list[Message]:
         """The last ``last`` messages of the transcript (every one with ``None``), oldest first.

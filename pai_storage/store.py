@@ -15,7 +15,14 @@ methods state the guarantees the conformance suite checks.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterable,
+    AsyncIterator,
+    Iterable,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
@@ -45,6 +52,7 @@ if TYPE_CHECKING:
     from .maintenance import ForkRequest, PrunedThread, ThreadIndexEntry
     from .models import ThreadVersion
     from .transfer import ImportReport
+    from .watch import ChangeSignal, ThreadChange
 
 __all__ = ["LIFECYCLE", "StoreInfo", "ThreadStore", "public_projection"]
 
@@ -227,6 +235,72 @@ class ThreadStore(ManagedStore, ABC):
         return Conversation(
             self, scope_key, thread_id, agent=agent, flush_every=flush_every, lease_ttl=lease_ttl
         )
+
+    def watch(
+        self,
+        scope_key: str,
+        thread_id: str,
+        *,
+        after: ThreadVersion | Mapping[str, Any] | None = None,
+        interval: float = 0.2,
+    ) -> AsyncGenerator[ThreadChange, None]:
+        """The changes committed to one thread after ``after``, as they happen (``docs/watch.md``).
+
+        An endless async iterator of :class:`~pai_storage.ThreadChange`. Every
+        commit after ``after`` (``None``: after the version read when
+        iteration starts) is reported, or coalesced into a later change when
+        the consumer or the signal is slower than the commits: the latest
+        version is never missed, and versions never go backwards. A deletion
+        is a change with ``deleted=True``. ``interval`` (seconds) bounds the
+        wait between two looks at the thread; backends that know when their
+        threads change wake the watcher sooner.
+
+        Raises
+        ------
+        ThreadStoreInvariantError
+            A bad scope key, thread id, ``after`` or ``interval`` (at the call).
+        ThreadStoreUnavailableError
+            The backend stayed unreachable for several intervals in a row.
+        """
+        from .maintenance import check_thread_key
+        from .watch import check_interval, check_version, watch_thread
+
+        return watch_thread(
+            self,
+            check_thread_key("scope_key", scope_key),
+            check_thread_key("thread_id", thread_id),
+            check_version(after),
+            check_interval(interval),
+        )
+
+    def watch_scope(
+        self, scope_key: str, *, interval: float = 0.2, include_hidden: bool = False
+    ) -> AsyncGenerator[ThreadChange, None]:
+        """The threads of a scope that change from now on, one change each (a sidebar's list).
+
+        Polls :meth:`list_threads` (newest update first) every ``interval``
+        seconds and reports each thread whose version moved, oldest update
+        first; deletions are not reported. See ``docs/watch.md``.
+        """
+        from .maintenance import check_thread_key
+        from .watch import check_interval, watch_scope
+
+        return watch_scope(
+            self,
+            check_thread_key("scope_key", scope_key),
+            check_interval(interval),
+            include_hidden is True,
+        )
+
+    def _change_signal(self, scope_key: str, thread_id: str) -> ChangeSignal:
+        """When a watcher of the thread looks again (``docs/backend-authors.md``).
+
+        This default polls: it sleeps for the watcher's interval. A backend
+        that learns of commits returns a signal that wakes the watcher sooner.
+        """
+        from .watch import ChangeSignal
+
+        return ChangeSignal()
 
     @abstractmethod
     async def _read_thread(self, request: ReadThreadInput) -> ThreadReadResult:

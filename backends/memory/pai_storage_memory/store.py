@@ -40,6 +40,7 @@ from pai_storage.backend import (
     run_sync,
     system_clock,
 )
+from pai_storage.watch import ChangeNotifier, ChangeSignal
 
 __all__ = ["MemoryThreadStore"]
 
@@ -114,6 +115,7 @@ class MemoryThreadStore(ThreadStore):
         # A threading lock: every critical section is synchronous, so the store
         # is also safe when shared by several event loops or threads.
         self._lock = threading.Lock()
+        self._watchers = ChangeNotifier()  # wakes watch() at once after a commit
 
     def _clock(self) -> datetime:
         return self.now() or truncate_ms(system_clock())
@@ -167,6 +169,10 @@ class MemoryThreadStore(ThreadStore):
             self._updates.add((after.root.updated_at, scope_key, thread_id))
         if not scope:
             del self._scopes[scope_key]
+        self._watchers.notify(scope_key, thread_id)
+
+    def _change_signal(self, scope_key: str, thread_id: str) -> ChangeSignal:
+        return self._watchers.signal(scope_key, thread_id)
 
     # ------------------------------------------------------------ lifecycle primitives
 

@@ -34,6 +34,7 @@ from .reads import TestIdSelections, TestMessageViews, TestReads
 from .relationships import TestRelationshipRules, TestWorkedExample
 from .snapshots import SnapshotStoreTests
 from .state import AgentStateStoreTests
+from .watch import TestWatch
 
 __all__ = [
     "AgentStateStoreTests",
@@ -64,6 +65,7 @@ __all__ = [
     "TestRelationshipRules",
     "TestSnapshotStore",
     "TestStrictJson",
+    "TestWatch",
     "TestWorkedExample",
     "ThreadStoreConformance",
 ]
@@ -89,6 +91,7 @@ class ThreadStoreConformance(
     TestConversation,
     TestIsolation,
     TestModelBased,
+    TestWatch,
     LifecycleTests,
 ):
     """Every topic of the suite in one class.
