@@ -340,8 +340,14 @@ async def test_an_in_memory_database_survives_a_cancelled_read() -> None:
 
         async def slow_read() -> None:
             async with client.reading() as op:  # the statement-by-statement path
-                await op.driver._execute(lambda: loop.call_soon_threadsafe(started.set))
-                await op.driver._execute(_busy, 0.1)
+
+                def slow() -> int:  # runs in aiosqlite's thread, inside the statement
+                    loop.call_soon_threadsafe(started.set)
+                    _busy(0.1)
+                    return 1
+
+                await op.driver.create_function("pai_slow", 0, slow)
+                await op.driver.execute_fetchall("SELECT pai_slow()")
 
         task = asyncio.create_task(slow_read())
         await started.wait()

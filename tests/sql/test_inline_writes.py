@@ -38,15 +38,31 @@ pytestmark = pytest.mark.asyncio
 
 @pytest.fixture
 def trips(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The name of every function aiosqlite runs in a database thread."""
+    """Every trip to a database thread: a whole operation handed to the client's
+    executor, or a call of aiosqlite's connection (each is one)."""
+    from pai_storage_sql import client
+
     seen: list[str] = []
-    original = aiosqlite.Connection._execute
 
-    async def counted(self: Any, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        seen.append(getattr(fn, "__name__", repr(fn)))
-        return await original(self, fn, *args, **kwargs)
+    def counting(name: str, original: Any) -> Any:
+        if asyncio.iscoroutinefunction(original):
 
-    monkeypatch.setattr(aiosqlite.Connection, "_execute", counted)
+            async def counted_call(*args: Any, **kwargs: Any) -> Any:
+                seen.append(name)
+                return await original(*args, **kwargs)
+
+            return counted_call
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            seen.append(name)
+            return original(*args, **kwargs)
+
+        return counted
+
+    monkeypatch.setattr(client, "_in_thread", counting("operation", client._in_thread))
+    for name in ("execute", "execute_fetchall", "executemany", "commit", "rollback", "cursor"):
+        original = getattr(aiosqlite.Connection, name)
+        monkeypatch.setattr(aiosqlite.Connection, name, counting(name, original))
     return seen
 
 
@@ -163,7 +179,7 @@ async def test_a_failed_commit_is_an_unknown_outcome(
 
         async def failing_commit(self: InlineDriver) -> None:
             exc = sqlite3.OperationalError("disk I/O error")
-            exc.sqlite_errorcode = 10  # type: ignore[attr-defined]  # SQLITE_IOERR
+            exc.sqlite_errorcode = 10  # SQLITE_IOERR
             raise exc
 
         with monkeypatch.context() as patch:
@@ -232,24 +248,6 @@ async def test_a_commit_cancelled_while_waiting_for_the_lock_is_not_applied(
         # Its caller gave up before it committed: it rolled back.
         assert (await store.read_thread(b.read("s", "t2"))).thread is None
         assert isinstance(await store.commit_thread(b.create("s", "t3")), CommittedResult)
-
-
-async def test_without_aiosqlite_s_queue_commits_run_statement_by_statement(
-    sqlite_target: Target, trips: list[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from pai_storage_sql import client
-
-    monkeypatch.setattr(client, "_inline", lambda: False)
-    async with sqlite_target.store() as store:
-        created = await store.commit_thread(b.create("s", "t"))
-        assert isinstance(created, CommittedResult)
-        assert created.thread is not None
-        trips.clear()
-        result = await store.commit_thread(
-            b.update_at("s", "t", created.thread.version, _turn(1), root=b.root())
-        )
-        assert isinstance(result, CommittedResult)
-        assert len(trips) > 1
 
 
 async def test_mysql_commits_take_the_usual_path(mysql_target: Target) -> None:

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import importlib.util
 import inspect
 import sqlite3
@@ -58,6 +57,7 @@ from collections.abc import (
     MutableMapping,
     Sequence,
 )
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
@@ -128,6 +128,9 @@ class Engines:
     """SQLite engines the client made: the connections its writes keep checked out."""
     held_reader: Held | None = None
     """The same for reads (the writer's for an in-memory database)."""
+    executor: ThreadPoolExecutor | None = None
+    """SQLite engines the client made: the threads operations run whole in
+    (one per held connection, so each connection is used by one at a time)."""
 
 
 class Held:
@@ -423,16 +426,16 @@ class SqlClient(SharedClient[Engines]):
         if self.dialect == "sqlite":
             path = self._sqlite_path()
             sa_url = URL.create("sqlite+aiosqlite", database=path, query=query)
-            connect_args = {"timeout": self.busy_timeout}
+            # An operation may run whole in a thread of the client's executor,
+            # on the connection's sqlite3 connection (see SqlClient.run_write).
+            connect_args = {"timeout": self.busy_timeout, "check_same_thread": False}
             if self.memory:
                 engine = create_async_engine(
-                    sa_url,
-                    poolclass=StaticPool,
-                    connect_args={**connect_args, "check_same_thread": False},
+                    sa_url, poolclass=StaticPool, connect_args=connect_args
                 )
                 self._sqlite_hooks(engine, event)
                 held = Held(engine, 1)
-                return Engines(engine, engine, asyncio.Lock(), held, held)
+                return Engines(engine, engine, asyncio.Lock(), held, held, _executor(1))
             # Each operation ends its own transaction (commit, or rollback on
             # close), so the pool's own rollback on return would only repeat it.
             # The client's operations keep their connections checked out (Held:
@@ -456,7 +459,9 @@ class SqlClient(SharedClient[Engines]):
             )
             self._sqlite_hooks(writer, event)
             self._sqlite_hooks(reader, event)
-            return Engines(writer, reader, None, Held(writer, 1), Held(reader, self.pool_size))
+            held_writer, held_reader = Held(writer, 1), Held(reader, self.pool_size)
+            executor = _executor(1 + self.pool_size)
+            return Engines(writer, reader, None, held_writer, held_reader, executor)
         driver = self.driver
         query.setdefault("charset", "utf8mb4")
         sa_url = URL.create(
@@ -586,6 +591,8 @@ class SqlClient(SharedClient[Engines]):
         for engine in {id(made.writer): made.writer, id(made.reader): made.reader}.values():
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(engine.dispose(), timeout=10)
+        if made.executor is not None:
+            made.executor.shutdown(wait=False)
 
     # ------------------------------------------------------------ operations
 
@@ -705,11 +712,8 @@ class SqlClient(SharedClient[Engines]):
         engines = self._made
         if engines is None or self._closed:
             engines = await self._ready()
-        if (
-            not in_thread
-            or (engines.held_writer if write else engines.held_reader) is None
-            or not _inline()
-        ):
+        executor = engines.executor
+        if not in_thread or executor is None:
             async with self._operation(write, begin) as op:
                 return await body(op)
         held: HeldWarnings = []
@@ -719,11 +723,11 @@ class SqlClient(SharedClient[Engines]):
             await lock.acquire()
         try:
             op = await self._checkout(engines, write)
-            driver = op.driver
-            inline = Operation(op.conn, InlineDriver(driver._conn), True, op.held)
-            # aiosqlite's own queue to its thread (no public API runs a function there).
-            call = asyncio.ensure_future(
-                driver._execute(_in_thread, inline, write, begin, body, held, abandoned)
+            inline = Operation(op.conn, InlineDriver(_sqlite3_of(op)), True, op.held)
+            # The connection is this operation's: its aiosqlite thread is idle
+            # while a thread of the executor runs the whole operation on it.
+            call = asyncio.get_running_loop().run_in_executor(
+                executor, _in_thread, inline, write, begin, body, held, abandoned
             )
             try:
                 try:
@@ -738,8 +742,7 @@ class SqlClient(SharedClient[Engines]):
                 # (closing the only connection of an in-memory database would
                 # lose the database).
                 abandoned.set()
-                with contextlib.suppress(BaseException):
-                    await asyncio.wait({call})
+                await _settled(call)
                 await self._failed(op, _call_failure(call))
                 raise
             except BaseException as exc:
@@ -770,7 +773,7 @@ class SqlClient(SharedClient[Engines]):
         ):
             ended = False
             with contextlib.suppress(BaseException):
-                await op.driver._execute(_end_transaction, op.driver._conn)
+                await op.driver.rollback()  # queued after the statement still running
                 ended = True
             if ended:
                 await self._checkin(op, reuse=True)
@@ -802,6 +805,13 @@ class SqlClient(SharedClient[Engines]):
             # The last store was closed while this operation waited.
             await self._checkin(op, reuse=False)
             raise closed_error()
+        if held is not None and _SQLITE3 not in _pool_info(op):
+            try:
+                with self.errors("connect"):
+                    await _find_sqlite3(op)
+            except BaseException as exc:
+                await self._failed(op, exc)
+                raise
         return op
 
     async def _checkin(self, op: Operation, *, reuse: bool) -> None:
@@ -1135,22 +1145,39 @@ class _CommitFailed(Exception):
         self.error = error
 
 
-@functools.cache
-def _inline() -> bool:
-    """Whether aiosqlite's connection can run a function in its thread (its own
-    ``_execute`` queue and ``_conn``, present through at least aiosqlite 0.22);
-    otherwise operations run statement by statement."""
-    import aiosqlite
-
-    connection = aiosqlite.Connection
-    return callable(getattr(connection, "_execute", None)) and isinstance(
-        getattr(connection, "_conn", None), property
-    )
+def _executor(threads: int) -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=threads, thread_name_prefix="pai-sqlite")
 
 
-def _end_transaction(raw: sqlite3.Connection) -> None:
-    if raw.in_transaction:
-        raw.rollback()
+_SQLITE3 = "pai_storage_sql.sqlite3"
+"""Key of a connection's ``sqlite3`` connection in its pool entry's ``info``."""
+
+
+def _pool_info(op: Operation) -> dict[Any, Any]:
+    """The ``info`` of ``op``'s connection in SQLAlchemy's pool (kept with the
+    connection between checkouts, cleared when it is closed)."""
+    return op.conn.sync_connection.connection.info  # type: ignore[union-attr]
+
+
+async def _find_sqlite3(op: Operation) -> None:
+    """Keep the ``sqlite3`` connection under ``op``'s aiosqlite connection in its
+    pool ``info`` (aiosqlite's ``Cursor.connection``), once per connection."""
+    async with op.driver.cursor() as cursor:
+        _pool_info(op)[_SQLITE3] = cursor.connection
+
+
+def _sqlite3_of(op: Operation) -> sqlite3.Connection:
+    """The ``sqlite3`` connection of a held connection (see :func:`_find_sqlite3`)."""
+    return cast(sqlite3.Connection, _pool_info(op)[_SQLITE3])
+
+
+async def _settled(call: asyncio.Future[Any]) -> None:
+    """Wait until ``call`` has ended, however often the waiter is cancelled
+    meanwhile: its connection is touched again only once the thread running it
+    has let go of it."""
+    while not call.done():
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait({call})
 
 
 class _Abandoned(Exception):
@@ -1158,12 +1185,10 @@ class _Abandoned(Exception):
 
 
 def _call_failure(call: asyncio.Future[Any]) -> BaseException:
-    """What a cancelled caller's call into the database thread left its connection
-    with, for :meth:`SqlClient._failed`: its driver failure, a clean end
-    (:class:`_Abandoned`), or, while the call still runs, an unknown state."""
-    if not call.done():
-        return asyncio.CancelledError()
-    if call.cancelled():  # never queued
+    """What a cancelled caller's call into the database thread (ended) left its
+    connection with, for :meth:`SqlClient._failed`: its driver failure or a
+    clean end (:class:`_Abandoned`)."""
+    if call.cancelled():  # never started
         return _Abandoned()
     failure = call.exception()
     if isinstance(failure, _CommitFailed):
