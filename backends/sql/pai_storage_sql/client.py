@@ -677,8 +677,10 @@ class SqlClient(SharedClient[Engines]):
         when it returns.
 
         On SQLite engines the client made, the whole transaction (``BEGIN
-        IMMEDIATE``, ``body``, ``COMMIT``) runs in the writer connection's
-        database thread as one call: ``body``'s statements run at once, with no
+        IMMEDIATE``, ``body``, ``COMMIT``) runs as one call in a thread of the
+        client's executor, on the writer connection's ``sqlite3`` connection
+        (the database thread; aiosqlite's own thread is idle meanwhile, the
+        operation having the connection to itself): ``body``'s statements run at once, with no
         trip between threads per statement (it must not wait for anything but
         ``op``'s statements, and never use ``op.conn``, SQLAlchemy's execution
         layer; :func:`~pai_storage.backend.run_sync` raises if it does, and the
