@@ -15,7 +15,7 @@ import contextlib
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 import pytest
@@ -130,6 +130,10 @@ class _LateGrants:
         loop = asyncio.get_running_loop()
         await asyncio.sleep(max(self.sent[0] + lease.total_seconds() - loop.time(), 0) + 0.01)
         self.answer.set()
+
+
+_REAL_TIME_ORIGIN = datetime(2026, 1, 1, tzinfo=UTC)
+"""Tests on names shared between runs move their clock by the real time since this."""
 
 
 def _resource(tag: str) -> str:
@@ -691,9 +695,10 @@ class ExecutionGuardTests:
         self, guard: ExecutionGuard, clock: ManualClock, name: str
     ) -> None:
         # The whole name is the resource (a prefix would hide a leading "$"), so it is
-        # shared with other runs on the same database: an earlier run's leftover lock
-        # has expired on this clock, a concurrent run's is waited for.
-        clock.advance(timedelta(minutes=1))
+        # shared with other runs on the same database. The clock moves on with real
+        # time: a lock left by a run that stopped half-way 30 s or more ago has
+        # expired, a concurrent run's (on about the same clock) is waited for.
+        clock.advance(datetime.now(UTC) - _REAL_TIME_ORIGIN)
         lock = await guard.acquire(
             name,
             owner=name,
