@@ -10,8 +10,9 @@ For each backend a writer streams ``--commits`` chunk commits into one thread
 seconds apart, as a model produces tokens). The watcher is ``pai-storage watch``
 in another process (memory: a task of the same process, which is the only
 place its threads exist), started at the version before the stream. For every
-change the watcher prints, the latency is the time this process read the line
-minus the time the commit of that version was acknowledged to the writer. It
+commit, the latency is the time this process read the first change that covers
+it (its version or a later one) minus the time the commit was acknowledged to
+the writer: a commit coalesced into a later change counts until that change. It
 also checks the contract: the changes form an unbroken chain of strictly
 increasing versions ending at the final one. Prints p50 and p99 per backend.
 
@@ -75,8 +76,9 @@ async def _stream(store: ThreadStore, scope: str, commits: int, pause: float) ->
     chat = store.conversation(scope, "chat", flush_every=0)
     acked: dict[int, float] = {}
 
-    async def note() -> None:
-        acked[(await _head(store, scope))["revision"]] = time.monotonic()
+    async def note() -> None:  # right after a commit returned: when it was acknowledged
+        now = time.monotonic()
+        acked[(await _head(store, scope))["revision"]] = now
 
     async with chat.reply() as reply:
         await note()
@@ -167,7 +169,11 @@ def _report(
         two["previous"] == one["version"] for one, two in itertools.pairwise(changes)
     )
     ordered = revisions == sorted(set(revisions))
-    latencies = sorted((at - acked[c["version"]["revision"]]) * 1000 for at, c in seen)
+    # Each commit's latency: until the first change that covers it arrived.
+    latencies = sorted(
+        (next(at for at, c in seen if c["version"]["revision"] >= revision) - ack) * 1000
+        for revision, ack in acked.items()
+    )
     return {
         "backend": backend,
         "commits": final["revision"] - start["revision"],
