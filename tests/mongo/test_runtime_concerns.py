@@ -61,7 +61,7 @@ class Recorder(monitoring.CommandListener):
         self.commands: list[tuple[str, dict[str, Any]]] = []
 
     def started(self, event: monitoring.CommandStartedEvent) -> None:
-        if event.command_name in WRITES + READS:
+        if event.command_name in (*WRITES, *READS, "commitTransaction"):
             self.commands.append((event.command_name, dict(event.command)))
 
     def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
@@ -216,8 +216,14 @@ async def test_every_runtime_command_uses_majority_whatever_the_url_says(
         await _every_operation(s, clock)
         sent = s.recorder.commands
     names = {name for name, _ in sent}
-    assert {"findAndModify", "update", "delete", "find"} <= names, names
+    assert {"findAndModify", "update", "delete", "find", "commitTransaction"} <= names, names
     for name, command in sent:
+        if command.get("autocommit") is False:  # in a transaction (the guard's acquisition)
+            if name == "commitTransaction":
+                assert command.get("writeConcern") == {"w": "majority"}, (name, command)
+            elif "readConcern" in command:  # the transaction's first command
+                assert command["readConcern"].get("level") == "snapshot", (name, command)
+            continue
         if name in WRITES:
             assert command.get("writeConcern") == {"w": "majority"}, (name, command)
         else:
@@ -272,7 +278,7 @@ async def _kv_put(s: Stores, url: str) -> Check:
 
 
 async def _guard_try_acquire(s: Stores, url: str) -> Check:
-    _fail_next(url, "findAndModify")
+    _fail_next(url, "commitTransaction")  # an acquisition is one transaction
     try:
         lock = await s.guard.try_acquire("resource", owner="me")
     except OutcomeUnknownError:
@@ -429,7 +435,7 @@ async def _guard_release(s: Stores, url: str) -> Check:
 async def _snapshot_delete(s: Stores, url: str) -> Check:
     assert s.snapshots.snapshot_ttl is not None  # the path that judges liveness
     await s.snapshots.put("scope", "one", b"data")
-    _fail_next(url, "delete")
+    _fail_next(url, "findAndModify")
     try:
         deleted: bool | None = await s.snapshots.delete("scope", "one")
     except OutcomeUnknownError:
@@ -458,7 +464,11 @@ OPERATIONS: dict[str, Callable[[Stores, str], Awaitable[Check]]] = {
     "snapshots.put": _snapshot_put,
     "snapshots.delete": _snapshot_delete,
 }
-RETRIED = {"state.append_list": "update", "guard.release": "delete", "snapshots.delete": "delete"}
+RETRIED = {
+    "state.append_list": "update",
+    "guard.release": "delete",
+    "guard.try_acquire": "commitTransaction",
+}
 """The command each operation's fail point hits (``findAndModify`` unless named here)."""
 
 
@@ -531,9 +541,9 @@ async def test_a_snapshot_delete_the_driver_retried_answers_deleted_once(
         await s.snapshots.put("scope", "one", b"data")
         await s.snapshots.put("scope", "two", b"kept")
         s.recorder.commands.clear()
-        _fail_next(url, "delete")
+        _fail_next(url, "findAndModify")  # find_one_and_delete: the GridFS file goes after it
         assert await s.snapshots.delete("scope", "one") is True
-        _one_retried(s.recorder.sent("delete"))
+        _one_retried(s.recorder.sent("findAndModify"))
         assert await s.snapshots.delete("scope", "one") is False
         assert await s.snapshots.get("scope", "one") is None
         kept = await s.snapshots.get("scope", "two")

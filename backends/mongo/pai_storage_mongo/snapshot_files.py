@@ -66,8 +66,20 @@ class SnapshotFiles:
         self.bucket = AsyncGridFSBucket(
             collection.database, bucket_name=self.name, chunk_size_bytes=GRIDFS_CHUNK_BYTES
         )
-        self.files: AsyncCollection[Doc] = collection.database[f"{self.name}.files"]
-        self.chunks: AsyncCollection[Doc] = collection.database[f"{self.name}.chunks"]
+        self.files = self._beside(collection, f"{self.name}.files")
+        self.chunks = self._beside(collection, f"{self.name}.chunks")
+
+    @staticmethod
+    def _beside(collection: AsyncCollection[Doc], name: str) -> AsyncCollection[Doc]:
+        """The collection ``name`` with ``collection``'s options (majority concerns,
+        the primary), never the URL's defaults."""
+        return collection.database.get_collection(
+            name,
+            codec_options=collection.codec_options,
+            read_preference=collection.read_preference,
+            write_concern=collection.write_concern,
+            read_concern=collection.read_concern,
+        )
 
     async def upload(self, scope: str, snapshot_id: str, chunks: AsyncIterator[bytes]) -> ObjectId:
         """Upload the chunks as a new GridFS file; nothing stays if they fail.

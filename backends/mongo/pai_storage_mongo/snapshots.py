@@ -384,13 +384,13 @@ class MongoSnapshotStore(MongoRuntimeStore, SnapshotStore):
         # Liveness is in the filter, never in the answer: a delete the driver
         # retries is answered from the server's record of the first attempt.
         with self._holder.errors("write"):
-            live = await self.collection.find_one_and_delete(
+            live = await self._modify.find_one_and_delete(
                 {"_id": key, **self.live_filter()}, projection={"blob": 1}
             )
             gone = live
             if live is None and self._ttl_ms is not None:
                 # Not live: an expired or damaged leftover goes too (never one put since).
-                gone = await self.collection.find_one_and_delete(
+                gone = await self._modify.find_one_and_delete(
                     {"_id": key, "$or": [self._expired_filter(), _DAMAGED_TIME]},
                     projection={"blob": 1},
                 )
