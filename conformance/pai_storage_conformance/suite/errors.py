@@ -12,11 +12,8 @@ from pai_storage import (
     CommittedResult,
     CommitThreadInput,
     ConflictResult,
-    DataPart,
     ListThreadsInput,
     ReadThreadInput,
-    TextPart,
-    ThreadReadResult,
     ThreadRecord,
     ThreadStore,
     ThreadStoreCommitUnknownError,
@@ -994,54 +991,3 @@ class TestErrorsAndWarnings:
             assert read.messages.items[0].to_json()["parts"] == [{"type": "text", "text": "m1"}]
             assert read.queued_items is not None
             assert read.queued_items.items[0].input == {"text": ["hi"]}
-
-
-_EVERY_PART: list[dict[str, Any]] = [
-    {"type": "text", "text": "hi", "providerMetadata": {"p": [1]}},
-    {
-        "type": "tool-call",
-        "toolCallId": "c1",
-        "toolName": "search",
-        "input": {"q": ["a"]},
-        "state": "output-available",
-        "output": {"hits": [{"id": 1}]},
-        "callProviderMetadata": {"c": {}},
-    },
-    {
-        "type": "tool-call",
-        "toolCallId": "c2",
-        "toolName": "search",
-        "input": "text input",
-        "state": "input-available",
-    },
-    {"type": "data", "name": "d", "data": [{"x": 1}]},
-]
-"""One part of every kind, a tool call with and one without its output."""
-
-
-async def _thread_of_every_kind(store: ThreadStore, scope: str) -> dict[str, Any]:
-    """Create thread ``t1`` holding a message with every kind of part, runs and a
-    queued item; the read of all of them by ids."""
-    message = b.message("m1", run_id="r1", metadata={"k": {"n": [1]}})
-    message["parts"] = copy.deepcopy(_EVERY_PART)
-    run = b.run("r1", "completed", inputs=["m1"], metadata={"m": [1]})
-    queued = b.run("r2", "queued", queue_item_id="q1")
-    created = await store.commit_thread(
-        b.create(
-            scope,
-            "t1",
-            {
-                "messages": [b.insert(message)],
-                "runs": [b.insert(run), b.insert(queued)],
-                "queuedItems": [b.insert(b.queued_item("q1", "r2", {"input": [1]}))],
-            },
-        )
-    )
-    assert isinstance(created, CommittedResult)
-    return b.read(
-        scope,
-        "t1",
-        messages={"type": "ids", "messageIds": ["m1"]},
-        runs={"type": "ids", "runIds": ["r1", "r2"]},
-        queuedItems={"type": "ids", "queueItemIds": ["q1"]},
-    )
