@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any, NoReturn
 
-__all__ = ["FrozenDict", "FrozenList", "freeze"]
+__all__ = ["EMPTY_DICT", "EMPTY_LIST", "FrozenDict", "FrozenList", "freeze"]
 
 
 def _refuse(self: Any, *args: Any, **kwargs: Any) -> NoReturn:
@@ -73,10 +73,19 @@ class FrozenList(list[Any]):
 
 def freeze(value: Any) -> Any:
     """``value`` with every ``dict`` and ``list`` in it made read-only (new
-    containers; a value already frozen is returned as it is)."""
+    containers, one shared empty one of each; a value already frozen is
+    returned as it is)."""
     kind = type(value)
     if kind is dict:
+        if not value:
+            return EMPTY_DICT
         return FrozenDict({key: freeze(item) for key, item in value.items()})
     if kind is list:
+        if not value:
+            return EMPTY_LIST
         return FrozenList([freeze(item) for item in value])
     return value
+
+
+EMPTY_DICT = FrozenDict()
+EMPTY_LIST = FrozenList()

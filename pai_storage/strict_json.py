@@ -31,7 +31,7 @@ from math import copysign, isfinite
 from typing import Any, cast
 
 from .errors import ThreadStoreSerializationError
-from .frozen import FrozenDict, FrozenList
+from .frozen import EMPTY_DICT, EMPTY_LIST, FrozenDict, FrozenList
 
 __all__ = [
     "INT64_MAX",
@@ -303,7 +303,7 @@ def check_json(value: Any, path: str = "", *, frozen: bool = False) -> Any:
         return value
     if not value:  # an empty object or array (most metadata): its copy, no walk
         if frozen:
-            return _EMPTY_DICT if kind in _DICTS else _EMPTY_LIST
+            return EMPTY_DICT if kind in _DICTS else EMPTY_LIST
         return {} if kind in _DICTS else []
     try:
         try:
@@ -327,6 +327,3 @@ def check_json_object(value: Any, path: str = "", *, frozen: bool = False) -> di
     copied: dict[str, Any] = check_json(value, path, frozen=frozen)
     return copied
 
-
-_EMPTY_DICT = FrozenDict()
-_EMPTY_LIST = FrozenList()
