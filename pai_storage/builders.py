@@ -155,7 +155,7 @@ def create(
 
 
 _UPDATE_HOW = (
-    "builders.update() takes the ThreadRecord the update is planned from and keeps every "
+    "builders.update() takes the ThreadRecord the update starts from and keeps every "
     "root field it does not name: update(thread, changes, title=...). To write a whole root "
     "at a version, name it: update_at(scope_key, thread_id, version, changes, root=root(...))"
 )
@@ -169,7 +169,7 @@ def update(
     visibility: str | None = None,
     **root_changes: Any,
 ) -> dict[str, Any]:
-    """An update commit planned from ``thread``, keeping every root field it does not name.
+    """An update commit starting from ``thread``, keeping every root field it does not name.
 
     The commit names ``thread.version``; its root is ``thread``'s mutable root
     fields (``listVisibility``, ``category``, ``title``, ``metadata``,

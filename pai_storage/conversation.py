@@ -14,8 +14,8 @@ Built only on :meth:`ThreadStore.read_thread` and
 :meth:`ThreadStore.commit_thread`: every change is one version-checked commit
 that obeys the relationship rules, so a runtime using the full contract on the
 same thread sees ordinary records. The handle keeps the version it last saw
-and plans each commit from it; when another writer committed first, it
-re-reads and plans again (see ``docs/conversation.md``).
+and builds each commit from it; when another writer committed first, it
+re-reads and builds again (see ``docs/conversation.md``).
 """
 
 from __future__ import annotations
@@ -69,15 +69,15 @@ KEEP: Final = _Keep()
 
 @dataclass(frozen=True, slots=True)
 class _State:
-    """What a plan is made from: the root, the open run's id, and when it was read."""
+    """What a commit is built from: the root, the open run's id, and when it was read."""
 
     thread: ThreadRecord | None
     open_run: str | None
     observed_at: datetime | None  # the provider's clock at the read; None: our own commit
 
 
-Plan = Callable[[_State], Awaitable[tuple[dict[str, Any], str | None] | None]]
-"""A commit planned from a state and the open run after it (``None``: nothing to do)."""
+Build = Callable[[_State], Awaitable[tuple[dict[str, Any], str | None] | None]]
+"""Builds a commit from a state: the commit and the open run after it (``None``: nothing to do)."""
 
 
 def _draft(
@@ -222,7 +222,7 @@ class Conversation:
         _draft(message_id, role, text, "complete", {"kind": "standalone"}, fields)  # checks
         sent: dict[str, Any] = {}
 
-        async def plan(state: _State) -> tuple[dict[str, Any], str | None]:
+        async def build(state: _State) -> tuple[dict[str, Any], str | None]:
             association: dict[str, Any] = (
                 {"kind": "run", "runId": state.open_run, "relation": "context"}
                 if state.open_run is not None
@@ -234,7 +234,7 @@ class Conversation:
                 return b.create(self.scope_key, self.thread_id, changes, agent=self.agent), None
             return b.update(state.thread, changes), state.open_run
 
-        result = await self._commit(plan)
+        result = await self._commit(build)
         assert result is not None
         stamp = result.committed_at
         return Message.model_validate({**sent, "createdAt": stamp, "updatedAt": stamp})
@@ -272,14 +272,14 @@ class Conversation:
         if metadata is not KEEP:
             named["metadata"] = metadata
 
-        async def plan(state: _State) -> tuple[dict[str, Any], str | None]:
+        async def build(state: _State) -> tuple[dict[str, Any], str | None]:
             if state.thread is None:
                 created = {k: v for k, v in named.items() if v is not None}
                 commit = b.create(self.scope_key, self.thread_id, agent=self.agent, **created)
                 return commit, None
             return b.update(state.thread, **named), state.open_run
 
-        result = await self._commit(plan)
+        result = await self._commit(build)
         assert result is not None
         assert result.thread is not None
         return result.thread
@@ -287,12 +287,12 @@ class Conversation:
     async def delete(self) -> bool:
         """Delete the thread and all its records; ``False`` when it was missing."""
 
-        async def plan(state: _State) -> tuple[dict[str, Any], str | None] | None:
+        async def build(state: _State) -> tuple[dict[str, Any], str | None] | None:
             if state.thread is None:
                 return None
             return b.delete(self.scope_key, self.thread_id, state.thread.version), None
 
-        return await self._commit(plan) is not None
+        return await self._commit(build) is not None
 
     # ------------------------------------------------------------ the commit loop
 
@@ -302,19 +302,19 @@ class Conversation:
         open_run = read.runs.items[0].run_id if read.runs and read.runs.items else None
         return _State(read.thread, open_run, read.observed_at)
 
-    async def _commit(self, plan: Plan) -> CommittedResult | None:
-        """Plan from the state last seen, commit; on a conflict re-read and plan again."""
+    async def _commit(self, build: Build) -> CommittedResult | None:
+        """Build from the state last seen, commit; on a conflict re-read and build again."""
         for attempt in range(MAX_ATTEMPTS):
             state = self._state if self._state is not None else await self._read()
             try:
-                planned = await plan(state)
+                built = await build(state)
             except _Reread:
                 self._state = None
                 continue
-            if planned is None:
+            if built is None:
                 self._state = state
                 return None
-            commit, open_after = planned
+            commit, open_after = built
             result = await self.store.commit_thread(commit)
             if isinstance(result, CommittedResult):
                 self._state = (
@@ -414,7 +414,7 @@ class Reply:
         self._flushed = count
         self._last_flush = time.monotonic()
 
-    # ------------------------------------------------------------ plans
+    # ------------------------------------------------------------ commits
 
     async def _open(self, state: _State) -> tuple[dict[str, Any], str | None]:
         conv = self.conversation
@@ -510,7 +510,7 @@ class Reply:
         return b.update(thread, changes), self.run_id
 
     async def _close(self, status: str, run_status: str, error: dict[str, str] | None) -> None:
-        async def plan(state: _State) -> tuple[dict[str, Any], str | None]:
+        async def build(state: _State) -> tuple[dict[str, Any], str | None]:
             thread = self._check_ours(state)
             changes: dict[str, Any] = {
                 "messages": [b.replace(self._message(status))],
@@ -521,8 +521,8 @@ class Reply:
             return b.update(thread, changes), None
 
         if self._instance is not None:
-            await self.conversation._commit(plan)
+            await self.conversation._commit(build)
 
 
 class _Reread(Exception):
-    """A plan needs a fresh read (made from our own commit's state, it cannot judge)."""
+    """A commit needs a fresh read (built from our own commit's state, it cannot judge)."""

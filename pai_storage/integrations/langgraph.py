@@ -152,7 +152,7 @@ class PaiCheckpointSaver(BaseCheckpointSaver[str]):
         # once and never changes, so a put whose parent is here skips reading it.
         self._channels: OrderedDict[tuple[str, ...], Any] = OrderedDict()
 
-    def _remember(self, namespace: tuple[str, ...], checkpoint_id: str, channels: Any) -> None:
+    def _keep_channels(self, namespace: tuple[str, ...], checkpoint_id: str, channels: Any) -> None:
         self._channels[(*namespace, checkpoint_id)] = channels
         self._channels.move_to_end((*namespace, checkpoint_id))
         while len(self._channels) > _REMEMBERED:
@@ -224,7 +224,7 @@ class PaiCheckpointSaver(BaseCheckpointSaver[str]):
         )
         values_of = {cid: item.value for cid, item in by_id.items()}
         for cid, item in by_id.items():
-            self._remember(namespace, cid, item.value["channels"])
+            self._keep_channels(namespace, cid, item.value["channels"])
         values_of.update({_checkpoint_id(key): item.value for key, item in holders.items()})
         return [
             self._tuple(thread_id, checkpoint_ns, cid, item.value, values_of, pending)
@@ -388,7 +388,7 @@ class PaiCheckpointSaver(BaseCheckpointSaver[str]):
                 "blobs": blobs,
             },
         )
-        self._remember(namespace, checkpoint_id, channels)
+        self._keep_channels(namespace, checkpoint_id, channels)
         return _config(thread_id, checkpoint_ns, checkpoint_id)
 
     async def aput_writes(
