@@ -326,4 +326,3 @@ def check_json_object(value: Any, path: str = "", *, frozen: bool = False) -> di
         raise _fail(path, f"expected a JSON object, got {type(value).__qualname__}")
     copied: dict[str, Any] = check_json(value, path, frozen=frozen)
     return copied
-
