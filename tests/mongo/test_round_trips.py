@@ -494,23 +494,25 @@ async def test_connect_with_an_application_client_serves_every_store_on_it(
             await client[DB].drop_collection(name)
 
 
-async def test_the_root_cache_shares_nothing_with_what_callers_receive(
+async def test_the_root_cache_shares_only_what_nobody_can_change(
     mongo_store: MongoThreadStore,
 ) -> None:
-    # The cache a commit stamps from keeps its own copy of each root: changing a
-    # committed or read root changes neither the cache nor what is written next.
+    # The cache a commit writes ahead from may share roots with callers: roots are
+    # immutable, so no caller can change the cache or what is written next.
     thread = Thread(mongo_store)
     created = await thread.commit(metadata={"k": [1]}, privateMetadata={"p": {}})
     assert created.thread is not None
-    created.thread.metadata["k"].append("changed")
+    with pytest.raises(TypeError):
+        created.thread.metadata["k"].append("changed")
     cached = mongo_store._roots.get(("s", "t"))
     assert cached is not None
     assert cached.root.metadata == {"k": [1]}
-    assert cached.root is not created.thread
     read = await mongo_store.read_thread(b.read("s", "t"))
     assert read.thread is not None
-    read.thread.metadata["k"].append("changed")
-    read.thread.private_metadata["p"]["new"] = 1
+    with pytest.raises(TypeError):
+        read.thread.metadata["k"].append("changed")
+    with pytest.raises(TypeError):
+        read.thread.private_metadata["p"]["new"] = 1
     cached = mongo_store._roots.get(("s", "t"))
     assert cached is not None
     assert cached.root.metadata == {"k": [1]}

@@ -54,6 +54,15 @@ EXPECTED_INDEXES: dict[str, dict[str, tuple[Any, ...]]] = {
         "createdAt_ttl": ((("createdAt", 1),), ("expireAfterSeconds", DAYS_30)),
         "blob": ((("blob", 1),), ("sparse", True)),
     },
+    # The GridFS bucket of snapshots over the document limit (none in this test).
+    "snapshots_blobs.files": {
+        "_id_": ((("_id", 1),),),
+        "uploadDate_1": ((("uploadDate", 1),),),
+    },
+    "snapshots_blobs.chunks": {
+        "_id_": ((("_id", 1),),),
+        "files_id_1_n_1": ((("files_id", 1), ("n", 1)), ("unique", True)),
+    },
     "locks": {
         "_id_": ((("_id", 1),),),
         "expiresAt_ttl": (
@@ -66,6 +75,8 @@ EXPECTED_INDEXES: dict[str, dict[str, tuple[Any, ...]]] = {
 """Each collection's indexes: key, then the options beside ``v``."""
 
 EXPECTED_FIELDS: dict[str, set[tuple[str, str]]] = {
+    "snapshots_blobs.files": set(),
+    "snapshots_blobs.chunks": set(),
     "kv": {
         ("_id", "objectId"),
         ("ns", "string"),

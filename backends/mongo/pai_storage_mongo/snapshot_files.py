@@ -69,6 +69,15 @@ class SnapshotFiles:
         self.files = self._beside(collection, f"{self.name}.files")
         self.chunks = self._beside(collection, f"{self.name}.chunks")
 
+    async def create_indexes(self) -> None:
+        """The bucket's indexes: chunks by ``(files_id, n)``, unique (every read of
+        a file is one bounded range of it), files by ``uploadDate`` (the orphan
+        sweep). Idempotent on the server."""
+        await self.chunks.create_index(
+            [("files_id", ASCENDING), ("n", ASCENDING)], unique=True, name="files_id_1_n_1"
+        )
+        await self.files.create_index([("uploadDate", ASCENDING)], name="uploadDate_1")
+
     @staticmethod
     def _beside(collection: AsyncCollection[Doc], name: str) -> AsyncCollection[Doc]:
         """The collection ``name`` with ``collection``'s options (majority concerns,

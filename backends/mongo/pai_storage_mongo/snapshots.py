@@ -132,6 +132,11 @@ class MongoSnapshotStore(MongoRuntimeStore, SnapshotStore):
     def _indexes(self) -> list[IndexModel]:
         return indexes(self.snapshot_ttl)
 
+    async def _initialize(self) -> None:
+        await super()._initialize()
+        with self._holder.errors("connect"):
+            await self.files.create_indexes()
+
     def _unopened_error(self) -> ConfigurationError:
         """The closed-store error of the client holder's operations."""
         return closed_error()
