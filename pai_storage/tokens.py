@@ -32,6 +32,7 @@ from functools import lru_cache
 from typing import Any
 
 from .errors import ThreadStoreConfigurationError, ThreadStorePageTokenError
+from .frozen import freeze
 
 __all__ = ["PageTokenCodec", "ScopeDigest", "default_scope_digest", "query_digest"]
 
@@ -83,6 +84,9 @@ def _parse(payload: str | bytes) -> dict[str, Any] | None:
 
 
 _MAC_BYTES = 16
+_VERIFIED_TOKENS = 1024
+"""How many verified tokens a codec remembers (a deep page is usually followed
+by the next one, and a client retrying a page sends the same token)."""
 
 
 class PageTokenCodec:
@@ -131,6 +135,9 @@ class PageTokenCodec:
         key = secret if secret is not None else hashlib.sha256(prefix.encode()).digest()
         self._head = f"{prefix}.".encode()
         self._key = key
+        # A token's position is a pure function of (token, kind, scope, query)
+        # and the key, so a verified one is remembered; failures are not.
+        self._verified = lru_cache(maxsize=_VERIFIED_TOKENS)(self._verify)
 
     def _mac(self, payload: bytes) -> bytes:
         """The first 16 bytes of the HMAC-SHA256 of prefix, dot and payload."""
@@ -184,8 +191,15 @@ class PageTokenCodec:
 
         Raises :class:`ThreadStorePageTokenError` for anything but a token this
         codec minted for exactly this kind, scope and query. The position's
-        fields are the caller's to validate.
+        fields are the caller's to validate; it is read-only (a
+        :class:`~pai_storage.frozen.FrozenDict`), shared by every decode of the
+        same token: the last 1,024 verified tokens are remembered.
         """
+        if type(token) is not str:
+            raise ThreadStorePageTokenError("page token must be a string")
+        return self._verified(token, kind, scope_key, query)
+
+    def _verify(self, token: str, kind: str, scope_key: str, query: str) -> dict[str, Any]:
         body, mac = self._split(token)
         if not hmac.compare_digest(mac, self._mac(body)):
             raise ThreadStorePageTokenError("page token failed its integrity check (tampered)")
@@ -216,4 +230,5 @@ class PageTokenCodec:
         position = payload.get("p")
         if not isinstance(position, dict):
             raise ThreadStorePageTokenError("page token is malformed")
-        return position
+        frozen: dict[str, Any] = freeze(position)
+        return frozen

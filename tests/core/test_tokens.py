@@ -646,3 +646,25 @@ def test_a_token_decodes_in_a_new_codec_with_the_same_key(
     fresh = PageTokenCodec("pai-test", secret=b"k")
     assert fresh.decode(token, kind, scope, query) == position  # base64, MAC, JSON
     assert minter.decode(token, kind, scope, query) == position
+
+
+def test_a_remembered_token_is_still_checked_against_each_request() -> None:
+    """Verified tokens are remembered; a later decode of the same token for
+    another scope, query or kind still fails, and so does any edit of it."""
+    codec, token = _token()
+    query = query_digest({"q": 1})
+    position = codec.decode(token, "messages", "scope", query)
+    assert codec.decode(token, "messages", "scope", query) is position  # remembered
+    with pytest.raises(TypeError):
+        position["x"] = 1  # type: ignore[index]  # shared, so read-only
+    with pytest.raises(ThreadStorePageTokenError, match="scope"):
+        codec.decode(token, "messages", "other scope", query)
+    with pytest.raises(ThreadStorePageTokenError, match="query"):
+        codec.decode(token, "messages", "scope", query_digest({"q": 2}))
+    with pytest.raises(ThreadStorePageTokenError, match="runs"):
+        codec.decode(token, "runs", "scope", query)
+    edited = token[:-3] + _flip(token[-3]) + token[-2:]
+    with pytest.raises(ThreadStorePageTokenError):
+        codec.decode(edited, "messages", "scope", query)
+    with pytest.raises(ThreadStorePageTokenError, match="string"):
+        codec.decode([token], "messages", "scope", query)  # type: ignore[arg-type]  # unhashable
