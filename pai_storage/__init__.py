@@ -23,18 +23,28 @@ A chat, with the versions tracked for you (``docs/conversation.md``)::
 
 The same without ``await``: :mod:`pai_storage.sync` (``sync.connect(url)``).
 
-This module is what an application imports: opening stores (``open_store``,
-``connect``, ``open_kv_store``, ...), the store contracts, the records,
-inputs and results, the errors, the parsers and the JSON builders
-(:mod:`pai_storage.builders`). Backend authors import
-:mod:`pai_storage.backend` (the pipelines, their primitives and the helpers);
-test provisioning lives beside the conformance suite.
+This module is what an application imports, and only that (at most 80
+names): opening stores (``open_store``, ``connect``, ``open_kv_store``, ...),
+the store contracts, the records, results and pages a read or a commit
+returns, the message parts, the conversation, the conflicts, the errors an
+application catches (the general classes; the thread store's own subclasses,
+``ThreadStoreInvariantError`` and the rest, are in :mod:`pai_storage.errors`)
+and the JSON builders (:mod:`pai_storage.builders`). Everything else is
+imported from the module it belongs to: the input-building types from
+:mod:`pai_storage.models`, the parsers from :mod:`pai_storage.parsing`, and
+every name a backend author needs from :mod:`pai_storage.backend`. Test
+provisioning lives beside the conformance suite.
+
+A name that left the top level still resolves here, with a
+``DeprecationWarning`` naming the module to import it from (see
+``docs/changelog.md``); it goes in the next minor release.
 """
 
+from functools import cache
+from importlib import import_module
 from typing import Any
 
 from . import builders
-from .aggregate import ThreadAggregate
 from .bundle import (
     ScopeErasure,
     Stores,
@@ -44,105 +54,191 @@ from .bundle import (
     open_snapshot_store,
     open_state_store,
 )
-from .clock import Clock, ManualClock, system_clock
+from .clock import ManualClock
 from .conflicts import Conflict, raise_on_conflict
 from .conversation import Conversation, Reply
-from .errors import *  # noqa: F403 - every error class is public
-from .errors import __all__ as _error_names
-from .events import StoreWarning, WarningCallback
-from .fields import format_timestamp, truncate_ms
-from .guard import ExecutionGuard, Lock, LockInfo, LostCallback
+from .errors import (
+    ConfigurationError,
+    ConflictError,
+    ConversationConflictError,
+    CorruptSnapshotError,
+    InvalidInputError,
+    LockTimeoutError,
+    OutcomeUnknownError,
+    PageTokenError,
+    SerializationError,
+    SnapshotTooLargeError,
+    StorageError,
+    UnavailableError,
+)
+from .events import StoreWarning
+from .guard import ExecutionGuard, Lock, LockInfo
 from .kv import Item, KeyValueStore, KVConflict
 from .maintenance import PrunedThread
-from .models import *  # noqa: F403 - the record and input types are the public API
-from .models import __all__ as _model_names
-from .parsing import (
-    parse,
-    parse_aggregate,
-    parse_commit_result,
-    parse_message,
-    parse_queued_item,
-    parse_run,
-    parse_thread,
+from .models import (
+    CommittedResult,
+    CommitThreadInput,
+    CommitThreadResult,
+    ConflictResult,
+    DataPart,
+    FilePart,
+    ListThreadsInput,
+    Message,
+    Page,
+    Part,
+    QueuedItem,
+    ReadThreadInput,
+    ReasoningPart,
+    RunRecord,
+    TextPart,
+    ThreadLease,
+    ThreadPage,
+    ThreadReadResult,
+    ThreadRecord,
+    ThreadVersion,
+    ToolCallPart,
 )
 from .registry import available_backends, open_store, register_backend, unregister_backend
 from .snapshots import Snapshot, SnapshotInfo, SnapshotReader, SnapshotStore
 from .state import AgentStateStore, ListConflict, StateConflict, VersionedState
-from .store import StoreInfo, ThreadStore, public_projection
-from .transfer import EXPORT_FORMAT, EXPORT_VERSION, ImportReport, ThreadExistsError
-from .url import StoreURL, make_url
+from .store import StoreInfo, ThreadStore
+from .transfer import ImportReport, ThreadExistsError
+from .url import make_url
 from .watch import ThreadChange
 
 __version__ = "0.1.0"
 
-__all__ = [
-    *_error_names,
-    "ThreadAggregate",
-    *_model_names,
-    "AgentStateStore",
-    "EXPORT_FORMAT",
-    "EXPORT_VERSION",
-    "ExecutionGuard",
-    "ImportReport",
-    "Item",
-    "KVConflict",
-    "KeyValueStore",
-    "Lock",
-    "ListConflict",
-    "LockInfo",
-    "LostCallback",
-    "PrunedThread",
-    "Reply",
-    "ScopeErasure",
-    "Snapshot",
-    "SnapshotInfo",
-    "SnapshotReader",
-    "SnapshotStore",
-    "StateConflict",
-    "Stores",
-    "VersionedState",
+__all__ = [  # noqa: RUF022 - grouped by what an application does with each name
+    # Opening stores
+    "available_backends",
     "connect",
+    "make_url",
     "open_guard",
     "open_kv_store",
     "open_snapshot_store",
     "open_state_store",
-    "Clock",
-    "Conversation",
-    "Conflict",
-    "ManualClock",
-    "StoreInfo",
-    "StoreURL",
-    "StoreWarning",
-    "ThreadChange",
-    "ThreadExistsError",
-    "ThreadStore",
-    "WarningCallback",
-    "available_backends",
-    "builders",
-    "format_timestamp",
-    "make_url",
     "open_store",
-    "parse",
-    "parse_aggregate",
-    "parse_commit_result",
-    "parse_message",
-    "parse_queued_item",
-    "parse_run",
-    "parse_thread",
-    "public_projection",
-    "raise_on_conflict",
     "register_backend",
-    "system_clock",
-    "truncate_ms",
     "unregister_backend",
+    # The store contracts
+    "AgentStateStore",
+    "ExecutionGuard",
+    "KeyValueStore",
+    "SnapshotStore",
+    "StoreInfo",
+    "Stores",
+    "ThreadStore",
+    # What the thread store's operations take and return
+    "CommitThreadInput",
+    "CommitThreadResult",
+    "CommittedResult",
+    "ConflictResult",
+    "ImportReport",
+    "ListThreadsInput",
+    "Message",
+    "Page",
+    "PrunedThread",
+    "QueuedItem",
+    "ReadThreadInput",
+    "RunRecord",
+    "ScopeErasure",
+    "ThreadChange",
+    "ThreadLease",
+    "ThreadPage",
+    "ThreadReadResult",
+    "ThreadRecord",
+    "ThreadVersion",
+    # Message parts
+    "DataPart",
+    "FilePart",
+    "Part",
+    "ReasoningPart",
+    "TextPart",
+    "ToolCallPart",
+    # Conversations
+    "Conversation",
+    "Reply",
+    # What the other stores return
+    "Item",
+    "Lock",
+    "LockInfo",
+    "Snapshot",
+    "SnapshotInfo",
+    "SnapshotReader",
+    "VersionedState",
+    # Conflicts
+    "Conflict",
+    "KVConflict",
+    "ListConflict",
+    "StateConflict",
+    "raise_on_conflict",
+    # Errors and warnings (the thread store's own subclasses: pai_storage.errors)
+    "ConfigurationError",
+    "ConflictError",
+    "ConversationConflictError",
+    "CorruptSnapshotError",
+    "InvalidInputError",
+    "LockTimeoutError",
+    "OutcomeUnknownError",
+    "PageTokenError",
+    "SerializationError",
+    "SnapshotTooLargeError",
+    "StorageError",
+    "StoreWarning",
+    "ThreadExistsError",
+    "UnavailableError",
+    # Building inputs and testing
+    "ManualClock",
+    "builders",
 ]
+
+# Names that left the top level and are not in a module listed below, with their home.
+_MOVED_ONE_BY_ONE = {
+    "EXPORT_FORMAT": "pai_storage.transfer",
+    "EXPORT_VERSION": "pai_storage.transfer",
+    "LostCallback": "pai_storage.guard",
+    "public_projection": "pai_storage.store",
+}
+
+# Modules whose whole ``__all__`` used to be served here, in the order a name is
+# looked up: a backend author's name is imported from pai_storage.backend even
+# where it is defined in a smaller module (``truncate_ms``, ``Clock``).
+_MOVED_MODULES = (
+    "pai_storage.backend",
+    "pai_storage.models",
+    "pai_storage.errors",
+    "pai_storage.parsing",
+)
+
+
+@cache
+def _moved_names() -> dict[str, str]:
+    """Every name served for compatibility, mapped to the module to import it from.
+
+    Built on first use, so that ``import pai_storage`` does not import
+    :mod:`pai_storage.backend`.
+    """
+    moved = dict(_MOVED_ONE_BY_ONE)
+    for module in _MOVED_MODULES:
+        for name in import_module(module).__all__:
+            moved.setdefault(name, module)
+    for name in __all__:
+        moved.pop(name, None)
+    return moved
 
 
 def __getattr__(name: str) -> Any:
-    # Backend-author names moved to pai_storage.backend; keep old imports working.
-    import importlib
+    # Only called for a name this module does not define: a moved one keeps
+    # working, loudly, until the next minor release removes it (issue 31).
+    home = _moved_names().get(name)
+    if home is None:
+        raise AttributeError(f"module 'pai_storage' has no attribute {name!r}")
+    import warnings
 
-    backend = importlib.import_module("pai_storage.backend")
-    if name in backend.__all__:
-        return getattr(backend, name)
-    raise AttributeError(f"module 'pai_storage' has no attribute {name!r}")
+    warnings.warn(
+        f"pai_storage.{name} moved to {home}: write `from {home} import {name}`"
+        " (the top-level name goes in the next minor release)",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return getattr(import_module(home), name)

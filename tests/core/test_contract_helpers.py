@@ -24,7 +24,6 @@ from typing import Any
 
 import pytest
 
-import pai_storage
 from pai_storage import (
     CommitThreadInput,
     ConflictResult,
@@ -52,6 +51,7 @@ T1 = T0 + timedelta(seconds=5)
 
 def test_the_core_helpers_are_public_names() -> None:
     import pai_storage.backend as backend
+    import pai_storage.parsing as parsing
 
     for name in (
         "assert_commit_input",
@@ -74,7 +74,7 @@ def test_the_core_helpers_are_public_names() -> None:
         "parse_aggregate",
         "parse_commit_result",
     ):
-        assert name in pai_storage.__all__, name
+        assert name in parsing.__all__, name
     helpers = SelectionHelpers("pai-test")
     for method in ("plan_read", "plan_list"):
         assert callable(getattr(helpers, method))
