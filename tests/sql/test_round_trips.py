@@ -1,0 +1,187 @@
+"""Statements per commit on SQLite, seen by ``sqlite3``'s public trace callback.
+
+A write runs whole in one call into the writer connection's thread (see
+``SqlClient.run_write``), so on SQLite a statement is not a network round trip
+but it is still work in the database and in Python: these tests pin today's
+statements of the common commits (an append, a run started, a run finished, a
+conflicting append), with what each is for, so that a change to the commit
+path shows up here. Issue 35 aims at a hold that returns the root with its
+relationship facts, the writes, and the commit: the lists are expected to
+shrink, never to grow silently. The callback sits on the ``sqlite3``
+connection under the client's one held writer connection (reached through
+SQLAlchemy's ``get_raw_connection`` and aiosqlite's ``Cursor.connection``), so
+it sees every statement the engine's listeners see and the transaction
+control (``COMMIT``, ``ROLLBACK``) they do not.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from pai_storage_sql import SqlThreadStore
+
+from pai_storage import CommittedResult, ConflictResult, ThreadVersion
+from pai_storage import builders as b
+
+from .conftest import Target
+
+pytestmark = pytest.mark.asyncio
+
+_TABLE = re.compile(r"\bpai_threads(?:_(messages|runs|queued)\w*)?\b")
+
+
+def label(sql: str) -> str:
+    """A statement as ``VERB family[ detail]``: ``SELECT messages by id``, ..."""
+    words = " ".join(sql.split())
+    verb = words.split(" ", 1)[0].upper()
+    found = _TABLE.search(words)
+    if found is None:
+        return words.upper()
+    family = found.group(1) or "threads"
+    detail = ""
+    if verb == "SELECT":
+        if "status IN" in words:
+            detail = " open"
+        elif "ORDER BY" in words and "DESC" in words:
+            detail = " tail"
+        elif re.search(r"\b(id_h|run_h) IN\b", words):
+            detail = " by id"
+    return f"{verb} {family}{detail}"
+
+
+class Statements:
+    """Every statement the writer's ``sqlite3`` connection runs, in order."""
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+
+    def log(self, sql: str) -> None:
+        self.sent.append(sql)
+
+    def take(self) -> list[str]:
+        sent, self.sent = self.sent, []
+        return [label(sql) for sql in sent]
+
+
+@pytest_asyncio.fixture
+async def counted(sqlite_target: Target) -> AsyncIterator[tuple[SqlThreadStore, Statements]]:
+    statements = Statements()
+    async with sqlite_target.store() as store:
+        await _create(store, "warm-up")  # the writer connection is held from here on
+        held = (await store.client.ready()).held_writer
+        assert held is not None
+        assert len(held.idle) == 1
+        raw = (await held.idle[0].get_raw_connection()).driver_connection
+        assert raw is not None
+        async with raw.cursor() as cursor:
+            cursor.connection.set_trace_callback(statements.log)
+        yield store, statements
+
+
+async def _create(store: SqlThreadStore, thread_id: str) -> ThreadVersion:
+    result = await store.commit_thread(b.create("s", thread_id))
+    assert isinstance(result, CommittedResult)
+    assert result.thread is not None
+    return result.thread.version
+
+
+async def _commit(
+    store: SqlThreadStore, thread_id: str, version: ThreadVersion, changes: dict[str, Any]
+) -> ThreadVersion:
+    result = await store.commit_thread(b.update_at("s", thread_id, version, changes, root=b.root()))
+    assert isinstance(result, CommittedResult), result
+    assert result.thread is not None
+    return result.thread.version
+
+
+_APPEND = {"messages": [b.insert(b.message("m1", "hello"))]}
+_START = {
+    "messages": [b.insert(b.message("u1", "question", run_id="r1"))],
+    "runs": [b.insert(b.run("r1", inputs=["u1"]))],
+}
+_FINISH = {
+    "messages": [
+        b.insert(b.message("a1", "answer", role="assistant", run_id="r1", relation="output"))
+    ],
+    "runs": [b.replace(b.run("r1", "completed", inputs=["u1"]))],
+}
+
+
+async def test_an_append_is_eight_statements(
+    counted: tuple[SqlThreadStore, Statements],
+) -> None:
+    store, statements = counted
+    version = await _create(store, "t")
+    statements.take()
+    await _commit(store, "t", version, _APPEND)
+    assert statements.take() == [
+        # Takes SQLite's write lock first: orders the commits (of every thread:
+        # SQLite has one writer) and keeps the root read below current.
+        "BEGIN IMMEDIATE",
+        # The root and its counters; the version the commit names is checked
+        # against it. (The clock is the process's: SQLite has no server.)
+        "SELECT threads",
+        # The stored rows of the ids the commit names: an insert of an id that
+        # exists is refused, a replace or delete needs the old row.
+        "SELECT messages by id",
+        "UPDATE threads",
+        "INSERT messages",
+        # The relationship facts after the writes, for the rules the core judges:
+        # the open (running or waiting) runs, and the last message (a run's
+        # messages stay one interval, rule 2).
+        "SELECT runs open",
+        "SELECT messages tail",
+        "COMMIT",
+    ]
+
+
+async def test_a_run_started_and_finished_are_thirteen_statements_each(
+    counted: tuple[SqlThreadStore, Statements],
+) -> None:
+    store, statements = counted
+    version = await _create(store, "t")
+    statements.take()
+    version = await _commit(store, "t", version, _START)
+    started = statements.take()
+    await _commit(store, "t", version, _FINISH)
+    finished = statements.take()
+    common = [
+        "BEGIN IMMEDIATE",
+        "SELECT threads",  # the root (under the write lock)
+        "SELECT messages by id",  # the named messages' stored rows
+        "SELECT runs by id",  # the named runs' stored rows
+        "UPDATE threads",
+        "INSERT messages",
+    ]
+    facts = [
+        "SELECT runs open",  # the open runs (one running or waiting run at most)
+        "SELECT messages tail",  # the last message
+        # The facts of every run the commit touched: its record (status,
+        # admission, inputs), the positions of its messages (inputs present,
+        # one interval) and its queued items (admission).
+        "SELECT runs by id",
+        "SELECT messages by id",
+        "SELECT queued by id",
+        "COMMIT",
+    ]
+    assert started == [*common, "INSERT runs", *facts]
+    assert finished == [*common, "UPDATE runs", *facts]
+
+
+async def test_a_conflicting_append_is_three_statements(
+    counted: tuple[SqlThreadStore, Statements],
+) -> None:
+    store, statements = counted
+    stale = await _create(store, "t")
+    await _commit(store, "t", stale, _APPEND)
+    statements.take()
+    result = await store.commit_thread(
+        b.update_at("s", "t", stale, {"messages": [b.insert(b.message("m2"))]}, root=b.root())
+    )
+    assert isinstance(result, ConflictResult)
+    # The root's version is not the one named: nothing else is read or written.
+    assert statements.take() == ["BEGIN IMMEDIATE", "SELECT threads", "ROLLBACK"]
