@@ -13,7 +13,9 @@ backend URL. Checkpoints of a thread live under the namespaces
     the first item (one read) and history is a keyset walk. The item holds the
     serialized checkpoint and metadata, the parent id, the values of the
     channels this checkpoint wrote, and for every channel where its current
-    value is stored (``channels``: ``{name: [version, checkpoint_id]}``).
+    value is stored (``channels``: ``{name: [version, checkpoint_id]}``, or
+    ``[version, checkpoint_id, false]`` when that checkpoint stored the channel
+    empty, as when a node consumed it: a read has nothing to fetch for it).
 ``... "writes", checkpoint_id``
     one item per task: its pending writes.
 
@@ -106,6 +108,14 @@ def _dump(serde: SerializerProtocol, value: Any) -> list[str]:
 
 def _load(serde: SerializerProtocol, stored: Sequence[str]) -> Any:
     return serde.loads_typed((stored[0], base64.b64decode(stored[1])))
+
+
+def _holds_value(ref: Sequence[Any]) -> bool:
+    """Whether the checkpoint a channel reference names stored a value for it.
+
+    Items written before the third element existed have two: they may hold
+    one (the read finds out)."""
+    return len(ref) < 3 or bool(ref[2])
 
 
 def _config(thread_id: str, checkpoint_ns: str, checkpoint_id: str) -> RunnableConfig:
@@ -207,7 +217,9 @@ class PaiCheckpointSaver(BaseCheckpointSaver[str]):
     async def _tuples(
         self, thread_id: str, checkpoint_ns: str, items: list[KVItem]
     ) -> list[CheckpointTuple]:
-        """Checkpoint tuples of items of one checkpoint namespace (two round trips)."""
+        """Checkpoint tuples of items of one checkpoint namespace: one round trip
+        for their pending writes and, in parallel, the checkpoints holding the
+        values of channels they did not write (none when those are empty)."""
         namespace = self._namespace(thread_id, checkpoint_ns, "checkpoints")
         by_id = {_checkpoint_id(item.key): item for item in items}
         elsewhere = sorted(
@@ -215,7 +227,7 @@ class PaiCheckpointSaver(BaseCheckpointSaver[str]):
                 ref[1]
                 for item in items
                 for ref in item.value["channels"].values()
-                if ref[1] not in by_id
+                if ref[1] not in by_id and _holds_value(ref)
             }
         )
         holders, writes = await asyncio.gather(
@@ -244,7 +256,7 @@ class PaiCheckpointSaver(BaseCheckpointSaver[str]):
         channel_values: dict[str, Any] = {}
         for channel, version in checkpoint["channel_versions"].items():
             ref = stored["channels"].get(channel)
-            if ref is None or ref[0] != version:
+            if ref is None or ref[0] != version or not _holds_value(ref):
                 continue
             holder = values_of.get(ref[1])
             blob = None if holder is None else holder["blobs"].get(channel)
@@ -375,8 +387,12 @@ class PaiCheckpointSaver(BaseCheckpointSaver[str]):
                     channels[channel] = ref
         blobs: dict[str, Any] = {}
         for channel, version in new_versions.items():
-            channels[channel] = [version, checkpoint_id]
-            blobs[channel] = _dump(self.serde, values[channel]) if channel in values else None
+            if channel in values:
+                channels[channel] = [version, checkpoint_id]
+                blobs[channel] = _dump(self.serde, values[channel])
+            else:  # empty (consumed): later reads of this version fetch nothing
+                channels[channel] = [version, checkpoint_id, False]
+                blobs[channel] = None
         await self.kv.put(
             namespace,
             key,

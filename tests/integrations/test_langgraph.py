@@ -173,6 +173,40 @@ async def test_unchanged_channels_found_by_a_saver_that_did_not_write_them(
         assert found.checkpoint["channel_values"] == {"a": "a2", "b": "b1"}
 
 
+class _Calls:
+    """A key-value store that records the name of every method called on it."""
+
+    def __init__(self, kv: pai_storage.KeyValueStore) -> None:
+        self.kv, self.names = kv, list[str]()
+
+    def __getattr__(self, name: str) -> Any:
+        self.names.append(name)
+        return getattr(self.kv, name)
+
+
+async def test_latest_read_skips_channels_stored_empty(stores: pai_storage.Stores) -> None:
+    # `s` is consumed (a new version, no value) at the first checkpoint and
+    # unchanged at the second: reading the latest has nothing to fetch for it.
+    writer = PaiCheckpointSaver(stores)
+    first = empty_checkpoint()
+    first["channel_values"] = {"a": "a1"}
+    first["channel_versions"] = {"a": "1", "s": "1"}
+    config = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
+    stored = await writer.aput(config, first, {"step": 0}, {"a": "1", "s": "1"})
+    second = empty_checkpoint()
+    second["channel_values"] = {"a": "a2"}
+    second["channel_versions"] = {"a": "2", "s": "1"}
+    await writer.aput(stored, second, {"step": 1}, {"a": "2"})
+    reader = PaiCheckpointSaver(stores)
+    calls = _Calls(reader.kv)
+    reader.kv = calls  # type: ignore[assignment]
+    found = await reader.aget_tuple({"configurable": {"thread_id": "t"}})
+    assert found is not None
+    assert found.checkpoint["channel_values"] == {"a": "a2"}
+    # The latest checkpoint, then its pending writes: no read of the first.
+    assert [n for n in calls.names if n != "_ensure_ready"] == ["search", "search"]
+
+
 # ---------------------------------------------------------------- PaiStore
 
 
