@@ -27,13 +27,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib
 import importlib.util
 import json
 import os
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from importlib.metadata import entry_points
 from typing import Any, TextIO
 
@@ -47,12 +48,12 @@ from .errors import (
     ThreadStoreError,
     ThreadStoreInvariantError,
 )
-from .models import ThreadVersion
+from .models import Message, ThreadVersion
 from .registry import ENTRY_POINT_GROUP, available_backends, backend_for_url, get_backend
 from .store import ThreadStore
 from .transfer import CopyReport
 from .url import StoreURL, make_url, redact
-from .watch import check_version
+from .watch import ThreadChange, check_version
 
 __all__ = ["main"]
 
@@ -431,15 +432,23 @@ async def _run_import(args: argparse.Namespace, stream: TextIO) -> int:
 
 
 async def _run_watch(args: argparse.Namespace) -> int:
+    if args.follow is not None and args.after is not None:
+        raise ThreadStoreInvariantError("--after does not apply to --follow (it follows one reply)")
     after = None if args.after is None else _after_version(args.after)
     shown = 0
     async with _open_threads(args.url) as store:
-        changes = store.watch(args.scope, args.thread, after=after, interval=args.interval)
-        async for change in changes:
-            print(json.dumps(change.to_json(), ensure_ascii=False), flush=True)
-            shown += 1
-            if shown == args.count:
-                break
+        stream: AsyncGenerator[Message | ThreadChange, None]
+        if args.follow is not None:  # one reply's message, until its run is closed
+            chat = store.conversation(args.scope, args.thread)
+            stream = chat.follow(args.follow or None, interval=args.interval)
+        else:
+            stream = store.watch(args.scope, args.thread, after=after, interval=args.interval)
+        async with contextlib.aclosing(stream):  # ended before the store closes
+            async for item in stream:
+                print(json.dumps(item.to_json(), ensure_ascii=False), flush=True)
+                shown += 1
+                if shown == args.count:
+                    break
     return EXIT_OK
 
 
@@ -606,7 +615,8 @@ def _parser() -> argparse.ArgumentParser:
         description=(
             "Follow thread THREAD of scope SCOPE and print one JSON object per change "
             "(docs/watch.md): the new version, the one before, deleted, committedAt and the "
-            "root without privateMetadata. Runs until interrupted or --count changes."
+            "root without privateMetadata. Runs until interrupted or --count changes. With "
+            "--follow, prints a streamed reply's message instead, until the reply ends."
         ),
     )
     watch.add_argument("url", metavar="URL", help="store URL")
@@ -623,6 +633,15 @@ def _parser() -> argparse.ArgumentParser:
         '"revision": N}); default: from now',
     )
     watch.add_argument("--count", type=int, default=None, help="stop after N changes")
+    watch.add_argument(
+        "--follow",
+        metavar="MESSAGE",
+        nargs="?",
+        const="",
+        default=None,
+        help="print the newest reply (or message MESSAGE) as a JSON line each time its text "
+        "or status changes, and stop when its run is closed (docs/conversation.md)",
+    )
 
     # The benchmark's options belong to pai_storage.benchmark, imported only when used.
     sub.add_parser(

@@ -9,6 +9,8 @@
             await answer.write(chunk)
     for m in await chat.messages(last=20):         # oldest first
         print(m.role, m.text)
+    async for m in chat.follow():                  # another tab: the reply as it grows
+        print(m.text)
 
 Built only on :meth:`ThreadStore.read_thread` and
 :meth:`ThreadStore.commit_thread`: every change is one version-checked commit
@@ -21,6 +23,7 @@ re-reads and builds again (see ``docs/conversation.md``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 import uuid
@@ -35,10 +38,10 @@ import anyio
 from . import builders as b
 from .errors import ConversationConflictError, ThreadStoreInvariantError
 from .maintenance import check_thread_key
-from .models import CommittedResult, Message, ThreadRecord
+from .models import CommittedResult, Message, ThreadRecord, ThreadVersion
+from .watch import check_interval
 
 if TYPE_CHECKING:
-    from .models import ThreadVersion
     from .store import ThreadStore
     from .watch import ThreadChange
 
@@ -56,6 +59,11 @@ _OPEN_RUNS: Final = {"type": "page", "order": "newest", "statuses": ["running", 
 MAX_ATTEMPTS: Final = 1_000
 """Commits one change tries before giving up (each failed try means another writer won)."""
 _REPLY_MESSAGE: Final = "replyMessageId"  # a reply run's private metadata: its message
+_NEWEST_RUN: Final = {"type": "page", "order": "newest", "page": {"limit": 1}}
+# A version of no thread: a watch after it reports the thread's state at once
+# (another incarnation), or its absence as a deletion, so a follower never
+# misses what was committed between its call and the watch's first look.
+_NOWHERE: Final = ThreadVersion(thread_instance_id=uuid.uuid4().hex, revision=1)
 
 
 class _Keep:
@@ -172,6 +180,103 @@ class Conversation:
     ) -> AsyncGenerator[ThreadChange, None]:
         """The thread's changes as they are committed: :meth:`ThreadStore.watch` on this thread."""
         return self.store.watch(self.scope_key, self.thread_id, after=after, interval=interval)
+
+    def follow(
+        self, message_id: str | None = None, *, interval: float = 0.2
+    ) -> AsyncGenerator[Message, None]:
+        """A reply as it is streamed: its message each time its text or status changes.
+
+        Follows ``message_id``, or by default the thread's newest reply (the
+        run :meth:`reply` opened last, streaming or finished; when the thread
+        has none yet, the first one opened). The first record is the message
+        as stored now (a follower that joins late starts with the text so
+        far); then one record per committed change of its text or status
+        (commits coalesce when they come faster than the follower reads). The
+        iteration ends when the message's run is closed (``completed``,
+        ``failed`` or ``cancelled``; a message without a run: when it is no
+        longer ``streaming``), and the last record is then the message as that
+        closing commit left it: its whole text, ``status`` ``complete``,
+        ``error`` (the reply's body raised) or ``incomplete`` (cancelled, or
+        taken over after its process died). That final record is never
+        skipped. Built on :meth:`watch` (``interval`` as there) plus one read
+        per change.
+
+        Raises
+        ------
+        ThreadStoreInvariantError
+            A bad ``interval`` (on the call), or a ``message_id`` that names no
+            message of the thread.
+        ConversationConflictError
+            The thread was deleted (or deleted and created again), or the
+            message removed, while it was followed.
+        """
+        if message_id is not None and not isinstance(message_id, str):
+            raise ThreadStoreInvariantError(
+                f"message_id is a str or None, not {type(message_id).__name__}"
+            )
+        return self._follow(message_id, check_interval(interval))
+
+    async def _follow(
+        self, message_id: str | None, interval: float
+    ) -> AsyncGenerator[Message, None]:
+        instance: str | None = None  # the incarnation the followed message lives in
+        last: Message | None = None
+        watch = self.store.watch(self.scope_key, self.thread_id, after=_NOWHERE, interval=interval)
+        async with contextlib.aclosing(watch) as changes:
+            async for change in changes:
+                if change.version is None:  # deleted (or missing when the watch started)
+                    if instance is None:
+                        continue
+                    raise ConversationConflictError(f"{self!r} was deleted while followed")
+                if message_id is None:
+                    message_id = await self._newest_reply()
+                    if message_id is None:
+                        continue  # no reply yet: wait for the first one
+                message, open_run, version = await self._look(message_id)
+                if instance is None:
+                    instance = version.thread_instance_id
+                elif version.thread_instance_id != instance:
+                    raise ConversationConflictError(
+                        f"{self!r} was deleted and created again while followed"
+                    )
+                if message is None:
+                    if last is None:
+                        raise ThreadStoreInvariantError(
+                            f"message_id {message_id!r} does not name a message of {self!r}"
+                        )
+                    raise ConversationConflictError(f"message {message_id!r} was removed")
+                if last is None or (message.parts, message.status) != (last.parts, last.status):
+                    last = message
+                    yield message
+                run_id = message.run_id
+                if (open_run != run_id) if run_id is not None else message.status != "streaming":
+                    return
+
+    async def _newest_reply(self) -> str | None:
+        """The message of the thread's newest run when :meth:`reply` opened it."""
+        read = await self.store.read_thread(
+            b.read(self.scope_key, self.thread_id, runs=_NEWEST_RUN)
+        )
+        if read.runs is None or not read.runs.items:
+            return None
+        found = read.runs.items[0].private_metadata.get(_REPLY_MESSAGE)
+        return found if isinstance(found, str) else None
+
+    async def _look(self, message_id: str) -> tuple[Message | None, str | None, ThreadVersion]:
+        """The message, the open run's id and the version, in one read (so one state)."""
+        read = await self.store.read_thread(
+            b.read(
+                self.scope_key,
+                self.thread_id,
+                messages={"type": "ids", "messageIds": [message_id]},
+                runs={**_OPEN_RUNS, "page": {"limit": 1}},
+            )
+        )
+        if read.thread is None:
+            raise ConversationConflictError(f"{self!r} was deleted while followed")
+        message = read.messages.items[0] if read.messages and read.messages.items else None
+        open_run = read.runs.items[0].run_id if read.runs and read.runs.items else None
+        return message, open_run, read.thread.version
 
     async def messages(self, last: int | None = 20) -> list[Message]:
         """The last ``last`` messages of the transcript (every one with ``None``), oldest first.

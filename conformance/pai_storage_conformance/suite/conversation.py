@@ -3,12 +3,15 @@
 ``ThreadStore.conversation()`` is built on ``read_thread`` and
 ``commit_thread`` only, so these tests check that every backend serves the
 everyday chat loop: appends that all land, replies whose run is always
-closed, root updates that keep what they do not name.
+closed, root updates that keep what they do not name, and followers of a
+streamed reply that always end with its final text.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
+from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 
@@ -22,6 +25,7 @@ from pai_storage import (
     ThreadStore,
 )
 from pai_storage import builders as b
+from pai_storage.errors import ThreadStoreInvariantError
 
 from ._support import new_scope
 
@@ -31,6 +35,8 @@ pytestmark = pytest.mark.asyncio
 
 WRITERS = 3
 MESSAGES = 15
+INTERVAL = 0.01  # a follower's polling interval on backends without a push signal
+HANG_GUARD = 60.0  # seconds: only ever reached when a follower misses the end of a reply
 
 
 class _ModelDown(Exception):
@@ -57,6 +63,23 @@ async def _runs(store: ThreadStore, scope: str, thread_id: str) -> list[RunRecor
     )
     assert read.runs is not None
     return list(read.runs.items)
+
+
+async def _followed(records: AsyncIterator[Message]) -> list[Message]:
+    """Everything a follower yields, until it ends by itself."""
+    async with asyncio.timeout(HANG_GUARD):
+        return [record async for record in records]
+
+
+def _grows_to(records: list[Message], message_id: str, final: str, status: str) -> None:
+    """One message whose text only grew, each record new, the last one final."""
+    assert records, "a follower yields at least the final record"
+    assert {r.message_id for r in records} == {message_id}
+    for one, two in itertools.pairwise(records):
+        assert two.text.startswith(one.text)
+        assert (one.text, one.status) != (two.text, two.status)
+    assert [r.status for r in records[:-1]] == ["streaming"] * (len(records) - 1)
+    assert (records[-1].text, records[-1].status) == (final, status)
 
 
 class TestConversation:
@@ -255,3 +278,115 @@ class TestConversation:
         assert await chat.delete() is False
         await chat.add("user", "again")  # a new incarnation
         assert [m.text for m in await chat.messages()] == ["again"]
+
+    async def test_a_late_follower_sees_the_text_so_far_grow_to_the_final_text(
+        self, store: ThreadStore
+    ) -> None:
+        scope = new_scope()
+        chat = store.conversation(scope, "t", flush_every=0)
+        await chat.add("user", "tell me a story")
+        async with chat.reply() as answer:
+            await answer.write("Once ")
+            records = store.conversation(scope, "t").follow(interval=INTERVAL)
+            first = await anext(records)  # joins while the reply streams
+            assert (first.text, first.status) == ("Once ", "streaming")
+            following = asyncio.create_task(_followed(records))
+            for chunk in ("upon ", "a ", "time."):
+                await answer.write(chunk)
+                await asyncio.sleep(0)
+        _grows_to([first, *await following], answer.message_id, "Once upon a time.", "complete")
+
+    async def test_a_follower_that_starts_first_ends_with_the_next_replys_final_text(
+        self, store: ThreadStore
+    ) -> None:
+        scope = new_scope()
+        missing = store.conversation(scope, "new").follow(interval=INTERVAL)
+        waiting = asyncio.create_task(_followed(missing))  # the thread does not exist yet
+        chat = store.conversation(scope, "new", flush_every=0)
+        await chat.add("user", "hello")
+        async with chat.reply() as answer:
+            for chunk in ("Hi", " there", "!"):
+                await answer.write(chunk)
+                await asyncio.sleep(0)
+        _grows_to(await waiting, answer.message_id, "Hi there!", "complete")
+        # A thread whose newest run is finished: its reply's final record, once.
+        done = await _followed(chat.follow(interval=INTERVAL))
+        assert [(m.message_id, m.text, m.status) for m in done] == [
+            (answer.message_id, "Hi there!", "complete")
+        ]
+
+    async def test_a_follower_of_a_failed_or_cancelled_reply_ends_with_its_record(
+        self, store: ThreadStore
+    ) -> None:
+        scope = new_scope()
+        chat = store.conversation(scope, "t", flush_every=0)
+        await chat.add("user", "hello")
+        following: asyncio.Task[list[Message]] | None = None
+
+        async def failing() -> None:
+            nonlocal following
+            async with chat.reply() as answer:
+                await answer.write("half an ans")
+                follower = store.conversation(scope, "t").follow(interval=INTERVAL)
+                following = asyncio.create_task(_followed(follower))
+                await asyncio.sleep(INTERVAL)
+                raise _ModelDown
+
+        with pytest.raises(_ModelDown):
+            await failing()
+        assert following is not None
+        failed = await following
+        assert (failed[-1].text, failed[-1].status) == ("half an ans", "error")
+        started = asyncio.Event()
+
+        async def body() -> None:
+            async with chat.reply() as answer:
+                await answer.write("so far")
+                started.set()
+                await asyncio.Event().wait()
+
+        task = asyncio.create_task(body())
+        await started.wait()
+        follower = asyncio.create_task(_followed(chat.follow(interval=INTERVAL)))
+        await asyncio.sleep(INTERVAL)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        cancelled = await follower
+        assert (cancelled[-1].text, cancelled[-1].status) == ("so far", "incomplete")
+
+    async def test_a_message_is_followed_by_its_id(self, store: ThreadStore) -> None:
+        scope = new_scope()
+        chat = store.conversation(scope, "t", flush_every=0)
+        asked = await chat.add("user", "hello")
+        async with chat.reply() as first:
+            await first.write("one")
+        async with chat.reply() as second:
+            await second.write("two")
+        by_id = await _followed(chat.follow(first.message_id, interval=INTERVAL))
+        assert [(m.message_id, m.text, m.status) for m in by_id] == [
+            (first.message_id, "one", "complete")
+        ]
+        standalone = await _followed(chat.follow(asked.message_id, interval=INTERVAL))
+        assert [m.text for m in standalone] == ["hello"]
+        with pytest.raises(ThreadStoreInvariantError, match="does not name a message"):
+            await _followed(chat.follow("no-such-message", interval=INTERVAL))
+        with pytest.raises(ThreadStoreInvariantError, match="interval"):
+            chat.follow(interval=0)  # refused at the call, like watch()
+
+    async def test_a_follower_of_a_deleted_thread_raises(self, store: ThreadStore) -> None:
+        scope = new_scope()
+        chat = store.conversation(scope, "t", flush_every=0)
+
+        async def deleted_meanwhile() -> None:
+            async with chat.reply() as answer:
+                await answer.write("a")
+                records = store.conversation(scope, "t").follow(interval=INTERVAL)
+                assert (await anext(records)).text == "a"
+                assert await store.conversation(scope, "t").delete()
+                async with asyncio.timeout(HANG_GUARD):
+                    with pytest.raises(ConversationConflictError, match="deleted"):
+                        await anext(records)
+
+        with pytest.raises(ConversationConflictError, match="deleted"):
+            await deleted_meanwhile()  # the reply's own close finds the thread gone too
