@@ -40,7 +40,7 @@ pytestmark = pytest.mark.asyncio
 def trips(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Every trip to a database thread: a whole operation handed to the client's
     executor, or a call of aiosqlite's connection (each is one)."""
-    from pai_storage_sql import client
+    from pai_storage_sql import sqlite_thread
 
     seen: list[str] = []
 
@@ -59,7 +59,7 @@ def trips(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
         return counted
 
-    monkeypatch.setattr(client, "_in_thread", counting("operation", client._in_thread))
+    monkeypatch.setattr(sqlite_thread, "in_thread", counting("operation", sqlite_thread.in_thread))
     for name in ("execute", "execute_fetchall", "executemany", "commit", "rollback", "cursor"):
         original = getattr(aiosqlite.Connection, name)
         monkeypatch.setattr(aiosqlite.Connection, name, counting(name, original))
