@@ -269,7 +269,7 @@ def _collect(plan: Any, key: str) -> list[Any]:
 async def test_a_first_page_read_with_the_root_is_bounded(
     mongo_store: MongoThreadStore, view: str, order: str
 ) -> None:
-    from pai_storage_mongo.store import _MongoSnapshot
+    from pai_storage_mongo.reads import MongoSnapshot
 
     created = await mongo_store.commit_thread(b.create("scope", "t"))
     assert isinstance(created, CommittedResult)
@@ -298,7 +298,7 @@ async def test_a_first_page_read_with_the_root_is_bounded(
     )
     plan = mongo_store.selections.plan_read(request)
     key = {"scopeKey": "scope", "threadId": "t"}
-    stages, families = _MongoSnapshot(mongo_store, None, key, None, plan)._first_pages()  # type: ignore[arg-type]
+    stages, families = MongoSnapshot(mongo_store, None, key, None, plan)._first_pages()  # type: ignore[arg-type]
     assert families == ["messages"]
     pipeline = [{"$match": key}, {"$limit": 1}, *stages]
     explained = await mongo_store.database.command(

@@ -418,7 +418,7 @@ async def test_every_store_command_is_routed_to_one_scope(
     assert excused <= set(shardaudit.CROSS_SCOPE)
     assert "kv._search" in excused
     assert {"kv._purge_expired", "guard._purge_expired"} <= excused
-    assert "store._heads_of_every_scope" in excused
+    assert "lifecycle.heads_of_every_scope" in excused
     assert {"state._list_sessions", "snapshots._list_scopes"} <= excused
     assert {f.verdict for f in findings} >= {"targeted", "range", "administrative"}
     assert SECRET not in json.dumps(lines)

@@ -6,7 +6,8 @@ import asyncio
 from typing import Any
 
 import pytest
-from pai_storage_mongo.store import _TXN_OPTIONS, MongoThreadStore
+from pai_storage_mongo.store import MongoThreadStore
+from pai_storage_mongo.transactions import TXN_OPTIONS, abort
 
 from pai_storage import CommittedResult, CommitThreadInput, ConflictResult, ThreadVersion
 from pai_storage import builders as b
@@ -41,7 +42,7 @@ async def test_open_stale_commit_does_not_block_the_real_writer(
     version = await _create(mongo_store)
     stale = CommitThreadInput.model_validate(_stale(version, kind))
     async with mongo_store._session() as session:
-        await session.start_transaction(**_TXN_OPTIONS)
+        await session.start_transaction(**TXN_OPTIONS)
         try:
             # The stale commit has judged its condition but its transaction is still open.
             outcome = await mongo_store._apply(session, stale)
@@ -62,7 +63,7 @@ async def test_open_stale_commit_does_not_block_the_real_writer(
             )
             assert isinstance(real, CommittedResult)
         finally:
-            await mongo_store._abort(session)
+            await abort(session)
     stored = await raw_collections(mongo_store)["threads"].find_one({"threadId": "t"})
     assert stored is not None
     assert "_heldAt" not in stored

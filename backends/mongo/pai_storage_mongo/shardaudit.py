@@ -120,7 +120,7 @@ CROSS_SCOPE: Final[Mapping[str, str]] = {
     "guard._purge_expired": "deletes expired locks of every resource",
     "kv._search": "search under the empty namespace prefix (the whole store)",
     "kv._list_namespaces": "namespace listing under the empty prefix (the whole store)",
-    "store._heads_of_every_scope": "the retention sweep's updated-at index of every scope",
+    "lifecycle.heads_of_every_scope": "the retention sweep's updated-at index of every scope",
     "state._list_sessions": "enumerates the sessions of every user (a copy of the store)",
     "snapshots._list_scopes": "enumerates the scopes holding snapshots (a copy of the store)",
     "snapshot_files.sweep": "removes the GridFS files no snapshot names, of every scope",
@@ -134,6 +134,11 @@ is judged like any other query (a missing bound is a violation).
 
 _STORE_MODULES: Final = {
     "store": "threads",
+    "commit": "threads",
+    "hold": "threads",
+    "relations": "threads",
+    "reads": "threads",
+    "lifecycle": "threads",
     "kv": "kv",
     "state": "state",
     "snapshots": "snapshots",
