@@ -182,42 +182,51 @@ class Conversation:
         return self.store.watch(self.scope_key, self.thread_id, after=after, interval=interval)
 
     def follow(
-        self, message_id: str | None = None, *, interval: float = 0.2
+        self,
+        message_id: str | None = None,
+        *,
+        newer_than: str | None = None,
+        interval: float = 0.2,
     ) -> AsyncGenerator[Message, None]:
         """A reply as it is streamed: its message each time its text or status changes.
 
-        Follows ``message_id``, or by default the thread's newest reply (the
-        run :meth:`reply` opened last, streaming or finished; when the thread
-        has none yet, the first one opened). The first record is the message
-        as stored now (a follower that joins late starts with the text so
-        far); then one record per committed change of its text or status
-        (commits coalesce when they come faster than the follower reads). The
-        iteration ends when the message's run is closed (``completed``,
-        ``failed`` or ``cancelled``; a message without a run: when it is no
-        longer ``streaming``), and the last record is then the message as that
-        closing commit left it: its whole text, ``status`` ``complete``,
-        ``error`` (the reply's body raised) or ``incomplete`` (cancelled, or
-        taken over after its process died). That final record is never
-        skipped. Built on :meth:`watch` (``interval`` as there) plus one read
-        per change.
+        Follows ``message_id``, or by default the thread's newest reply (the run
+        :meth:`reply` opened last, streaming or finished; when the thread has none
+        yet, the first one opened). With ``newer_than`` (a reply's message id), when
+        the newest reply is that one, the next one opened is followed instead (a
+        viewer that has shown an answer waits for the next). The first record is the
+        message as stored now (a follower that joins late starts with the text so
+        far); then one record per committed change of its text or status (commits
+        coalesce when they come faster than the follower reads). The iteration ends
+        when the message's run is closed (``completed``, ``failed`` or ``cancelled``;
+        a message without a run: when it is no longer ``streaming``), and the last
+        record is then the message as that closing commit left it: its whole text,
+        ``status`` ``complete``, ``error`` (the reply's body raised) or ``incomplete``
+        (cancelled, or taken over after its process died). That final record is never
+        skipped. Built on :meth:`watch` (``interval`` as there) plus one read per
+        change.
 
         Raises
         ------
         ThreadStoreInvariantError
-            A bad ``interval`` (on the call), or a ``message_id`` that names no
-            message of the thread.
+            A bad argument (on the call: ``interval``, or both ``message_id``
+            and ``newer_than``), or a ``message_id`` that names no message of
+            the thread.
         ConversationConflictError
             The thread was deleted (or deleted and created again), or the
             message removed, while it was followed.
         """
-        if message_id is not None and not isinstance(message_id, str):
-            raise ThreadStoreInvariantError(
-                f"message_id is a str or None, not {type(message_id).__name__}"
-            )
-        return self._follow(message_id, check_interval(interval))
+        for name, value in (("message_id", message_id), ("newer_than", newer_than)):
+            if value is not None and not isinstance(value, str):
+                raise ThreadStoreInvariantError(
+                    f"{name} is a message id (a str) or None, not {type(value).__name__}"
+                )
+        if message_id is not None and newer_than is not None:
+            raise ThreadStoreInvariantError("follow() takes message_id or newer_than, not both")
+        return self._follow(message_id, newer_than, check_interval(interval))
 
     async def _follow(
-        self, message_id: str | None, interval: float
+        self, message_id: str | None, newer_than: str | None, interval: float
     ) -> AsyncGenerator[Message, None]:
         instance: str | None = None  # the incarnation the followed message lives in
         last: Message | None = None
@@ -230,8 +239,9 @@ class Conversation:
                     raise ConversationConflictError(f"{self!r} was deleted while followed")
                 if message_id is None:
                     message_id = await self._newest_reply()
-                    if message_id is None:
-                        continue  # no reply yet: wait for the first one
+                    if message_id is None or message_id == newer_than:
+                        message_id = None
+                        continue  # no (new) reply yet: wait for one
                 message, open_run, version = await self._look(message_id)
                 if instance is None:
                     instance = version.thread_instance_id

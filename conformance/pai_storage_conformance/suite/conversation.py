@@ -355,6 +355,22 @@ class TestConversation:
         cancelled = await follower
         assert (cancelled[-1].text, cancelled[-1].status) == ("so far", "incomplete")
 
+    async def test_newer_than_waits_for_the_next_reply(self, store: ThreadStore) -> None:
+        scope = new_scope()
+        chat = store.conversation(scope, "t", flush_every=0)
+        async with chat.reply() as shown:
+            await shown.write("the answer already on screen")
+        waiting = asyncio.create_task(
+            _followed(chat.follow(newer_than=shown.message_id, interval=INTERVAL))
+        )
+        await asyncio.sleep(INTERVAL)
+        assert not waiting.done()  # the newest reply is the one named: it waits
+        async with chat.reply() as answer:
+            await answer.write("next")
+        _grows_to(await waiting, answer.message_id, "next", "complete")
+        with pytest.raises(ThreadStoreInvariantError, match="not both"):
+            chat.follow(shown.message_id, newer_than=shown.message_id)
+
     async def test_a_message_is_followed_by_its_id(self, store: ThreadStore) -> None:
         scope = new_scope()
         chat = store.conversation(scope, "t", flush_every=0)
