@@ -59,7 +59,7 @@ from pai_storage.guard import ExecutionGuard, LockInfo
 from .client import closed_error
 from .documents import decoded
 from .errors import is_duplicate_key, is_transient, is_write_conflict
-from .runtime import MongoRuntimeStore, split_client_options
+from .runtime import MongoRuntimeStore
 
 if TYPE_CHECKING:
     from pymongo.asynchronous.client_session import AsyncClientSession
@@ -110,26 +110,14 @@ class MongoExecutionGuard(MongoRuntimeStore, ExecutionGuard):
     :class:`~pai_storage.errors.OutcomeUnknownError`; for an acquisition the
     lock may then be held until its lease ends.
 
-    Parameters
-    ----------
-    url:
-        ``mongodb://...`` or ``mongodb+srv://...``; not needed with ``client=``.
-    client:
-        An application's own ``AsyncMongoClient`` (never closed by pai-storage)
-        or the shared client holder of a ``connect()`` call.
-    **options:
-        The client holder's options (see :mod:`pai_storage_mongo.client`) and
-        those of :class:`~pai_storage.guard.ExecutionGuard`: ``lock_timeout``,
-        ``lease_ttl``, ``retry_interval``, ``clock``, ``on_warning``,
-        ``token_secret``.
+    Takes the parameters of :class:`~pai_storage_mongo.runtime.MongoRuntimeStore`
+    (``url``, ``client``, where the collection lives) and the options of
+    :class:`~pai_storage.guard.ExecutionGuard` (``lock_timeout``,
+    ``lease_ttl``, ``retry_interval``, ``clock``, ``on_warning``,
+    ``token_secret``).
     """
 
     component = "guard"
-
-    def __init__(self, url: Any = None, *, client: object = None, **options: Any) -> None:
-        holder_options = split_client_options(options)
-        super().__init__(**options)
-        self._attach(url, client, holder_options)
 
     def _indexes(self) -> list[IndexModel]:
         return indexes()

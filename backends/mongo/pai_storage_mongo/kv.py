@@ -27,7 +27,6 @@ from pymongo.errors import (
     DuplicateKeyError,
 )
 
-from pai_storage import Clock, StoreURL, WarningCallback
 from pai_storage.backend import (
     KeyValueStore,
     KVRecord,
@@ -36,7 +35,6 @@ from pai_storage.backend import (
     namespace_path,
     prefix_upper_bound,
 )
-from pai_storage.runtime import DEFAULT_MAX_VALUE_BYTES
 
 from .client import Doc
 from .documents import decoded, stored_count
@@ -79,43 +77,15 @@ _FAR = datetime(9999, 12, 31, tzinfo=UTC)
 class MongoKeyValueStore(MongoRuntimeStore, KeyValueStore):
     """Key-value items in MongoDB 4.2+, on the shared client of :class:`MongoClientHolder`.
 
-    Parameters
-    ----------
-    url:
-        The ``mongodb://`` URL (not needed with ``client=``).
-    client:
-        An application's own ``AsyncMongoClient`` (never closed by
-        pai-storage), or the :class:`MongoClientHolder` shared by the stores of
-        one ``connect()`` call.
-    db_name, collection_prefix, names:
-        Where the collection lives (:class:`MongoClientHolder`); not with a
-        shared holder.
-    clock, on_warning, token_secret, max_value_bytes:
-        The options of :class:`~pai_storage.KeyValueStore`; ``max_value_bytes``
-        is at most 15 MiB here (a document holds one value).
+    Takes the parameters of :class:`~pai_storage_mongo.runtime.MongoRuntimeStore`
+    (``url``, ``client``, where the collection lives) and the options of
+    :class:`~pai_storage.KeyValueStore` (``clock``, ``on_warning``,
+    ``token_secret``, ``max_value_bytes``); ``max_value_bytes`` is at most
+    15 MiB here (a document holds one value).
     """
 
     component = "kv"
     value_bytes_limit: ClassVar[int | None] = 15 * 1024 * 1024
-
-    def __init__(
-        self,
-        url: str | StoreURL | None = None,
-        *,
-        client: object = None,
-        clock: Clock | None = None,
-        on_warning: WarningCallback | None = None,
-        token_secret: bytes | None = None,
-        max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
-        **client_options: Any,
-    ) -> None:
-        super().__init__(
-            clock=clock,
-            on_warning=on_warning,
-            token_secret=token_secret,
-            max_value_bytes=max_value_bytes,
-        )
-        self._attach(url, client, client_options)
 
     def _indexes(self) -> list[IndexModel]:
         return INDEXES

@@ -4,13 +4,12 @@
 store, the snapshot store and the execution guard. It comes first among a
 store's bases, before the store's contract class (``KeyValueStore``,
 ``AgentStateStore``, ``SnapshotStore``, ``ExecutionGuard``), and names the
-store's ``component`` (``kv``, ``state``, ``snapshots``, ``guard``); a store
-then only
+store's ``component`` (``kv``, ``state``, ``snapshots``, ``guard``). Its
+constructor is every store's: it passes the contract's options to the
+contract class, then takes the client holder with the URL, the client and
+the holder's options (:func:`split_client_options` tells them apart), so a
+store refused for a bad option holds no client. A store then only
 
-- calls :meth:`~MongoRuntimeStore._attach` in its constructor, after its
-  contract's own options are checked, with the URL, the client and the
-  client holder's options (:func:`split_client_options` takes those out of a
-  store's keyword arguments);
 - says which indexes its collection has (:meth:`~MongoRuntimeStore._indexes`)
   and, when one is a TTL index that follows an option, its name and the
   option's (:attr:`~MongoRuntimeStore.ttl_index`,
@@ -25,7 +24,7 @@ the constructor and released by ``close()``; the collection is opened by
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -51,7 +50,21 @@ class MongoRuntimeStore(RuntimeStore):
     """A MongoDB runtime store: one collection on a :class:`MongoClientHolder`'s client.
 
     Put it before the store's contract class among its bases, so that its
-    ``_initialize`` and ``_close`` are the store's.
+    constructor, ``_initialize`` and ``_close`` are the store's.
+
+    Parameters
+    ----------
+    url:
+        The ``mongodb://`` or ``mongodb+srv://`` URL (not needed with ``client=``).
+    client:
+        An application's own ``AsyncMongoClient`` (never closed by
+        pai-storage), or the :class:`MongoClientHolder` shared by the stores of
+        one ``connect()`` call.
+    **options:
+        Where the collection lives (``db_name``, ``collection_prefix``,
+        ``names``: the holder's options, see :mod:`pai_storage_mongo.client`;
+        not with a shared holder), and the options of the store's contract
+        class (``clock``, ``on_warning``, ``token_secret``, and its own).
     """
 
     backend_name = "mongo"
@@ -72,17 +85,13 @@ class MongoRuntimeStore(RuntimeStore):
     _col: AsyncCollection[Doc] | None
     _modify_col: AsyncCollection[Doc] | None
 
-    def _attach(
-        self, url: str | StoreURL | None, client: object, options: Mapping[str, Any]
+    def __init__(
+        self, url: str | StoreURL | None = None, *, client: object = None, **options: Any
     ) -> None:
-        """Take the store's client holder (counted as one more of its users).
-
-        ``client`` and ``options`` are those of
-        :meth:`MongoClientHolder.attached`. Called from the constructor, once
-        the contract's options are checked: a store refused for a bad option
-        holds no client.
-        """
-        self._holder = MongoClientHolder.attached(url, client, **options)
+        holder_options = split_client_options(options)
+        # The contract's options first: a store refused for a bad one holds no client.
+        super().__init__(**options)
+        self._holder = MongoClientHolder.attached(url, client, **holder_options)
         self.url = self._holder.url
         self.collection_name = self._holder.name(self.component)
         self._col = None

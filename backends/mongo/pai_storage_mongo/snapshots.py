@@ -47,7 +47,7 @@ from pai_storage.snapshots import Snapshot, SnapshotDraft, SnapshotInfo, Snapsho
 
 from .client import closed_error
 from .documents import decoded
-from .runtime import MongoRuntimeStore, split_client_options
+from .runtime import MongoRuntimeStore
 from .snapshot_files import SnapshotFiles
 
 __all__ = ["MAX_SNAPSHOT_BYTES", "SCHEMA_VERSION", "MongoSnapshotStore", "indexes"]
@@ -101,18 +101,10 @@ class MongoSnapshotStore(MongoRuntimeStore, SnapshotStore):
     Snapshots over :data:`MAX_SNAPSHOT_BYTES` (15 MiB) are refused before
     anything is sent.
 
-    Parameters
-    ----------
-    url:
-        ``mongodb://...`` or ``mongodb+srv://...``; not needed with ``client=``.
-    client:
-        An application's own ``AsyncMongoClient`` (never closed by pai-storage)
-        or the shared client holder of a ``connect()`` call.
-    **options:
-        The client holder's options (database, collection names and prefix;
-        see :mod:`pai_storage_mongo.client`) and those of
-        :class:`~pai_storage.snapshots.SnapshotStore`: ``clock``,
-        ``on_warning``, ``token_secret``, ``snapshot_ttl``.
+    Takes the parameters of :class:`~pai_storage_mongo.runtime.MongoRuntimeStore`
+    (``url``, ``client``, where the collection lives) and the options of
+    :class:`~pai_storage.snapshots.SnapshotStore` (``clock``, ``on_warning``,
+    ``token_secret``, ``snapshot_ttl``).
     """
 
     component = "snapshots"
@@ -122,9 +114,7 @@ class MongoSnapshotStore(MongoRuntimeStore, SnapshotStore):
     capabilities: ClassVar[frozenset[str]] = frozenset({ENUMERATE})
 
     def __init__(self, url: Any = None, *, client: object = None, **options: Any) -> None:
-        holder_options = split_client_options(options)
-        super().__init__(**options)
-        self._attach(url, client, holder_options)
+        super().__init__(url, client=client, **options)
         ttl = self.snapshot_ttl
         self._ttl_ms: int | None = None if ttl is None else ttl // timedelta(milliseconds=1)
         self._files: SnapshotFiles | None = None

@@ -31,7 +31,7 @@ from bson.min_key import MinKey
 from pymongo import ASCENDING, IndexModel, ReturnDocument
 from pymongo.errors import DuplicateKeyError
 
-from pai_storage import Clock, InvalidInputError, StorageError, StoreURL, WarningCallback
+from pai_storage import InvalidInputError, StorageError
 from pai_storage.backend import (
     ENUMERATE,
     AgentStateStore,
@@ -39,10 +39,8 @@ from pai_storage.backend import (
     ListWrite,
     SessionKey,
 )
-from pai_storage.runtime import DEFAULT_MAX_VALUE_BYTES
 from pai_storage.state import (
     ANONYMOUS_USER,
-    DEFAULT_SESSION_TTL,
     StaleVersion,
     StoredKind,
     VersionedState,
@@ -98,21 +96,12 @@ def indexes(session_ttl: timedelta | None) -> list[IndexModel]:
 class MongoAgentStateStore(MongoRuntimeStore, AgentStateStore):
     """Agent sessions in MongoDB 4.2+, on the shared client of :class:`MongoClientHolder`.
 
-    Parameters
-    ----------
-    url:
-        The ``mongodb://`` URL (not needed with ``client=``).
-    client:
-        An application's own ``AsyncMongoClient`` (never closed by
-        pai-storage), or the :class:`MongoClientHolder` shared by the stores of
-        one ``connect()`` call.
-    db_name, collection_prefix, names:
-        Where the collection lives (:class:`MongoClientHolder`); not with a
-        shared holder.
-    clock, on_warning, token_secret, session_ttl, max_value_bytes:
-        The options of :class:`~pai_storage.AgentStateStore`;
-        ``max_value_bytes`` is at most 15 MiB here (a session is one document
-        of at most 16 MiB).
+    Takes the parameters of :class:`~pai_storage_mongo.runtime.MongoRuntimeStore`
+    (``url``, ``client``, where the collection lives) and the options of
+    :class:`~pai_storage.AgentStateStore` (``clock``, ``on_warning``,
+    ``token_secret``, ``session_ttl``, ``max_value_bytes``);
+    ``max_value_bytes`` is at most 15 MiB here (a session is one document of
+    at most 16 MiB).
     """
 
     component = "state"
@@ -120,27 +109,6 @@ class MongoAgentStateStore(MongoRuntimeStore, AgentStateStore):
     ttl_option = "session_ttl"
     value_bytes_limit: ClassVar[int | None] = 15 * 1024 * 1024
     capabilities: ClassVar[frozenset[str]] = frozenset({ENUMERATE})
-
-    def __init__(
-        self,
-        url: str | StoreURL | None = None,
-        *,
-        client: object = None,
-        clock: Clock | None = None,
-        on_warning: WarningCallback | None = None,
-        token_secret: bytes | None = None,
-        session_ttl: timedelta | None = DEFAULT_SESSION_TTL,
-        max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
-        **client_options: Any,
-    ) -> None:
-        super().__init__(
-            clock=clock,
-            on_warning=on_warning,
-            token_secret=token_secret,
-            session_ttl=session_ttl,
-            max_value_bytes=max_value_bytes,
-        )
-        self._attach(url, client, client_options)
 
     def _indexes(self) -> list[IndexModel]:
         return indexes(self.session_ttl)
