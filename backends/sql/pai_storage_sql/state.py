@@ -175,7 +175,13 @@ class SqlAgentStateStore(SqlRuntimeStore, AgentStateStore):
         sid = int(found.id)
         if found.expires_at is not None and found.expires_at <= now:
             # A write to an expired session starts a new, empty one.
-            await conn.execute(delete(self.values).where(self.values.c.session_id == sid))
+            await conn.execute(
+                self._db.statement(
+                    "clear-session",
+                    lambda: delete(self.values).where(self.values.c.session_id == bindparam("sid")),
+                ),
+                {"sid": sid},
+            )
         if found.expires_at != expires:
             await conn.execute(
                 self._db.statement(
@@ -219,10 +225,13 @@ class SqlAgentStateStore(SqlRuntimeStore, AgentStateStore):
             params["now"] = now
         return (await conn.execute(self._db.statement(("joined", bound), build), params)).first()
 
-    def _new_value(self, sid: int, key: str, **columns: Any) -> Any:
-        return insert(self.values).values(
-            session_id=sid, key_hash=digest(key.encode()), key=key.encode(), **columns
-        )
+    async def _new_value(self, conn: AsyncConnection, sid: int, key: str, **columns: Any) -> Any:
+        """Insert the state row of ``key`` with ``columns``; the result (its id)."""
+        # One statement per store: the columns go as parameters, so every
+        # insert of the same columns runs one compiled form.
+        statement = self._db.statement("new-value", lambda: insert(self.values))
+        params = {"session_id": sid, "key_hash": digest(key.encode()), "key": key.encode()}
+        return await conn.execute(statement, {**params, **columns})
 
     # ------------------------------------------------------------ single values
 
@@ -249,9 +258,7 @@ class SqlAgentStateStore(SqlRuntimeStore, AgentStateStore):
                 if expected_version not in (None, 0):
                     outcome = StaleVersion(0)
                 else:
-                    await conn.execute(
-                        self._new_value(sid, key, is_list=False, value=data, version=1)
-                    )
+                    await self._new_value(conn, sid, key, is_list=False, value=data, version=1)
                     return 1
             elif expected_version in (None, int(current.version)):
                 version = int(current.version)
@@ -329,10 +336,8 @@ class SqlAgentStateStore(SqlRuntimeStore, AgentStateStore):
             if current is not None and not current.is_list:
                 outcome = StoredKind.VALUE
             elif expect is None and current is None:
-                result = await conn.execute(
-                    self._new_value(
-                        sid, key, is_list=True, length=head.length, hash=bytes.fromhex(head.hash)
-                    )
+                result = await self._new_value(
+                    conn, sid, key, is_list=True, length=head.length, hash=bytes.fromhex(head.hash)
                 )
                 inserted = result.inserted_primary_key
                 assert inserted is not None
@@ -372,7 +377,13 @@ class SqlAgentStateStore(SqlRuntimeStore, AgentStateStore):
                 if done.rowcount == 1:
                     start = expect.length
                     if write.replace:
-                        await conn.execute(delete(it).where(it.c.value_id == current.id))
+                        await conn.execute(
+                            self._db.statement(
+                                "clear-list",
+                                lambda: delete(it).where(it.c.value_id == bindparam("vid")),
+                            ),
+                            {"vid": current.id},
+                        )
                         start = 0
                     await self._add_items(conn, int(current.id), start, texts)
                     return True
@@ -389,7 +400,8 @@ class SqlAgentStateStore(SqlRuntimeStore, AgentStateStore):
                 {"value_id": value_id, "position": start + i, "value": text}
                 for i, text in enumerate(texts)
             ]
-            await conn.execute(insert(self.items), rows)
+            # Built once per store (a statement built per call is compiled per call).
+            await conn.execute(self._db.statement("add-items", lambda: insert(self.items)), rows)
 
     async def _get_list(self, session: SessionKey, key: str) -> list[Any] | StoredKind | None:
         it = self.items
@@ -398,8 +410,15 @@ class SqlAgentStateStore(SqlRuntimeStore, AgentStateStore):
             row = await self._joined(conn, session, key, self._db.clock(self))
             if row is None or not row.is_list:
                 return row, []
-            query = select(it.c.value).where(it.c.value_id == row.id).order_by(it.c.position)
-            return row, [bytes(r[0]) for r in await conn.execute(query)]
+            query = self._db.statement(
+                "list-items",
+                lambda: (
+                    select(it.c.value)
+                    .where(it.c.value_id == bindparam("vid"))
+                    .order_by(it.c.position)
+                ),
+            )
+            return row, [bytes(r[0]) for r in await conn.execute(query, {"vid": row.id})]
 
         row, texts = await self._db.read(read)
         if row is None:
