@@ -292,11 +292,12 @@ class ThreadStore(ManagedStore, ABC):
             include_hidden is True,
         )
 
-    def _change_signal(self, scope_key: str, thread_id: str) -> ChangeSignal:
-        """When a watcher of the thread looks again (``docs/backend-authors.md``).
+    def _change_signal(self, scope_key: str, thread_id: str | None) -> ChangeSignal:
+        """When a watcher of the thread (``None``: of any thread of the scope) looks again.
 
         This default polls: it sleeps for the watcher's interval. A backend
-        that learns of commits returns a signal that wakes the watcher sooner.
+        that learns of commits returns a signal that wakes the watcher sooner
+        (``docs/backend-authors.md``).
         """
         from .watch import ChangeSignal
 

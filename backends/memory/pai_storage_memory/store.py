@@ -40,7 +40,7 @@ from pai_storage.backend import (
     run_sync,
     system_clock,
 )
-from pai_storage.watch import ChangeNotifier, ChangeSignal
+from pai_storage.watch import WATCH_CHANGES, ChangeNotifier, ChangeSignal, CommitNote
 
 __all__ = ["MemoryThreadStore"]
 
@@ -104,7 +104,7 @@ class MemoryThreadStore(ThreadStore):
 
     backend_name = "memory"
     token_prefix = "pai-memory"
-    capabilities = frozenset({LIFECYCLE})
+    capabilities = frozenset({LIFECYCLE, WATCH_CHANGES})
 
     def __init__(self, **options: object) -> None:
         super().__init__(**options)  # type: ignore[arg-type]
@@ -150,7 +150,8 @@ class MemoryThreadStore(ThreadStore):
             # the full check of the reference model).
             result = run_sync(run_commit(tx, request))
             if isinstance(result, CommittedResult):
-                self._store(request.scope_key, request.thread_id, before, tx.apply())
+                note = CommitNote.of_commit(request, result.thread)
+                self._store(request.scope_key, request.thread_id, before, tx.apply(), note)
             return result
 
     def _store(
@@ -159,6 +160,7 @@ class MemoryThreadStore(ThreadStore):
         thread_id: str,
         before: ThreadRecord | None,
         after: IndexedThread | None,
+        note: CommitNote | None = None,
     ) -> None:
         """Record a committed thread (``None``: deleted) in its scope and both indexes."""
         scope = self._scopes.setdefault(scope_key, _Scope())
@@ -169,9 +171,9 @@ class MemoryThreadStore(ThreadStore):
             self._updates.add((after.root.updated_at, scope_key, thread_id))
         if not scope:
             del self._scopes[scope_key]
-        self._watchers.notify(scope_key, thread_id)
+        self._watchers.notify(scope_key, thread_id, note)
 
-    def _change_signal(self, scope_key: str, thread_id: str) -> ChangeSignal:
+    def _change_signal(self, scope_key: str, thread_id: str | None) -> ChangeSignal:
         return self._watchers.signal(scope_key, thread_id)
 
     # ------------------------------------------------------------ lifecycle primitives
