@@ -52,6 +52,7 @@ _READY_WAIT: Final = 1.0
 """Seconds a starting watcher waits for the listener before it reads (then it polls until then)."""
 _RETRY_FIRST, _RETRY_MAX = 0.05, 2.0  # seconds between attempts to listen again
 _CONNECT_TIMEOUT: Final = 10.0
+_CLOSE_WAIT: Final = 5.0  # seconds the listener has to let go cleanly when the store closes
 _NOTIFY_SQL: Final = "SELECT pg_notify($1, $2)"
 R = TypeVar("R")
 
@@ -149,12 +150,12 @@ class PgNotifier(ChangeNotifier):
         """Stop listening (the store closes); watchers still running poll from now on."""
         self._stop.set()
         task, self._task = self._task, None
-        if task is not None and not task.done():
-            try:
-                await asyncio.wait_for(task, 5.0)
-            except BaseException:  # a stuck UNLISTEN: drop it with its connection
-                task.cancel()
-                raise
+        if task is None or task.done():
+            return
+        done, _ = await asyncio.wait({task}, timeout=_CLOSE_WAIT)
+        if not done:  # a connect or UNLISTEN that hangs: drop it with its connection
+            task.cancel()
+            await asyncio.wait({task})
 
     @contextlib.asynccontextmanager
     async def _connection(self) -> AsyncIterator[asyncpg.Connection]:
