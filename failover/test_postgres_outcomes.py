@@ -21,14 +21,8 @@ pytest.importorskip("asyncpg")
 import asyncpg  # type: ignore[import-untyped]
 from support.proxy import FaultProxy
 
-from pai_storage import (
-    Item,
-    OutcomeUnknownError,
-    StorageError,
-    ThreadStoreError,
-    make_url,
-    open_kv_store,
-)
+from pai_storage import Item, OutcomeUnknownError, StorageError, make_url, open_kv_store
+from pai_storage.errors import ThreadStoreError
 
 pytestmark = pytest.mark.asyncio
 

@@ -1,7 +1,7 @@
 """A whole thread held in memory: the root plus its three ordered child families.
 
 Aggregate-style backends (a key-value backend) keep one :class:`ThreadAggregate`
-per thread and commit through :func:`pai_storage.apply_thread_changes`; it is
+per thread and commit through :func:`pai_storage.backend.apply_thread_changes`; it is
 also the reference model the conformance suite compares every backend against.
 A :class:`ThreadAggregate` is a value: a commit builds a new one.
 

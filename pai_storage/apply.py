@@ -1,7 +1,7 @@
 """The in-memory reference: the commit and read pipelines over a thread held in memory.
 
 :func:`apply_thread_changes` validates and applies a complete commit to a
-:class:`~pai_storage.ThreadAggregate` by running the same pipeline every
+:class:`~pai_storage.backend.ThreadAggregate` by running the same pipeline every
 backend runs (:func:`~pai_storage.backend.run_commit`) over in-memory
 primitives, and :func:`read_aggregate` serves a read the same way.
 Aggregate-style backends (one value per thread) call them under their own
@@ -470,7 +470,7 @@ class IndexedTransaction(CommitTransaction):
 class AggregateSnapshot(ReadSnapshot):
     """Read primitives over a thread held in memory (or ``None``: missing).
 
-    Serves a :class:`~pai_storage.ThreadAggregate` or the memory store's
+    Serves a :class:`~pai_storage.backend.ThreadAggregate` or the memory store's
     :class:`~pai_storage.aggregate.IndexedThread` alike; a page costs what its
     family's :meth:`~pai_storage.aggregate.FamilyView.between` costs.
     """

@@ -16,7 +16,7 @@ from datetime import timedelta
 from typing import Any, TextIO
 
 from . import builders as b
-from . import format_timestamp  # the public name, wherever the records module keeps it
+from .backend import format_timestamp  # the public name, wherever the records module keeps it
 from .bundle import connect
 from .clock import ManualClock, system_clock
 from .demo_runtime import RuntimeDemo

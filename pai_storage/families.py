@@ -2,7 +2,7 @@
 
 Every fact a backend or helper needs about a family lives in one
 :class:`FamilySpec`: its JSON name, the attribute names it has on
-:class:`~pai_storage.ThreadChanges` and :class:`~pai_storage.ThreadReadResult`,
+:class:`~pai_storage.models.ThreadChanges` and :class:`~pai_storage.ThreadReadResult`,
 the noun error messages use, the id attribute and JSON field of its records,
 the stored record model and the function that stamps a draft into that record
 at commit time. Backends keep only what is theirs (a table or collection
@@ -107,8 +107,8 @@ class FamilySpec:
     name:
         The JSON name (``"messages"``, ``"runs"``, ``"queuedItems"``).
     attr:
-        The Python attribute on :class:`~pai_storage.ThreadChanges`,
-        :class:`~pai_storage.ThreadAggregate` and read results.
+        The Python attribute on :class:`~pai_storage.models.ThreadChanges`,
+        :class:`~pai_storage.backend.ThreadAggregate` and read results.
     noun:
         How error messages name one record (``"queued item"``).
     id_attr, id_field:

@@ -305,7 +305,7 @@ class SourceChanged(Exception):
     one version (a snapshot that was not one).
 
     The core then runs the fork again; a fork that keeps meeting it ends in
-    :class:`~pai_storage.ThreadStoreUnavailableError` (transient: retry).
+    :class:`~pai_storage.errors.ThreadStoreUnavailableError` (transient: retry).
     """
 
 

@@ -4,7 +4,7 @@ A backend does not re-implement the contract. It implements a few primitives
 over its database — a :class:`CommitTransaction` for one commit, a
 :class:`ReadSnapshot` for one read — and hands them to :func:`run_commit` and
 :func:`run_read`, which run the whole algorithm in one fixed order. The
-in-memory reference (:func:`pai_storage.apply_thread_changes`) runs the very
+in-memory reference (:func:`pai_storage.backend.apply_thread_changes`) runs the very
 same pipeline over an aggregate, so a backend and the reference can only
 disagree about what their primitives return, never about the rules.
 
@@ -177,7 +177,7 @@ class CommitTransaction(ABC):
     async def write_family(self, spec: FamilySpec, write: FamilyWrite[Any]) -> Iterable[str]:
         """Apply one family's net write; return the run ids a truncation removed.
 
-        Apply in the order :class:`~pai_storage.FamilyWrite` documents:
+        Apply in the order :class:`~pai_storage.backend.FamilyWrite` documents:
         truncation, deletes, updates, inserts. The returned ids are, for
         messages, the run ids of the removed messages (standalone ones
         omitted); for runs, the removed runs' ids; empty without a truncation.

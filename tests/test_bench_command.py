@@ -12,7 +12,7 @@ from pai_storage_conformance.provision import TestHarness
 from pai_storage_memory import MemoryThreadStore
 
 import pai_storage
-from pai_storage import ThreadStore, ThreadStoreCommitUnknownError
+from pai_storage import ThreadStore
 from pai_storage import builders as b
 from pai_storage.backend import Backend, StoreURL
 from pai_storage.benchmark import (
@@ -23,6 +23,7 @@ from pai_storage.benchmark import (
     percentile,
     run_benchmark,
 )
+from pai_storage.errors import ThreadStoreCommitUnknownError
 from pai_storage.registry import register_backend, unregister_backend
 
 

@@ -17,7 +17,7 @@ from pai_storage_conformance.provision import TestHarness
 
 import pai_storage
 from pai_storage import ThreadStore
-from pai_storage.backend import Backend, StoreURL
+from pai_storage.backend import Backend, StoreURL, get_backend
 from pai_storage.cli import main
 
 
@@ -76,7 +76,7 @@ class _RealClockMemory(Backend):
 
     def _open(self, url: StoreURL, **options: Any) -> ThreadStore:
         assert "clock" not in options  # only memory:// gets the manual clock
-        return pai_storage.get_backend("memory").open(pai_storage.make_url("memory://"), **options)
+        return get_backend("memory").open(pai_storage.make_url("memory://"), **options)
 
     def test_harness(self, url: str | None = None) -> TestHarness:
         raise NotImplementedError

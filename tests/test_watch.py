@@ -16,14 +16,9 @@ import pytest
 from pai_storage_memory import MemoryThreadStore
 
 import pai_storage
-from pai_storage import (
-    ReadThreadInput,
-    ThreadChange,
-    ThreadReadResult,
-    ThreadStoreUnavailableError,
-    ThreadVersion,
-)
+from pai_storage import ReadThreadInput, ThreadChange, ThreadReadResult, ThreadVersion
 from pai_storage.cli import main
+from pai_storage.errors import ThreadStoreUnavailableError
 from pai_storage.watch import MAX_FAILURES
 
 HANG_GUARD = 60.0  # seconds: reached only when a change is never reported

@@ -15,7 +15,8 @@ from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from pai_storage import Clock, ThreadStore
+    from pai_storage import ThreadStore
+    from pai_storage.backend import Clock
 
 __all__ = ["TestHarness"]
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from pai_storage import format_timestamp, truncate_ms
+from pai_storage.backend import format_timestamp, truncate_ms
 
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1

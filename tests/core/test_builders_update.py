@@ -6,8 +6,9 @@ from typing import Any
 
 import pytest
 
-from pai_storage import CommittedResult, ThreadRecord, ThreadStoreInvariantError, open_store
+from pai_storage import CommittedResult, ThreadRecord, open_store
 from pai_storage import builders as b
+from pai_storage.errors import ThreadStoreInvariantError
 
 
 async def _created(store: Any, **root: Any) -> ThreadRecord:

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pai_storage import MessageDraft, ThreadChanges, ThreadStoreInvariantError, open_store
 from pai_storage import builders as b
+from pai_storage import open_store
 from pai_storage.backend import (
     Entry,
     Family,
@@ -21,6 +21,8 @@ from pai_storage.backend import (
     change_ids,
     stamp_message,
 )
+from pai_storage.errors import ThreadStoreInvariantError
+from pai_storage.models import MessageDraft, ThreadChanges
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 T1 = T0 + timedelta(seconds=1)

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from pai_storage import ThreadStoreSerializationError, check_json
+from pai_storage.backend import check_json
+from pai_storage.errors import ThreadStoreSerializationError
 
 
 class _Number(float):

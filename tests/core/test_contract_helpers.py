@@ -30,9 +30,6 @@ from pai_storage import (
     ListThreadsInput,
     ThreadLease,
     ThreadRecord,
-    ThreadStoreInvariantError,
-    ThreadStorePageTokenError,
-    ThreadStoreSerializationError,
 )
 from pai_storage import builders as b
 from pai_storage.backend import (
@@ -43,6 +40,11 @@ from pai_storage.backend import (
     apply_thread_root_update,
     assert_commit_input,
     default_scope_digest,
+)
+from pai_storage.errors import (
+    ThreadStoreInvariantError,
+    ThreadStorePageTokenError,
+    ThreadStoreSerializationError,
 )
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)

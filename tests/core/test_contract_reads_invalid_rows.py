@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
-from pai_storage import StoreWarning, ThreadStoreInvariantError, open_store
+from pai_storage import StoreWarning, open_store
 from pai_storage import builders as b
+from pai_storage.errors import ThreadStoreInvariantError
 
 pytest.importorskip("sqlalchemy")
 

@@ -11,14 +11,9 @@ from typing import Any
 import pytest
 
 import pai_storage.conversation as conversation_module
-from pai_storage import (
-    ConflictResult,
-    ConversationConflictError,
-    ThreadStore,
-    ThreadStoreInvariantError,
-    open_store,
-)
+from pai_storage import ConflictResult, ConversationConflictError, ThreadStore, open_store
 from pai_storage import builders as b
+from pai_storage.errors import ThreadStoreInvariantError
 
 
 async def _revision(store: ThreadStore) -> int:

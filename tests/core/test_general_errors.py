@@ -16,14 +16,8 @@ from typing import Any
 import pytest
 
 import pai_storage
-from pai_storage import (
-    ConfigurationError,
-    SerializationError,
-    StorageError,
-    ThreadStoreConfigurationError,
-    ThreadStoreError,
-    UnavailableError,
-)
+from pai_storage import ConfigurationError, SerializationError, StorageError, UnavailableError
+from pai_storage.errors import ThreadStoreConfigurationError, ThreadStoreError
 
 
 @contextlib.contextmanager

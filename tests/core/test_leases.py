@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from pai_storage import CommitThreadInput, ThreadStoreInvariantError
+from pai_storage import CommitThreadInput
 from pai_storage import builders as b
 from pai_storage.backend import (
     LEASE_CONFLICT,
@@ -16,6 +16,7 @@ from pai_storage.backend import (
     apply_thread_changes,
     is_expired,
 )
+from pai_storage.errors import ThreadStoreInvariantError
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 MS = timedelta(milliseconds=1)

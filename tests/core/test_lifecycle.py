@@ -20,9 +20,6 @@ from pai_storage import (
     ThreadReadResult,
     ThreadRecord,
     ThreadStore,
-    ThreadStoreConfigurationError,
-    ThreadStoreInvariantError,
-    ThreadStoreUnavailableError,
     connect,
 )
 from pai_storage import builders as b
@@ -35,6 +32,11 @@ from pai_storage.backend import (
     new_instance_id,
     relations_from_aggregate,
     thread_digest,
+)
+from pai_storage.errors import (
+    ThreadStoreConfigurationError,
+    ThreadStoreInvariantError,
+    ThreadStoreUnavailableError,
 )
 from pai_storage.maintenance import plan_fork
 from pai_storage.transfer import EXPORT_FORMAT, copy_threads, decode_threads

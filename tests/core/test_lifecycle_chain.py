@@ -17,8 +17,8 @@ from contextlib import AsyncExitStack
 import pytest
 from pai_storage_conformance.suite.lifecycle import build_conversation
 
-from pai_storage import ManualClock, ThreadStore, get_backend
-from pai_storage.backend import LIFECYCLE, ThreadAggregate
+from pai_storage import ManualClock, ThreadStore
+from pai_storage.backend import LIFECYCLE, ThreadAggregate, get_backend
 from pai_storage.transfer import copy_threads
 
 CHAIN = ("memory", "postgres", "mongo", "sql")

@@ -24,13 +24,7 @@ from hypothesis import strategies as st
 from pai_storage_memory import MemoryThreadStore
 from pydantic import BaseModel
 
-from pai_storage import (
-    CommitThreadInput,
-    ListThreadsInput,
-    ManualClock,
-    ThreadChanges,
-    ThreadStoreInvariantError,
-)
+from pai_storage import CommitThreadInput, ListThreadsInput, ManualClock
 from pai_storage import builders as b
 from pai_storage.aggregate import IndexedFamily, IndexedThread, ThreadAggregate
 from pai_storage.apply import IndexedTransaction
@@ -46,7 +40,9 @@ from pai_storage.backend import (
     run_commit,
     run_sync,
 )
+from pai_storage.errors import ThreadStoreInvariantError
 from pai_storage.frozen import FrozenDict, FrozenList
+from pai_storage.models import ThreadChanges
 
 from .test_relationships import T0, commits, ins, msg, valid_aggregates
 

@@ -8,18 +8,14 @@ from typing import Any
 
 import pytest
 
-import pai_storage as p
-from pai_storage import (
-    CommitThreadInput,
-    ManualClock,
-    StoreWarning,
-    ThreadStore,
+from pai_storage import CommitThreadInput, ManualClock, StoreWarning, ThreadStore, open_store
+from pai_storage import builders as b
+from pai_storage.errors import (
     ThreadStoreConfigurationError,
     ThreadStoreInvariantError,
     ThreadStoreSerializationError,
-    open_store,
+    ThreadStoreUnavailableError,
 )
-from pai_storage import builders as b
 from pai_storage.strict_json import MAX_JSON_DEPTH
 
 START = datetime(2030, 1, 1, tzinfo=UTC)
@@ -428,12 +424,12 @@ async def test_concurrent_first_calls_share_one_initialize_attempt() -> None:
             attempts += 1
             await asyncio.sleep(0.01)
             if attempts == 1:
-                raise p.ThreadStoreUnavailableError("first attempt fails")
+                raise ThreadStoreUnavailableError("first attempt fails")
 
     store = Flaky()
     outcomes = await asyncio.gather(*(store.initialize() for _ in range(5)), return_exceptions=True)
     assert attempts == 1  # one shared attempt, not one per caller
-    assert all(isinstance(o, p.ThreadStoreUnavailableError) for o in outcomes)
+    assert all(isinstance(o, ThreadStoreUnavailableError) for o in outcomes)
     await asyncio.gather(*(store.initialize() for _ in range(5)))
     assert attempts == 2  # the failure was forgotten; the retry is shared too
     await store.close()

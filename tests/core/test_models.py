@@ -18,24 +18,20 @@ from pai_storage import (
     ConflictResult,
     ListThreadsInput,
     Message,
-    MessageDraft,
     QueuedItem,
     ReadThreadInput,
-    RunDraft,
     RunRecord,
     TextPart,
     ThreadLease,
     ThreadReadResult,
     ThreadRecord,
-    ThreadStoreInvariantError,
-    ThreadStoreSerializationError,
     ThreadVersion,
     ToolCallPart,
-    TruncateChange,
-    format_timestamp,
-    truncate_ms,
 )
 from pai_storage import builders as b
+from pai_storage.backend import format_timestamp, truncate_ms
+from pai_storage.errors import ThreadStoreInvariantError, ThreadStoreSerializationError
+from pai_storage.models import MessageDraft, RunDraft, TruncateChange
 from pai_storage.strict_json import MAX_JSON_DEPTH
 
 from . import strategies as s

@@ -11,10 +11,21 @@ import pytest
 
 import pai_storage as p
 from pai_storage import builders as b
+from pai_storage.backend import ThreadAggregate, apply_thread_changes, system_clock
+from pai_storage.errors import ThreadStoreInvariantError, ThreadStoreSerializationError
+from pai_storage.parsing import (
+    parse,
+    parse_aggregate,
+    parse_commit_result,
+    parse_message,
+    parse_queued_item,
+    parse_run,
+    parse_thread,
+)
 
 
-def _aggregate() -> p.ThreadAggregate:
-    async def build() -> p.ThreadAggregate:
+def _aggregate() -> ThreadAggregate:
+    async def build() -> ThreadAggregate:
         commit = b.create(
             "s",
             "t",
@@ -23,7 +34,7 @@ def _aggregate() -> p.ThreadAggregate:
                 "runs": [{"type": "insert", "record": b.run("r1", inputs=["m1"])}],
             },
         )
-        outcome = p.apply_thread_changes(None, commit, p.system_clock())
+        outcome = apply_thread_changes(None, commit, system_clock())
         assert outcome.aggregate is not None
         return outcome.aggregate
 
@@ -31,10 +42,10 @@ def _aggregate() -> p.ThreadAggregate:
 
 
 def test_commit_results_parse_from_json() -> None:
-    conflict = p.parse_commit_result({"type": "conflict", "currentVersion": None})
+    conflict = parse_commit_result({"type": "conflict", "currentVersion": None})
     assert isinstance(conflict, p.ConflictResult)
     assert conflict.current_version is None
-    committed = p.parse_commit_result(
+    committed = parse_commit_result(
         {"type": "committed", "thread": None, "committedAt": "2030-01-01T00:00:00.000Z"}
     )
     assert isinstance(committed, p.CommittedResult)
@@ -46,20 +57,20 @@ def test_commit_results_parse_from_json() -> None:
 
 
 def test_union_parse_rejects_unknown_tag_with_typed_error() -> None:
-    with pytest.raises(p.ThreadStoreInvariantError, match="unknown type"):
-        p.parse(p.Part, {"type": "video", "url": "x"})
-    with pytest.raises(p.ThreadStoreSerializationError, match=r"data\.x: NaN"):
-        p.parse(p.Part, {"type": "data", "name": "n", "data": {"x": float("nan")}})
+    with pytest.raises(ThreadStoreInvariantError, match="unknown type"):
+        parse(p.Part, {"type": "video", "url": "x"})
+    with pytest.raises(ThreadStoreSerializationError, match=r"data\.x: NaN"):
+        parse(p.Part, {"type": "data", "name": "n", "data": {"x": float("nan")}})
 
 
 def test_record_parsers_round_trip() -> None:
     aggregate = _aggregate()
     message = aggregate.messages.entries["m1"].record
     run = aggregate.runs.entries["r1"].record
-    assert p.parse_message(message.to_json()) == message
-    assert p.parse_run(run.to_json()) == run
-    assert p.parse_thread(aggregate.root.to_json()) == aggregate.root
-    item = p.parse_queued_item(
+    assert parse_message(message.to_json()) == message
+    assert parse_run(run.to_json()) == run
+    assert parse_thread(aggregate.root.to_json()) == aggregate.root
+    item = parse_queued_item(
         {
             "queueItemId": "q",
             "runId": "r",
@@ -74,9 +85,9 @@ def test_record_parsers_round_trip() -> None:
 
 def test_aggregate_parser_is_strict() -> None:
     data = _aggregate().to_json()
-    assert p.parse_aggregate(data).to_json() == data
+    assert parse_aggregate(data).to_json() == data
     broken = {**data, "messages": {**data["messages"], "nextPosition": 1}}
-    with pytest.raises(p.ThreadStoreInvariantError, match="positions"):
-        p.parse_aggregate(broken)
-    with pytest.raises(p.ThreadStoreInvariantError, match="top-level"):
-        p.parse_aggregate({**data, "extra": 1})
+    with pytest.raises(ThreadStoreInvariantError, match="positions"):
+        parse_aggregate(broken)
+    with pytest.raises(ThreadStoreInvariantError, match="top-level"):
+        parse_aggregate({**data, "extra": 1})

@@ -6,6 +6,14 @@ import pytest
 
 import pai_storage as p
 from pai_storage import builders as b
+from pai_storage.backend import check_json, redact
+from pai_storage.errors import (
+    ThreadStoreInvariantError,
+    ThreadStorePageTokenError,
+    ThreadStoreSerializationError,
+)
+from pai_storage.models import CreateRoot
+from pai_storage.parsing import parse
 
 
 async def test_reprs_never_show_opaque_json() -> None:
@@ -29,11 +37,11 @@ async def test_reprs_never_show_opaque_json() -> None:
 
 
 def test_error_messages_do_not_echo_union_tags_or_keys() -> None:
-    with pytest.raises(p.ThreadStoreInvariantError) as caught:
-        p.parse(p.Part, {"type": "PII-alice@example.com"})
+    with pytest.raises(ThreadStoreInvariantError) as caught:
+        parse(p.Part, {"type": "PII-alice@example.com"})
     assert "alice" not in str(caught.value)
-    with pytest.raises(p.ThreadStoreSerializationError) as bad_key:
-        p.check_json({("alice@example.com",): 1}, "metadata")
+    with pytest.raises(ThreadStoreSerializationError) as bad_key:
+        check_json({("alice@example.com",): 1}, "metadata")
     assert "alice" not in str(bad_key.value)
     assert "tuple" in str(bad_key.value)
 
@@ -51,13 +59,13 @@ def test_url_secrets_are_masked(url: str) -> None:
     assert "hunter2XYZ" not in repr(parsed)
     assert "hunter2XYZ" not in str(parsed)
     assert "hunter2XYZ" in parsed.render(hide_password=False)
-    assert p.redact(f"failed: {url}", parsed).count("hunter2XYZ") == 0
+    assert redact(f"failed: {url}", parsed).count("hunter2XYZ") == 0
 
 
 async def test_empty_page_token_is_rejected() -> None:
     async with p.open_store("memory://") as store:
         await store.commit_thread(b.create("s", "t", {"messages": [b.insert(b.message("m1"))]}))
-        with pytest.raises(p.ThreadStorePageTokenError):
+        with pytest.raises(ThreadStorePageTokenError):
             await store.read_thread(
                 b.read(
                     "s",
@@ -65,7 +73,7 @@ async def test_empty_page_token_is_rejected() -> None:
                     messages={"type": "page", "view": "raw", "page": {"limit": 5, "pageToken": ""}},
                 )
             )
-        with pytest.raises(p.ThreadStorePageTokenError):
+        with pytest.raises(ThreadStorePageTokenError):
             await store.list_threads({"scopeKey": "s", "limit": 5, "pageToken": ""})
 
 
@@ -76,9 +84,9 @@ def test_non_json_top_level_metadata_is_a_serialization_error() -> None:
         "listVisibility": "visible",
         "privateMetadata": {},
     }
-    with pytest.raises(p.ThreadStoreSerializationError, match="tuple"):
-        p.CreateRoot.model_validate({**root, "metadata": (1,)})
-    with pytest.raises(p.ThreadStoreInvariantError, match="JSON object"):
-        p.CreateRoot.model_validate({**root, "metadata": [1]})
-    with pytest.raises(p.ThreadStoreSerializationError, match="lone surrogate"):
-        p.CreateRoot.model_validate({**root, "metadata": {}, "title": "a\udfff"})
+    with pytest.raises(ThreadStoreSerializationError, match="tuple"):
+        CreateRoot.model_validate({**root, "metadata": (1,)})
+    with pytest.raises(ThreadStoreInvariantError, match="JSON object"):
+        CreateRoot.model_validate({**root, "metadata": [1]})
+    with pytest.raises(ThreadStoreSerializationError, match="lone surrogate"):
+        CreateRoot.model_validate({**root, "metadata": {}, "title": "a\udfff"})

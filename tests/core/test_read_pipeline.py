@@ -9,11 +9,7 @@ from typing import Any
 
 import pytest
 
-from pai_storage import (
-    ThreadAggregate,
-    ThreadReadResult,
-    ThreadStorePageTokenError,
-)
+from pai_storage import ThreadReadResult
 from pai_storage import builders as b
 from pai_storage.backend import (
     AggregateSnapshot,
@@ -21,11 +17,13 @@ from pai_storage.backend import (
     FamilySpec,
     SelectionHelpers,
     SnapshotRoot,
+    ThreadAggregate,
     Window,
     apply_thread_changes,
     run_read,
     run_sync,
 )
+from pai_storage.errors import ThreadStorePageTokenError
 from pai_storage.models import ReadThreadInput
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)

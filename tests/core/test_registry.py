@@ -16,17 +16,22 @@ import pytest
 from pai_storage_conformance.provision import TestHarness
 
 from pai_storage import (
-    StoreURL,
     ThreadStore,
-    ThreadStoreConfigurationError,
     available_backends,
     make_url,
     open_store,
-    redact,
     register_backend,
     unregister_backend,
 )
-from pai_storage.backend import ENTRY_POINT_GROUP, Backend, backend_for_url, get_backend
+from pai_storage.backend import (
+    ENTRY_POINT_GROUP,
+    Backend,
+    StoreURL,
+    backend_for_url,
+    get_backend,
+    redact,
+)
+from pai_storage.errors import ThreadStoreConfigurationError
 from pai_storage.registry import SCHEME_ENTRY_POINT_GROUP
 
 SECRET = "s3cr3t-Pa55"
@@ -250,7 +255,7 @@ def test_a_declared_scheme_imports_only_its_backend(third_party: Path) -> None:
 def test_undeclared_scheme_falls_back_to_every_backend(third_party: Path) -> None:
     result = _fresh(
         """
-        from pai_storage import ThreadStoreConfigurationError
+        from pai_storage.errors import ThreadStoreConfigurationError
         from pai_storage.backend import backend_for_url
         out["legacy"] = backend_for_url("legacy://h")[0].name  # declares no scheme
         try:
@@ -270,7 +275,8 @@ def test_undeclared_scheme_falls_back_to_every_backend(third_party: Path) -> Non
 def test_registering_a_declared_scheme_is_a_clash_before_first_use(third_party: Path) -> None:
     result = _fresh(
         """
-        from pai_storage import ThreadStoreConfigurationError, register_backend
+        from pai_storage import register_backend
+        from pai_storage.errors import ThreadStoreConfigurationError
         from fake_backends import Fake
         for name, scheme in (("mine", "fake"), ("fakekv", "other")):
             try:
@@ -287,7 +293,7 @@ def test_registering_a_declared_scheme_is_a_clash_before_first_use(third_party: 
 def test_unknown_name_lists_installed_backends_and_failures(third_party: Path) -> None:
     result = _fresh(
         """
-        from pai_storage import ThreadStoreConfigurationError
+        from pai_storage.errors import ThreadStoreConfigurationError
         from pai_storage.backend import get_backend
         for name in ("fakvk", "boom"):
             try:

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from pai_storage import CommitThreadInput, ThreadChanges, ThreadStoreInvariantError
+from pai_storage import CommitThreadInput
 from pai_storage import builders as b
 from pai_storage.backend import (
     Entry,
@@ -33,6 +33,8 @@ from pai_storage.backend import (
     stamp_queued_item,
     stamp_run,
 )
+from pai_storage.errors import ThreadStoreInvariantError
+from pai_storage.models import ThreadChanges
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 

@@ -6,8 +6,9 @@ import asyncio
 
 import pytest
 
-from pai_storage import ThreadStoreConfigurationError, UnavailableError
+from pai_storage import UnavailableError
 from pai_storage.backend import SharedClient
+from pai_storage.errors import ThreadStoreConfigurationError
 
 
 class _Conn:

@@ -18,8 +18,8 @@ from pai_storage import (
     ThreadReadResult,
     ThreadRecord,
     ThreadStore,
-    ThreadStoreConfigurationError,
 )
+from pai_storage.errors import ThreadStoreConfigurationError
 
 
 class _SlowStore(ThreadStore):

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 
-from pai_storage import ThreadStoreSerializationError
 from pai_storage.backend import check_json, check_json_object
+from pai_storage.errors import ThreadStoreSerializationError
 from pai_storage.strict_json import MAX_JSON_DEPTH, MAX_JSON_NODES
 
 from . import strategies as s

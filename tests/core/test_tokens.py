@@ -14,14 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pai_storage import (
-    PageTokenError,
-    ThreadStoreConfigurationError,
-    ThreadStorePageTokenError,
-    open_store,
-)
+from pai_storage import PageTokenError, open_store
 from pai_storage import builders as b
 from pai_storage.backend import PageTokenCodec, query_digest
+from pai_storage.errors import ThreadStoreConfigurationError, ThreadStorePageTokenError
 
 from . import strategies as s
 

@@ -17,18 +17,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from pai_storage import (
-    Item,
-    Message,
-    QueuedItem,
-    RunRecord,
-    ThreadRecord,
-    ThreadStoreInvariantError,
-    ThreadStoreSerializationError,
-    codec,
-)
+from pai_storage import Item, Message, QueuedItem, RunRecord, ThreadRecord, codec
 from pai_storage.codec import _DECODED as _DECODED_VALIDATORS
 from pai_storage.codec import _STORED as _STORED_VALIDATORS
+from pai_storage.errors import ThreadStoreInvariantError, ThreadStoreSerializationError
 from pai_storage.strict_json import MAX_JSON_DEPTH, MAX_JSON_NODES
 
 from . import strategies as s

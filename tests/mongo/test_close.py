@@ -11,12 +11,9 @@ from pai_storage_mongo.harness import MongoHarness, drop_store_collections
 from pai_storage_mongo.store import MongoThreadStore
 from pymongo.errors import InvalidOperation
 
-from pai_storage import (
-    CommittedResult,
-    CommitThreadInput,
-    ThreadStoreConfigurationError,
-)
+from pai_storage import CommittedResult, CommitThreadInput
 from pai_storage import builders as b
+from pai_storage.errors import ThreadStoreConfigurationError
 
 
 class PausingStore(MongoThreadStore):

@@ -11,12 +11,9 @@ from pai_storage_mongo.harness import MongodProcess, _free_port
 from pai_storage_mongo.store import MongoThreadStore
 from support.proxy import FaultProxy
 
-from pai_storage import (
-    ThreadStoreConfigurationError,
-    ThreadStoreUnavailableError,
-    open_store,
-)
 from pai_storage import builders as b
+from pai_storage import open_store
+from pai_storage.errors import ThreadStoreConfigurationError, ThreadStoreUnavailableError
 
 from .helpers import proxied_url
 

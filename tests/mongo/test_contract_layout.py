@@ -29,17 +29,13 @@ from pymongo import AsyncMongoClient, monitoring
 from pymongo.errors import DuplicateKeyError
 from support.threads import every_family_create
 
-from pai_storage import (
-    CommittedResult,
-    ManualClock,
-    StoreWarning,
+from pai_storage import CommittedResult, ManualClock, StoreWarning, ThreadVersion, open_store
+from pai_storage import builders as b
+from pai_storage.errors import (
     ThreadStoreConfigurationError,
     ThreadStoreInvariantError,
     ThreadStoreUnavailableError,
-    ThreadVersion,
-    open_store,
 )
-from pai_storage import builders as b
 
 from .helpers import raw_collections
 

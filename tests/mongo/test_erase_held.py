@@ -27,8 +27,9 @@ from pai_storage_mongo.harness import MongodProcess
 from pai_storage_mongo.store import MongoThreadStore
 from pymongo import AsyncMongoClient
 
-from pai_storage import ThreadStoreUnavailableError, UnavailableError, maintenance
+from pai_storage import UnavailableError, maintenance
 from pai_storage import builders as b
+from pai_storage.errors import ThreadStoreUnavailableError
 
 pytestmark = pytest.mark.asyncio
 

@@ -17,13 +17,9 @@ from pai_storage_mongo.harness import MongoHarness, drop_store_collections
 from pai_storage_mongo.store import MongoThreadStore
 from support.proxy import FaultProxy
 
-from pai_storage import (
-    CommittedResult,
-    ThreadStoreCommitUnknownError,
-    ThreadStoreUnavailableError,
-    ThreadVersion,
-)
+from pai_storage import CommittedResult, ThreadVersion
 from pai_storage import builders as b
+from pai_storage.errors import ThreadStoreCommitUnknownError, ThreadStoreUnavailableError
 
 from .helpers import proxied_url
 

@@ -16,13 +16,10 @@ from typing import Any
 import pytest
 from pai_storage_mongo.store import MongoThreadStore
 
-from pai_storage import (
-    CommittedResult,
-    ConflictResult,
-    ThreadStoreInvariantError,
-)
+from pai_storage import CommittedResult, ConflictResult
 from pai_storage import builders as b
 from pai_storage.backend import apply_thread_changes
+from pai_storage.errors import ThreadStoreInvariantError
 
 from .helpers import raw_collections
 

@@ -7,12 +7,9 @@ from typing import Any
 import pytest
 from pai_storage_mongo.harness import MongoHarness
 
-from pai_storage import (
-    CommittedResult,
-    StoreWarning,
-    ThreadStoreInvariantError,
-)
+from pai_storage import CommittedResult, StoreWarning
 from pai_storage import builders as b
+from pai_storage.errors import ThreadStoreInvariantError
 
 from .helpers import raw_collections
 

@@ -12,8 +12,9 @@ import pytest
 from pai_storage_mongo.harness import MongoHarness, drop_store_collections
 from pai_storage_mongo.store import MongoThreadStore
 
-from pai_storage import ThreadStoreConfigurationError, ThreadStorePageTokenError, open_store
 from pai_storage import builders as b
+from pai_storage import open_store
+from pai_storage.errors import ThreadStoreConfigurationError, ThreadStorePageTokenError
 
 SECRET = "s3cr3t-pw"
 

@@ -32,15 +32,9 @@ from pai_storage_mongo.documents import (
     root_document,
 )
 
-from pai_storage import (
-    Message,
-    QueuedItem,
-    RunRecord,
-    ThreadRecord,
-    ThreadStoreInvariantError,
-    codec,
-)
+from pai_storage import Message, QueuedItem, RunRecord, ThreadRecord, codec
 from pai_storage.backend import family
+from pai_storage.errors import ThreadStoreInvariantError
 
 COUNTERS = {"messages": 3, "runs": 2, "queuedItems": 5}
 CHILDREN: dict[str, tuple[Any, Any]] = {

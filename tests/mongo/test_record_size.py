@@ -13,13 +13,9 @@ from typing import Any
 import pytest
 from pai_storage_mongo.store import MongoThreadStore
 
-from pai_storage import (
-    CommittedResult,
-    InvalidInputError,
-    ThreadStoreInvariantError,
-    ThreadVersion,
-)
+from pai_storage import CommittedResult, InvalidInputError, ThreadVersion
 from pai_storage import builders as b
+from pai_storage.errors import ThreadStoreInvariantError
 
 LIMIT = 16 * 1024 * 1024
 # Just over the limit (the server refuses), inside the driver's allowance, and far beyond it

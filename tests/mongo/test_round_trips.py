@@ -23,15 +23,10 @@ from pai_storage_mongo.kv import MongoKeyValueStore
 from pai_storage_mongo.store import MongoThreadStore
 from pymongo import AsyncMongoClient, monitoring
 
-from pai_storage import (
-    CommittedResult,
-    ConflictResult,
-    ManualClock,
-    ThreadStoreInvariantError,
-    ThreadVersion,
-)
+from pai_storage import CommittedResult, ConflictResult, ManualClock, ThreadVersion
 from pai_storage import builders as b
 from pai_storage.backend import MessageRef, make_url
+from pai_storage.errors import ThreadStoreInvariantError
 
 pytestmark = pytest.mark.asyncio
 

@@ -43,9 +43,9 @@ from pai_storage import (
     OutcomeUnknownError,
     StateConflict,
     StorageError,
-    ThreadStoreError,
     UnavailableError,
 )
+from pai_storage.errors import ThreadStoreError
 
 pytestmark = pytest.mark.asyncio
 

@@ -10,15 +10,14 @@ import asyncpg  # type: ignore[import-untyped]
 import pytest
 from pai_storage_postgres import SCHEMA_VERSION, PostgresThreadStore, backend
 
-from pai_storage import (
-    CommittedResult,
+from pai_storage import CommittedResult, open_store
+from pai_storage import builders as b
+from pai_storage.errors import (
     ThreadStoreConfigurationError,
     ThreadStoreInvariantError,
     ThreadStorePageTokenError,
     ThreadStoreUnavailableError,
-    open_store,
 )
-from pai_storage import builders as b
 
 from .helpers import URL
 

@@ -21,16 +21,9 @@ import pytest
 from pai_storage_postgres import SCHEMA_VERSION, PostgresThreadStore
 from support.threads import every_family_create
 
-from pai_storage import (
-    CommittedResult,
-    ManualClock,
-    ThreadStoreConfigurationError,
-    ThreadStoreUnavailableError,
-    ThreadVersion,
-    make_url,
-    open_store,
-)
+from pai_storage import CommittedResult, ManualClock, ThreadVersion, make_url, open_store
 from pai_storage import builders as b
+from pai_storage.errors import ThreadStoreConfigurationError, ThreadStoreUnavailableError
 
 from .helpers import URL
 

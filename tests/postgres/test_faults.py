@@ -20,14 +20,13 @@ import pytest
 from pai_storage_postgres import PostgresThreadStore
 from support.proxy import FaultProxy
 
-from pai_storage import (
-    CommittedResult,
+from pai_storage import CommittedResult, ThreadVersion
+from pai_storage import builders as b
+from pai_storage.errors import (
     ThreadStoreCommitUnknownError,
     ThreadStoreError,
     ThreadStoreUnavailableError,
-    ThreadVersion,
 )
-from pai_storage import builders as b
 
 from .helpers import URL, proxied_url
 

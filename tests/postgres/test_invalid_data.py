@@ -8,8 +8,9 @@ from pai_storage_postgres import PostgresThreadStore
 from support.pages import EDITED_ROW, MISMATCHES, page_read
 from support.threads import check_first_list_batch_invalid
 
-from pai_storage import Message, StoreWarning, ThreadStoreInvariantError, codec
+from pai_storage import Message, StoreWarning, codec
 from pai_storage import builders as b
+from pai_storage.errors import ThreadStoreInvariantError
 
 from .helpers import URL
 

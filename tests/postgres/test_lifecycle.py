@@ -30,8 +30,9 @@ import pytest
 import pytest_asyncio
 from pai_storage_postgres import PostgresThreadStore, Tables
 
-from pai_storage import ThreadStoreConfigurationError, make_url
 from pai_storage import builders as b
+from pai_storage import make_url
+from pai_storage.errors import ThreadStoreConfigurationError
 
 from .helpers import URL, dsn, proxied_url
 

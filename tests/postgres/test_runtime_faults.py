@@ -24,11 +24,11 @@ from pai_storage import (
     KeyValueStore,
     OutcomeUnknownError,
     StorageError,
-    ThreadStoreError,
     UnavailableError,
     open_kv_store,
     open_state_store,
 )
+from pai_storage.errors import ThreadStoreError
 
 from .helpers import URL, proxied_url
 

@@ -18,11 +18,12 @@ import pytest
 import pytest_asyncio
 from pai_storage_postgres import PostgresThreadStore
 
-from pai_storage import CommittedResult, ThreadAggregate
+from pai_storage import CommittedResult
 from pai_storage import builders as b
 from pai_storage.backend import (
     AggregateSnapshot,
     ForkRequest,
+    ThreadAggregate,
     ThreadIndexEntry,
     fork_aggregate,
     new_instance_id,

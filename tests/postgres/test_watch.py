@@ -15,7 +15,8 @@ import pytest
 from pai_storage_postgres import PostgresThreadStore
 from support.proxy import FaultProxy
 
-from pai_storage import ReadThreadInput, ThreadChange, ThreadReadResult, ThreadStoreUnavailableError
+from pai_storage import ReadThreadInput, ThreadChange, ThreadReadResult
+from pai_storage.errors import ThreadStoreUnavailableError
 
 from .helpers import URL, proxied_url
 

@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 from pai_storage_conformance.suite.kv import KeyValueStoreTests
 from pai_storage_memory.kv import MemoryKeyValueStore
 
-from pai_storage import ManualClock, StoreWarning, truncate_ms
+from pai_storage import ManualClock, StoreWarning
+from pai_storage.backend import truncate_ms
 from pai_storage.errors import ConfigurationError, InvalidInputError
 from pai_storage.kv import (
     DEFAULT_MAX_VALUE_BYTES,

@@ -26,13 +26,9 @@ from sqlalchemy import inspect, text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from support.threads import every_family_create
 
-from pai_storage import (
-    CommittedResult,
-    ThreadStoreConfigurationError,
-    ThreadStoreUnavailableError,
-    open_store,
-)
+from pai_storage import CommittedResult, open_store
 from pai_storage import builders as b
+from pai_storage.errors import ThreadStoreConfigurationError, ThreadStoreUnavailableError
 
 from .conftest import Target, mysql_engine
 

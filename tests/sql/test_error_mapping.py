@@ -10,11 +10,11 @@ import pytest
 from pai_storage_sql.client import SqlClient
 from pai_storage_sql.errors import map_error
 
-from pai_storage import (
+from pai_storage import make_url
+from pai_storage.errors import (
     ThreadStoreCommitUnknownError,
     ThreadStoreError,
     ThreadStoreUnavailableError,
-    make_url,
 )
 
 from .conftest import Target

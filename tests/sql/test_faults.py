@@ -21,8 +21,9 @@ from pai_storage_sql import SqlThreadStore
 from pai_storage_sql.store import thread_key
 from sqlalchemy import text
 
-from pai_storage import CommittedResult, ThreadStoreUnavailableError
+from pai_storage import CommittedResult
 from pai_storage import builders as b
+from pai_storage.errors import ThreadStoreUnavailableError
 
 from .conftest import Target, mysql_engine
 

@@ -23,13 +23,10 @@ import pytest
 from pai_storage_sql.client import InlineDriver, Operation
 from sqlalchemy import event
 
-from pai_storage import (
-    CommittedResult,
-    StoreWarning,
-    ThreadStoreCommitUnknownError,
-)
+from pai_storage import CommittedResult, StoreWarning
 from pai_storage import builders as b
 from pai_storage.backend import emit_warning
+from pai_storage.errors import ThreadStoreCommitUnknownError
 
 from .conftest import Target
 

@@ -16,8 +16,9 @@ from sqlalchemy import text
 from support.pages import EDITED_ROW, MISMATCHES, page_read
 from support.threads import check_first_list_batch_invalid
 
-from pai_storage import StoreWarning, ThreadStoreInvariantError
+from pai_storage import StoreWarning
 from pai_storage import builders as b
+from pai_storage.errors import ThreadStoreInvariantError
 
 from .conftest import Target, mysql_engine
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from pai_storage import CommittedResult, ThreadStoreInvariantError
+from pai_storage import CommittedResult
 from pai_storage import builders as b
+from pai_storage.errors import ThreadStoreInvariantError
 
 from .conftest import Target
 

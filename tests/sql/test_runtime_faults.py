@@ -26,7 +26,8 @@ from pai_storage_sql.snapshots import SqlSnapshotStore
 from pai_storage_sql.state import SqlAgentStateStore
 from sqlalchemy import text
 
-from pai_storage import ThreadStoreError, UnavailableError
+from pai_storage import UnavailableError
+from pai_storage.errors import ThreadStoreError
 
 from .conftest import Target, mysql_engine
 

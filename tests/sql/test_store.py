@@ -10,14 +10,9 @@ from pai_storage_sql import SqlThreadStore
 from pai_storage_sql.schema import SCHEMA_VERSION
 from sqlalchemy import select, update
 
-from pai_storage import (
-    CommittedResult,
-    ConfigurationError,
-    ThreadStoreConfigurationError,
-    ThreadStoreUnavailableError,
-    open_store,
-)
+from pai_storage import CommittedResult, ConfigurationError, open_store
 from pai_storage import builders as b
+from pai_storage.errors import ThreadStoreConfigurationError, ThreadStoreUnavailableError
 
 from .conftest import Target
 

@@ -16,10 +16,10 @@ from pai_storage import (
     ThreadReadResult,
     ThreadRecord,
     ThreadStore,
-    ThreadStoreInvariantError,
     ThreadVersion,
 )
 from pai_storage import builders as b
+from pai_storage.errors import ThreadStoreInvariantError
 
 from ._support import new_scope
 

@@ -12,15 +12,9 @@ from typing import Any
 
 import pytest
 
-from pai_storage import (
-    CommittedResult,
-    ConflictResult,
-    ManualClock,
-    ThreadStore,
-    ThreadStorePageTokenError,
-    ThreadVersion,
-)
+from pai_storage import CommittedResult, ConflictResult, ManualClock, ThreadStore, ThreadVersion
 from pai_storage import builders as b
+from pai_storage.errors import ThreadStorePageTokenError
 
 from ._support import new_scope
 

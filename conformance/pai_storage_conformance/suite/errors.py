@@ -16,6 +16,9 @@ from pai_storage import (
     ReadThreadInput,
     ThreadRecord,
     ThreadStore,
+)
+from pai_storage import builders as b
+from pai_storage.errors import (
     ThreadStoreCommitUnknownError,
     ThreadStoreConfigurationError,
     ThreadStoreError,
@@ -24,7 +27,6 @@ from pai_storage import (
     ThreadStoreSerializationError,
     ThreadStoreUnavailableError,
 )
-from pai_storage import builders as b
 
 from ._support import new_scope
 

@@ -18,18 +18,19 @@ from pai_storage import (
     CommitThreadInput,
     ConflictResult,
     InvalidInputError,
-    MessageDraft,
-    PageRequest,
     PageTokenError,
     StorageError,
     ThreadReadResult,
     ThreadStore,
-    ThreadStoreInvariantError,
-    ThreadStorePageTokenError,
-    ThreadStoreSerializationError,
     ThreadVersion,
 )
 from pai_storage import builders as b
+from pai_storage.errors import (
+    ThreadStoreInvariantError,
+    ThreadStorePageTokenError,
+    ThreadStoreSerializationError,
+)
+from pai_storage.models import MessageDraft, PageRequest
 from pai_storage.strict_json import MAX_JSON_DEPTH
 
 from ._support import new_scope, token_of, token_parts, token_payload

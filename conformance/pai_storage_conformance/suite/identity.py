@@ -7,15 +7,9 @@ from uuid import uuid4
 
 import pytest
 
-from pai_storage import (
-    CommittedResult,
-    ConflictResult,
-    ThreadRecord,
-    ThreadStore,
-    ThreadStoreInvariantError,
-    ThreadVersion,
-)
+from pai_storage import CommittedResult, ConflictResult, ThreadRecord, ThreadStore, ThreadVersion
 from pai_storage import builders as b
+from pai_storage.errors import ThreadStoreInvariantError
 
 from ._support import new_scope
 

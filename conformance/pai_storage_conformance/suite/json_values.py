@@ -23,12 +23,12 @@ from pai_storage import (
     ThreadReadResult,
     ThreadRecord,
     ThreadStore,
-    ThreadStoreSerializationError,
     ToolCallPart,
-    public_projection,
 )
 from pai_storage import builders as b
+from pai_storage.errors import ThreadStoreSerializationError
 from pai_storage.frozen import FrozenDict, FrozenList
+from pai_storage.store import public_projection
 
 from ._support import new_scope
 

@@ -14,10 +14,10 @@ from pai_storage import (
     ManualClock,
     ThreadRecord,
     ThreadStore,
-    ThreadStoreInvariantError,
     ThreadVersion,
 )
 from pai_storage import builders as b
+from pai_storage.errors import ThreadStoreInvariantError
 
 from ._support import new_scope
 

@@ -24,10 +24,10 @@ from pai_storage import (
     ThreadReadResult,
     ThreadRecord,
     ThreadStore,
-    ThreadStoreInvariantError,
 )
 from pai_storage import builders as b
 from pai_storage.backend import ThreadAggregate
+from pai_storage.errors import ThreadStoreInvariantError
 from pai_storage.transfer import decode_threads, encode_thread, header_line
 
 from ._support import new_scope

@@ -7,17 +7,10 @@ from typing import Any
 
 import pytest
 
-from pai_storage import (
-    MAX_PAGE_SIZE,
-    CommittedResult,
-    ListThreadsInput,
-    ManualClock,
-    ThreadRecord,
-    ThreadStore,
-    ThreadStoreInvariantError,
-    ThreadStorePageTokenError,
-)
+from pai_storage import CommittedResult, ListThreadsInput, ManualClock, ThreadRecord, ThreadStore
 from pai_storage import builders as b
+from pai_storage.errors import ThreadStoreInvariantError, ThreadStorePageTokenError
+from pai_storage.models import MAX_PAGE_SIZE
 
 from ._support import new_scope
 

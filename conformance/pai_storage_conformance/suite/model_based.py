@@ -4,8 +4,8 @@ A Hypothesis state machine plays a realistic agent workload (turns, queued
 turns, streaming, completion, admission, cancellation, regeneration, deletes
 and re-creates, lease expiry and takeover, stale writers, and many kinds of
 invalid change) against the store under test and, side by side, against the
-core's reference model :func:`pai_storage.apply_thread_changes` on a
-:class:`pai_storage.ThreadAggregate` per thread. Every outcome (committed,
+core's reference model :func:`pai_storage.backend.apply_thread_changes` on a
+:class:`pai_storage.backend.ThreadAggregate` per thread. Every outcome (committed,
 conflict, or which exception) must agree, and after every step the reads and
 the list must agree.
 """

@@ -6,17 +6,10 @@ from typing import Any
 
 import pytest
 
-from pai_storage import (
-    MAX_PAGE_SIZE,
-    CommittedResult,
-    ReadThreadInput,
-    ThreadRecord,
-    ThreadStore,
-    ThreadStoreInvariantError,
-    ThreadStorePageTokenError,
-    ThreadVersion,
-)
+from pai_storage import CommittedResult, ReadThreadInput, ThreadRecord, ThreadStore, ThreadVersion
 from pai_storage import builders as b
+from pai_storage.errors import ThreadStoreInvariantError, ThreadStorePageTokenError
+from pai_storage.models import MAX_PAGE_SIZE
 from pai_storage.tokens import PageTokenCodec
 
 from ._support import new_scope, token_parts, token_payload

@@ -6,16 +6,10 @@ from typing import Any
 
 import pytest
 
-from pai_storage import (
-    MAX_ID_SELECTION_SIZE,
-    CommittedResult,
-    ManualClock,
-    ReadThreadInput,
-    ThreadRecord,
-    ThreadStore,
-    ThreadStoreInvariantError,
-)
+from pai_storage import CommittedResult, ManualClock, ReadThreadInput, ThreadRecord, ThreadStore
 from pai_storage import builders as b
+from pai_storage.errors import ThreadStoreInvariantError
+from pai_storage.models import MAX_ID_SELECTION_SIZE
 
 from ._support import new_scope
 

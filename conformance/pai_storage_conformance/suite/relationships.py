@@ -12,15 +12,9 @@ from typing import Any, Literal
 
 import pytest
 
-from pai_storage import (
-    CommittedResult,
-    ConflictResult,
-    ManualClock,
-    ThreadStore,
-    ThreadStoreInvariantError,
-    ThreadVersion,
-)
+from pai_storage import CommittedResult, ConflictResult, ManualClock, ThreadStore, ThreadVersion
 from pai_storage import builders as b
+from pai_storage.errors import ThreadStoreInvariantError
 
 from ._support import new_scope
 

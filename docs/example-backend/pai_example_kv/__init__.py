@@ -17,8 +17,8 @@ from typing import Any
 
 from pai_storage_conformance.provision import TestHarness  # standard library only: cheap
 
-from pai_storage import Clock, ThreadStore
-from pai_storage.backend import Backend, ManagedStore, StoreURL, make_url
+from pai_storage import ThreadStore
+from pai_storage.backend import Backend, Clock, ManagedStore, StoreURL, make_url
 
 from .kv import KeyValueItemStore
 from .server import Server

@@ -13,12 +13,13 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from pai_storage import system_clock, truncate_ms
 from pai_storage.backend import (
     KeyValueStore,
     KVRecord,
     VersionMismatch,
     namespace_path,
+    system_clock,
+    truncate_ms,
 )
 
 from .server import Server

@@ -38,8 +38,6 @@ from pai_storage import (
     ThreadRecord,
     ThreadStore,
     ThreadVersion,
-    system_clock,
-    truncate_ms,
 )
 from pai_storage.backend import (
     FAMILIES,
@@ -70,6 +68,8 @@ from pai_storage.backend import (
     default_scope_digest,
     run_commit,
     run_read,
+    system_clock,
+    truncate_ms,
 )
 
 from .server import Server

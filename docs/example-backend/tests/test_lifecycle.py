@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 import pytest
 from pai_example_kv import KeyValueThreadStore
 
-from pai_storage import CommittedResult, ManualClock, ThreadRecord, ThreadStoreInvariantError
+from pai_storage import CommittedResult, ManualClock, ThreadRecord
 from pai_storage import builders as b
 from pai_storage.backend import (
     ForkRequest,
@@ -20,6 +20,7 @@ from pai_storage.backend import (
     ThreadIndexEntry,
     new_instance_id,
 )
+from pai_storage.errors import ThreadStoreInvariantError
 
 
 def _roots(store: KeyValueThreadStore) -> list[ThreadRecord]:
