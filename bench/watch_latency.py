@@ -14,7 +14,8 @@ commit, the latency is the time this process read the first change that covers
 it (its version or a later one) minus the time the commit was acknowledged to
 the writer: a commit coalesced into a later change counts until that change. It
 also checks the contract: the changes form an unbroken chain of strictly
-increasing versions ending at the final one. Prints p50 and p99 per backend.
+increasing versions ending at the final one, and counts the changes that say
+what changed (``changed`` not ``None``). Prints p50 and p99 per backend.
 
 Backends: memory, sqlite (a file), postgres (``postgresql://postgres@127.0.0.1/test``),
 mariadb (``mysql://root@127.0.0.1/test``) and mongo (a throwaway mongod from the
@@ -178,6 +179,7 @@ def _report(
         "backend": backend,
         "commits": final["revision"] - start["revision"],
         "changes": len(changes),
+        "described": sum(c.get("changed") is not None for c in changes),
         "ends_at_final": changes[-1]["version"] == final,
         "unbroken_and_ordered": chain and ordered,
         "p50_ms": statistics.median(latencies),
@@ -189,12 +191,16 @@ async def run(args: argparse.Namespace) -> None:
     print(
         f"load average {os.getloadavg()[0]:.1f}, interval {args.interval} s, pause {args.pause} s"
     )
-    print("| backend | commits | changes | ends at final | chain ordered | p50 ms | p99 ms |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print(
+        "| backend | commits | changes | with changed | ends at final | chain ordered "
+        "| p50 ms | p99 ms |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for backend in args.backend or BACKENDS:
         r = await measure(backend, args.commits, args.pause, args.interval)
         print(
-            f"| {r['backend']} | {r['commits']} | {r['changes']} | {r['ends_at_final']} "
+            f"| {r['backend']} | {r['commits']} | {r['changes']} | {r['described']} "
+            f"| {r['ends_at_final']} "
             f"| {r['unbroken_and_ordered']} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} |",
             flush=True,
         )

@@ -1,0 +1,120 @@
+"""What a change says changed (``ThreadChange.changed``, docs/watch.md): the
+``ChangeSet`` of a commit, how changes fold, when it is unknown, its JSON form,
+and a scope's watcher woken by the memory backend's signal."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+from pai_storage_memory import MemoryThreadStore
+
+from pai_storage import CommitThreadInput, ThreadVersion, builders
+from pai_storage.watch import WATCH_CHANGES, ChangeSet, CommitNote, FamilyChanges, _Notes
+
+HANG_GUARD = 60.0
+LONG = 3600.0  # seconds between polls: only the signal wakes the watcher
+
+
+def _commit(changes: dict[str, Any]) -> CommitThreadInput:
+    return CommitThreadInput.model_validate(builders.create("s", "t", changes))
+
+
+def _version(revision: int, instance: str = "i") -> ThreadVersion:
+    return ThreadVersion.model_validate({"threadInstanceId": instance, "revision": revision})
+
+
+def test_a_commit_names_the_ids_it_inserts_updates_deletes_and_truncates() -> None:
+    commit = CommitThreadInput.model_validate(
+        {
+            **builders.create("s", "t"),
+            "condition": {"type": "version", "version": _version(3).to_json()},
+            "mutation": {
+                "type": "update",
+                "root": {"listVisibility": "visible", "metadata": {}, "privateMetadata": {}},
+                "changes": {
+                    "messages": [
+                        builders.insert(builders.message("m1")),
+                        builders.replace(builders.message("m0")),
+                        builders.delete_record("m-old"),
+                        builders.truncate("m1"),
+                    ],
+                    "queuedItems": [builders.insert(builders.queued_item("q1", "r1"))],
+                    "lease": builders.release("r0", "owner"),
+                },
+            },
+        }
+    )
+    changes = ChangeSet.of_commit(commit)
+    assert changes == ChangeSet(
+        messages=FamilyChanges(("m1",), ("m0",), ("m-old",), truncated=True),
+        queued_items=FamilyChanges(inserted=("q1",)),
+        lease=True,
+    )
+    assert not changes.runs
+    assert ChangeSet.from_json(json.loads(json.dumps(changes.to_json()))) == changes
+
+
+def test_a_delete_has_no_change_set() -> None:
+    commit = CommitThreadInput.model_validate(builders.delete("s", "t", _version(2).to_json()))
+    assert ChangeSet.of_commit(commit) is None
+    assert CommitNote.of_commit(commit, None) is None
+
+
+def test_folded_changes_keep_each_id_once_in_first_seen_order() -> None:
+    one = ChangeSet(messages=FamilyChanges(inserted=("a", "b")))
+    two = ChangeSet(messages=FamilyChanges(inserted=("b", "c"), updated=("a",)), lease=True)
+    assert one.merge(two) == ChangeSet(
+        messages=FamilyChanges(inserted=("a", "b", "c"), updated=("a",)), lease=True
+    )
+
+
+def test_a_change_is_described_only_when_every_commit_it_covers_was_heard() -> None:
+    notes = _Notes()
+    heard = {r: ChangeSet(messages=FamilyChanges(inserted=(f"m{r}",))) for r in (2, 3, 5)}
+    notes.add([CommitNote(_version(r), c) for r, c in heard.items()])
+    both = notes.covering(_version(1), _version(3))
+    assert both == ChangeSet(messages=FamilyChanges(inserted=("m2", "m3")))
+    assert notes.covering(_version(3), _version(5)) is None  # revision 4 was not heard
+    notes.add([CommitNote(_version(1, "new"), ChangeSet())])
+    assert notes.covering(_version(5), _version(1, "new")) == ChangeSet()  # a new incarnation
+
+
+def test_the_memory_backend_declares_it() -> None:
+    assert WATCH_CHANGES in MemoryThreadStore.capabilities
+
+
+async def test_a_change_says_what_changed_in_its_json_form() -> None:
+    store = MemoryThreadStore()
+    chat = store.conversation("s", "t")
+    await chat.add("user", "one")
+    root = await chat.get()
+    assert root is not None
+    changes = store.watch("s", "t", after=root.version, interval=LONG)
+    watching = asyncio.create_task(anext(changes))
+    await asyncio.sleep(0.01)  # the watcher waits (a commit before it started is not told)
+    message = await chat.add("user", "two")
+    async with asyncio.timeout(HANG_GUARD):
+        change = await watching
+    document = json.loads(json.dumps(change.to_json()))
+    assert document["changed"]["messages"]["inserted"] == [message.message_id]
+    assert document["changed"]["lease"] is False
+    await changes.aclose()
+
+
+@pytest.mark.parametrize("rounds", [3])
+async def test_a_scope_watcher_is_woken_by_the_commit_not_the_interval(rounds: int) -> None:
+    store = MemoryThreadStore()
+    await store.conversation("s", "a").add("user", "hi")
+    changes = store.watch_scope("s", interval=LONG)
+    for i in range(rounds):
+        watching = asyncio.create_task(anext(changes))
+        await asyncio.sleep(0.01)  # the watcher has looked once and waits
+        await store.conversation("s", f"b{i}").add("user", "hi")
+        async with asyncio.timeout(HANG_GUARD):
+            change = await watching
+        assert change.thread_id == f"b{i}"
+        assert change.changed is None  # a scope's watcher is not told what changed
+    await changes.aclose()
