@@ -229,6 +229,7 @@ class Conversation:
         self, message_id: str | None, newer_than: str | None, interval: float
     ) -> AsyncGenerator[Message, None]:
         instance: str | None = None  # the incarnation the followed message lives in
+        looked = False  # a change is skipped unread only after a first read
         last: Message | None = None
         watch = self.store.watch(self.scope_key, self.thread_id, after=_NOWHERE, interval=interval)
         async with contextlib.aclosing(watch) as changes:
@@ -237,6 +238,9 @@ class Conversation:
                     if instance is None:
                         continue
                     raise ConversationConflictError(f"{self!r} was deleted while followed")
+                if looked and not _may_concern(change, message_id):
+                    continue
+                looked = True
                 if message_id is None:
                     message_id = await self._newest_reply()
                     if message_id is None or message_id == newer_than:
@@ -442,6 +446,27 @@ class Conversation:
         raise ConversationConflictError(
             f"{MAX_ATTEMPTS} commits to {self!r} in a row found another writer's first; gave up"
         )
+
+
+def _may_concern(change: ThreadChange, message_id: str | None) -> bool:
+    """Whether a change can touch the followed message or start or close a run.
+
+    Only what the watcher was told (``change.changed``) can rule a change out;
+    ``None`` (unknown), or a change across incarnations, never does. A reply's
+    run is opened and closed by commits that change runs, so the final record
+    is never skipped here.
+    """
+    changed = change.changed
+    if changed is None or change.commits is None or changed.runs:
+        return True
+    if message_id is None:  # waiting for a reply: only a new run can bring one
+        return False
+    messages = changed.messages
+    return messages.truncated or message_id in (
+        *messages.inserted,
+        *messages.updated,
+        *messages.deleted,
+    )
 
 
 class Reply:

@@ -16,9 +16,11 @@ from typing import Any
 
 import httpx
 import pytest
+from pai_storage_memory import MemoryThreadStore
 
 import pai_storage
 from pai_storage.cli import main
+from pai_storage.models import ReadThreadInput, ThreadReadResult
 
 HANG_GUARD = 120.0  # seconds: reached only when a follower misses the end of a reply
 CHUNKS = 30
@@ -56,6 +58,42 @@ async def test_the_command_follows_a_reply_from_another_process(tmp_path: Path) 
     shown = [("".join(p["text"] for p in m["parts"]), m["status"]) for m in seen]
     assert shown[0] == ("chunk 0 ", "streaming")
     assert shown[-1] == ("".join(f"chunk {i} " for i in range(CHUNKS)), "complete")
+
+
+class _CountingReads(MemoryThreadStore):
+    """A memory store (whose watchers are told what changed) that counts message reads."""
+
+    message_reads = 0
+
+    async def _read_thread(self, request: ReadThreadInput) -> ThreadReadResult:
+        if request.include is not None and request.include.messages is not None:
+            self.message_reads += 1
+        return await super()._read_thread(request)
+
+
+async def test_a_follower_reads_only_for_changes_that_can_concern_its_reply() -> None:
+    store = _CountingReads()
+    chat = store.conversation("s", "t", flush_every=0)
+    other = store.conversation("s", "t")
+    async with chat.reply() as answer:
+        await answer.write("a")
+        records = store.conversation("s", "t").follow(interval=3600)  # woken by the signal only
+        assert (await anext(records)).text == "a"
+        following = asyncio.create_task(_all(records))
+        reads = store.message_reads
+        for i in range(10):  # messages joining the run: the reply's message is not in them
+            await other.add("user", f"aside {i}")
+            await asyncio.sleep(0)
+        assert store.message_reads == reads
+        await answer.write("b")
+    async with asyncio.timeout(HANG_GUARD):
+        rest = await following
+    assert [(m.text, m.status) for m in rest][-1] == ("ab", "complete")
+    assert store.message_reads <= reads + 2  # the chunk and the close (maybe coalesced)
+
+
+async def _all(records: AsyncIterator[pai_storage.Message]) -> list[pai_storage.Message]:
+    return [record async for record in records]
 
 
 # ---------------------------------------------------------------- the SSE example
