@@ -21,13 +21,20 @@ whose rules the commit can affect, and :meth:`RelationshipCheck.check` loads
 their post-commit facts through a :class:`RelationshipReader` (queries inside
 the commit's transaction, which see its own writes) and asserts the rules.
 Nothing loads the whole transcript: a run's facts are its own messages.
+
+A backend that keeps records as rows answers the reader with its query rows
+only: :func:`run_facts_from_rows` folds them into facts, :func:`gapped_spans`
+names the few runs it must look inside for a foreign message, and
+:func:`run_ref_from_row` / :func:`message_ref_from_row` read the open runs and
+the tail, so the fold is written once for every such backend.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from operator import itemgetter
+from typing import Any, Protocol
 
 from .aggregate import ThreadAggregate
 from .errors import ThreadStoreInvariantError
@@ -41,6 +48,7 @@ from .models import (
     ThreadChanges,
     ThreadLease,
 )
+from .rows import dec, run_ref_fields
 
 __all__ = [
     "OPEN_STATUSES",
@@ -52,8 +60,12 @@ __all__ = [
     "RunRelations",
     "ThreadRelations",
     "assert_relationships",
+    "gapped_spans",
+    "message_ref_from_row",
     "relations_from_aggregate",
     "relationship_check",
+    "run_facts_from_rows",
+    "run_ref_from_row",
 ]
 
 OPEN_STATUSES = frozenset({"running", "waiting"})
@@ -403,3 +415,95 @@ def relationship_check(
             affected.add(old_run)
     check.check_tail = bool(changes.messages or changes.runs)
     return check
+
+
+# ---------------------------------------------------------------- facts from rows
+#
+# The rows of a backend that stores records as JSON text (pai_storage.rows): ids
+# are their stored UTF-8 bytes, a run's document its stored text. A row is any
+# sequence (a driver's record or row) whose columns come in the order named.
+
+_POSITION_OF_MESSAGE = itemgetter(1)
+_POSITION_OF_ITEM = itemgetter(2)
+
+
+def run_ref_from_row(row: Sequence[Any]) -> RunRef:
+    """The :class:`RunRef` of a stored run row ``(run_id, doc)``.
+
+    Raises :class:`ThreadStoreInvariantError` when the document is not a run.
+    """
+    run_id, doc = row
+    status, admitted, queue_item_id, inputs = run_ref_fields(doc)
+    return RunRef(dec(run_id), status, admitted, queue_item_id, inputs)
+
+
+def message_ref_from_row(row: Sequence[Any]) -> MessageRef:
+    """The :class:`MessageRef` of a stored message row
+    ``(position, message_id, run_id or None, relation or None)``."""
+    position, message_id, run_id, relation = row
+    return MessageRef(
+        dec(message_id), int(position), None if run_id is None else dec(run_id), relation
+    )
+
+
+def run_facts_from_rows(
+    run_ids: Iterable[str],
+    runs: Iterable[Sequence[Any]],
+    messages: Iterable[Sequence[Any]],
+    items: Iterable[Sequence[Any]],
+) -> dict[str, RunRelations]:
+    """Fold a normalized backend's rows into the facts of ``run_ids``.
+
+    Parameters
+    ----------
+    run_ids:
+        The runs asked for; every one has an entry (``run=None`` when no run
+        row names it), in this order.
+    runs:
+        Rows ``(run_id, doc)`` of the runs with these ids.
+    messages:
+        Rows ``(run_id, position, message_id, relation)`` of the messages
+        associated with these ids, in any order.
+    items:
+        Rows ``(run_id, queue_item_id, position)`` of the queued items naming
+        these ids, in any order.
+
+    Rows naming an id not asked for are ignored (a backend that finds rows by
+    a digest of the id may get another id's). Messages and items come out in
+    position order; ``foreign_inside`` is left ``False``: only the runs
+    :func:`gapped_spans` names can have a foreign message inside, and the
+    backend answers that with a query of its own.
+    """
+    facts: dict[str, RunRelations] = {i: RunRelations(None, [], False, []) for i in run_ids}
+    for row in runs:
+        ref = run_ref_from_row(row)
+        found = facts.get(ref.run_id)
+        if found is not None:
+            found.run = ref
+    # Sorting rows that already come in order is one linear pass.
+    for run_id, position, message_id, relation in sorted(messages, key=_POSITION_OF_MESSAGE):
+        rid = dec(run_id)
+        found = facts.get(rid)
+        if found is not None:
+            found.messages.append(  # type: ignore[attr-defined]
+                MessageRef(dec(message_id), int(position), rid, relation)
+            )
+    for run_id, queue_item_id, _position in sorted(items, key=_POSITION_OF_ITEM):
+        rid = dec(run_id)
+        found = facts.get(rid)
+        if found is not None:
+            found.queued_items.append(QueueRef(dec(queue_item_id), rid))  # type: ignore[attr-defined]
+    return facts
+
+
+def gapped_spans(facts: Mapping[str, RunRelations]) -> list[tuple[str, int, int]]:
+    """``(run_id, first position, last position)`` of each run whose messages have gaps.
+
+    Positions are dense as written, so a run whose span has no gap cannot hold
+    a foreign message: only these spans need a look inside (exclusive bounds).
+    """
+    return [
+        (run_id, f.messages[0].position, f.messages[-1].position)
+        for run_id, f in facts.items()
+        if f.messages and f.messages[-1].position - f.messages[0].position + 1 != len(f.messages)
+    ]

@@ -62,7 +62,6 @@ from pai_storage.backend import (
     HeldThread,
     ListPlan,
     MessageRef,
-    QueueRef,
     ReadSnapshot,
     RelationshipContext,
     RelationshipReader,
@@ -74,9 +73,13 @@ from pai_storage.backend import (
     ThreadConflict,
     ThreadIndexEntry,
     Window,
+    gapped_spans,
     map_errors,
+    message_ref_from_row,
     run_commit,
+    run_facts_from_rows,
     run_read,
+    run_ref_from_row,
     timestamp_ms,
 )
 from pai_storage.rows import (
@@ -89,7 +92,6 @@ from pai_storage.rows import (
     list_page,
     page_records,
     parse,
-    run_ref_fields,
 )
 
 from .client import SESSION_SETTINGS, PgClient, keep_session, terminate
@@ -1271,37 +1273,14 @@ class _Reader:
             th,
             keys,
         )
-        messages = sorted(messages, key=lambda r: int(r["position"]))
         items = await conn.fetch(
             by_keys(self._t.queued, "run_id", "t.run_id, t.queue_item_id, t.position"),
             s,
             th,
             keys,
         )
-        items = sorted(items, key=lambda r: int(r["position"]))
-        facts: dict[str, RunRelations] = {i: RunRelations(None, [], False, []) for i in ids}
-        for r in runs:
-            rid = dec(r["run_id"])
-            status, admitted, queue_item, inputs = run_ref_fields(r["doc"])
-            facts[rid].run = RunRef(rid, status, admitted, queue_item, inputs)
-        for r in messages:
-            rid = dec(r["run_id"])
-            cast(list[MessageRef], facts[rid].messages).append(
-                MessageRef(dec(r["message_id"]), int(r["position"]), rid, r["relation"])
-            )
-        for r in items:
-            rid = dec(r["run_id"])
-            cast(list[QueueRef], facts[rid].queued_items).append(
-                QueueRef(dec(r["queue_item_id"]), rid)
-            )
-        # Positions are dense as written: a run whose span has no gap cannot
-        # hold a foreign message. Only spans with gaps need a look inside.
-        spans = [
-            (rid, f.messages[0].position, f.messages[-1].position)
-            for rid, f in facts.items()
-            if f.messages
-            and f.messages[-1].position - f.messages[0].position + 1 != len(f.messages)
-        ]
+        facts = run_facts_from_rows(ids, runs, messages, items)
+        spans = gapped_spans(facts)
         if spans:
             rows = await conn.fetch(
                 f"SELECT r.run_id FROM unnest($3::bytea[], $4::bigint[], $5::bigint[]) "
@@ -1321,15 +1300,8 @@ class _Reader:
 
     async def open_runs(self) -> Sequence[RunRef]:
         rows = await self._conn.fetch(open_runs_statement(self._t.runs), self._scope, self._thread)
-        out = []
-        for r in rows:
-            status, admitted, queue_item, inputs = run_ref_fields(r["doc"])
-            out.append(RunRef(dec(r["run_id"]), status, admitted, queue_item, inputs))
-        return out
+        return [run_ref_from_row(r) for r in rows]
 
     async def tail(self) -> MessageRef | None:
         r = await self._conn.fetchrow(tail_statement(self._t.messages), self._scope, self._thread)
-        if r is None:
-            return None
-        run_id = dec(r["run_id"]) if r["run_id"] is not None else None
-        return MessageRef(dec(r["message_id"]), int(r["position"]), run_id, r["relation"])
+        return None if r is None else message_ref_from_row(r)

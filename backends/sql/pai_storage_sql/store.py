@@ -73,7 +73,6 @@ from pai_storage.backend import (
     HeldThread,
     ListPlan,
     MessageRef,
-    QueueRef,
     ReadSnapshot,
     RelationshipContext,
     RelationshipReader,
@@ -85,8 +84,12 @@ from pai_storage.backend import (
     ThreadConflict,
     ThreadIndexEntry,
     Window,
+    gapped_spans,
+    message_ref_from_row,
     run_commit,
+    run_facts_from_rows,
     run_read,
+    run_ref_from_row,
     timestamp_ms,
 )
 from pai_storage.rows import (
@@ -98,7 +101,6 @@ from pai_storage.rows import (
     list_page,
     page_records,
     parse,
-    run_ref_fields,
 )
 
 from .client import Operation, SqlClient, Statement, is_unique_violation
@@ -1168,9 +1170,8 @@ class _Reader:
 
     async def run_facts(self, run_ids: Iterable[str]) -> Mapping[str, RunRelations]:
         ids = list(run_ids)
-        facts: dict[str, RunRelations] = {i: RunRelations(None, [], False, []) for i in ids}
         if not ids:
-            return facts
+            return {}
         params = {"k": self._key, "ids": [digest(i) for i in ids]}
         conn, key, t, op = self._conn, self._key, self._t, self._op
 
@@ -1215,31 +1216,8 @@ class _Reader:
             ),
             params,
         )
-        for run_id, doc in runs:
-            rid = dec(run_id)
-            if rid in facts:
-                status, admitted, queue_item, inputs = run_ref_fields(doc)
-                facts[rid].run = RunRef(rid, status, admitted, queue_item, inputs)
-        for run_id, position, message_id, relation in messages:
-            rid = dec(run_id)
-            if rid in facts:
-                cast(list[MessageRef], facts[rid].messages).append(
-                    MessageRef(dec(message_id), int(position), rid, relation)
-                )
-        for run_id, queue_item_id, _position in items:
-            rid = dec(run_id)
-            if rid in facts:
-                cast(list[QueueRef], facts[rid].queued_items).append(
-                    QueueRef(dec(queue_item_id), rid)
-                )
-        # Positions are dense as written: a run whose span has no gap cannot
-        # hold a foreign message. Only spans with gaps need a look inside.
-        for rid, f in facts.items():
-            if not f.messages:
-                continue
-            lo, hi = f.messages[0].position, f.messages[-1].position
-            if hi - lo + 1 == len(f.messages):
-                continue
+        facts = run_facts_from_rows(ids, runs, messages, items)
+        for rid, lo, hi in gapped_spans(facts):
             foreign = (
                 await conn.execute(
                     select(
@@ -1253,7 +1231,7 @@ class _Reader:
                 )
             ).scalar()
             if foreign:
-                f.foreign_inside = True
+                facts[rid].foreign_inside = True
         return facts
 
     async def open_runs(self) -> Sequence[RunRef]:
@@ -1268,11 +1246,7 @@ class _Reader:
                 .limit(2)
             ),
         )
-        out = []
-        for run_id, doc in await self._op.rows(stmt, {"k": self._key}):
-            st, admitted, queue_item, inputs = run_ref_fields(doc)
-            out.append(RunRef(dec(run_id), st, admitted, queue_item, inputs))
-        return out
+        return [run_ref_from_row(row) for row in await self._op.rows(stmt, {"k": self._key})]
 
     async def tail(self) -> MessageRef | None:
         m = self._t.messages
@@ -1287,8 +1261,4 @@ class _Reader:
             ),
         )
         rows = await self._op.rows(stmt, {"k": self._key})
-        if not rows:
-            return None
-        position, message_id, stored_run, relation = rows[0]
-        run_id = dec(stored_run) if stored_run is not None else None
-        return MessageRef(dec(message_id), int(position), run_id, relation)
+        return message_ref_from_row(rows[0]) if rows else None
