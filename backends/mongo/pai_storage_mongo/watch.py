@@ -81,8 +81,11 @@ class MongoNotifier(ChangeNotifier):
                 self._listen(self._stop, self._listening), name="pai-storage change stream"
             )
         # A server that is down must not hold the watcher: it polls meanwhile.
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(self._listening.wait()), _READY_WAIT)
+        listening = asyncio.ensure_future(self._listening.wait())
+        try:
+            await asyncio.wait({listening}, timeout=_READY_WAIT)
+        finally:
+            listening.cancel()
 
     def idle(self) -> None:
         """The last watcher left: close the stream."""
