@@ -4,8 +4,10 @@
 (polling by default), so these tests check the contract on every backend:
 versions only go forward, the final version of a burst is always reported,
 a deletion is reported, another scope's thread of the same id is never seen,
-and ``after=`` starts where it says. Intervals are short; every wait is for
-an event, bounded only by a generous guard against a hang.
+``after=`` starts where it says, and a change that says what changed
+(``changed``) says it right. A backend that declares ``watch_changes`` must
+say it for a commit its watcher was waiting for. Intervals are short; every
+wait is for an event, bounded only by a generous guard against a hang.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from pai_storage import ThreadChange, ThreadStore, ThreadStoreInvariantError, ThreadVersion
+from pai_storage import ThreadChange, ThreadStore, ThreadVersion
+from pai_storage.errors import ThreadStoreInvariantError
+from pai_storage.watch import WATCH_CHANGES, ChangeSet, FamilyChanges
 
 from ._support import new_scope
 
@@ -25,6 +29,7 @@ __all__ = ["TestWatch"]
 pytestmark = pytest.mark.asyncio
 
 INTERVAL = 0.01
+LONG_INTERVAL = 30.0  # seconds: a watcher woken sooner was woken by the backend's signal
 HANG_GUARD = 60.0  # seconds: only ever reached when a change is never reported
 
 
@@ -63,8 +68,77 @@ def _forward(changes: list[ThreadChange]) -> None:
             assert change.version.revision > change.previous.revision
 
 
+def _inserted(message_id: str) -> ChangeSet:
+    return ChangeSet(messages=FamilyChanges(inserted=(message_id,)))
+
+
 class TestWatch:
     """``store.watch(scope, thread)`` and ``store.watch_scope(scope)``."""
+
+    async def test_what_changed_is_right_whenever_it_is_said(self, store: ThreadStore) -> None:
+        scope = new_scope()
+        start = await _add(store, scope, "t")
+        chat = store.conversation(scope, "t")
+        changes = store.watch(scope, "t", after=start, interval=INTERVAL)
+        expected: dict[int, ChangeSet] = {}  # by revision: what each commit changed
+
+        async def write() -> ThreadVersion:
+            for i in range(12):
+                if i % 4 == 3:
+                    await chat.update(metadata={"turn": i})
+                    change = ChangeSet()
+                else:
+                    change = _inserted((await chat.add("user", f"message {i}")).message_id)
+                version = await _version(store, scope, "t")
+                expected[version.revision] = change
+                await asyncio.sleep(0)
+            return version
+
+        writer = asyncio.create_task(write())
+        seen = await _until(changes, await writer)
+        _forward(seen)
+        for change in seen:
+            if change.changed is None:
+                continue  # unknown: allowed (the watcher re-reads the thread)
+            assert change.previous is not None
+            assert change.version is not None
+            folded = [
+                expected[r]
+                for r in range(change.previous.revision + 1, change.version.revision + 1)
+            ]
+            merged = folded[0]
+            for later in folded[1:]:
+                merged = merged.merge(later)
+            assert change.changed == merged
+            assert change.to_json()["changed"] == merged.to_json()
+
+    async def test_a_waiting_watcher_is_told_what_a_commit_changed(
+        self, store: ThreadStore
+    ) -> None:
+        if WATCH_CHANGES not in store.capabilities:
+            pytest.skip(
+                f"capability {WATCH_CHANGES!r} not provided by the {store.backend_name} backend: "
+                "its watchers are not told what changed (ThreadChange.changed is None)"
+            )
+        scope = new_scope()
+        start = await _add(store, scope, "t")
+        chat = store.conversation(scope, "t")
+        changes = store.watch(scope, "t", after=start, interval=LONG_INTERVAL)
+        async with asyncio.timeout(HANG_GUARD):
+            first = await chat.add("user", "while the watcher starts")
+            await _next(changes)  # the watcher is running; its signal is listening
+            for i in range(3):
+                watching = asyncio.create_task(_next(changes))
+                message = await chat.add("user", f"while the watcher waits {i}")
+                change = await watching
+                assert change.commits == 1
+                assert change.changed == _inserted(message.message_id), change.changed
+            watching = asyncio.create_task(_next(changes))
+            await chat.update(metadata={"topic": "x"})
+            change = await watching
+        assert change.changed == ChangeSet()  # the root only: no record, no lease
+        assert first.message_id not in change.to_json()["changed"]["messages"]["inserted"]
+        await changes.aclose()
 
     async def test_every_commit_is_reported_in_order_ending_at_the_last(
         self, store: ThreadStore
