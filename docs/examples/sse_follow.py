@@ -176,7 +176,11 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     args = parser.parse_args()
-    uvicorn.run(make_app(args.url), host=args.host, port=args.port, log_level="warning")
+    # Open /follow streams would hold a graceful shutdown until every tab closed.
+    app = make_app(args.url)
+    uvicorn.run(
+        app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=2
+    )
 
 
 if __name__ == "__main__":
