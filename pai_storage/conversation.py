@@ -228,25 +228,31 @@ class Conversation:
     async def _follow(
         self, message_id: str | None, newer_than: str | None, interval: float
     ) -> AsyncGenerator[Message, None]:
+        given = message_id is not None  # else: wait for a reply while there is none
         instance: str | None = None  # the incarnation the followed message lives in
         looked = False  # a change is skipped unread only after a first read
         last: Message | None = None
         watch = self.store.watch(self.scope_key, self.thread_id, after=_NOWHERE, interval=interval)
         async with contextlib.aclosing(watch) as changes:
             async for change in changes:
-                if change.version is None:  # deleted (or missing when the watch started)
-                    if instance is None:
-                        continue
-                    raise ConversationConflictError(f"{self!r} was deleted while followed")
                 if looked and not _may_concern(change, message_id):
                     continue
                 looked = True
-                if message_id is None:
+                if message_id is None and change.version is not None:
                     message_id = await self._newest_reply()
-                    if message_id is None or message_id == newer_than:
-                        message_id = None
-                        continue  # no (new) reply yet: wait for one
-                message, open_run, version = await self._look(message_id)
+                    if message_id == newer_than:
+                        message_id = None  # no new reply yet: wait for one
+                found = None if message_id is None else await self._look(message_id)
+                if found is None:  # no thread, or no reply in it yet
+                    if instance is not None:
+                        raise ConversationConflictError(f"{self!r} was deleted while followed")
+                    if given:
+                        raise ThreadStoreInvariantError(
+                            f"message_id {message_id!r} does not name a message of {self!r}"
+                        )
+                    message_id = None
+                    continue
+                message, open_run, version = found
                 if instance is None:
                     instance = version.thread_instance_id
                 elif version.thread_instance_id != instance:
@@ -254,7 +260,7 @@ class Conversation:
                         f"{self!r} was deleted and created again while followed"
                     )
                 if message is None:
-                    if last is None:
+                    if last is None and given:
                         raise ThreadStoreInvariantError(
                             f"message_id {message_id!r} does not name a message of {self!r}"
                         )
@@ -276,8 +282,13 @@ class Conversation:
         found = read.runs.items[0].private_metadata.get(_REPLY_MESSAGE)
         return found if isinstance(found, str) else None
 
-    async def _look(self, message_id: str) -> tuple[Message | None, str | None, ThreadVersion]:
-        """The message, the open run's id and the version, in one read (so one state)."""
+    async def _look(
+        self, message_id: str
+    ) -> tuple[Message | None, str | None, ThreadVersion] | None:
+        """The message, the open run's id and the version, in one read (so one state).
+
+        ``None`` when the thread is missing.
+        """
         read = await self.store.read_thread(
             b.read(
                 self.scope_key,
@@ -287,7 +298,7 @@ class Conversation:
             )
         )
         if read.thread is None:
-            raise ConversationConflictError(f"{self!r} was deleted while followed")
+            return None
         message = read.messages.items[0] if read.messages and read.messages.items else None
         open_run = read.runs.items[0].run_id if read.runs and read.runs.items else None
         return message, open_run, read.thread.version

@@ -387,6 +387,9 @@ class TestConversation:
         assert [m.text for m in standalone] == ["hello"]
         with pytest.raises(ThreadStoreInvariantError, match="does not name a message"):
             await _followed(chat.follow("no-such-message", interval=INTERVAL))
+        missing = store.conversation(scope, "no-such-thread")
+        with pytest.raises(ThreadStoreInvariantError, match="does not name a message"):
+            await _followed(missing.follow(first.message_id, interval=INTERVAL))
         with pytest.raises(ThreadStoreInvariantError, match="interval"):
             chat.follow(interval=0)  # refused at the call, like watch()
 
