@@ -10,6 +10,7 @@ real MariaDB.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import uuid
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -254,6 +255,32 @@ async def test_names_rename_a_components_tables(
         assert item.value == "renamed"
     finally:
         await kv.close()
+
+
+@pytest.mark.parametrize(
+    ("module", "cls", "component"),
+    [
+        ("kv", "SqlKeyValueStore", "kv"),
+        ("state", "SqlAgentStateStore", "state"),
+        ("snapshots", "SqlSnapshotStore", "snapshots"),
+        ("guard", "SqlExecutionGuard", "guard"),
+    ],
+)
+def test_every_runtime_store_opened_alone_takes_every_client_option(
+    tmp_path: Any, module: str, cls: str, component: str
+) -> None:
+    # The client's options are the same for the four stores (one constructor).
+    store_class = getattr(importlib.import_module(f"pai_storage_sql.{module}"), cls)
+    store = store_class(
+        f"sqlite:///{tmp_path}/alone.db",
+        table_prefix="mine",
+        names={component: "renamed"},
+        busy_timeout=2,
+        pool_size=2,
+        connect_timeout=3,
+        retry_attempts=2,
+    )
+    assert "'renamed" in repr(store)
 
 
 @pytest.mark.parametrize(

@@ -22,16 +22,16 @@ from __future__ import annotations
 
 import hashlib
 from datetime import datetime, timedelta
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pai_storage.guard import ExecutionGuard, LockInfo
 
-from .runtime import PgRuntimeStore, micros, split_pool_options
+from .runtime import PURGE_BATCH, PgRuntimeStore, micros
+
+if TYPE_CHECKING:
+    from .schema import Tables
 
 __all__ = ["PostgresExecutionGuard", "ddl"]
-
-PURGE_BATCH = 1000
-"""Rows one ``purge_expired`` statement deletes at most (it loops until none are left)."""
 
 _NOW = "COALESCE($1::timestamptz, date_trunc('milliseconds', clock_timestamp()))"
 """The guard's clock: the test clock when set, else the server's, in whole ms (always ``$1``)."""
@@ -114,25 +114,17 @@ class PostgresExecutionGuard(PgRuntimeStore, ExecutionGuard):
     ran raises :class:`~pai_storage.errors.OutcomeUnknownError` (for
     ``acquire``, the lock may be held until its lease ends).
 
-    Parameters
-    ----------
-    url:
-        ``postgresql://...``; not needed with ``client=``.
-    client:
-        An application's own ``asyncpg.Pool`` (never closed by pai-storage) or
-        the :class:`~pai_storage_postgres.client.PgClient` of a ``connect()`` call.
-    table_prefix, schema, names, min_pool_size, max_pool_size, connect_timeout,
-    command_timeout, statement_cache_size:
-        Pool and table options (see :class:`~pai_storage_postgres.client.PgClient`).
-    lock_timeout, lease_ttl, retry_interval, clock, on_warning, token_secret:
-        The options of :class:`~pai_storage.guard.ExecutionGuard`.
+    Takes the parameters of :class:`~pai_storage_postgres.runtime.PgRuntimeStore`
+    (``url``, ``client``, the pool and table options) and the
+    options of :class:`~pai_storage.guard.ExecutionGuard` (``lock_timeout``,
+    ``lease_ttl``, ``retry_interval``, ``clock``, ``on_warning``,
+    ``token_secret``).
     """
 
     _repr_format = "{name}({url!r}, table={tables.locks})"
 
-    def __init__(self, url: Any = None, *, client: object = None, **options: Any) -> None:
-        super().__init__(url, client, split_pool_options(options), **options)
-        self._sql = Statements(self.tables)
+    def _use_tables(self, tables: Tables) -> None:
+        self._sql = Statements(tables)
 
     def _lock_key(self, resource: bytes) -> int:
         """The transaction advisory-lock key that serializes acquisitions of ``resource``."""
@@ -187,4 +179,4 @@ class PostgresExecutionGuard(PgRuntimeStore, ExecutionGuard):
         )
 
     async def _purge_expired(self) -> int:
-        return await self._purge_batches(self._sql.purge, PURGE_BATCH)
+        return await self._purge_batches(self._sql.purge)

@@ -16,7 +16,6 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from pai_storage import Clock, StoreURL, WarningCallback
 from pai_storage.backend import (
     KeyValueStore,
     KVRecord,
@@ -25,17 +24,15 @@ from pai_storage.backend import (
     namespace_path,
     prefix_upper_bound,
 )
-from pai_storage.runtime import DEFAULT_MAX_VALUE_BYTES
 
-from .runtime import PgRuntimeStore, rows_affected
+from .runtime import MAX_VALUE_BYTES, PURGE_BATCH, PgRuntimeStore, rows_affected
 
 if TYPE_CHECKING:
     import asyncpg  # type: ignore[import-untyped]
 
-__all__ = ["PURGE_BATCH", "PostgresKeyValueStore", "ddl"]
+    from .schema import Tables
 
-PURGE_BATCH = 1000
-"""Rows one statement of :meth:`PostgresKeyValueStore.purge_expired` deletes."""
+__all__ = ["PURGE_BATCH", "PostgresKeyValueStore", "ddl"]
 
 NOW = "COALESCE($1::timestamptz, date_trunc('milliseconds', clock_timestamp()))"
 """The store's time: the test clock (``$1``) or the server's, in milliseconds."""
@@ -238,46 +235,18 @@ def _cols(alias: str) -> str:
 class PostgresKeyValueStore(PgRuntimeStore, KeyValueStore):
     """Key-value items in PostgreSQL 13+ (asyncpg), on the shared pool of :class:`PgClient`.
 
-    Parameters
-    ----------
-    url:
-        The ``postgresql://`` URL (not needed with ``client=``).
-    client:
-        An application's own ``asyncpg.Pool`` (never closed by pai-storage), or
-        the :class:`PgClient` shared by the stores of one ``connect()`` call.
-    table_prefix, schema, names, min_pool_size, max_pool_size, ...:
-        Where the tables live and the pool's settings (see
-        :class:`~pai_storage_postgres.PostgresThreadStore`); not with a shared
-        :class:`PgClient`.
-    clock, on_warning, token_secret, max_value_bytes:
-        The options of :class:`~pai_storage.KeyValueStore`; ``max_value_bytes``
-        is at most 256 MiB here.
+    Takes the parameters of :class:`~pai_storage_postgres.runtime.PgRuntimeStore`
+    (``url``, ``client``, the pool and table options) and the
+    options of :class:`~pai_storage.KeyValueStore` (``clock``, ``on_warning``,
+    ``token_secret``, ``max_value_bytes``); ``max_value_bytes`` is at most
+    256 MiB here.
     """
 
-    value_bytes_limit: ClassVar[int | None] = 256 * 1024 * 1024
+    value_bytes_limit: ClassVar[int | None] = MAX_VALUE_BYTES
     _repr_format = "{name}({url!r}, table={tables.kv!r})"
 
-    def __init__(
-        self,
-        url: str | StoreURL | None = None,
-        *,
-        client: object = None,
-        clock: Clock | None = None,
-        on_warning: WarningCallback | None = None,
-        token_secret: bytes | None = None,
-        max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
-        **pool_options: Any,
-    ) -> None:
-        super().__init__(
-            url,
-            client,
-            pool_options,
-            clock=clock,
-            on_warning=on_warning,
-            token_secret=token_secret,
-            max_value_bytes=max_value_bytes,
-        )
-        self.sql = Statements(self.tables.kv)
+    def _use_tables(self, tables: Tables) -> None:
+        self.sql = Statements(tables.kv)
 
     async def _fetch(self, sql: str, *args: Any) -> list[Any]:
         """Run a read statement (``$1`` is the store's time)."""
@@ -387,7 +356,7 @@ class PostgresKeyValueStore(PgRuntimeStore, KeyValueStore):
         return await self._delete_rows(statement, low, prefix_upper_bound(low))
 
     async def _purge_expired(self) -> int:
-        return await self._purge_batches(self.sql.purge, PURGE_BATCH)
+        return await self._purge_batches(self.sql.purge)
 
 
 def _upper(path: str) -> str | None:

@@ -5,16 +5,19 @@
 constructor passes the contract's options on to the contract class and then
 attaches the :class:`~pai_storage_postgres.client.PgClient` the store runs on
 (a new one from the URL and pool options, an application's ``asyncpg.Pool``
-wrapped, or the client shared by the stores of one ``connect()`` call);
-``initialize`` connects the client and ``close`` releases it; the batched
-``purge_expired`` loop is :meth:`PgRuntimeStore._purge_batches`. A store keeps
-only its own options, statements and operations. See ``docs/postgres.md``,
+wrapped, or the client shared by the stores of one ``connect()`` call), so
+the constructor is every store's and a store refused for a bad option holds
+no client; a store builds its statements for its tables in
+:meth:`PgRuntimeStore._use_tables`. ``initialize`` connects the client and
+``close`` releases it; the batched ``purge_expired`` loop is
+:meth:`PgRuntimeStore._purge_batches` and a scope erasure's ``DELETE``
+:meth:`PgRuntimeStore._delete_rows`. A store keeps only its own options,
+statements and operations. See ``docs/postgres.md``,
 "Key-value and agent-state stores" and "Snapshot store and execution guard".
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -28,7 +31,20 @@ if TYPE_CHECKING:
 
     from .schema import Tables
 
-__all__ = ["PgRuntimeStore", "micros", "rows_affected", "split_pool_options"]
+__all__ = [
+    "MAX_VALUE_BYTES",
+    "PURGE_BATCH",
+    "PgRuntimeStore",
+    "micros",
+    "rows_affected",
+    "split_pool_options",
+]
+
+MAX_VALUE_BYTES = 256 * 1024 * 1024
+"""The largest ``max_value_bytes`` of the key-value and agent-state stores: 256 MiB."""
+
+PURGE_BATCH = 1000
+"""Rows one statement of a store's ``purge_expired`` deletes at most."""
 
 
 def split_pool_options(options: dict[str, Any]) -> dict[str, Any]:
@@ -49,9 +65,21 @@ def micros(duration: timedelta) -> int:
 class PgRuntimeStore(RuntimeStore):
     """A runtime store on the shared pool of a :class:`PgClient`.
 
-    ``url``, ``client`` and ``pool_options`` (:data:`~pai_storage_postgres.client.POOL_OPTIONS`)
-    are what :meth:`PgClient.attached` takes, as each store documents them; every
-    other keyword goes to the contract class that follows this one in the store's bases.
+    Parameters
+    ----------
+    url:
+        The ``postgresql://`` URL (not needed with ``client=``).
+    client:
+        An application's own ``asyncpg.Pool`` (never closed by pai-storage), or
+        the :class:`PgClient` shared by the stores of one ``connect()`` call.
+    **options:
+        Where the tables live and the pool's settings
+        (:data:`~pai_storage_postgres.client.POOL_OPTIONS`: ``table_prefix``,
+        ``schema``, ``names``, ``min_pool_size``, ``max_pool_size``, ...; see
+        :class:`~pai_storage_postgres.PostgresThreadStore`; not with a shared
+        :class:`PgClient`), and the options of the contract class that follows
+        this one in the store's bases (``clock``, ``on_warning``,
+        ``token_secret``, and its own).
     """
 
     backend_name = "postgres"
@@ -62,18 +90,21 @@ class PgRuntimeStore(RuntimeStore):
     (:class:`~pai_storage_postgres.schema.Tables`)."""
 
     def __init__(
-        self,
-        url: str | StoreURL | None,
-        client: object,
-        pool_options: Mapping[str, Any],
-        **options: Any,
+        self, url: str | StoreURL | None = None, *, client: object = None, **options: Any
     ) -> None:
+        pool_options = split_pool_options(options)
+        # The contract's options first: a store refused for a bad one holds no client.
         super().__init__(**options)
         self._client: PgClient = PgClient.attached(url, client, **pool_options)
         self.url: StoreURL = self._client.url
         self.tables: Tables = self._client.tables
         self._pool: asyncpg.Pool | None = None
         """The client's pool once initialized (``None`` before and after)."""
+        self._use_tables(self.tables)
+
+    def _use_tables(self, tables: Tables) -> None:
+        """Build the store's statements for its tables (named by ``tables``)."""
+        raise NotImplementedError
 
     def __repr__(self) -> str:
         return self._repr_format.format(
@@ -94,7 +125,7 @@ class PgRuntimeStore(RuntimeStore):
                 status = await conn.execute(statement, *args)
         return rows_affected(status)
 
-    async def _purge_batches(self, statement: str, batch: int) -> int:
+    async def _purge_batches(self, statement: str, batch: int = PURGE_BATCH) -> int:
         """Run ``statement`` until it deletes fewer than ``batch`` rows; the rows deleted.
 
         ``statement`` deletes at most ``batch`` expired rows (``$1`` is the

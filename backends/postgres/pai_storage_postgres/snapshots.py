@@ -16,7 +16,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 from datetime import datetime
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from pai_storage.backend import ENUMERATE
 from pai_storage.errors import CorruptSnapshotError
@@ -24,7 +24,10 @@ from pai_storage.events import StoreWarning
 from pai_storage.runtime import parse_json_text
 from pai_storage.snapshots import Snapshot, SnapshotDraft, SnapshotInfo, SnapshotStore
 
-from .runtime import PgRuntimeStore, micros, split_pool_options
+from .runtime import PURGE_BATCH, PgRuntimeStore, micros
+
+if TYPE_CHECKING:
+    from .schema import Tables
 
 __all__ = ["MAX_SNAPSHOT_BYTES", "PostgresSnapshotStore", "ddl"]
 
@@ -34,9 +37,6 @@ MAX_SNAPSHOT_BYTES = 256 * 1024 * 1024
 PostgreSQL's own ceiling for one ``bytea`` value is 1 GiB, but a value is
 sent, stored and returned whole (the server and the driver each hold it in
 memory, escaped or not): 256 MiB keeps one operation's memory bounded."""
-
-PURGE_BATCH = 1000
-"""Rows one ``purge_expired`` statement deletes at most (it loops until none are left)."""
 
 _NOW = "COALESCE($1::timestamptz, date_trunc('milliseconds', clock_timestamp()))"
 """The store's clock: the test clock when set, else the server's, in whole ms.
@@ -133,27 +133,18 @@ class PostgresSnapshotStore(PgRuntimeStore, SnapshotStore):
     milliseconds), or on the test ``clock``. Snapshots over
     :data:`MAX_SNAPSHOT_BYTES` (256 MiB) are refused before anything is sent.
 
-    Parameters
-    ----------
-    url:
-        ``postgresql://...``; not needed with ``client=``.
-    client:
-        An application's own ``asyncpg.Pool`` (never closed by pai-storage) or
-        the :class:`~pai_storage_postgres.client.PgClient` of a ``connect()`` call.
-    table_prefix, schema, names, min_pool_size, max_pool_size, connect_timeout,
-    command_timeout, statement_cache_size:
-        Pool and table options (see :class:`~pai_storage_postgres.client.PgClient`).
-    clock, on_warning, token_secret, snapshot_ttl:
-        The options of :class:`~pai_storage.snapshots.SnapshotStore`.
+    Takes the parameters of :class:`~pai_storage_postgres.runtime.PgRuntimeStore`
+    (``url``, ``client``, the pool and table options) and the
+    options of :class:`~pai_storage.snapshots.SnapshotStore` (``clock``,
+    ``on_warning``, ``token_secret``, ``snapshot_ttl``).
     """
 
     capabilities: ClassVar[frozenset[str]] = frozenset({ENUMERATE})
     max_snapshot_bytes: ClassVar[int | None] = MAX_SNAPSHOT_BYTES
     _repr_format = "{name}({url!r}, table={tables.snapshots})"
 
-    def __init__(self, url: Any = None, *, client: object = None, **options: Any) -> None:
-        super().__init__(url, client, split_pool_options(options), **options)
-        self._sql = Statements(self.tables.snapshots)
+    def _use_tables(self, tables: Tables) -> None:
+        self._sql = Statements(tables.snapshots)
 
     # ------------------------------------------------------------ hooks
 
@@ -233,7 +224,7 @@ class PostgresSnapshotStore(PgRuntimeStore, SnapshotStore):
         return await self._delete_rows(statement, scope.encode())
 
     async def _purge_expired(self) -> int:
-        return await self._purge_batches(self._sql.purge, PURGE_BATCH)
+        return await self._purge_batches(self._sql.purge)
 
     async def _list_scopes(self, after: str | None, limit: int) -> builtins.list[str]:
         start = b"" if after is None else after.encode()  # every scope is longer

@@ -26,26 +26,23 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from pai_storage import Clock, StoreURL, WarningCallback
 from pai_storage.backend import ENUMERATE, AgentStateStore, ListHead, ListWrite, SessionKey
-from pai_storage.runtime import DEFAULT_MAX_VALUE_BYTES
 from pai_storage.state import (
     ANONYMOUS_USER,
-    DEFAULT_SESSION_TTL,
     StaleVersion,
     StoredKind,
     VersionedState,
 )
 
-from .runtime import PgRuntimeStore
+from .runtime import MAX_VALUE_BYTES, PURGE_BATCH, PgRuntimeStore
 
 if TYPE_CHECKING:
     import asyncpg  # type: ignore[import-untyped]
 
+    from .schema import Tables
+
 __all__ = ["PURGE_BATCH", "PostgresAgentStateStore", "ddl"]
 
-PURGE_BATCH = 1000
-"""Sessions one statement of :meth:`PostgresAgentStateStore.purge_expired` deletes."""
 
 NOW = "COALESCE($1::timestamptz, date_trunc('milliseconds', clock_timestamp()))"
 
@@ -232,49 +229,19 @@ class _Nothing(Exception):
 class PostgresAgentStateStore(PgRuntimeStore, AgentStateStore):
     """Agent state in PostgreSQL 13+ (asyncpg), on the shared pool of :class:`PgClient`.
 
-    Parameters
-    ----------
-    url:
-        The ``postgresql://`` URL (not needed with ``client=``).
-    client:
-        An application's own ``asyncpg.Pool`` (never closed by pai-storage), or
-        the :class:`PgClient` shared by the stores of one ``connect()`` call.
-    table_prefix, schema, names, min_pool_size, max_pool_size, ...:
-        Where the tables live and the pool's settings (see
-        :class:`~pai_storage_postgres.PostgresThreadStore`); not with a shared
-        :class:`PgClient`.
-    clock, on_warning, token_secret, session_ttl, max_value_bytes:
-        The options of :class:`~pai_storage.AgentStateStore`; ``max_value_bytes``
-        is at most 256 MiB here.
+    Takes the parameters of :class:`~pai_storage_postgres.runtime.PgRuntimeStore`
+    (``url``, ``client``, the pool and table options) and the
+    options of :class:`~pai_storage.AgentStateStore` (``clock``, ``on_warning``,
+    ``token_secret``, ``session_ttl``, ``max_value_bytes``); ``max_value_bytes``
+    is at most 256 MiB here.
     """
 
     capabilities: ClassVar[frozenset[str]] = frozenset({ENUMERATE})
-    value_bytes_limit: ClassVar[int | None] = 256 * 1024 * 1024
+    value_bytes_limit: ClassVar[int | None] = MAX_VALUE_BYTES
     _repr_format = "{name}({url!r}, table={tables.state_sessions!r})"
 
-    def __init__(
-        self,
-        url: str | StoreURL | None = None,
-        *,
-        client: object = None,
-        clock: Clock | None = None,
-        on_warning: WarningCallback | None = None,
-        token_secret: bytes | None = None,
-        session_ttl: timedelta | None = DEFAULT_SESSION_TTL,
-        max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
-        **pool_options: Any,
-    ) -> None:
-        super().__init__(
-            url,
-            client,
-            pool_options,
-            clock=clock,
-            on_warning=on_warning,
-            token_secret=token_secret,
-            session_ttl=session_ttl,
-            max_value_bytes=max_value_bytes,
-        )
-        self.sql = Statements(self.tables)
+    def _use_tables(self, tables: Tables) -> None:
+        self.sql = Statements(tables)
 
     @property
     def _ttl_ms(self) -> int | None:
@@ -520,4 +487,4 @@ class PostgresAgentStateStore(PgRuntimeStore, AgentStateStore):
         return await self._delete_rows(statement, user)
 
     async def _purge_expired(self) -> int:
-        return await self._purge_batches(self.sql.purge, PURGE_BATCH)
+        return await self._purge_batches(self.sql.purge)

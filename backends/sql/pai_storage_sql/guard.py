@@ -34,8 +34,8 @@ from sqlalchemy.dialects import mysql, sqlite
 from pai_storage.fields import truncate_ms
 from pai_storage.guard import ExecutionGuard, LockInfo
 
-from .runtime_support import SqlRuntimeStore, split_client_options
-from .runtime_tables import digest
+from .runtime_support import SqlRuntimeStore
+from .runtime_tables import RuntimeTables, digest
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection
@@ -49,24 +49,16 @@ _COUNTER = 1
 class SqlExecutionGuard(SqlRuntimeStore, ExecutionGuard):
     """Locks in SQLite or MariaDB/MySQL (SQLAlchemy Core), on a shared :class:`SqlClient`.
 
-    Parameters
-    ----------
-    url:
-        ``sqlite:///file.db`` or ``mysql://user@host/db`` (not needed with ``client=``).
-    client:
-        The :class:`~pai_storage_sql.client.SqlClient` shared by the stores of
-        one ``connect()`` call.
-    table_prefix, busy_timeout, pool_size, connect_timeout, retry_attempts:
-        The client's options (not with a shared ``client``).
-    lock_timeout, lease_ttl, retry_interval, clock, on_warning, token_secret:
-        The options of :class:`~pai_storage.guard.ExecutionGuard`.
+    Takes the parameters of :class:`~pai_storage_sql.runtime_support.SqlRuntimeStore`
+    (``url``, ``client``, the client's options) and the options of
+    :class:`~pai_storage.guard.ExecutionGuard` (``lock_timeout``,
+    ``lease_ttl``, ``retry_interval``, ``clock``, ``on_warning``,
+    ``token_secret``).
     """
 
-    def __init__(self, url: Any = None, *, client: object = None, **options: Any) -> None:
-        client_options = split_client_options(options)
-        super().__init__(url, client, client_options, **options)
-        self.table = self._db.tables.locks
-        self.counter = self._db.tables.fencing
+    def _use_tables(self, tables: RuntimeTables) -> None:
+        self.table = tables.locks
+        self.counter = tables.fencing
 
     def _key(self, resource: str) -> ColumnElement[bool]:
         return self.table.c.resource_hash == digest(resource.encode())

@@ -48,7 +48,6 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import mysql, sqlite
 
-from pai_storage import Clock, InvalidInputError, StoreURL, WarningCallback
 from pai_storage.backend import (
     KeyValueStore,
     KVRecord,
@@ -56,21 +55,17 @@ from pai_storage.backend import (
     namespace_from_path,
     namespace_path,
 )
-from pai_storage.runtime import DEFAULT_MAX_VALUE_BYTES
+from pai_storage.errors import InvalidInputError
 
-from .client import value_rows
-from .runtime_support import SqlRuntimeStore, escaped_size, ordered_scan
-from .runtime_tables import join_key, sort_key, split_key
+from .core_connection import value_rows
+from .runtime_support import MAX_VALUE_BYTES, SqlRuntimeStore, escaped_size, ordered_scan
+from .runtime_tables import RuntimeTables, join_key, sort_key, split_key
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Row
     from sqlalchemy.ext.asyncio import AsyncConnection
 
 __all__ = ["MAX_VALUE_BYTES", "SqlKeyValueStore"]
-
-MAX_VALUE_BYTES = 256 * 1024 * 1024
-"""The largest ``max_value_bytes`` of this backend: 256 MiB (on MariaDB/MySQL a
-value must also fit the server's ``max_allowed_packet``)."""
 
 _NAMESPACE_BATCH = 16
 """Rows one step of ``list_namespaces`` reads before it skips past a namespace."""
@@ -86,43 +81,17 @@ def _upper(prefix: bytes) -> bytes | None:
 class SqlKeyValueStore(SqlRuntimeStore, KeyValueStore):
     """Key-value items in SQLite or MariaDB/MySQL (SQLAlchemy Core), on a shared :class:`SqlClient`.
 
-    Parameters
-    ----------
-    url:
-        ``sqlite:///file.db`` or ``mysql://user@host/db`` (not needed with ``client=``).
-    client:
-        The :class:`~pai_storage_sql.client.SqlClient` shared by the stores of
-        one ``connect()`` call.
-    table_prefix, busy_timeout, pool_size, connect_timeout, retry_attempts:
-        The client's options (not with a shared ``client``).
-    clock, on_warning, token_secret, max_value_bytes:
-        The options of :class:`~pai_storage.KeyValueStore`; ``max_value_bytes``
-        is at most 256 MiB here.
+    Takes the parameters of :class:`~pai_storage_sql.runtime_support.SqlRuntimeStore`
+    (``url``, ``client``, the client's options) and the options of
+    :class:`~pai_storage.KeyValueStore` (``clock``, ``on_warning``,
+    ``token_secret``, ``max_value_bytes``); ``max_value_bytes`` is at most
+    256 MiB here.
     """
 
     value_bytes_limit: ClassVar[int | None] = MAX_VALUE_BYTES
 
-    def __init__(
-        self,
-        url: str | StoreURL | None = None,
-        *,
-        client: object = None,
-        clock: Clock | None = None,
-        on_warning: WarningCallback | None = None,
-        token_secret: bytes | None = None,
-        max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
-        **client_options: Any,
-    ) -> None:
-        super().__init__(
-            url,
-            client,
-            client_options,
-            clock=clock,
-            on_warning=on_warning,
-            token_secret=token_secret,
-            max_value_bytes=max_value_bytes,
-        )
-        self.table = self._db.tables.kv
+    def _use_tables(self, tables: RuntimeTables) -> None:
+        self.table = tables.kv
 
     # ------------------------------------------------------------ statements
 

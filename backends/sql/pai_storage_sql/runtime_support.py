@@ -11,9 +11,11 @@ server would refuse into a typed error before anything is sent.
 although MariaDB/MySQL index only the key's head (``runtime_tables``).
 
 :class:`SqlRuntimeStore` is the base the four stores share: it attaches the
-store to its :class:`RuntimeDb` once the core options are checked, names the
-store's URL and table in its repr, connects and releases the client, and
-judges and purges expiry on its main table's ``expires_at``.
+store to its :class:`RuntimeDb` once the core options are checked (its
+constructor is every store's: a store only names its tables, in
+:meth:`~SqlRuntimeStore._use_tables`), names the store's URL and table in its
+repr, connects and releases the client, and judges and purges expiry on its
+main table's ``expires_at``.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from pai_storage.errors import general_errors
 from pai_storage.fields import truncate_ms
 from pai_storage.runtime import RuntimeStore
 
-from .client import SqlClient
+from .client import CLIENT_OPTIONS, SqlClient
 from .runtime_tables import RuntimeTables, UtcMillis, head_bytes, join_key
 
 if TYPE_CHECKING:
@@ -54,6 +56,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CLIENT_OPTIONS",
+    "MAX_VALUE_BYTES",
     "PURGE_BATCH",
     "RuntimeDb",
     "SqlRuntimeStore",
@@ -64,8 +67,9 @@ __all__ = [
 
 T = TypeVar("T")
 
-CLIENT_OPTIONS = ("table_prefix", "busy_timeout", "pool_size", "connect_timeout", "retry_attempts")
-"""Options that shape the client (a store opened alone takes them; a shared client has them)."""
+MAX_VALUE_BYTES = 256 * 1024 * 1024
+"""The largest ``max_value_bytes`` of the key-value and agent-state stores: 256 MiB
+(on MariaDB/MySQL a value must also fit the server's ``max_allowed_packet``)."""
 
 PURGE_BATCH = 1000
 """Rows one ``purge_expired`` transaction deletes at most (it loops until none are left)."""
@@ -271,21 +275,27 @@ class SqlRuntimeStore(RuntimeStore):
 
         class SqlKeyValueStore(SqlRuntimeStore, KeyValueStore): ...
 
-    The constructor checks the core options (``options``, by the core class),
-    then attaches the store to its :class:`RuntimeDb` (``_db``) and sets
-    ``url``; each store then takes its tables from ``self._db.tables``. The
+    The constructor is every store's: it checks the contract's options (by
+    the contract class), then attaches the store to its :class:`RuntimeDb`
+    (``_db``), so a store refused for a bad option holds no client; it sets
+    ``url`` and lets the store take its tables (:meth:`_use_tables`). The
     store's main table (:attr:`_main_table`) is the one its repr names and
     whose ``expires_at`` decides what is live (:meth:`_live`,
     :meth:`_now_param`) and what ``purge_expired`` deletes.
 
     Parameters
     ----------
-    url, client:
-        As for :class:`RuntimeDb`.
-    client_options:
-        Client options (:data:`CLIENT_OPTIONS`), only without ``client``.
-    options:
-        The options of the core store class.
+    url:
+        ``sqlite:///file.db`` or ``mysql://user@host/db`` (not needed with ``client=``).
+    client:
+        The :class:`~pai_storage_sql.client.SqlClient` shared by the stores of
+        one ``connect()`` call, an application's ``AsyncEngine``, or ``None``.
+    **options:
+        The client's options (:data:`CLIENT_OPTIONS`: ``table_prefix``,
+        ``names``, ``busy_timeout``, ``pool_size``, ``connect_timeout``,
+        ``retry_attempts``; not with a shared client), and the options of the
+        store's contract class (``clock``, ``on_warning``, ``token_secret``,
+        and its own).
     """
 
     backend_name = "sql"
@@ -294,16 +304,18 @@ class SqlRuntimeStore(RuntimeStore):
     """The attribute holding the store's main table (the repr's, the expiry's)."""
 
     def __init__(
-        self,
-        url: str | StoreURL | None,
-        client: object,
-        client_options: dict[str, Any],
-        /,
-        **options: Any,
+        self, url: str | StoreURL | None = None, *, client: object = None, **options: Any
     ) -> None:
+        client_options = split_client_options(options)
+        # The contract's options first: a store refused for a bad one holds no client.
         super().__init__(**options)
         self._db = RuntimeDb(url, client, client_options)
         self.url = self._db.url
+        self._use_tables(self._db.tables)
+
+    def _use_tables(self, tables: RuntimeTables) -> None:
+        """Take the store's tables from the client's runtime ``tables``."""
+        raise NotImplementedError
 
     @property
     def _expiring(self) -> Table:

@@ -34,8 +34,8 @@ from pai_storage.events import StoreWarning
 from pai_storage.runtime import parse_json_text
 from pai_storage.snapshots import Snapshot, SnapshotDraft, SnapshotInfo, SnapshotStore
 
-from .runtime_support import SqlRuntimeStore, escaped_size, split_client_options
-from .runtime_tables import digest, join_key, split_key
+from .runtime_support import SqlRuntimeStore, escaped_size
+from .runtime_tables import RuntimeTables, digest, join_key, split_key
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Row
@@ -60,26 +60,17 @@ class SqlSnapshotStore(SqlRuntimeStore, SnapshotStore):
     judged on the store's clock (MariaDB/MySQL ``UTC_TIMESTAMP``; SQLite this
     process's clock; or the test ``clock``).
 
-    Parameters
-    ----------
-    url:
-        ``sqlite:///file.db`` or ``mysql://user@host/db`` (not needed with ``client=``).
-    client:
-        The :class:`~pai_storage_sql.client.SqlClient` shared by the stores of
-        one ``connect()`` call.
-    table_prefix, busy_timeout, pool_size, connect_timeout, retry_attempts:
-        The client's options (not with a shared ``client``).
-    clock, on_warning, token_secret, snapshot_ttl:
-        The options of :class:`~pai_storage.snapshots.SnapshotStore`.
+    Takes the parameters of :class:`~pai_storage_sql.runtime_support.SqlRuntimeStore`
+    (``url``, ``client``, the client's options) and the options of
+    :class:`~pai_storage.snapshots.SnapshotStore` (``clock``, ``on_warning``,
+    ``token_secret``, ``snapshot_ttl``).
     """
 
     max_snapshot_bytes: ClassVar[int | None] = MAX_SNAPSHOT_BYTES
     capabilities: ClassVar[frozenset[str]] = frozenset({ENUMERATE})
 
-    def __init__(self, url: Any = None, *, client: object = None, **options: Any) -> None:
-        client_options = split_client_options(options)
-        super().__init__(url, client, client_options, **options)
-        self.table = self._db.tables.snapshots
+    def _use_tables(self, tables: RuntimeTables) -> None:
+        self.table = tables.snapshots
 
     def _key_params(self, scope: str, snapshot_id: str) -> dict[str, Any]:
         head, _, tail_hash = split_key(snapshot_id.encode(), self._db.id_head_bytes)

@@ -23,7 +23,7 @@ on the session's ``expires_at`` against the same clock, so expiry is exact.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from sqlalchemy import (
@@ -38,28 +38,22 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import mysql, sqlite
 
-from pai_storage import Clock, InvalidInputError, StoreURL, WarningCallback
 from pai_storage.backend import ENUMERATE, AgentStateStore, ListHead, ListWrite, SessionKey
-from pai_storage.runtime import DEFAULT_MAX_VALUE_BYTES
+from pai_storage.errors import InvalidInputError
 from pai_storage.state import (
     ANONYMOUS_USER,
-    DEFAULT_SESSION_TTL,
     StaleVersion,
     StoredKind,
     VersionedState,
 )
 
-from .runtime_support import SqlRuntimeStore, escaped_size, ordered_scan
-from .runtime_tables import digest, join_key, split_key
+from .runtime_support import MAX_VALUE_BYTES, SqlRuntimeStore, escaped_size, ordered_scan
+from .runtime_tables import RuntimeTables, digest, join_key, split_key
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection
 
 __all__ = ["MAX_VALUE_BYTES", "SqlAgentStateStore"]
-
-MAX_VALUE_BYTES = 256 * 1024 * 1024
-"""The largest ``max_value_bytes`` of this backend: 256 MiB (on MariaDB/MySQL a
-value must also fit the server's ``max_allowed_packet``)."""
 
 
 def _session_key(session: SessionKey) -> bytes:
@@ -69,47 +63,18 @@ def _session_key(session: SessionKey) -> bytes:
 class SqlAgentStateStore(SqlRuntimeStore, AgentStateStore):
     """Agent state in SQLite or MariaDB/MySQL (SQLAlchemy Core), on a shared :class:`SqlClient`.
 
-    Parameters
-    ----------
-    url:
-        ``sqlite:///file.db`` or ``mysql://user@host/db`` (not needed with ``client=``).
-    client:
-        The :class:`~pai_storage_sql.client.SqlClient` shared by the stores of
-        one ``connect()`` call.
-    table_prefix, busy_timeout, pool_size, connect_timeout, retry_attempts:
-        The client's options (not with a shared ``client``).
-    clock, on_warning, token_secret, session_ttl, max_value_bytes:
-        The options of :class:`~pai_storage.AgentStateStore`; ``max_value_bytes``
-        is at most 256 MiB here.
+    Takes the parameters of :class:`~pai_storage_sql.runtime_support.SqlRuntimeStore`
+    (``url``, ``client``, the client's options) and the options of
+    :class:`~pai_storage.AgentStateStore` (``clock``, ``on_warning``,
+    ``token_secret``, ``session_ttl``, ``max_value_bytes``);
+    ``max_value_bytes`` is at most 256 MiB here.
     """
 
     _main_table = "sessions"
     value_bytes_limit: ClassVar[int | None] = MAX_VALUE_BYTES
     capabilities: ClassVar[frozenset[str]] = frozenset({ENUMERATE})
 
-    def __init__(
-        self,
-        url: str | StoreURL | None = None,
-        *,
-        client: object = None,
-        clock: Clock | None = None,
-        on_warning: WarningCallback | None = None,
-        token_secret: bytes | None = None,
-        session_ttl: timedelta | None = DEFAULT_SESSION_TTL,
-        max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
-        **client_options: Any,
-    ) -> None:
-        super().__init__(
-            url,
-            client,
-            client_options,
-            clock=clock,
-            on_warning=on_warning,
-            token_secret=token_secret,
-            session_ttl=session_ttl,
-            max_value_bytes=max_value_bytes,
-        )
-        tables = self._db.tables
+    def _use_tables(self, tables: RuntimeTables) -> None:
         self.sessions = tables.state_sessions
         self.values = tables.state_values
         self.items = tables.state_items
