@@ -10,18 +10,22 @@ them; so may any backend of the same shape.
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import codec
+from .aggregate import Entry, Family, FamilyName, ThreadAggregate
+from .changes import FamilyWrite
 from .errors import ThreadStoreInvariantError
 from .events import StoreWarning
+from .families import FAMILIES
 from .models import Page, StoreModel, ThreadRecord
 from .selection import timestamp_ms
 
 if TYPE_CHECKING:
     from .families import FamilySpec
+    from .pipeline import CommitTransaction
     from .selection import ListPlan
 
 __all__ = [
@@ -31,11 +35,13 @@ __all__ = [
     "dump",
     "enc",
     "enc_opt",
+    "insert_thread",
     "list_page",
     "listed_roots",
     "page_records",
     "parse",
     "run_ref_fields",
+    "thread_from_rows",
 ]
 
 M = TypeVar("M", bound=StoreModel)
@@ -172,3 +178,40 @@ def run_ref_fields(doc: str) -> tuple[str, bool, str | None, tuple[str, ...]]:
         raise ThreadStoreInvariantError(
             "a stored run is invalid (impossible persisted state)"
         ) from None
+
+
+def thread_from_rows(
+    root: ThreadRecord,
+    next_positions: Mapping[FamilyName, int],
+    rows: Mapping[FamilyName, Iterable[Sequence[Any]]],
+) -> ThreadAggregate:
+    """A whole thread from its root, its position counters and each family's
+    ``(position, doc)`` rows (what a lifecycle load returns).
+
+    Every document is parsed strictly (:func:`parse`); read the rows from one
+    snapshot, so the root and the families agree.
+    """
+    families: dict[FamilyName, Family[Any]] = {}
+    for spec in FAMILIES:
+        entries: dict[str, Entry[Any]] = {}
+        for position, doc in rows[spec.name]:
+            record = parse(spec.model, doc)
+            entries[spec.record_id(record)] = Entry(int(position), record)
+        families[spec.name] = Family(entries, next_positions[spec.name])
+    return ThreadAggregate(root, families["messages"], families["runs"], families["queuedItems"])
+
+
+async def insert_thread(tx: CommitTransaction, aggregate: ThreadAggregate) -> None:
+    """Write a whole thread as new through the commit primitives (a restore): its root,
+    created with the aggregate's position counters, then every family's rows.
+
+    Raises :class:`~pai_storage.backend.ThreadConflict` (from ``write_root``)
+    when the key is taken; run it in one transaction, so nothing is left then.
+    """
+    families = {spec.name: getattr(aggregate, spec.attr) for spec in FAMILIES}
+    positions = {name: family.next_position for name, family in families.items()}
+    await tx.write_root(aggregate.root, positions, created=True)
+    for spec in FAMILIES:
+        entries = list(families[spec.name])
+        if entries:
+            await tx.write_family(spec, FamilyWrite(inserts=entries))

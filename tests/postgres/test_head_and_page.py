@@ -15,19 +15,14 @@ import asyncpg  # type: ignore[import-untyped]
 import pytest
 import pytest_asyncio
 from pai_storage_postgres import PostgresThreadStore
-from pai_storage_postgres import store as pg_store
-from pai_storage_postgres.store import SESSION_SETTINGS, _PgSnapshot
+from pai_storage_postgres import reads as pg_reads
+from pai_storage_postgres.reads import _PgSnapshot
+from pai_storage_postgres.store import SESSION_SETTINGS
 
-from pai_storage import (
-    CommittedResult,
-    ReadThreadInput,
-    ThreadReadResult,
-    ThreadRecord,
-    ThreadStoreInvariantError,
-    ThreadStorePageTokenError,
-)
+from pai_storage import CommittedResult, ReadThreadInput, ThreadReadResult, ThreadRecord
 from pai_storage import builders as b
 from pai_storage.backend import ChildPagePlan, FamilySpec, SnapshotRoot, Window, run_read
+from pai_storage.errors import ThreadStoreInvariantError, ThreadStorePageTokenError
 from pai_storage.families import family as family_spec
 
 from .helpers import URL, dsn
@@ -253,8 +248,8 @@ async def test_a_one_statement_read_gives_its_connection_back_before_validating(
             idle.append(("root", pool.get_idle_size()))
             return original_root(self, doc)
 
-        original_page, original_root = pg_store.page_records, _PgSnapshot._parse_root
-        monkeypatch.setattr(pg_store, "page_records", page_records)
+        original_page, original_root = pg_reads.page_records, _PgSnapshot._parse_root
+        monkeypatch.setattr(pg_reads, "page_records", page_records)
         monkeypatch.setattr(_PgSnapshot, "_parse_root", parse_root)
         for family, selection in SELECTIONS:
             idle.clear()
@@ -267,7 +262,7 @@ async def test_a_one_statement_read_gives_its_connection_back_before_validating(
 
 
 async def test_a_one_statement_snapshot_runs_nothing_else(store: PostgresThreadStore) -> None:
-    snapshot = pg_store._StatementSnapshot(store._connection, store._layout, SCOPE, "t1")
+    snapshot = pg_reads._StatementSnapshot(store._connection, store._layout, SCOPE, "t1")
     spec = family_spec("messages")
     plan = store.selections.plan_read(
         ReadThreadInput.model_validate(_read("t1", "messages", SELECTIONS[0][1], None))

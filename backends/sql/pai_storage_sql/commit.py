@@ -1,0 +1,301 @@
+"""The commit transaction of the SQL thread store.
+
+A commit runs in one write transaction of the shared
+:class:`~pai_storage_sql.client.SqlClient` (SQLite: ``BEGIN IMMEDIATE`` on the
+writer connection, so the whole database is held; MySQL: the root row held
+with ``SELECT ... FOR UPDATE``), reads the clock after the hold, loads only
+the child rows the changes name, writes the net changes (in statements that
+fit MySQL's ``max_allowed_packet``), and checks the relationship rules with
+bounded queries inside the same transaction (:mod:`.relations`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, cast
+
+from sqlalchemy import bindparam, delete, func, insert, select, update
+
+from pai_storage import (
+    CommittedResult,
+    CommitThreadInput,
+    ConflictResult,
+    ThreadRecord,
+    ThreadVersion,
+)
+from pai_storage.backend import (
+    CommitTransaction,
+    FamilyName,
+    FamilySpec,
+    FamilyWrite,
+    HeldThread,
+    RelationshipContext,
+    RelationshipReader,
+    ThreadConflict,
+    run_commit,
+    timestamp_ms,
+)
+from pai_storage.errors import ThreadStoreInvariantError
+from pai_storage.models import CreateMutation
+from pai_storage.rows import dec, dump, enc
+
+from .client import Operation, is_unique_violation
+from .relations import _Reader
+from .schema import digest
+from .thread_rows import _opt_digest, _row, _ThreadRows, _version
+
+if TYPE_CHECKING:
+    from .store import SqlThreadStore
+
+
+_RESTORE = object()
+"""The mutation of a restore: held like a create (the key must be missing)."""
+
+
+class _Conflict(Exception):
+    """Internal: the pipeline judged a conflict; the transaction is rolled back."""
+
+    def __init__(self, result: ConflictResult) -> None:
+        super().__init__("conflict")
+        self.result = result
+
+
+async def commit_once(
+    store: SqlThreadStore, request: CommitThreadInput
+) -> CommittedResult | ConflictResult:
+    """One attempt: the write transaction, the core's commit pipeline, commit or roll back."""
+
+    async def attempt(op: Operation) -> CommittedResult:
+        tx = _Transaction(op, store, request.scope_key, request.thread_id, request.mutation)
+        result = await run_commit(tx, request, clock=store.now)
+        if isinstance(result, ConflictResult):
+            raise _Conflict(result)
+        return result
+
+    try:
+        return await store._client.run_write(attempt)
+    except _Conflict as conflict:
+        return conflict.result
+
+
+class _Transaction(_ThreadRows, CommitTransaction):
+    """The commit primitives inside the client's write transaction."""
+
+    def __init__(
+        self,
+        op: Operation,
+        store: SqlThreadStore,
+        scope_key: str,
+        thread_id: str,
+        mutation: object = None,
+    ) -> None:
+        super().__init__(op, store, scope_key, thread_id)
+        self._mutation = mutation
+
+    async def hold(self) -> HeldThread:
+        t = self._t.threads
+        if isinstance(self._mutation, CreateMutation) or self._mutation is _RESTORE:
+            # Nothing to lock yet: write_root inserts and a concurrent create's
+            # row makes the insert fail on the primary key.
+            stmt = self._store.sql(
+                self._op,
+                "hold-create",
+                lambda: select(t.c.instance_id, t.c.revision).where(t.c.tkey == bindparam("k")),
+            )
+            rows = await self._op.rows(stmt, {"k": self._key})
+            if rows:
+                instance_id, revision = rows[0]
+                raise ThreadConflict(
+                    ThreadVersion(thread_instance_id=instance_id, revision=int(revision))
+                )
+            return HeldThread(None)
+        stmt = self._store.sql(
+            self._op,
+            "hold",
+            lambda: (
+                select(t.c.messages_next, t.c.runs_next, t.c.queued_next, t.c.doc)
+                .where(t.c.tkey == bindparam("k"))
+                .with_for_update()
+            ),
+        )
+        rows = await self._op.rows(stmt, {"k": self._key})
+        if not rows:
+            return HeldThread(None)
+        messages, runs, queued, doc = rows[0]
+        return HeldThread(self._parse_root(doc), self._next(messages, runs, queued))
+
+    async def server_time(self) -> datetime:
+        if self._op.sqlite:
+            return datetime.now(UTC)
+        stmt = self._store.sql(self._op, "now", lambda: select(func.utc_timestamp(6)))
+        rows = await self._op.rows(stmt, {})
+        return cast(datetime, rows[0][0]).replace(tzinfo=UTC)
+
+    async def write_root(
+        self, root: ThreadRecord, next_positions: Mapping[FamilyName, int], *, created: bool
+    ) -> None:
+        t = self._t.threads
+        values: dict[str, Any] = {
+            "revision": root.version.revision,
+            "hidden": 1 if root.list_visibility == "hidden" else 0,
+            "category_h": _opt_digest(root.category),
+            "sort_key": -timestamp_ms(root.updated_at),
+            "updated_ms": timestamp_ms(root.updated_at),
+            "messages_next": next_positions["messages"],
+            "runs_next": next_positions["runs"],
+            "queued_next": next_positions["queuedItems"],
+            "doc": dump(root),
+        }
+        self._check_size("thread root", values["doc"])
+        if not created:
+            names = list(values)
+            stmt = self._store.sql(
+                self._op,
+                "root-update",
+                lambda: (
+                    update(t)
+                    .where(t.c.tkey == bindparam("k"))
+                    .values({c: bindparam(f"b_{c}") for c in names})
+                ),
+            )
+            await self._op.execute(stmt, {"k": self._key, **{f"b_{c}": values[c] for c in names}})
+            return
+        thread = enc(self._thread_id)
+        values.update(
+            tkey=self._key,
+            scope_h=digest(self._scope_key),
+            scope_key=enc(self._scope_key),
+            thread_id=thread,
+            thread_ord=self._store._ord(thread),
+            scope_ord=self._store._ord(enc(self._scope_key)),
+            instance_id=root.version.thread_instance_id,
+            agent_h=digest(root.agent),
+            parent_h=_opt_digest(root.parent_thread_id),
+        )
+        try:
+            await self._op.execute(
+                self._store.sql(self._op, "root-insert", lambda: insert(t)), values
+            )
+        except Exception as exc:
+            if not is_unique_violation(exc):
+                raise
+            # A concurrent create won the key (the insert waited for it to
+            # commit); a locking read sees the winner's version.
+            row = (
+                await self._conn.execute(
+                    select(t.c.instance_id, t.c.revision)
+                    .where(t.c.tkey == self._key)
+                    .with_for_update(read=True)
+                )
+            ).first()
+            raise ThreadConflict(_version(row) if row is not None else None) from None
+
+    async def write_family(self, spec: FamilySpec, write: FamilyWrite[Any]) -> Iterable[str]:
+        table = self._table(spec.name)
+        conn, key = self._conn, self._key
+        truncated: list[str] = []
+        if write.truncate_after is not None:
+            after = write.truncate_after
+            rows = (
+                await conn.execute(
+                    select(table.c.run_id).where(table.c.tkey == key, table.c.position > after)
+                )
+            ).all()
+            truncated = sorted({dec(r.run_id) for r in rows if r.run_id is not None})
+            await conn.execute(delete(table).where(table.c.tkey == key, table.c.position > after))
+        if write.deletes:
+            await conn.execute(
+                delete(table).where(
+                    table.c.tkey == key,
+                    table.c.id_h.in_(bindparam("ids", expanding=True)),
+                ),
+                {"ids": [digest(i) for i in write.deletes]},
+            )
+        if write.updates:
+            rows_ = [_row(spec, e) for e in write.updates.values()]
+            for r in rows_:
+                self._check_size(spec.noun, r["doc"])
+            names = [c for c in rows_[0] if c not in ("position", "id_h")]
+            stmt = self._store.sql(
+                self._op,
+                ("update-rows", spec.name),
+                lambda: (
+                    update(table)
+                    .where(
+                        table.c.tkey == bindparam("b_tkey"),
+                        table.c.position == bindparam("b_position"),
+                        table.c.id_h == bindparam("b_id_h"),
+                    )
+                    .values({c: bindparam(f"b_{c}") for c in names})
+                ),
+            )
+            await self._op.executemany(
+                stmt, [{"b_tkey": key, **{f"b_{c}": v for c, v in r.items()}} for r in rows_]
+            )
+        if write.inserts:
+            rows_ = [{"tkey": key, **_row(spec, e)} for e in write.inserts]
+            stmt = self._store.sql(self._op, ("insert-rows", spec.name), lambda: insert(table))
+            for chunk in self._chunks(spec, rows_):
+                await self._op.executemany(stmt, chunk)
+        return truncated
+
+    def _chunks(
+        self, spec: FamilySpec, rows: list[dict[str, Any]]
+    ) -> Iterable[list[dict[str, Any]]]:
+        """The rows in groups that each fit one statement (MySQL's ``max_allowed_packet``).
+
+        A multi-row ``INSERT`` is one packet; a row too large for any packet
+        is refused before anything is sent.
+        """
+        limit = self._client.max_packet
+        if limit is None:
+            yield rows
+            return
+        budget = max(limit - STATEMENT_OVERHEAD, 0)
+        chunk: list[dict[str, Any]] = []
+        size = 0
+        for row in rows:
+            need = _sent_size(row["doc"])
+            if need > budget:
+                raise _too_large(spec.noun, need, limit)
+            if chunk and size + need > budget:
+                yield chunk
+                chunk, size = [], 0
+            chunk.append(row)
+            size += need
+        if chunk:
+            yield chunk
+
+    def _check_size(self, noun: str, doc: str) -> None:
+        limit = self._client.max_packet
+        if limit is not None:
+            need = _sent_size(doc)
+            if need > limit - STATEMENT_OVERHEAD:
+                raise _too_large(noun, need, limit)
+
+    async def delete_thread(self) -> None:
+        t = self._t
+        for table in (t.messages, t.runs, t.queued, t.threads):
+            await self._conn.execute(delete(table).where(table.c.tkey == self._key))
+
+    def relationship_reader(self, context: RelationshipContext) -> RelationshipReader:
+        return _Reader(self._op, self._store, self._key)
+
+
+STATEMENT_OVERHEAD = 64 * 1024
+"""Room for a statement's SQL, identifiers and other columns beside its documents."""
+
+
+def _sent_size(doc: str) -> int:
+    """Bytes a document takes in a statement: its UTF-8 plus one escape per quote
+    or backslash (JSON text holds no raw control characters)."""
+    return len(doc.encode("utf-8")) + doc.count('"') + doc.count("\\") + doc.count("'") + 8
+
+
+def _too_large(noun: str, need: int, limit: int) -> ThreadStoreInvariantError:
+    return ThreadStoreInvariantError(
+        f"a {noun} of {need:,} bytes does not fit this MariaDB/MySQL server's "
+        f"max_allowed_packet of {limit:,} bytes; raise max_allowed_packet on the server "
+        "(see docs/sql.md, 'Limits'); nothing was applied"
+    )
