@@ -33,7 +33,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from ._infra import DEFAULT_PG_URL, Mongo, Postgres
+from ._infra import DEFAULT_PG_URL, Mongo, Postgres, Redis
 from .runner import Config, PeerRun, log
 from .workload import Infra, Peer
 
@@ -86,6 +86,15 @@ def _adapter(name: str, database: str = "") -> Callable[[], Peer]:
     return make
 
 
+def _redis(name: str) -> Callable[[], Peer]:
+    def make() -> Peer:
+        from . import redis_peers
+
+        return getattr(redis_peers, name)()  # type: ignore[no-any-return]
+
+    return make
+
+
 SYSTEMS: dict[str, tuple[str, Callable[[], Peer]]] = {
     # key: (database, factory)
     "pai-memory": ("memory", _pai("memory")),
@@ -108,6 +117,9 @@ SYSTEMS: dict[str, tuple[str, Callable[[], Peer]]] = {
     "openai-pai-mongo": ("mongodb", _adapter("PaiSessionPeer", "mongodb")),
     "langgraph-pai-sqlite": ("sqlite", _adapter("PaiCheckpointSaverPeer", "sqlite")),
     "openai-pai-sqlite": ("sqlite", _adapter("PaiSessionPeer", "sqlite")),
+    # Redis: no thread store and no LangGraph Redis saver here (bench/peers/redis_peers.py).
+    "pai-state-redis": ("redis", _redis("PaiStateListPeer")),
+    "openai-redis": ("redis", _redis("RedisSessionPeer")),
 }
 
 DISTRIBUTIONS = (
@@ -126,6 +138,7 @@ DISTRIBUTIONS = (
     "sqlalchemy",
     "psycopg",
     "psycopg-pool",
+    "redis",
     "matplotlib",
 )
 
@@ -168,6 +181,26 @@ def _parser() -> argparse.ArgumentParser:
         help=f"comma-separated subset of: {', '.join(SYSTEMS)}",
     )
     parser.add_argument("--quick", action="store_true", help="small sizes (a smoke test)")
+    parser.add_argument(
+        "--short",
+        action="store_true",
+        help="the full lengths with tighter time caps and a 2,000-conversation tenant "
+        "(for a loaded machine: about half the time)",
+    )
+    parser.add_argument(
+        "--grow-cap",
+        type=float,
+        default=None,
+        help="seconds of timed turns while a conversation grows (default: the configuration's)",
+    )
+    parser.add_argument(
+        "--merge",
+        type=Path,
+        nargs="+",
+        default=None,
+        help="do not run: join the rows of runs of disjoint systems (same configuration) "
+        "into --json",
+    )
     parser.add_argument("--pg-url", default=DEFAULT_PG_URL, help="PostgreSQL admin URL")
     parser.add_argument(
         "--mongo-url",
@@ -213,9 +246,11 @@ async def _servers(
     wants_pg = any(SYSTEMS[k][0] == "postgresql" for k in keys)
     wants_mongo = any(SYSTEMS[k][0] == "mongodb" for k in keys)
     wants_sqlite = any(SYSTEMS[k][0] == "sqlite" for k in keys)
+    wants_redis = any(SYSTEMS[k][0] == "redis" for k in keys)
     postgres = Postgres(args.pg_url) if wants_pg else None
     mongo = Mongo(args.mongo_url) if wants_mongo else None
     sqlite_dir = tempfile.mkdtemp(prefix="peers-sqlite-") if wants_sqlite else None
+    redis = Redis() if wants_redis else None
     try:
         if postgres is not None:
             servers["postgresql"] = postgres.server_version()
@@ -231,8 +266,20 @@ async def _servers(
                     if SYSTEMS[k][0] == "mongodb":
                         skipped[k] = f"MongoDB unavailable: {exc}"
                 mongo = None
-        yield Infra(postgres=postgres, mongo=mongo, sqlite_dir=sqlite_dir)
+        if redis is not None:
+            try:
+                await asyncio.to_thread(redis.start)
+                servers["redis"] = redis.server_version()
+            except Exception as exc:
+                log(f"Redis unavailable: {exc}")
+                for k in keys:
+                    if SYSTEMS[k][0] == "redis":
+                        skipped[k] = f"Redis unavailable: {exc}"
+                redis = None
+        yield Infra(postgres=postgres, mongo=mongo, sqlite_dir=sqlite_dir, redis=redis)
     finally:
+        if redis is not None:
+            redis.stop()
         if sqlite_dir is not None and not args.keep:
             shutil.rmtree(sqlite_dir, ignore_errors=True)
         if not args.keep:
@@ -255,7 +302,7 @@ async def _run(args: argparse.Namespace, config: Config) -> dict[str, Any]:
             if key in skipped:
                 continue
             if key.startswith("pai-") and key != "pai-memory":
-                reason = _pai_backend_ready(key.removeprefix("pai-"))
+                reason = _pai_backend_ready(key.removeprefix("pai-").removeprefix("state-"))
                 if reason:
                     log(f"{key}: skipped: {reason}")
                     skipped[key] = reason
@@ -310,6 +357,30 @@ async def _versus(args: argparse.Namespace) -> str:
     )
 
 
+def _merged(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One result from runs of disjoint systems made at the same time (in parallel)."""
+    # Time caps may differ (a row that hit one says so in its notes); sizes may not.
+    configs = {
+        json.dumps({k: v for k, v in run["meta"]["config"].items() if not k.endswith("_cap")})
+        for run in runs
+    }
+    if len(configs) != 1:
+        raise SystemExit("--merge: the runs used different configurations")
+    meta = dict(runs[0]["meta"])
+    meta["date"] = min(run["meta"]["date"] for run in runs)
+    meta["wall_seconds"] = max(run["meta"].get("wall_seconds", 0) for run in runs)
+    meta["servers"] = {k: v for run in runs for k, v in run["meta"]["servers"].items()}
+    meta["skipped"] = {k: v for run in runs for k, v in run["meta"]["skipped"].items()}
+    loads = [run["meta"]["load_average"] for run in runs if run["meta"].get("load_average")]
+    if loads:
+        meta["load_average"] = [max(load[0] for load in loads), max(load[1] for load in loads)]
+    meta["processes"] = len(runs)
+    order = {key: i for i, key in enumerate(SYSTEMS)}
+    rows = [row for run in runs for row in run["rows"]]
+    rows.sort(key=lambda row: order.get(row["key"].split("/")[0], len(order)))
+    return {"meta": meta, "rows": rows}
+
+
 def _cpu_count() -> int:
     return os.cpu_count() or 0
 
@@ -319,7 +390,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.versus is not None:
         print(asyncio.run(_versus(args)))
         return 0
-    if args.from_json is not None:
+    if args.merge is not None:
+        results = _merged([json.loads(path.read_text()) for path in args.merge])
+        args.json.write_text(json.dumps(results, indent=1) + "\n")
+    elif args.from_json is not None:
         results = json.loads(args.from_json.read_text())
     else:
         config = Config()
@@ -333,6 +407,21 @@ def main(argv: list[str] | None = None) -> int:
                 lists=3,
                 storage_at=100,
             )
+        elif args.short:
+            config = Config(
+                window=20,
+                reads=30,
+                list_threads=2000,
+                lists=10,
+                grow_cap=150.0,
+                seed_cap=90.0,
+                big_cap=30.0,
+                populate_cap=120.0,
+                read_cap=15.0,
+                list_cap=30.0,
+            )
+        if args.grow_cap is not None:
+            config.grow_cap = args.grow_cap
         started = time.perf_counter()
         load_before = os.getloadavg()
         results = asyncio.run(_run(args, config))

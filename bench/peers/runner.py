@@ -250,7 +250,15 @@ class PeerRun:
             got = 0
             started = time.perf_counter()
             for _ in range(cfg.lists):
-                seconds, got = await _timed(peer.list_recent(LIST_TENANT))
+                try:
+                    # One call can scan every checkpoint of every thread (LangGraph's
+                    # metadata filter): cap each call, not only the series.
+                    async with asyncio.timeout(cfg.list_cap):
+                        seconds, got = await _timed(peer.list_recent(LIST_TENANT))
+                except TimeoutError:
+                    row["list"] = {"n": 0, "skipped": f"one list exceeded {cfg.list_cap:.0f} s"}
+                    row["notes"].append(f"list: one call exceeded {cfg.list_cap:.0f} s")
+                    return
                 samples.append(seconds)
                 if time.perf_counter() - started > cfg.list_cap:
                     row["notes"].append(f"list: capped after {len(samples)} calls")

@@ -82,6 +82,16 @@ class Infra:
     postgres: Any = None  # _infra.Postgres
     mongo: Any = None  # _infra.Mongo
     sqlite_dir: str | None = None  # a temporary directory for SQLite files
+    redis: Any = None  # _infra.Redis
+
+    def redis_database(self) -> str:
+        if self.redis is None or self.redis.url is None:
+            raise RuntimeError("no Redis configured")
+        return str(self.redis.fresh_database())
+
+    def redis_storage(self) -> Storage:
+        used = int(self.redis.memory_bytes())
+        return Storage(used, {"used_memory": used})
 
     def sqlite_file(self, tag: str) -> str:
         """The path of a new SQLite database file (not created yet)."""
@@ -145,7 +155,7 @@ class Peer(ABC):
     key: str  # e.g. "langgraph-pg"
     system: str  # e.g. "LangGraph"
     component: str  # e.g. "AsyncPostgresSaver"
-    database: str  # "postgresql" | "mongodb" | "sqlite" | "memory"
+    database: str  # "postgresql" | "mongodb" | "sqlite" | "redis" | "memory"
     distributions: tuple[str, ...] = ()  # whose versions the report names
     turn_shape: str = ""  # how one turn is persisted
     read_shape: str = ""  # how the newest 20 messages are read
