@@ -60,6 +60,7 @@ from pai_storage.backend import (
 )
 from pai_storage.errors import ThreadStoreConfigurationError
 from pai_storage.rows import ListCursor, ListRow, enc, list_page
+from pai_storage.watch import WATCH_CHANGES, ChangeSignal
 
 from . import lifecycle
 from .client import SESSION_SETTINGS, PgClient, keep_session
@@ -81,6 +82,7 @@ from .statements import (
     whole_family_statement,
 )
 from .transactions import COMMIT_ATTEMPTS, _Abort, run_transaction
+from .watch import PgNotifier
 
 if TYPE_CHECKING:
     import asyncpg  # type: ignore[import-untyped]
@@ -140,7 +142,7 @@ class PostgresThreadStore(ThreadStore):
 
     backend_name = "postgres"
     token_prefix = "pai-pg"
-    capabilities = frozenset({LIFECYCLE})
+    capabilities = frozenset({LIFECYCLE, WATCH_CHANGES})
 
     def __init__(
         self,
@@ -175,6 +177,7 @@ class PostgresThreadStore(ThreadStore):
         self._pool: asyncpg.Pool | None = None
         self._layout = _Layout.of(self.tables)
         self._list_sql: dict[tuple[bool, bool, bool, str, bool], str] = {}
+        self._watchers = PgNotifier(self._client, self._connection)  # NOTIFY / LISTEN
 
     def __repr__(self) -> str:
         return (
@@ -197,6 +200,7 @@ class PostgresThreadStore(ThreadStore):
         self._pool = await self._client.pool()
 
     async def _close(self) -> None:
+        await self._watchers.close()
         self._pool = None
         await self._client.release()
 
@@ -350,6 +354,9 @@ class PostgresThreadStore(ThreadStore):
 
         return await list_page(plan, batch, self.warn)
 
+    def _change_signal(self, scope_key: str, thread_id: str | None) -> ChangeSignal:
+        return self._watchers.signal(scope_key, thread_id)  # woken by NOTIFY (watch.py)
+
     # ------------------------------------------------------------ commits
 
     async def _commit_thread(self, request: CommitThreadInput) -> CommittedResult | ConflictResult:
@@ -357,7 +364,9 @@ class PostgresThreadStore(ThreadStore):
             tx = _PgTransaction(conn, self._layout, request.scope_key, request.thread_id)
             tx.mutation = request.mutation
             result = await run_commit(tx, request, clock=self.now)
-            return _Abort(result) if isinstance(result, ConflictResult) else result
+            if isinstance(result, ConflictResult):
+                return _Abort(result)
+            return await self._watchers.committed(conn, request, result)  # NOTIFY before COMMIT
 
         return await self._transaction(body, "commit")
 
