@@ -367,7 +367,8 @@ def _merged(runs: list[dict[str, Any]]) -> dict[str, Any]:
     if len(configs) != 1:
         raise SystemExit("--merge: the runs used different configurations")
     meta = dict(runs[0]["meta"])
-    meta["date"] = min(run["meta"]["date"] for run in runs)
+    dates = sorted(run["meta"]["date"] for run in runs)
+    meta["date"] = dates[0] if dates[0] == dates[-1] else f"{dates[0]} to {dates[-1][-9:]}"
     meta["wall_seconds"] = max(run["meta"].get("wall_seconds", 0) for run in runs)
     meta["servers"] = {k: v for run in runs for k, v in run["meta"]["servers"].items()}
     meta["skipped"] = {k: v for run in runs for k, v in run["meta"]["skipped"].items()}

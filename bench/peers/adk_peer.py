@@ -56,8 +56,8 @@ class AdkPeer(Peer):
     turn_shape = "2 `append_event` calls (user event, model event), each one transaction"
     read_shape = "`get_session(num_recent_events=20)`"
     list_shape = (
-        "`list_sessions(app_name=tenant)`: no limit or pagination, returns all 10,000 "
-        "sessions (populated without events); newest 20 sliced by the caller"
+        "`list_sessions(app_name=tenant)`: no limit or pagination, returns every session "
+        "of the tenant (populated without events); newest 20 sliced by the caller"
     )
 
     def __init__(self) -> None:
