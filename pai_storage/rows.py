@@ -40,6 +40,7 @@ __all__ = [
     "listed_roots",
     "page_records",
     "parse",
+    "parse_root",
     "run_ref_fields",
     "thread_from_rows",
 ]
@@ -69,6 +70,17 @@ def parse(model: type[M], doc: str) -> M:
     """Strictly parse stored JSON text (invalid data raises ``ThreadStoreInvariantError``):
     :func:`~pai_storage.codec.decode`."""
     return codec.decode(model, doc)
+
+
+def parse_root(doc: str, scope_key: str, thread_id: str) -> ThreadRecord:
+    """Strictly parse a stored thread root read by its key: a root that names another
+    key is invalid stored data (``ThreadStoreInvariantError``)."""
+    root = parse(ThreadRecord, doc)
+    if root.scope_key != scope_key or root.thread_id != thread_id:
+        raise ThreadStoreInvariantError(
+            "stored thread root does not match its key (scope_key/thread_id)"
+        )
+    return root
 
 
 def page_records(spec: FamilySpec, rows: Sequence[Any]) -> list[tuple[int, Any]]:

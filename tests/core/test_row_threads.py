@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from pai_storage.backend import Family, FamilyName, FamilySpec, FamilyWrite, ThreadAggregate
 from pai_storage.errors import ThreadStoreInvariantError
 from pai_storage.models import ThreadRecord
-from pai_storage.rows import dump, insert_thread, thread_from_rows
+from pai_storage.rows import dump, insert_thread, parse_root, thread_from_rows
 
 from .test_relationships import valid_aggregates
 
@@ -92,3 +92,13 @@ def _root() -> ThreadRecord:
     aggregate = create()
     assert aggregate is not None
     return aggregate.root
+
+
+def test_a_root_read_by_another_key_is_invalid_stored_data() -> None:
+    root = _root()
+    doc = dump(root)
+    assert parse_root(doc, root.scope_key, root.thread_id) == root
+    with pytest.raises(ThreadStoreInvariantError, match="does not match its key"):
+        parse_root(doc, root.scope_key, "another")
+    with pytest.raises(ThreadStoreInvariantError, match="does not match its key"):
+        parse_root(doc, "another", root.thread_id)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from pai_storage import ThreadRecord, ThreadVersion
 from pai_storage.backend import Entry, FamilyName, FamilySpec, ThreadAggregate
 from pai_storage.errors import ThreadStoreInvariantError
-from pai_storage.rows import dec, enc, parse, thread_from_rows
+from pai_storage.rows import dec, enc, parse, parse_root, thread_from_rows
 
 from .layout import _Layout
 from .statements import by_keys, whole_family_statement
@@ -36,12 +36,7 @@ class _ThreadRows:
         self._thread = enc(thread_id)
 
     def _parse_root(self, doc: str) -> ThreadRecord:
-        root = parse(ThreadRecord, doc)
-        if root.scope_key != self._scope_key or root.thread_id != self._thread_id:
-            raise ThreadStoreInvariantError(
-                "stored thread root does not match its key (scope_key/thread_id)"
-            )
-        return root
+        return parse_root(doc, self._scope_key, self._thread_id)
 
     def _positions(self, row: Any) -> dict[FamilyName, int]:
         return {name: int(row[table.next_col]) for name, table in self._families.items()}

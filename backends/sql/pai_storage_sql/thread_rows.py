@@ -15,7 +15,7 @@ from sqlalchemy import bindparam, select
 from pai_storage import Message, QueuedItem, RunRecord, ThreadRecord, ThreadVersion
 from pai_storage.backend import Entry, FamilyName, FamilySpec
 from pai_storage.errors import ThreadStoreInvariantError
-from pai_storage.rows import dump, enc, parse
+from pai_storage.rows import dump, enc, parse, parse_root
 
 from .client import Operation
 from .schema import digest
@@ -119,12 +119,7 @@ class _ThreadRows:
         return {"messages": t.messages, "runs": t.runs, "queuedItems": t.queued}[family]
 
     def _parse_root(self, doc: str) -> ThreadRecord:
-        root = parse(ThreadRecord, doc)
-        if root.scope_key != self._scope_key or root.thread_id != self._thread_id:
-            raise ThreadStoreInvariantError(
-                "stored thread root does not match its key (scope_key/thread_id)"
-            )
-        return root
+        return parse_root(doc, self._scope_key, self._thread_id)
 
     @staticmethod
     def _positions(row: Any) -> dict[FamilyName, int]:
