@@ -9,8 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from pai_storage import ThreadStore, ThreadStoreConfigurationError
+from pai_storage import ThreadStore
 from pai_storage.backend import Backend, ManagedStore, StoreURL
+from pai_storage.errors import ThreadStoreConfigurationError
 
 from .guard import MemoryExecutionGuard
 from .kv import MemoryKeyValueStore

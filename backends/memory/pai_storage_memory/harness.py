@@ -8,8 +8,8 @@ from typing import Any
 
 from pai_storage_conformance.provision import TestHarness
 
-from pai_storage import Clock, ThreadStore
-from pai_storage.backend import make_url
+from pai_storage import ThreadStore
+from pai_storage.backend import Clock, make_url
 
 from .store import MemoryThreadStore
 

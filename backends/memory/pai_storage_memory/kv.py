@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from pai_storage import Clock, WarningCallback, system_clock, truncate_ms
+from pai_storage.backend import Clock, WarningCallback, system_clock, truncate_ms
 from pai_storage.kv import (
     DEFAULT_MAX_VALUE_BYTES,
     KeyValueStore,

@@ -8,8 +8,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, ClassVar
 
-from pai_storage import truncate_ms
-from pai_storage.backend import ENUMERATE, system_clock
+from pai_storage.backend import ENUMERATE, system_clock, truncate_ms
 from pai_storage.state import (
     ANONYMOUS_USER,
     AgentStateStore,

@@ -22,7 +22,6 @@ from pai_storage import (
     ThreadRecord,
     ThreadStore,
     ThreadVersion,
-    truncate_ms,
 )
 from pai_storage.backend import (
     LIFECYCLE,
@@ -39,6 +38,7 @@ from pai_storage.backend import (
     run_commit,
     run_sync,
     system_clock,
+    truncate_ms,
 )
 from pai_storage.watch import WATCH_CHANGES, ChangeNotifier, ChangeSignal, CommitNote
 

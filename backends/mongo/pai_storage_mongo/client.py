@@ -52,13 +52,7 @@ from pymongo import errors as pm
 from pymongo.read_concern import ReadConcern
 from pymongo.write_concern import WriteConcern
 
-from pai_storage import (
-    ConfigurationError,
-    OutcomeUnknownError,
-    StorageError,
-    ThreadStoreConfigurationError,
-    UnavailableError,
-)
+from pai_storage import ConfigurationError, OutcomeUnknownError, StorageError, UnavailableError
 from pai_storage.backend import (
     SharedClient,
     StoreURL,
@@ -67,6 +61,7 @@ from pai_storage.backend import (
     redact,
     truncate_ms,
 )
+from pai_storage.errors import ThreadStoreConfigurationError
 from pai_storage.shared import closed_error as closed_error
 
 from .documents import CODEC_OPTIONS, PLAIN_CODEC_OPTIONS

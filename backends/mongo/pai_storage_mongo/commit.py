@@ -21,18 +21,7 @@ from pymongo import ReturnDocument
 from pymongo.errors import PyMongoError, ServerSelectionTimeoutError
 from pymongo.operations import DeleteMany, InsertOne, ReplaceOne
 
-from pai_storage import (
-    CommittedResult,
-    CommitThreadInput,
-    ConflictResult,
-    DeleteChange,
-    InsertChange,
-    ReplaceChange,
-    ThreadChanges,
-    ThreadRecord,
-    ThreadStoreInvariantError,
-    TruncateChange,
-)
+from pai_storage import CommittedResult, CommitThreadInput, ConflictResult, ThreadRecord
 from pai_storage.backend import (
     FAMILIES,
     CommitTransaction,
@@ -46,6 +35,14 @@ from pai_storage.backend import (
     RelationshipReader,
     RunRef,
     duplicate_insert_error,
+)
+from pai_storage.errors import ThreadStoreInvariantError
+from pai_storage.models import (
+    DeleteChange,
+    InsertChange,
+    ReplaceChange,
+    ThreadChanges,
+    TruncateChange,
 )
 
 from .documents import (

@@ -43,14 +43,7 @@ from bson.int64 import Int64
 from bson.raw_bson import RawBSONDocument
 from pydantic import BaseModel
 
-from pai_storage import (
-    Message,
-    QueuedItem,
-    RunRecord,
-    ThreadRecord,
-    ThreadStoreInvariantError,
-    codec,
-)
+from pai_storage import Message, QueuedItem, RunRecord, ThreadRecord, codec
 from pai_storage.backend import (
     FAMILIES,
     OPEN_STATUSES,
@@ -59,6 +52,7 @@ from pai_storage.backend import (
     MessageRef,
     RunRef,
 )
+from pai_storage.errors import ThreadStoreInvariantError
 from pai_storage.frozen import FrozenDict
 from pai_storage.models import StoreModel
 from pai_storage.strict_json import MAX_JSON_NODES

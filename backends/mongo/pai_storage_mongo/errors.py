@@ -15,14 +15,16 @@ from pai_storage import (
     InvalidInputError,
     OutcomeUnknownError,
     StorageError,
+    UnavailableError,
+)
+from pai_storage.backend import StoreURL, redact
+from pai_storage.errors import (
     ThreadStoreCommitUnknownError,
     ThreadStoreConfigurationError,
     ThreadStoreError,
     ThreadStoreInvariantError,
     ThreadStoreUnavailableError,
-    UnavailableError,
 )
-from pai_storage.backend import StoreURL, redact
 
 __all__ = [
     "Phase",

@@ -34,13 +34,9 @@ from typing import Any
 
 from pai_storage_conformance.provision import TestHarness
 
-from pai_storage import (
-    Clock,
-    ThreadStore,
-    ThreadStoreConfigurationError,
-    ThreadStoreUnavailableError,
-)
-from pai_storage.backend import StoreURL, make_url
+from pai_storage import ThreadStore
+from pai_storage.backend import Clock, StoreURL, make_url
+from pai_storage.errors import ThreadStoreConfigurationError, ThreadStoreUnavailableError
 
 from . import backend as mongo_backend
 from . import shardaudit

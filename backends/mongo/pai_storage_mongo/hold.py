@@ -50,26 +50,23 @@ from bson.errors import BSONError
 from bson.raw_bson import RawBSONDocument
 from pymongo import ReturnDocument
 
-from pai_storage import (
-    AcquireLease,
-    CommitThreadInput,
-    DeleteMutation,
-    InsertChange,
-    ReleaseLease,
-    RenewLease,
-    ReplaceChange,
-    ThreadChanges,
-    ThreadLease,
-    ThreadRecord,
-    ThreadStoreInvariantError,
-    ThreadVersion,
-)
+from pai_storage import CommitThreadInput, ThreadLease, ThreadRecord, ThreadVersion
 from pai_storage.backend import (
     FamilyName,
     MessageRef,
     RunRef,
     apply_thread_root_update,
     commit_time,
+)
+from pai_storage.errors import ThreadStoreInvariantError
+from pai_storage.models import (
+    AcquireLease,
+    DeleteMutation,
+    InsertChange,
+    ReleaseLease,
+    RenewLease,
+    ReplaceChange,
+    ThreadChanges,
 )
 
 from .documents import RootSummary, root_document

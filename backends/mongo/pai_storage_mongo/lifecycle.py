@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from bson.raw_bson import RawBSONDocument
 from pymongo import ASCENDING, DESCENDING
 
-from pai_storage import ThreadRecord, ThreadStoreInvariantError, ThreadVersion
+from pai_storage import ThreadRecord, ThreadVersion
 from pai_storage.backend import (
     FAMILIES,
     Entry,
@@ -30,6 +30,7 @@ from pai_storage.backend import (
     ThreadConflict,
     ThreadIndexEntry,
 )
+from pai_storage.errors import ThreadStoreInvariantError
 
 from .documents import child_document, decode_or_invalid, parse_child, parse_root, root_document
 from .indexes import Doc, Keys, key_pattern

@@ -30,7 +30,6 @@ from pai_storage import (
     StoreWarning,
     ThreadReadResult,
     ThreadRecord,
-    ThreadStoreInvariantError,
 )
 from pai_storage.backend import (
     FAMILIES,
@@ -44,6 +43,7 @@ from pai_storage.backend import (
     Window,
     run_read,
 )
+from pai_storage.errors import ThreadStoreInvariantError
 
 from .documents import decode_or_invalid, read_child, read_root, root_facts
 from .hold import CachedRoot

@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 from pymongo import ASCENDING, DESCENDING
 
-from pai_storage import InsertChange, ReplaceChange, ThreadChanges, ThreadStoreInvariantError
 from pai_storage.backend import OPEN_STATUSES, Entry, MessageRef, QueueRef, RunRef, RunRelations
+from pai_storage.errors import ThreadStoreInvariantError
+from pai_storage.models import InsertChange, ReplaceChange, ThreadChanges
 
 from .documents import OpenRunSummary, RootSummary
 from .indexes import Doc

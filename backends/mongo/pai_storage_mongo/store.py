@@ -41,7 +41,6 @@ from pymongo.errors import OperationFailure
 from pymongo.read_preferences import ReadPreference
 
 from pai_storage import (
-    Clock,
     CommittedResult,
     CommitThreadInput,
     ConflictResult,
@@ -53,13 +52,11 @@ from pai_storage import (
     ThreadReadResult,
     ThreadRecord,
     ThreadStore,
-    ThreadStoreConfigurationError,
-    ThreadStoreError,
     ThreadVersion,
-    WarningCallback,
 )
 from pai_storage.backend import (
     LIFECYCLE,
+    Clock,
     Entry,
     FamilySpec,
     ForkRequest,
@@ -67,11 +64,13 @@ from pai_storage.backend import (
     StoreURL,
     ThreadAggregate,
     ThreadIndexEntry,
+    WarningCallback,
     map_errors,
     redact,
     run_commit,
     truncate_ms,
 )
+from pai_storage.errors import ThreadStoreConfigurationError, ThreadStoreError
 from pai_storage.watch import ChangeSignal
 
 from .client import MongoClientHolder

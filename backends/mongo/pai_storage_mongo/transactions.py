@@ -25,8 +25,12 @@ from pymongo.read_concern import ReadConcern
 from pymongo.read_preferences import ReadPreference
 from pymongo.write_concern import WriteConcern
 
-from pai_storage import ThreadStoreConfigurationError, ThreadStoreError, ThreadStoreUnavailableError
 from pai_storage.backend import StoreURL
+from pai_storage.errors import (
+    ThreadStoreConfigurationError,
+    ThreadStoreError,
+    ThreadStoreUnavailableError,
+)
 
 from .errors import (
     Phase,

@@ -18,8 +18,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
-from pai_storage import ThreadStore, ThreadStoreConfigurationError
+from pai_storage import ThreadStore
 from pai_storage.backend import Backend, ManagedStore, StoreURL
+from pai_storage.errors import ThreadStoreConfigurationError
 
 if TYPE_CHECKING:
     from pai_storage_conformance.provision import TestHarness

@@ -24,7 +24,8 @@ from typing import Any
 
 from pai_storage_conformance.provision import TestHarness
 
-from pai_storage import Clock, ThreadStoreConfigurationError
+from pai_storage.backend import Clock
+from pai_storage.errors import ThreadStoreConfigurationError
 
 __all__ = ["FilesHarness", "MotoServer", "S3Harness"]
 

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar
 
-from pai_storage import truncate_ms
+from pai_storage.backend import truncate_ms
 from pai_storage.clock import system_clock
 from pai_storage.errors import ConfigurationError, CorruptSnapshotError
 from pai_storage.events import StoreWarning

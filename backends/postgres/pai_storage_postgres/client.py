@@ -31,9 +31,8 @@ import contextlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, cast
 
-from pai_storage import ThreadStoreConfigurationError, ThreadStoreError
 from pai_storage.backend import SharedClient, StoreURL, make_url
-from pai_storage.errors import StorageError
+from pai_storage.errors import StorageError, ThreadStoreConfigurationError, ThreadStoreError
 from pai_storage.shared import closed_error
 
 from .errors import Phase, general_error, map_error

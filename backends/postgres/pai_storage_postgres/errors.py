@@ -39,14 +39,15 @@ from pai_storage import (
     InvalidInputError,
     OutcomeUnknownError,
     StorageError,
-    StoreURL,
+    UnavailableError,
+)
+from pai_storage.backend import StoreURL, redact
+from pai_storage.errors import (
     ThreadStoreCommitUnknownError,
     ThreadStoreConfigurationError,
     ThreadStoreError,
     ThreadStoreInvariantError,
     ThreadStoreUnavailableError,
-    UnavailableError,
-    redact,
 )
 
 __all__ = ["Phase", "general_error", "is_retryable", "map_error", "sqlstate"]

@@ -73,7 +73,7 @@ MAX_PREFIX_LENGTH = 40  # the longest index name adds 22 characters; PostgreSQL 
 
 def validate_identifier(kind: str, value: object) -> str:
     """Check a table prefix or schema name; the error names the rule broken."""
-    from pai_storage import ThreadStoreConfigurationError
+    from pai_storage.errors import ThreadStoreConfigurationError
 
     pattern, limit = (_PREFIX, MAX_PREFIX_LENGTH) if kind == "table_prefix" else (_SCHEMA, 63)
     if not isinstance(value, str) or not pattern.match(value) or len(value) > limit:
@@ -90,7 +90,7 @@ def validate_identifier(kind: str, value: object) -> str:
 
 def validate_names(value: object) -> tuple[tuple[str, str], ...]:
     """Check the ``names`` option: component name -> base table name."""
-    from pai_storage import ThreadStoreConfigurationError
+    from pai_storage.errors import ThreadStoreConfigurationError
 
     if value is None:
         return ()

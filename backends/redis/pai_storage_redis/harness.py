@@ -14,8 +14,8 @@ from typing import Any
 
 from pai_storage_conformance.provision import TestHarness
 
-from pai_storage import Clock, ThreadStore, UnavailableError
-from pai_storage.backend import StoreURL, make_url, redact
+from pai_storage import ThreadStore, UnavailableError
+from pai_storage.backend import Clock, StoreURL, make_url, redact
 
 from . import backend as redis_backend
 

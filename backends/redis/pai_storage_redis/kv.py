@@ -26,11 +26,13 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any, ClassVar
 
-from pai_storage import Clock, StoreURL, WarningCallback
 from pai_storage.backend import (
+    Clock,
     KeyValueStore,
     KVRecord,
+    StoreURL,
     VersionMismatch,
+    WarningCallback,
     namespace_from_path,
     namespace_path,
     prefix_upper_bound,

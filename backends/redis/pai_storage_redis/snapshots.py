@@ -26,8 +26,7 @@ import json
 from datetime import datetime, timedelta
 from typing import Any, ClassVar
 
-from pai_storage import Clock, StoreURL, WarningCallback
-from pai_storage.backend import SnapshotDraft, SnapshotStore
+from pai_storage.backend import Clock, SnapshotDraft, SnapshotStore, StoreURL, WarningCallback
 from pai_storage.snapshots import DEFAULT_SNAPSHOT_TTL, Snapshot, SnapshotInfo
 from pai_storage.state import ENUMERATE
 

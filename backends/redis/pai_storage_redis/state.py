@@ -24,8 +24,15 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any, ClassVar
 
-from pai_storage import Clock, StoreURL, WarningCallback
-from pai_storage.backend import AgentStateStore, ListHead, ListWrite, SessionKey
+from pai_storage.backend import (
+    AgentStateStore,
+    Clock,
+    ListHead,
+    ListWrite,
+    SessionKey,
+    StoreURL,
+    WarningCallback,
+)
 from pai_storage.runtime import DEFAULT_MAX_VALUE_BYTES
 from pai_storage.state import (
     ANONYMOUS_USER,

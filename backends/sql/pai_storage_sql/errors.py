@@ -28,14 +28,13 @@ import asyncio
 from collections.abc import Callable
 from typing import Literal
 
-from pai_storage import (
-    StoreURL,
+from pai_storage.backend import StoreURL, redact
+from pai_storage.errors import (
     ThreadStoreCommitUnknownError,
     ThreadStoreConfigurationError,
     ThreadStoreError,
     ThreadStoreInvariantError,
     ThreadStoreUnavailableError,
-    redact,
 )
 
 __all__ = [

@@ -23,8 +23,9 @@ from typing import Any
 
 from pai_storage_conformance.provision import TestHarness
 
-from pai_storage import Clock, ThreadStore, ThreadStoreUnavailableError
-from pai_storage.backend import StoreURL, make_url, redact
+from pai_storage import ThreadStore
+from pai_storage.backend import Clock, StoreURL, make_url, redact
+from pai_storage.errors import ThreadStoreUnavailableError
 
 from . import backend as sql_backend
 from .client import SqlClient

@@ -129,7 +129,7 @@ MYSQL_TABLE_ARGS: dict[str, Any] = {
 
 def validate_prefix(value: object) -> str:
     """Check a ``table_prefix``; the error names the rule broken."""
-    from pai_storage import ThreadStoreConfigurationError
+    from pai_storage.errors import ThreadStoreConfigurationError
 
     if not isinstance(value, str) or not _PREFIX.match(value) or len(value) > MAX_PREFIX_LENGTH:
         raise ThreadStoreConfigurationError(
@@ -141,7 +141,7 @@ def validate_prefix(value: object) -> str:
 
 def validate_names(value: object) -> dict[str, str] | None:
     """Check the ``names`` option: runtime component -> base table name."""
-    from pai_storage import ThreadStoreConfigurationError
+    from pai_storage.errors import ThreadStoreConfigurationError
 
     if value is None:
         return None
@@ -375,7 +375,7 @@ class Tables:
         except InvalidRequestError:  # a table defined twice
             runtime = None
         if chosen and (runtime is None or not _distinct(md)):
-            from pai_storage import ThreadStoreConfigurationError
+            from pai_storage.errors import ThreadStoreConfigurationError
 
             raise ThreadStoreConfigurationError(
                 "option names: the tables of two components (or of a component and the "
@@ -406,7 +406,7 @@ def _runtime_tables(metadata: MetaData, prefix: str, names: dict[str, str] | Non
         if exc.name != f"{__package__}.runtime_tables":
             raise
         if names:
-            from pai_storage import ThreadStoreConfigurationError
+            from pai_storage.errors import ThreadStoreConfigurationError
 
             raise ThreadStoreConfigurationError(
                 "option names: this installation ships no runtime stores"
@@ -428,7 +428,7 @@ async def prepare_schema(conn: AsyncConnection, dialect: str, tables: Tables) ->
     """
     import sqlite3
 
-    from pai_storage import ThreadStoreConfigurationError
+    from pai_storage.errors import ThreadStoreConfigurationError
 
     if dialect == "sqlite":
         server, mariadb = f"SQLite {sqlite3.sqlite_version}", False
