@@ -299,18 +299,24 @@ class PaiCheckpointSaver(BaseCheckpointSaver[str]):
         ``config`` names the thread (and ``checkpoint_ns``; without it every
         namespace of the thread, one after the other); ``None`` lists every
         thread. ``filter`` matches metadata keys exactly; ``before`` starts
-        after that checkpoint.
+        after that checkpoint; ``limit`` (``0`` or less: nothing) stops the walk
+        once that many are yielded.
+
+        Only the checkpoints yielded are built (their channel values and
+        pending writes read): the filter is tested on each item's stored
+        metadata first, so a filter that matches few checkpoints of a long
+        thread costs a read of its values by the page, not a tuple each.
         """
         self._bridge.bind()
+        if limit is not None and limit <= 0:
+            return
         remaining = limit
         before_key = None
         if before is not None and (before_id := get_checkpoint_id(before)):
             before_key = _key(before_id)
         async for thread_id, checkpoint_ns in self._sources(config):
-            namespace = self._namespace(thread_id, checkpoint_ns, "checkpoints")
-            async for tup in self._list_one(thread_id, checkpoint_ns, namespace, before_key):
-                if filter and any(tup.metadata.get(k) != v for k, v in filter.items()):
-                    continue
+            found = self._list_one(thread_id, checkpoint_ns, before_key, filter or {}, remaining)
+            async for tup in found:
                 yield tup
                 if remaining is not None:
                     remaining -= 1
@@ -335,24 +341,52 @@ class PaiCheckpointSaver(BaseCheckpointSaver[str]):
         self,
         thread_id: str,
         checkpoint_ns: str,
-        namespace: tuple[str, ...],
         before_key: str | None,
+        filter: Mapping[str, Any],
+        limit: int | None,
     ) -> AsyncIterator[CheckpointTuple]:
+        """At most ``limit`` (a positive count, or ``None``) tuples of one
+        checkpoint namespace whose metadata matches ``filter``, newest first."""
+        namespace = self._namespace(thread_id, checkpoint_ns, "checkpoints")
         # Keys first (a key page is small), values by the page: a `before`
         # cursor skips the newer keys without reading their values.
         token: str | None = None
         while True:
             page = await self.kv.list_keys(namespace, limit=1000, page_token=token)
             keys = [k for k in page.items if before_key is None or k > before_key]
-            for start in range(0, len(keys), _PAGE):
-                chunk = keys[start : start + _PAGE]
+            start = 0
+            while start < len(keys):
+                # Unfiltered, every value read is yielded: read no more than the
+                # limit takes. Filtered, a whole page: any of it may match.
+                size = _PAGE if filter or limit is None else min(_PAGE, limit)
+                chunk = keys[start : start + size]
+                start += size
                 found = await self.kv.get_many(namespace, chunk)
-                items = [found[k] for k in chunk if k in found]
-                for tup in await self._tuples(thread_id, checkpoint_ns, items):
-                    yield tup
+                items = [
+                    found[k]
+                    for k in chunk
+                    if k in found and self._metadata_matches(found[k].value, filter)
+                ]
+                if limit is not None:
+                    items = items[:limit]
+                    limit -= len(items)
+                if items:
+                    for tup in await self._tuples(thread_id, checkpoint_ns, items):
+                        yield tup
+                if limit == 0:
+                    return
             token = page.next_page_token
             if token is None:
                 return
+
+    def _metadata_matches(self, stored: Any, filter: Mapping[str, Any]) -> bool:
+        """Whether a stored checkpoint's metadata has every key of ``filter``
+        with an equal value (LangGraph's savers' test), decoding only the
+        metadata."""
+        if not filter:
+            return True
+        metadata = _load(self.serde, stored["metadata"])
+        return not any(metadata.get(k) != v for k, v in filter.items())
 
     # ------------------------------------------------------------ writes
 

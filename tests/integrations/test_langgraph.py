@@ -207,6 +207,68 @@ async def test_latest_read_skips_channels_stored_empty(stores: pai_storage.Store
     assert [n for n in calls.names if n != "_ensure_ready"] == ["search", "search"]
 
 
+async def _long_thread(saver: PaiCheckpointSaver, steps: int, matching: set[int]) -> list[str]:
+    """A thread of ``steps`` checkpoints, each with a pending write; the steps
+    in ``matching`` have ``source: "input"``, the others ``"loop"``. Returns the
+    checkpoint ids, oldest first."""
+    config: dict[str, Any] = {"configurable": {"thread_id": "long", "checkpoint_ns": ""}}
+    ids = []
+    for step in range(steps):
+        checkpoint = empty_checkpoint()
+        checkpoint["id"] = f"00000000-0000-6000-8000-{step:012x}"  # ascending: newest last
+        source = "input" if step in matching else "loop"
+        config = await saver.aput(config, checkpoint, {"source": source, "step": step}, {})
+        await saver.aput_writes(config, [("out", step)], task_id=f"task-{step}")
+        ids.append(checkpoint["id"])
+    return ids
+
+
+async def test_filtered_list_builds_only_the_checkpoints_it_yields(
+    stores: pai_storage.Stores,
+) -> None:
+    # More checkpoints than one page of values; the matches are far apart, the
+    # newest of them past the first 50.
+    matching = {3, 10, 60}
+    ids = await _long_thread(PaiCheckpointSaver(stores), 120, matching)
+    reader = PaiCheckpointSaver(stores)
+    calls = _Calls(reader.kv)
+    reader.kv = calls  # type: ignore[assignment]
+    thread = {"configurable": {"thread_id": "long"}}
+
+    def reads() -> list[str]:
+        names = [n for n in calls.names if n != "_ensure_ready"]
+        calls.names.clear()
+        return names
+
+    # limit=1: one pending-write listing (`search`), not one per checkpoint read.
+    [first] = [t async for t in reader.alist(thread, filter={"source": "input"}, limit=1)]
+    assert first.metadata == {"source": "input", "step": 60}
+    assert first.pending_writes == [("task-60", "out", 60)]
+    assert reads().count("search") == 1
+
+    # Unlimited: every match, newest first, one pending-write listing each.
+    found = [t async for t in reader.alist(thread, filter={"source": "input"})]
+    assert [t.metadata["step"] for t in found] == [60, 10, 3]
+    assert [t.pending_writes for t in found] == [[(f"task-{s}", "out", s)] for s in (60, 10, 3)]
+    assert reads().count("search") == 3
+
+    # The `before` cursor and the filter together.
+    older = [t async for t in reader.alist(thread, filter={"source": "input"}, before=first.config)]
+    assert [t.metadata["step"] for t in older] == [10, 3]
+    assert reads().count("search") == 2
+
+    # No filter, limit=1: the thread's namespaces, the keys, one value, its
+    # pending writes.
+    [latest] = [t async for t in reader.alist(thread, limit=1)]
+    assert latest.config["configurable"]["checkpoint_id"] == ids[-1]
+    assert reads() == ["list_namespaces", "list_keys", "get_many", "search"]
+    # A filter nothing matches reads no pending writes at all.
+    assert [t async for t in reader.alist(thread, filter={"source": "fork"})] == []
+    assert "search" not in reads()
+    # limit=0 lists nothing, as LangGraph's in-memory saver.
+    assert [t async for t in reader.alist(thread, limit=0)] == []
+
+
 # ---------------------------------------------------------------- PaiStore
 
 
