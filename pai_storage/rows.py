@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from . import codec
 from .aggregate import Entry, Family, FamilyName, ThreadAggregate
@@ -20,7 +20,7 @@ from .changes import FamilyWrite
 from .errors import ThreadStoreInvariantError
 from .events import StoreWarning
 from .families import FAMILIES
-from .models import Page, StoreModel, ThreadRecord
+from .models import Page, ThreadRecord
 from .selection import timestamp_ms
 
 if TYPE_CHECKING:
@@ -32,21 +32,16 @@ __all__ = [
     "ListCursor",
     "ListRow",
     "dec",
-    "dump",
     "enc",
     "enc_opt",
     "insert_thread",
     "list_page",
     "listed_roots",
     "page_records",
-    "parse",
     "parse_root",
     "run_ref_fields",
     "thread_from_rows",
 ]
-
-M = TypeVar("M", bound=StoreModel)
-
 
 def enc(text: str) -> bytes:
     """An identifier as stored: its UTF-8 bytes."""
@@ -61,21 +56,10 @@ def dec(data: bytes) -> str:
     return bytes(data).decode("utf-8")
 
 
-def dump(record: StoreModel) -> str:
-    """The record's JSON form as compact text, stored verbatim (:func:`codec.encode`)."""
-    return codec.encode(record)
-
-
-def parse(model: type[M], doc: str) -> M:
-    """Strictly parse stored JSON text (invalid data raises ``ThreadStoreInvariantError``):
-    :func:`~pai_storage.codec.decode`."""
-    return codec.decode(model, doc)
-
-
 def parse_root(doc: str, scope_key: str, thread_id: str) -> ThreadRecord:
     """Strictly parse a stored thread root read by its key: a root that names another
     key is invalid stored data (``ThreadStoreInvariantError``)."""
-    root = parse(ThreadRecord, doc)
+    root = codec.decode(ThreadRecord, doc)
     if root.scope_key != scope_key or root.thread_id != thread_id:
         raise ThreadStoreInvariantError(
             "stored thread root does not match its key (scope_key/thread_id)"
@@ -200,14 +184,14 @@ def thread_from_rows(
     """A whole thread from its root, its position counters and each family's
     ``(position, doc)`` rows (what a lifecycle load returns).
 
-    Every document is parsed strictly (:func:`parse`); read the rows from one
+    Every document is parsed strictly (:func:`pai_storage.codec.decode`); read the rows from one
     snapshot, so the root and the families agree.
     """
     families: dict[FamilyName, Family[Any]] = {}
     for spec in FAMILIES:
         entries: dict[str, Entry[Any]] = {}
         for position, doc in rows[spec.name]:
-            record = parse(spec.model, doc)
+            record = codec.decode(spec.model, doc)
             entries[spec.record_id(record)] = Entry(int(position), record)
         families[spec.name] = Family(entries, next_positions[spec.name])
     return ThreadAggregate(root, families["messages"], families["runs"], families["queuedItems"])

@@ -16,7 +16,7 @@ import pytest
 
 from pai_storage import ListThreadsInput, ThreadRecord, codec
 from pai_storage.events import StoreWarning
-from pai_storage.rows import ListCursor, ListRow, dump, list_page, listed_roots
+from pai_storage.rows import ListCursor, ListRow, list_page, listed_roots
 from pai_storage.selection import ListPlan, SelectionHelpers, timestamp_ms
 
 
@@ -45,7 +45,7 @@ def _root(thread_id: str, scope: str = "s", ms: int = 0, agent: str = "a") -> Th
 
 
 def _row(root: ThreadRecord) -> tuple[int, bytes, str]:
-    return (-timestamp_ms(root.updated_at), root.thread_id.encode(), dump(root))
+    return (-timestamp_ms(root.updated_at), root.thread_id.encode(), codec.encode(root))
 
 
 def _skipped(thread_id: str | None, reason: str) -> StoreWarning:
@@ -78,7 +78,7 @@ def _bad_rows() -> list[tuple[tuple[int, bytes, str], StoreWarning]]:
         ((key, tid, doc.replace('"agent"', '"agnt"')), _skipped("bad", "invalid ThreadRecord")),
         ((key, tid, "not json"), _skipped("bad", "invalid ThreadRecord")),
         (
-            (key, tid, dump(_root("bad", scope="other"))),
+            (key, tid, codec.encode(_root("bad", scope="other"))),
             _skipped("bad", "stored identity or order key does not match"),
         ),
         ((key, b"other", doc), _skipped("other", "stored identity or order key does not match")),

@@ -18,6 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from pai_storage import builders as b
+from pai_storage import codec
 from pai_storage.backend import (
     MessageRef,
     QueueRef,
@@ -31,7 +32,7 @@ from pai_storage.backend import (
     run_ref_from_row,
 )
 from pai_storage.errors import ThreadStoreInvariantError
-from pai_storage.rows import dump, enc, enc_opt
+from pai_storage.rows import enc, enc_opt
 
 from .test_relationships import valid_aggregates
 
@@ -114,7 +115,7 @@ def test_open_run_and_tail_rows() -> None:
 
 def _rows(aggregate: ThreadAggregate) -> tuple[list[Any], list[Any], list[Any]]:
     """The rows a normalized backend would return for every run (in storage order)."""
-    runs = [(enc(e.record.run_id), dump(e.record)) for e in aggregate.runs]
+    runs = [(enc(e.record.run_id), codec.encode(e.record)) for e in aggregate.runs]
     messages = [
         (
             enc_opt(e.record.run_id),

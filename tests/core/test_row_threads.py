@@ -13,10 +13,11 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 
+from pai_storage import codec
 from pai_storage.backend import Family, FamilyName, FamilySpec, FamilyWrite, ThreadAggregate
 from pai_storage.errors import ThreadStoreInvariantError
 from pai_storage.models import ThreadRecord
-from pai_storage.rows import dump, insert_thread, parse_root, thread_from_rows
+from pai_storage.rows import insert_thread, parse_root, thread_from_rows
 
 from .test_relationships import valid_aggregates
 
@@ -29,7 +30,9 @@ def _rows(aggregate: ThreadAggregate) -> dict[FamilyName, list[tuple[int, str]]]
         "runs": aggregate.runs,
         "queuedItems": aggregate.queued_items,
     }
-    return {name: [(e.position, dump(e.record)) for e in fam] for name, fam in families.items()}
+    return {
+        name: [(e.position, codec.encode(e.record)) for e in fam] for name, fam in families.items()
+    }
 
 
 def _counters(aggregate: ThreadAggregate) -> dict[FamilyName, int]:
@@ -96,7 +99,7 @@ def _root() -> ThreadRecord:
 
 def test_a_root_read_by_another_key_is_invalid_stored_data() -> None:
     root = _root()
-    doc = dump(root)
+    doc = codec.encode(root)
     assert parse_root(doc, root.scope_key, root.thread_id) == root
     with pytest.raises(ThreadStoreInvariantError, match="does not match its key"):
         parse_root(doc, root.scope_key, "another")

@@ -3,10 +3,10 @@
 :class:`_PgTransaction` supplies the core's commit pipeline
 (:func:`~pai_storage.backend.run_commit`): the root row held with
 ``SELECT ... FOR UPDATE`` (a create checks it is missing and inserts with
-``ON CONFLICT DO NOTHING``), the server's clock read after the hold, the
-child rows the changes name loaded, the net writes as ``unnest``
-statements, and the relationship reader (:mod:`.relations`) in the same
-transaction.
+``ON CONFLICT DO NOTHING``), the server's clock read by that same statement
+once the lock is granted, the child rows the changes name loaded, the net
+writes as ``unnest`` statements, and the relationship reader
+(:mod:`.relations`) in the same transaction.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any, cast
 
-from pai_storage import ThreadRecord
+from pai_storage import ThreadRecord, codec
 from pai_storage.backend import (
     CommitTransaction,
     FamilyName,
@@ -28,7 +28,7 @@ from pai_storage.backend import (
     timestamp_ms,
 )
 from pai_storage.models import CreateMutation
-from pai_storage.rows import dec, dump, enc, enc_opt
+from pai_storage.rows import dec, enc, enc_opt
 
 from .layout import _columns
 from .relations import _Reader
@@ -44,6 +44,8 @@ class _PgTransaction(_ThreadRows, CommitTransaction):
     """
 
     mutation: object = None
+    _held_at: datetime | None = None
+    """The server's clock as the hold read it, once it had the root's lock."""
 
     async def hold(self) -> HeldThread:
         t = self._tables.threads
@@ -59,9 +61,13 @@ class _PgTransaction(_ThreadRows, CommitTransaction):
         row = await self._conn.fetchrow(hold_statement(t), self._scope, self._thread)
         if row is None:
             return HeldThread(None)
+        self._held_at = row["now"]
         return HeldThread(self._parse_root(row["doc"]), self._positions(row))
 
     async def server_time(self) -> datetime:
+        if self._held_at is not None:  # read by the hold, after its lock: no round trip
+            return self._held_at
+        # A create holds no row (and nothing to wait for): the clock is read now.
         return cast(datetime, await self._conn.fetchval(_NOW_SQL))
 
     async def write_root(
@@ -79,7 +85,7 @@ class _PgTransaction(_ThreadRows, CommitTransaction):
             next_positions["messages"],
             next_positions["runs"],
             next_positions["queuedItems"],
-            dump(root),
+            codec.encode(root),
         )
         if not created:
             await self._conn.execute(update_root_statement(t), *args)

@@ -12,9 +12,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from pai_storage import Message, QueuedItem, RunRecord
+from pai_storage import Message, QueuedItem, RunRecord, codec
 from pai_storage.backend import Entry, FamilyName, FamilySpec
-from pai_storage.rows import dump, enc, enc_opt
+from pai_storage.rows import enc, enc_opt
 
 from .schema import Tables
 
@@ -82,7 +82,7 @@ def _columns(spec: FamilySpec, entries: Sequence[Entry[Any]]) -> list[list[Any]]
     """Column arrays ``position, id, <extra columns>, doc`` for ``unnest``."""
     positions = [e.position for e in entries]
     ids = [enc(spec.record_id(e.record)) for e in entries]
-    docs = [dump(e.record) for e in entries]
+    docs = [codec.encode(e.record) for e in entries]
     extra: list[list[Any]]
     if spec.name == "messages":
         records = [cast(Message, e.record) for e in entries]

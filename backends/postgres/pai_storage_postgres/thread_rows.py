@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from pai_storage import ThreadRecord, ThreadVersion
+from pai_storage import ThreadRecord, ThreadVersion, codec
 from pai_storage.backend import Entry, FamilyName, FamilySpec, ThreadAggregate
 from pai_storage.errors import ThreadStoreInvariantError
-from pai_storage.rows import dec, enc, parse, parse_root, thread_from_rows
+from pai_storage.rows import dec, enc, parse_root, thread_from_rows
 
 from .layout import _Layout
 from .statements import by_keys, whole_family_statement
@@ -72,7 +72,7 @@ class _ThreadRows:
         )
         found: dict[str, Entry[Any]] = {}
         for r in rows:
-            record = parse(spec.model, r["doc"])
+            record = codec.decode(spec.model, r["doc"])
             rid = dec(r["id"])
             if spec.record_id(record) != rid:
                 raise ThreadStoreInvariantError(

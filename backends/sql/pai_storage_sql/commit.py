@@ -23,6 +23,7 @@ from pai_storage import (
     ConflictResult,
     ThreadRecord,
     ThreadVersion,
+    codec,
 )
 from pai_storage.backend import (
     CommitTransaction,
@@ -38,7 +39,7 @@ from pai_storage.backend import (
 )
 from pai_storage.errors import ThreadStoreInvariantError
 from pai_storage.models import CreateMutation
-from pai_storage.rows import dec, dump, enc
+from pai_storage.rows import dec, enc
 
 from .client import Operation, is_unique_violation
 from .relations import _Reader
@@ -145,7 +146,7 @@ class _Transaction(_ThreadRows, CommitTransaction):
             "messages_next": next_positions["messages"],
             "runs_next": next_positions["runs"],
             "queued_next": next_positions["queuedItems"],
-            "doc": dump(root),
+            "doc": codec.encode(root),
         }
         self._check_size("thread root", values["doc"])
         if not created:

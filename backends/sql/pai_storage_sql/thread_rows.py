@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import bindparam, select
 
-from pai_storage import Message, QueuedItem, RunRecord, ThreadRecord, ThreadVersion
+from pai_storage import Message, QueuedItem, RunRecord, ThreadRecord, ThreadVersion, codec
 from pai_storage.backend import Entry, FamilyName, FamilySpec
 from pai_storage.errors import ThreadStoreInvariantError
-from pai_storage.rows import dump, enc, parse, parse_root
+from pai_storage.rows import enc, parse_root
 
 from .client import Operation
 from .schema import digest
@@ -85,7 +85,7 @@ def _row(spec: FamilySpec, entry: Entry[Any]) -> dict[str, Any]:
     else:
         q = cast(QueuedItem, entry.record)
         row.update(queue_item_id=enc(rid), run_h=digest(q.run_id), run_id=enc(q.run_id))
-    row["doc"] = dump(entry.record)
+    row["doc"] = codec.encode(entry.record)
     return row
 
 
@@ -150,7 +150,7 @@ class _ThreadRows:
             rid = wanted.get(bytes(stored_id))  # bytes: a damaged column may not decode
             if rid is None:  # another id with the same digest
                 continue
-            record = parse(spec.model, doc)
+            record = codec.decode(spec.model, doc)
             if spec.record_id(record) != rid:
                 raise ThreadStoreInvariantError(
                     f"stored {spec.noun} record does not match its id column"
