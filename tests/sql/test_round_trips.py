@@ -1,4 +1,4 @@
-"""Statements per commit on SQLite, seen by ``sqlite3``'s public trace callback.
+"""Statements per commit and per read on SQLite, seen by ``sqlite3``'s public trace callback.
 
 A write runs whole in one call into the writer connection's thread (see
 ``SqlClient.run_write``), so on SQLite a statement is not a network round trip
@@ -12,6 +12,9 @@ connection under the client's one held writer connection (reached through
 SQLAlchemy's ``get_raw_connection`` and aiosqlite's ``Cursor.connection``), so
 it sees every statement the engine's listeners see and the transaction
 control (``COMMIT``, ``ROLLBACK``) they do not.
+
+A read of the root and one page is pinned the same way, on the one reader
+connection of a store with ``pool_size=1``.
 """
 
 from __future__ import annotations
@@ -185,3 +188,42 @@ async def test_a_conflicting_append_is_three_statements(
     assert isinstance(result, ConflictResult)
     # The root's version is not the one named: nothing else is read or written.
     assert statements.take() == ["BEGIN IMMEDIATE", "SELECT threads", "ROLLBACK"]
+
+
+@pytest_asyncio.fixture
+async def reads_counted(sqlite_target: Target) -> AsyncIterator[tuple[SqlThreadStore, Statements]]:
+    """A store with one reader connection whose statements are traced."""
+    statements = Statements()
+    async with sqlite_target.store(pool_size=1) as store:
+        await _create(store, "warm-up")
+        await store.read_thread(b.read("s", "warm-up"))  # the reader is held from here on
+        held = (await store.client.ready()).held_reader
+        assert held is not None
+        assert len(held.idle) == 1
+        raw = (await held.idle[0].get_raw_connection()).driver_connection
+        assert raw is not None
+        async with raw.cursor() as cursor:
+            cursor.connection.set_trace_callback(statements.log)
+        yield store, statements
+
+
+async def test_a_newest_page_read_is_one_statement(
+    reads_counted: tuple[SqlThreadStore, Statements],
+) -> None:
+    store, statements = reads_counted
+    version = await _create(store, "t")
+    for n in range(3):
+        version = await _commit(
+            store, "t", version, {"messages": [b.insert(b.message(f"m{n}", "hello"))]}
+        )
+    statements.sent.clear()
+    newest = {"type": "page", "view": "transcript", "order": "newest", "page": {"limit": 2}}
+    result = await store.read_thread(b.read("s", "t", messages=newest))
+    assert result.messages is not None
+    assert [m.message_id for m in result.messages.items] == ["m2", "m1"]
+    assert result.messages.next_page_token is not None
+    # The root, its counters and the page's rows below the messages counter in
+    # one UNION ALL: its own snapshot, so no BEGIN or ROLLBACK, and statement
+    # by statement on the event loop, so one trip to the reader's thread.
+    assert len(statements.sent) == 1
+    assert " UNION ALL " in " ".join(statements.sent[0].split())
