@@ -32,7 +32,7 @@ import difflib
 import importlib.util
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import EntryPoint, entry_points
 from types import MappingProxyType
@@ -138,6 +138,43 @@ class Backend(ABC):
             component: {k: v for k, v in options.items() if k in set(names)}
             for component, names in accepted.items()
         }
+
+    def open_sharing_client(
+        self,
+        url: StoreURL,
+        components: Sequence[str],
+        options: Mapping[str, Any],
+        *,
+        package: str,
+        stores: Mapping[str, tuple[str, str, Iterable[str]]],
+        client_options: Iterable[str],
+        make_client: Callable[..., object],
+    ) -> dict[str, ManagedStore]:
+        """Open ``components`` on one client made for them all: a typical :meth:`_open_components`.
+
+        ``stores`` maps each component the backend provides to its module in
+        ``package`` (``"kv"``: imported only when opened), the store class in it
+        and that store's own options; ``client_options`` are the options of
+        the shared client, which every store also takes. ``make_client(client,
+        **given)`` makes the one client from the application's ``client=``
+        (or ``None``) and the client options given; each store is then made as
+        ``StoreClass(client=that_client, **its_share)``. An option no
+        component nor the client takes is an error, before anything is made.
+        """
+        shared = set(client_options) - {"client"}
+        accepted = {c: tuple(stores[c][2]) for c in components}
+        everything = {o for names in accepted.values() for o in names}
+        self.check_options(url, options, everything | shared | {"client"})
+        given = {k: v for k, v in options.items() if k in shared}
+        rest = {k: v for k, v in options.items() if k not in shared and k != "client"}
+        shares = self.split_options(url, rest, accepted)
+        client = make_client(options.get("client"), **given)
+        opened: dict[str, ManagedStore] = {}
+        for component in components:
+            module, cls, _ = stores[component]
+            factory = getattr(importlib.import_module(f"{package}.{module}"), cls)
+            opened[component] = factory(client=client, **shares[component])
+        return opened
 
     def open(self, url: StoreURL, **options: Any) -> ThreadStore:
         """Open a store for ``url`` (not yet initialized)."""

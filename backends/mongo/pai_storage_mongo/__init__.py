@@ -93,19 +93,15 @@ class MongoBackend(Backend):
         gets its share of the options."""
         from .client import MongoClientHolder
 
-        accepted = {c: _COMPONENTS[c][2] for c in components}
-        everything = {o for names in accepted.values() for o in names}
-        self.check_options(url, options, everything | {"client", *CLIENT_OPTIONS})
-        client_options = {k: v for k, v in options.items() if k in CLIENT_OPTIONS}
-        rest = {k: v for k, v in options.items() if k not in CLIENT_OPTIONS and k != "client"}
-        shares = self.split_options(url, rest, accepted)
-        holder = MongoClientHolder(url, client=options.get("client"), **client_options)
-        opened: dict[str, ManagedStore] = {}
-        for component in components:
-            module, cls, _ = _COMPONENTS[component]
-            factory = getattr(importlib.import_module(f"{__name__}.{module}"), cls)
-            opened[component] = factory(client=holder, **shares[component])
-        return opened
+        return self.open_sharing_client(
+            url,
+            components,
+            options,
+            package=__name__,
+            stores=_COMPONENTS,
+            client_options=CLIENT_OPTIONS,
+            make_client=lambda client, **given: MongoClientHolder(url, client=client, **given),
+        )
 
     def test_harness(self, url: str | None = None) -> TestHarness:
         from .harness import MongoHarness  # test provisioning, imported only by the suite

@@ -84,20 +84,15 @@ class PostgresBackend(Backend):
     ) -> dict[str, ManagedStore]:
         """One :class:`PgClient` for every component (``client=`` an ``asyncpg.Pool``
         is wrapped, never closed); each store gets its share of the options."""
-        shared = dict.fromkeys(components, ("client", *POOL_OPTIONS))
-        accepted = {c: _COMPONENTS[c][2] for c in components}
-        everything = {c: (*accepted[c], *shared[c]) for c in components}
-        self.check_options(url, options, {o for names in everything.values() for o in names})
-        pool_options = {k: v for k, v in options.items() if k in POOL_OPTIONS}
-        rest = {k: v for k, v in options.items() if k not in POOL_OPTIONS and k != "client"}
-        shares = self.split_options(url, rest, accepted)
-        client = PgClient(url, pool=options.get("client"), **pool_options)
-        opened: dict[str, ManagedStore] = {}
-        for component in components:
-            module, cls, _ = _COMPONENTS[component]
-            factory = getattr(importlib.import_module(f"{__name__}.{module}"), cls)
-            opened[component] = factory(client=client, **shares[component])
-        return opened
+        return self.open_sharing_client(
+            url,
+            components,
+            options,
+            package=__name__,
+            stores=_COMPONENTS,
+            client_options=POOL_OPTIONS,
+            make_client=lambda pool, **given: PgClient(url, pool=pool, **given),
+        )
 
     def test_harness(self, url: str | None = None) -> TestHarness:
         from .harness import PostgresHarness  # test provisioning, imported only by the suite

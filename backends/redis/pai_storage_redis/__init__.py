@@ -11,7 +11,6 @@ persistence setting guarantees. The conformance harness is
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -70,19 +69,15 @@ class RedisBackend(Backend):
         (``client=`` an application's own client is wrapped, never closed)."""
         from .client import RedisClient
 
-        accepted = {c: _COMPONENTS[c][2] for c in components}
-        everything = {o for names in accepted.values() for o in names} | set(_CLIENT)
-        self.check_options(url, options, everything)
-        client_options = {k: v for k, v in options.items() if k in _CLIENT and k != "client"}
-        rest = {k: v for k, v in options.items() if k not in _CLIENT}
-        shares = self.split_options(url, rest, accepted)
-        holder = RedisClient(url, client=options.get("client"), **client_options)
-        opened: dict[str, ManagedStore] = {}
-        for component in components:
-            module, cls, _ = _COMPONENTS[component]
-            factory = getattr(importlib.import_module(f"{__name__}.{module}"), cls)
-            opened[component] = factory(client=holder, **shares[component])
-        return opened
+        return self.open_sharing_client(
+            url,
+            components,
+            options,
+            package=__name__,
+            stores=_COMPONENTS,
+            client_options=_CLIENT,
+            make_client=lambda client, **given: RedisClient(url, client=client, **given),
+        )
 
     async def server_info(self, url: StoreURL, **options: Any) -> StoreInfo:
         """The server's version and persistence settings (``pai-storage check``)."""

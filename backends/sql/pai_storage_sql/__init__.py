@@ -118,20 +118,15 @@ class SqlBackend(Backend):
     ) -> dict[str, ManagedStore]:
         """One :class:`~pai_storage_sql.client.SqlClient` for every component;
         each store gets its share of the options."""
-        shared = dict.fromkeys(components, ("client", *CLIENT_OPTIONS))
-        accepted = {c: _COMPONENTS[c][2] for c in components}
-        everything = {c: (*accepted[c], *shared[c]) for c in components}
-        self.check_options(url, options, {o for names in everything.values() for o in names})
-        client_options = {k: v for k, v in options.items() if k in CLIENT_OPTIONS}
-        rest = {k: v for k, v in options.items() if k not in CLIENT_OPTIONS and k != "client"}
-        shares = self.split_options(url, rest, accepted)
-        client = _shared_client(url, options.get("client"), client_options)
-        opened: dict[str, ManagedStore] = {}
-        for component in components:
-            module, cls, _ = _COMPONENTS[component]
-            factory = getattr(importlib.import_module(f"{__name__}.{module}"), cls)
-            opened[component] = factory(client=client, **shares[component])
-        return opened
+        return self.open_sharing_client(
+            url,
+            components,
+            options,
+            package=__name__,
+            stores=_COMPONENTS,
+            client_options=CLIENT_OPTIONS,
+            make_client=lambda client, **given: _shared_client(url, client, given),
+        )
 
     def test_harness(self, url: str | None = None) -> TestHarness:
         from .harness import SqlHarness  # test provisioning, imported only by the suite
