@@ -92,6 +92,7 @@ from .kv import (
     VersionMismatch,
     namespace_from_path,
     namespace_path,
+    namespace_path_after,
     prefix_upper_bound,
 )
 from .leases import LEASE_CONFLICT, LeaseConflict, apply_lease_change, is_expired
@@ -273,6 +274,7 @@ __all__ = [
     "message_ref_from_row",
     "namespace_from_path",
     "namespace_path",
+    "namespace_path_after",
     "new_instance_id",
     "parse_json_text",
     "prefix_upper_bound",

@@ -73,6 +73,7 @@ __all__ = [
     "VersionMismatch",
     "namespace_from_path",
     "namespace_path",
+    "namespace_path_after",
     "prefix_upper_bound",
 ]
 
@@ -131,6 +132,24 @@ def prefix_upper_bound(prefix: str) -> str | None:
     if last == 0xD800:
         last = 0xE000
     return stripped[:-1] + chr(last)
+
+
+def namespace_path_after(namespace: Sequence[str], max_depth: int | None) -> str:
+    """Where a listing of namespaces continues once it has found ``namespace``.
+
+    The least path past every item ``namespace`` stands for in that listing:
+    when it is as deep as ``max_depth`` (a truncated namespace) everything
+    whose path starts with its path, so the :func:`prefix_upper_bound` of it;
+    otherwise only its own items, so its path followed by U+0001, the least
+    text above it (names have no U+0000), which its sub-namespaces still
+    follow. ``_list_namespaces`` starts at it from ``after`` and skips with it
+    from one found namespace to the next (encode it for a byte-keyed index:
+    UTF-8 keeps the order).
+    """
+    path = namespace_path(namespace)
+    if max_depth is not None and len(namespace) >= max_depth:
+        return prefix_upper_bound(path) or path  # ends in U+001F: the bound ends in U+0020
+    return path + "\x01"
 
 
 # ---------------------------------------------------------------- results

@@ -33,6 +33,7 @@ from pai_storage.backend import (
     VersionMismatch,
     namespace_from_path,
     namespace_path,
+    namespace_path_after,
     prefix_upper_bound,
 )
 
@@ -280,7 +281,7 @@ class MongoKeyValueStore(MongoRuntimeStore, KeyValueStore):
         low = namespace_path(prefix)
         high = prefix_upper_bound(low) if low else None
         if after is not None:
-            low = max(low, _skip(namespace_path(after), len(after), max_depth))
+            low = max(low, namespace_path_after(after, max_depth))
         found: list[tuple[str, ...]] = []
         # One index probe per distinct namespace: each finds the first live item
         # at or after the position the previous one skipped to.
@@ -296,7 +297,7 @@ class MongoKeyValueStore(MongoRuntimeStore, KeyValueStore):
             if max_depth is not None:
                 namespace = namespace[:max_depth]
             found.append(namespace)
-            low = _skip(namespace_path(namespace), len(namespace), max_depth)
+            low = namespace_path_after(namespace, max_depth)
         return found
 
     async def _erase_scope(self, scope: str) -> int:
@@ -325,13 +326,6 @@ def _range(low: str, high: str | None) -> Doc:
     if high is not None:
         out["$lt"] = high
     return out
-
-
-def _skip(path: str, depth: int, max_depth: int | None) -> str:
-    """The least path after ``path`` and, when it was truncated, after everything under it."""
-    if max_depth is not None and depth >= max_depth:
-        return prefix_upper_bound(path) or path  # ends in U+001F: the bound ends in U+0020
-    return path + "\x01"  # the least string above it (names have no U+0000)
 
 
 def _record(doc: Mapping[str, Any]) -> KVRecord:

@@ -22,6 +22,7 @@ from pai_storage.backend import (
     VersionMismatch,
     namespace_from_path,
     namespace_path,
+    namespace_path_after,
     prefix_upper_bound,
 )
 
@@ -338,12 +339,7 @@ class PostgresKeyValueStore(PgRuntimeStore, KeyValueStore):
         low = namespace_path(prefix)
         high = _upper(low)
         if after is not None:
-            done = namespace_path(after)
-            if max_depth is not None and len(after) >= max_depth:
-                skip = _upper(done) or done  # past every path under it
-            else:
-                skip = done + "\x01"  # the least text above it (text has no U+0000)
-            low = max(low, skip)
+            low = max(low, namespace_path_after(after, max_depth))
         sql, args = self.sql.namespaces(low, high, max_depth, limit)
         # The walk finds them in path order; sorted here again rather than by a
         # Sort node (code-point order of str is the byte order of "C").

@@ -35,6 +35,7 @@ from pai_storage.backend import (
     WarningCallback,
     namespace_from_path,
     namespace_path,
+    namespace_path_after,
     prefix_upper_bound,
 )
 from pai_storage.runtime import DEFAULT_MAX_VALUE_BYTES
@@ -399,12 +400,7 @@ class RedisKeyValueStore(RedisRuntimeStore, KeyValueStore):
     ) -> list[tuple[str, ...]]:
         low = namespace_path(prefix)
         if after is not None:
-            done = namespace_path(after)
-            if max_depth is not None and len(after) >= max_depth:
-                skip = prefix_upper_bound(done) or done  # past every path under it
-            else:
-                skip = done + "\x01"  # past its own keys, before its sub-namespaces
-            low = max(low, skip)
+            low = max(low, namespace_path_after(after, max_depth))
         depth = "" if max_depth is None else str(max_depth)
         paths = await self.read(
             NAMESPACES,

@@ -54,6 +54,7 @@ from pai_storage.backend import (
     VersionMismatch,
     namespace_from_path,
     namespace_path,
+    namespace_path_after,
 )
 from pai_storage.errors import InvalidInputError
 
@@ -506,7 +507,7 @@ class SqlKeyValueStore(SqlRuntimeStore, KeyValueStore):
         low = namespace_path(prefix).encode()
         high = _upper(low)
         if after is not None:
-            low = max(low, _skip(namespace_path(after).encode(), max_depth, len(after)))
+            low = max(low, namespace_path_after(after, max_depth).encode())
         t = self.table
 
         async def read(conn: AsyncConnection) -> list[tuple[str, ...]]:
@@ -538,18 +539,10 @@ class SqlKeyValueStore(SqlRuntimeStore, KeyValueStore):
                         if len(found) == limit:
                             break
                 last = found[-1]
-                position = _skip(namespace_path(last).encode(), max_depth, len(last))
+                position = namespace_path_after(last, max_depth).encode()
             return found
 
         return await self._db.read(read)
-
-
-def _skip(path: bytes, max_depth: int | None, depth: int) -> bytes:
-    """The least sort key past every item the (truncated) namespace ``path`` covers."""
-    if max_depth is not None and depth >= max_depth:
-        bound = _upper(path)
-        return bound if bound is not None else path
-    return path + b"\x01"  # past path || 0x00 || every key
 
 
 def _records(rows: Iterable[Sequence[Any]]) -> list[KVRecord]:
