@@ -3,10 +3,12 @@
 A backend whose stores share one connection pool or driver client derives its
 holder from :class:`SharedClient`, which runs the whole lifecycle once:
 
-- each store counts itself as a user with :meth:`SharedClient.attach` when it
-  is made and calls :meth:`SharedClient.release` once from its ``_close``;
-  when the last user has released the holder, the driver object is closed if
-  the holder made it (an application's own pool or client is never closed);
+- each store takes the holder shared by its ``connect()`` call or makes its
+  own (:meth:`SharedClient.shared_or_made`), counts itself as a user with
+  :meth:`SharedClient.attach` when it is made and calls
+  :meth:`SharedClient.release` once from its ``_close``; when the last user
+  has released the holder, the driver object is closed if the holder made it
+  (an application's own pool or client is never closed);
 - :meth:`SharedClient._ready` connects on first call: concurrent callers share
   one attempt, a cancelled caller does not cancel it, and a failed attempt is
   forgotten (whatever it made is closed) so the next call retries afresh;
@@ -25,7 +27,8 @@ from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
-from typing import Any, Generic, TypeVar
+from collections.abc import Callable, Mapping
+from typing import Any, Generic, Self, TypeVar
 
 from .errors import ThreadStoreConfigurationError
 
@@ -81,6 +84,27 @@ class SharedClient(ABC, Generic[T]):
         """
 
     # ------------------------------------------------------------ users
+
+    @classmethod
+    def shared_or_made(
+        cls, client: object, options: Mapping[str, Any], make: Callable[..., Self]
+    ) -> Self:
+        """The holder a store is to use: ``client`` itself when it is one, else ``make(**options)``.
+
+        A store's ``client=`` is the holder the stores of one ``connect()``
+        call share, an application's own driver object, or ``None``; with a
+        shared holder no client option may be given (it was made with its
+        own), so any in ``options`` is a configuration error. The caller
+        counts itself with :meth:`attach` once it keeps the holder.
+        """
+        if isinstance(client, cls):
+            if options:
+                raise ThreadStoreConfigurationError(
+                    f"option(s) {', '.join(sorted(options))} cannot be combined with a shared "
+                    "client; give them where the client is made"
+                )
+            return client
+        return make(**options)
 
     def attach(self) -> None:
         """Count one more store using this holder (each calls :meth:`release` once)."""

@@ -284,15 +284,7 @@ class MongoClientHolder(SharedClient["AsyncMongoClient[Doc]"]):
         (:meth:`thread_collections`) before it is counted.
         """
         given = {k: v for k, v in options.items() if v is not None}
-        if isinstance(client, MongoClientHolder):
-            if given:
-                raise ThreadStoreConfigurationError(
-                    f"option(s) {', '.join(sorted(given))} cannot be combined with a shared "
-                    "client; give them where the client is made"
-                )
-            holder = client
-        else:
-            holder = cls(url, client=client, **given)
+        holder = cls.shared_or_made(client, given, lambda **o: cls(url, client=client, **o))
         if thread_collection is not None:
             holder.thread_collections(thread_collection)
         holder.attach()

@@ -177,17 +177,10 @@ class PgClient(SharedClient["asyncpg.Pool"]):
         ``asyncpg.Pool``, or ``None`` for a new pool from ``url``.
         """
         given = {k: v for k, v in options.items() if v is not None}
-        if isinstance(client, PgClient):
-            if given:
-                raise ThreadStoreConfigurationError(
-                    f"option(s) {', '.join(sorted(given))} cannot be combined with a shared "
-                    "client; give them where the client is made"
-                )
-            client.attach()
-            return client
-        made = cls(url, pool=cast("asyncpg.Pool | None", client), **given)
-        made.attach()
-        return made
+        pool = cast("asyncpg.Pool | None", client)
+        holder = cls.shared_or_made(client, given, lambda **o: cls(url, pool=pool, **o))
+        holder.attach()
+        return holder
 
     def __repr__(self) -> str:
         return (

@@ -204,15 +204,7 @@ class RedisClient(SharedClient["Redis"]):
         other option may be given), an application's own client, or ``None``
         (a new client from ``url``).
         """
-        if isinstance(client, RedisClient):
-            if options:
-                raise ConfigurationError(
-                    f"option(s) {', '.join(sorted(options))} cannot be combined with a shared "
-                    "RedisClient"
-                )
-            holder = client
-        else:
-            holder = cls(url, client=client, **options)
+        holder = cls.shared_or_made(client, options, lambda **o: cls(url, client=client, **o))
         holder.attach()
         return holder
 

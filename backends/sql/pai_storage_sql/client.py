@@ -270,13 +270,13 @@ class SqlClient(SharedClient[Engines]):
         the last store that releases it.
         """
         given = {k: v for k, v in options.items() if v is not None}
-        if isinstance(client, SqlClient):
-            if given:
-                raise ThreadStoreConfigurationError(
-                    f"option(s) {', '.join(sorted(given))} cannot be combined with a shared "
-                    "client; give them where the client is made"
-                )
-            return client
+        return cls.shared_or_made(client, given, lambda **o: cls._new_shared(url, client, o))
+
+    @classmethod
+    def _new_shared(
+        cls, url: str | StoreURL | None, client: object, given: dict[str, Any]
+    ) -> SqlClient:
+        """A new client for :meth:`shared`: over the application's engine, or new engines."""
         if client is not None:
             check_engine(client)
             fixed = sorted(k for k in given if k in _ENGINE_OPTIONS)
