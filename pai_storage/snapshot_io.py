@@ -8,6 +8,9 @@ chunk at a time (:data:`CHUNK_BYTES`), never the whole snapshot:
   chunks. It counts and hashes the bytes while the backend consumes them and
   refuses a snapshot over the backend's limit as soon as it passes it; once
   the chunks are exhausted, ``size`` and ``sha256`` are final.
+- :class:`ReplayedChunks` hands a driver's streamed upload the chunks a
+  backend read ahead, then the rest, and lets the source's failure win over
+  the error the driver aborts with.
 - :class:`SnapshotReader` is what ``open`` returns: the snapshot's
   :class:`~pai_storage.snapshots.SnapshotInfo` and its data as verified chunks.
   It holds the last chunk back until the size and SHA-256 of everything read
@@ -24,7 +27,8 @@ import asyncio
 import hashlib
 import inspect
 import io
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from types import TracebackType
@@ -38,6 +42,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CHUNK_BYTES",
     "OpenedSnapshot",
+    "ReplayedChunks",
     "SnapshotData",
     "SnapshotReader",
     "SnapshotStream",
@@ -122,6 +127,46 @@ def source_chunks(data: object) -> AsyncIterator[bytes] | None:
     if hasattr(data, "__aiter__"):
         return _iterable_chunks(data)
     return None
+
+
+class ReplayedChunks:
+    """The chunks a backend read ahead, then the rest of the source, for one upload.
+
+    A backend reads a stream's first chunks to choose between one small write
+    and a streamed upload; for the upload it hands on :meth:`chunks`: the
+    chunks read ahead (forgotten once handed out), then the rest. When the
+    source fails (the caller's iterator raised, the size limit was passed),
+    the driver aborts its upload with an error of its own; run the upload
+    inside :meth:`source_failure` so the source's error is the one raised.
+    """
+
+    def __init__(self, head: list[bytes], rest: AsyncIterator[bytes]) -> None:
+        self._head = head
+        self._rest = rest
+        self.failure: BaseException | None = None
+        """What the source raised while the upload read it, if anything."""
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """The chunks read ahead, then the rest (iterate once)."""
+        try:
+            for chunk in self._head:
+                yield chunk
+            self._head.clear()
+            async for chunk in self._rest:
+                yield chunk
+        except BaseException as exc:  # the caller's source or the size limit
+            self.failure = exc
+            raise
+
+    @contextmanager
+    def source_failure(self) -> Iterator[None]:
+        """Raise the source's failure instead of the error the upload aborted with."""
+        try:
+            yield
+        except Exception:
+            if self.failure is not None:
+                raise self.failure from None
+            raise
 
 
 class SnapshotStream:

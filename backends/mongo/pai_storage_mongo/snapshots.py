@@ -42,7 +42,7 @@ from pai_storage.backend import ENUMERATE
 from pai_storage.errors import ConfigurationError, CorruptSnapshotError
 from pai_storage.events import StoreWarning
 from pai_storage.runtime import parse_json_text
-from pai_storage.snapshot_io import OpenedSnapshot, SnapshotStream, chunks_of
+from pai_storage.snapshot_io import OpenedSnapshot, ReplayedChunks, SnapshotStream, chunks_of
 from pai_storage.snapshots import Snapshot, SnapshotDraft, SnapshotInfo, SnapshotStore
 
 from .client import closed_error
@@ -233,26 +233,9 @@ class MongoSnapshotStore(MongoRuntimeStore, SnapshotStore):
             )
             return await self._put(draft)
 
-        failed: builtins.list[BaseException] = []
-
-        async def everything() -> Any:
-            try:
-                for chunk in head:
-                    yield chunk
-                head.clear()
-                async for chunk in chunks:
-                    yield chunk
-            except BaseException as exc:  # the caller's source or the size limit
-                failed.append(exc)
-                raise
-
-        try:
-            with self._holder.errors("write"):
-                file_id = await self.files.upload(stream.scope, stream.snapshot_id, everything())
-        except Exception:
-            if failed:  # the upload was aborted because the chunks failed: their error
-                raise failed[0] from None
-            raise
+        replay = ReplayedChunks(head, chunks)
+        with replay.source_failure(), self._holder.errors("write"):
+            file_id = await self.files.upload(stream.scope, stream.snapshot_id, replay.chunks())
         try:
             document = {
                 "_id": self.key(stream.scope, stream.snapshot_id),

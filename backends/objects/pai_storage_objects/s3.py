@@ -43,7 +43,7 @@ from obstore.exceptions import (
 from obstore.store import S3Store
 
 from pai_storage.errors import ConfigurationError, UnavailableError
-from pai_storage.snapshot_io import CHUNK_BYTES
+from pai_storage.snapshot_io import CHUNK_BYTES, ReplayedChunks
 
 from .store import Blob, Blobs, Changed, ObjectSnapshotStore
 
@@ -129,33 +129,16 @@ class S3Blobs(Blobs):
             with _errors("upload an object"):
                 await obstore.put_async(self._store, key, b"".join(head), use_multipart=False)
             return
-        failed: list[BaseException] = []
-
-        async def watched() -> AsyncIterator[bytes]:
-            try:
-                for chunk in head:
-                    yield chunk
-                head.clear()
-                async for chunk in chunks:
-                    yield chunk
-            except BaseException as exc:  # the caller's source or the size limit
-                failed.append(exc)
-                raise
-
-        try:
-            with _errors("upload an object"):
-                await obstore.put_async(
-                    self._store,
-                    key,
-                    watched(),
-                    use_multipart=True,
-                    chunk_size=PART_BYTES,
-                    max_concurrency=UPLOAD_CONCURRENCY,
-                )
-        except Exception:
-            if failed:  # the upload was aborted because the chunks failed: their error
-                raise failed[0] from None
-            raise
+        replay = ReplayedChunks(head, chunks)
+        with replay.source_failure(), _errors("upload an object"):
+            await obstore.put_async(
+                self._store,
+                key,
+                replay.chunks(),
+                use_multipart=True,
+                chunk_size=PART_BYTES,
+                max_concurrency=UPLOAD_CONCURRENCY,
+            )
 
     async def open_stream(
         self, key: str
