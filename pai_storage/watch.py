@@ -59,6 +59,7 @@ __all__ = [
     "ChangeSignal",
     "CommitNote",
     "FamilyChanges",
+    "ListeningNotifier",
     "ThreadChange",
     "check_interval",
     "check_version",
@@ -429,6 +430,52 @@ class ChangeNotifier:
             left = bool(self._signals)
         if not left:
             self.idle()
+
+
+class ListeningNotifier(ChangeNotifier):
+    """A push backend's notifier whose listener is one task, started by :meth:`ready`.
+
+    The subclass writes :meth:`_listen`, which follows the database until
+    ``stop`` is set and sets ``listening`` once it hears every commit (and
+    clears it when it loses that). :meth:`ready` starts it when none runs (none
+    yet, it ended, or it was told to stop), each start with new events, so a
+    listener told to stop never sees a later start's; then it waits at most
+    :attr:`ready_wait` seconds for ``listening``: a server that is down must not
+    hold the watcher, which polls meanwhile. :meth:`idle` and ``close`` stay
+    the subclass's (``self._stop``, ``self._task``).
+    """
+
+    ready_wait: float = 1.0
+    """Seconds a starting watcher waits for the listener before it reads (then it polls)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._task: asyncio.Task[None] | None = None
+        self._stop = asyncio.Event()
+        self._listening = asyncio.Event()
+
+    @property
+    def listener_name(self) -> str:
+        """The listener task's name."""
+        return "pai-storage listener"
+
+    async def ready(self) -> None:
+        """Start the listener if nobody listens yet; wait (briefly) until it listens."""
+        if self._task is None or self._task.done() or self._stop.is_set():
+            self._stop = asyncio.Event()
+            self._listening = asyncio.Event()
+            self._task = asyncio.get_running_loop().create_task(
+                self._listen(self._stop, self._listening), name=self.listener_name
+            )
+        listening = asyncio.ensure_future(self._listening.wait())
+        try:
+            await asyncio.wait({listening}, timeout=self.ready_wait)
+        finally:
+            listening.cancel()
+
+    async def _listen(self, stop: asyncio.Event, listening: asyncio.Event) -> None:
+        """Follow the database's changes until ``stop`` is set (reconnecting as needed)."""
+        raise NotImplementedError
 
 
 # ---------------------------------------------------------------- validation

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from pymongo.errors import OperationFailure, PyMongoError
 
-from pai_storage.watch import ChangeNotifier
+from pai_storage.watch import ListeningNotifier
 
 if TYPE_CHECKING:
     from .store import MongoThreadStore
@@ -52,40 +52,24 @@ STREAM_PIPELINE: Final = (
     },
 )
 """The roots' events a watcher needs, and of each only what names its thread."""
-_READY_WAIT: Final = 1.0
-"""Seconds a starting watcher waits for the stream before it reads (then it polls until then)."""
 _AWAIT_MS: Final = 1_000  # a getMore waits this long for an event on the server
 _RETRY_FIRST, _RETRY_MAX = 0.05, 2.0  # seconds between attempts to reopen the stream
 _KNOWN_IDS: Final = 10_000  # root _ids remembered for their delete events
 _RESUME_LOST: Final = frozenset({136, 280, 286})  # CappedPositionLost, ChangeStreamFatalError, ...
 
 
-class MongoNotifier(ChangeNotifier):
+class MongoNotifier(ListeningNotifier):
     """The watchers of one MongoDB store and the change stream that wakes them."""
 
     def __init__(self, store: MongoThreadStore) -> None:
         super().__init__()
         self._store = store
-        self._task: asyncio.Task[None] | None = None
-        self._stop = asyncio.Event()
-        self._listening = asyncio.Event()
         self._token: Mapping[str, Any] | None = None
         self._threads: OrderedDict[Any, tuple[str, str]] = OrderedDict()
 
-    async def ready(self) -> None:
-        """Open the stream if nobody listens yet; wait (briefly) until it is open."""
-        if self._task is None or self._task.done() or self._stop.is_set():
-            self._stop = asyncio.Event()
-            self._listening = asyncio.Event()
-            self._task = asyncio.get_running_loop().create_task(
-                self._listen(self._stop, self._listening), name="pai-storage change stream"
-            )
-        # A server that is down must not hold the watcher: it polls meanwhile.
-        listening = asyncio.ensure_future(self._listening.wait())
-        try:
-            await asyncio.wait({listening}, timeout=_READY_WAIT)
-        finally:
-            listening.cancel()
+    @property
+    def listener_name(self) -> str:
+        return "pai-storage change stream"
 
     def idle(self) -> None:
         """The last watcher left: close the stream."""

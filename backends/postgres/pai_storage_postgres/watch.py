@@ -35,7 +35,7 @@ from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from pai_storage import CommittedResult, CommitThreadInput, ThreadVersion
-from pai_storage.watch import ChangeNotifier, ChangeSet, CommitNote
+from pai_storage.watch import ChangeSet, CommitNote, ListeningNotifier
 
 from .client import PgClient, terminate
 
@@ -48,8 +48,6 @@ __all__ = ["MAX_PAYLOAD", "PgNotifier", "watch_channel", "watch_key"]
 
 MAX_PAYLOAD: Final = 7_999
 """Bytes of a ``NOTIFY`` payload (PostgreSQL refuses 8,000 and more)."""
-_READY_WAIT: Final = 1.0
-"""Seconds a starting watcher waits for the listener before it reads (then it polls until then)."""
 _RETRY_FIRST, _RETRY_MAX = 0.05, 2.0  # seconds between attempts to listen again
 _CONNECT_TIMEOUT: Final = 10.0
 _CLOSE_WAIT: Final = 5.0  # seconds the listener has to let go cleanly when the store closes
@@ -92,7 +90,7 @@ def _note(doc: dict[str, Any]) -> CommitNote | None:
     return CommitNote(ThreadVersion.model_validate(doc["v"]), ChangeSet.from_json(doc["c"]))
 
 
-class PgNotifier(ChangeNotifier):
+class PgNotifier(ListeningNotifier):
     """The watchers of one PostgreSQL store and the connection that listens for them.
 
     Parameters
@@ -115,9 +113,6 @@ class PgNotifier(ChangeNotifier):
         self.channel = watch_channel(client.tables)
         self._client = client
         self._pooled = pooled
-        self._task: asyncio.Task[None] | None = None
-        self._stop = asyncio.Event()
-        self._listening = asyncio.Event()
 
     def key(self, scope_key: str, thread_id: str | None) -> Hashable:
         return watch_key(scope_key, thread_id)
@@ -130,20 +125,9 @@ class PgNotifier(ChangeNotifier):
 
     # ------------------------------------------------------------ the listener
 
-    async def ready(self) -> None:
-        """Start the listener if nobody listens yet; wait (briefly) until it listens."""
-        if self._task is None or self._task.done() or self._stop.is_set():
-            self._stop = asyncio.Event()
-            self._listening = asyncio.Event()
-            self._task = asyncio.get_running_loop().create_task(
-                self._listen(self._stop, self._listening), name=f"pai-storage {self.channel}"
-            )
-        # A server that is down must not hold the watcher: it polls meanwhile.
-        listening = asyncio.ensure_future(self._listening.wait())
-        try:
-            await asyncio.wait({listening}, timeout=_READY_WAIT)
-        finally:
-            listening.cancel()
+    @property
+    def listener_name(self) -> str:
+        return f"pai-storage {self.channel}"
 
     def idle(self) -> None:
         """The last watcher left: the listener gives its connection back."""

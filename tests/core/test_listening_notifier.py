@@ -1,0 +1,58 @@
+"""ListeningNotifier: ready() starts one listener task and waits briefly for it."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from pai_storage.watch import ListeningNotifier
+
+
+class _Listener(ListeningNotifier):
+    ready_wait = 0.05
+
+    def __init__(self, *, hears: bool) -> None:
+        super().__init__()
+        self.hears = hears
+        self.starts = 0
+
+    async def _listen(self, stop: asyncio.Event, listening: asyncio.Event) -> None:
+        self.starts += 1
+        if self.hears:
+            listening.set()
+        await stop.wait()
+
+    def idle(self) -> None:
+        self._stop.set()
+
+
+async def test_one_listener_for_every_watcher_and_named() -> None:
+    notifier = _Listener(hears=True)
+    await notifier.ready()
+    await notifier.ready()
+    assert notifier.starts == 1
+    assert notifier._task is not None
+    assert notifier._task.get_name() == "pai-storage listener"
+    notifier.idle()
+    await asyncio.wait({notifier._task})
+
+
+async def test_a_listener_told_to_stop_is_replaced_by_a_new_one() -> None:
+    notifier = _Listener(hears=True)
+    await notifier.ready()
+    first = notifier._task
+    notifier.idle()
+    await notifier.ready()
+    assert notifier.starts == 2
+    assert notifier._task is not first
+    assert first is not None
+    await asyncio.wait({first})  # its own stop event was set: it ended
+    notifier.idle()
+
+
+async def test_a_listener_that_never_listens_holds_the_watcher_only_ready_wait() -> None:
+    notifier = _Listener(hears=False)
+    began = time.monotonic()
+    await notifier.ready()
+    assert time.monotonic() - began < 1.0
+    notifier.idle()
