@@ -38,6 +38,8 @@ def label(sql: str) -> str:
     ``SELECT messages by id`` (a probe per key of an ``unnest`` array), ..."""
     words = " ".join(sql.split())
     verb = words.lstrip("(").split(" ", 1)[0].upper()
+    if verb == "WITH":  # a CTE: named for its first statement, then what else it does
+        verb = words.split("(", 1)[1].split(" ", 1)[0].upper()
     found = _TABLE.search(words)
     if found is None:
         if "pg_notify(" in words:
@@ -53,7 +55,12 @@ def label(sql: str) -> str:
         detail = " open"
     elif "ORDER BY position DESC LIMIT 1" in words:
         detail = " tail"
-    return f"{verb} {family}{detail}"
+    also = [part for part, mark in _ALSO if mark in words]
+    return " + ".join([f"{verb} {family}{detail}", *also])
+
+
+_ALSO = (("clock", "clock_timestamp()"), ("notify", "pg_notify("))
+"""What a statement on a table may do besides, and the text that shows it."""
 
 
 class Statements:
@@ -137,7 +144,7 @@ async def _turn(store: PostgresThreadStore, thread_id: str, version: ThreadVersi
     await _commit(store, thread_id, version, _FINISH)
 
 
-async def test_an_append_is_ten_statements(
+async def test_an_append_is_nine_statements(
     counted: tuple[PostgresThreadStore, Statements],
 ) -> None:
     store, statements = counted
@@ -147,11 +154,11 @@ async def test_an_append_is_ten_statements(
     assert await statements.take() == [
         "BEGIN",
         # The root and its counters, locked: orders the commits of one thread;
-        # the version the commit names is checked against it.
-        "SELECT threads FOR UPDATE",
-        # The server's clock, read after the lock so that commit times never go
-        # back within a thread (the contract stamps with the server's time).
-        "clock",
+        # the version the commit names is checked against it. The same
+        # statement reads the server's clock once it has the lock, so that
+        # commit times never go back within a thread (the contract stamps with
+        # the server's time; test_commit_clock.py).
+        "SELECT threads FOR UPDATE + clock",
         # The stored rows of the ids the commit names: an insert of an id that
         # exists is refused, a replace or delete needs the old row.
         "SELECT messages by id",
@@ -168,7 +175,7 @@ async def test_an_append_is_ten_statements(
     ]
 
 
-async def test_a_run_started_and_finished_are_fifteen_statements_each(
+async def test_a_run_started_and_finished_are_fourteen_statements_each(
     counted: tuple[PostgresThreadStore, Statements],
 ) -> None:
     store, statements = counted
@@ -180,8 +187,8 @@ async def test_a_run_started_and_finished_are_fifteen_statements_each(
     finished = await statements.take()
     common = [
         "BEGIN",
-        "SELECT threads FOR UPDATE",  # the root, locked (as for an append)
-        "clock",  # the server's clock, after the lock
+        # The root, locked, and the server's clock after the lock (as for an append).
+        "SELECT threads FOR UPDATE + clock",
         "SELECT messages by id",  # the named messages' stored rows
         "SELECT runs by id",  # the named runs' stored rows
         "UPDATE threads",
@@ -215,4 +222,4 @@ async def test_a_conflicting_append_is_three_statements(
     )
     assert isinstance(result, ConflictResult)
     # The held root's version is not the one named: nothing else is read or written.
-    assert await statements.take() == ["BEGIN", "SELECT threads FOR UPDATE", "ROLLBACK"]
+    assert await statements.take() == ["BEGIN", "SELECT threads FOR UPDATE + clock", "ROLLBACK"]

@@ -196,10 +196,20 @@ def by_keys(table: str, column: str, select: str) -> str:
 
 @functools.lru_cache(maxsize=64)
 def hold_statement(threads: str) -> str:
-    """The root row of a thread being updated, locked until the commit ends."""
+    """The root row of a thread being updated, locked until the commit ends, and
+    the server's clock (``now``) read once the lock is granted.
+
+    The clock is computed by the outer query over a ``MATERIALIZED`` CTE: once
+    per row the CTE hands up, so after ``FOR UPDATE`` has waited for whoever
+    held the row. (In a plain ``SELECT clock_timestamp(), ... FOR UPDATE`` the
+    target list is computed beneath the lock: a commit that waited for a
+    holder that did not change the row would be stamped with the time before
+    its wait, earlier than the holder's end. ``test_commit_clock.py`` checks it.)
+    """
     return (
-        f"SELECT messages_next, runs_next, queued_next, doc FROM {threads} "
-        "WHERE scope_key = $1 AND thread_id = $2 FOR UPDATE"
+        "WITH h AS MATERIALIZED (SELECT messages_next, runs_next, queued_next, doc "
+        f"FROM {threads} WHERE scope_key = $1 AND thread_id = $2 FOR UPDATE) "
+        "SELECT h.*, date_trunc('milliseconds', clock_timestamp()) AS now FROM h"
     )
 
 
