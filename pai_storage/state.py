@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import Enum
-from typing import Any, ClassVar, NamedTuple, TypeVar, overload
+from typing import Any, ClassVar, Literal, NamedTuple, TypeVar, overload
 
 from pydantic import Field, StrictInt
 
@@ -67,11 +67,13 @@ __all__ = [
     "ListHead",
     "ListWrite",
     "SessionKey",
+    "SessionRange",
     "StaleVersion",
     "StateConflict",
     "StoredKind",
     "VersionedState",
     "extend_list_hash",
+    "session_ranges",
 ]
 
 ENUMERATE = "enumerate"
@@ -176,6 +178,44 @@ class SessionKey(NamedTuple):
 
     user: str
     session: str
+
+
+class SessionRange(NamedTuple):
+    """One range of stored session keys ``(user, session)`` that a listing of
+    every session reads (:func:`session_ranges`).
+
+    ``users`` is which user keys: ``"anonymous"`` (only :data:`ANONYMOUS_USER`),
+    ``"below"`` (the real user keys below it) or ``"above"`` (those above it);
+    ``after`` is where to start inside the range, exclusive (``None``: at its
+    beginning).
+    """
+
+    users: Literal["anonymous", "below", "above"]
+    after: SessionKey | None
+
+
+def session_ranges(after: tuple[str | None, str] | None) -> list[SessionRange]:
+    """The ranges ``_list_sessions`` reads, in order, for a page that starts after ``after``.
+
+    The listing's order is user id ``None`` first, then users by code point;
+    the stored key of ``None`` (:data:`ANONYMOUS_USER`, starting with U+001F)
+    is not first in the keys' own order, since real user ids below U+001F
+    sort before it. So a full listing is three index ranges: the anonymous
+    user's sessions, then the user keys below its key, then those above it;
+    a page resumed past the anonymous user skips what it has read. A backend
+    reads each range in key order, up to what the page still needs.
+    """
+    if after is None or after[0] is None:
+        start = None if after is None else SessionKey(ANONYMOUS_USER, after[1])
+        return [
+            SessionRange("anonymous", start),
+            SessionRange("below", None),
+            SessionRange("above", None),
+        ]
+    key = SessionKey(after[0], after[1])
+    if key.user < ANONYMOUS_USER:  # code point order: the byte order of UTF-8
+        return [SessionRange("below", key), SessionRange("above", None)]
+    return [SessionRange("above", key)]
 
 
 class StoredKind(Enum):

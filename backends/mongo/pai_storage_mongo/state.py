@@ -44,6 +44,7 @@ from pai_storage.state import (
     StaleVersion,
     StoredKind,
     VersionedState,
+    session_ranges,
 )
 
 from .client import Doc
@@ -474,32 +475,28 @@ class MongoAgentStateStore(MongoRuntimeStore, AgentStateStore):
     async def _list_sessions(
         self, after: tuple[str | None, str] | None, limit: int
     ) -> list[tuple[str | None, str]]:
-        # The anonymous user's key ("\x1fanonymous") sorts after real user ids
-        # that start with a lower control character, so the walk is up to three
-        # ranges of the _id index, each in index order: the anonymous user's
-        # sessions, then the users below its key, then those above it. Each
-        # range is read only from where the page starts, `limit` entries at most.
+        # The ranges of session_ranges() on the _id index, each in index order
+        # (BSON compares strings by code point, as the plan does), each read
+        # only from where the page starts, `limit` entries at most.
         anon_low = {"user": ANONYMOUS_USER, "session": MinKey()}
         anon_high = {"user": ANONYMOUS_USER, "session": MaxKey()}
         ranges: list[Doc] = []
-        if after is None or after[0] is None:
-            low: Any = MinKey() if after is None else after[1]
-            # An equality on _id.user (the shard key) routes it to one user's chunks.
-            ranges.append(
-                {
-                    "_id": {"$gt": {"user": ANONYMOUS_USER, "session": low}, "$lt": anon_high},
-                    "_id.user": ANONYMOUS_USER,
-                }
-            )
-            ranges.append({"_id": {"$gt": MinKey(), "$lt": anon_low}})
-            ranges.append({"_id": {"$gt": anon_high}})
-        else:
-            start = {"user": after[0], "session": after[1]}
-            if after[0] < ANONYMOUS_USER:  # code point order, as BSON compares strings
-                ranges.append({"_id": {"$gt": start, "$lt": anon_low}})
-                ranges.append({"_id": {"$gt": anon_high}})
+        for users, start in session_ranges(after):
+            if users == "anonymous":
+                low: Any = MinKey() if start is None else start.session
+                # An equality on _id.user (the shard key) routes it to one user's chunks.
+                ranges.append(
+                    {
+                        "_id": {"$gt": {"user": ANONYMOUS_USER, "session": low}, "$lt": anon_high},
+                        "_id.user": ANONYMOUS_USER,
+                    }
+                )
+                continue
+            key = None if start is None else {"user": start.user, "session": start.session}
+            if users == "below":
+                ranges.append({"_id": {"$gt": MinKey() if key is None else key, "$lt": anon_low}})
             else:
-                ranges.append({"_id": {"$gt": start}})
+                ranges.append({"_id": {"$gt": anon_high if key is None else key}})
         found: list[tuple[str | None, str]] = []
         for query in ranges:
             remaining = limit - len(found)

@@ -32,6 +32,7 @@ from pai_storage.state import (
     StaleVersion,
     StoredKind,
     VersionedState,
+    session_ranges,
 )
 
 from .runtime import MAX_VALUE_BYTES, PURGE_BATCH, PgRuntimeStore
@@ -437,36 +438,37 @@ class PostgresAgentStateStore(PgRuntimeStore, AgentStateStore):
     async def _list_sessions(
         self, after: tuple[str | None, str] | None, limit: int
     ) -> list[tuple[str | None, str]]:
-        # Three ranges in order; a page continues into the next range when the
-        # current one runs out, so only a last page is short.
-        user, sid = (None, "") if after is None else after
+        # The ranges of session_ranges() in order; a page continues into the
+        # next range when the current one runs out, so only a last page is short.
         found: list[tuple[str | None, str]] = []
         async with self._client.connection(self._pool, runtime=True) as conn:
             with self._client.errors("read", runtime=True):
                 now = self.now()
-                if user is None:
-                    if after is None:
-                        rows = await conn.fetch(self.sql.sessions_first, now, ANONYMOUS_USER, limit)
+                for users, start in session_ranges(after):
+                    left = limit - len(found)
+                    if left <= 0:
+                        break
+                    sql, args = self._session_range(users, start)
+                    rows = await conn.fetch(sql, now, *args, left)
+                    if users == "anonymous":
+                        found += [(None, str(r["session_id"])) for r in rows]
                     else:
-                        rows = await conn.fetch(self.sql.sessions, now, ANONYMOUS_USER, sid, limit)
-                    found += [(None, str(r["session_id"])) for r in rows]
-                    user, sid = "", ""  # every real user key is greater
-                if len(found) < limit and user < ANONYMOUS_USER:
-                    rows = await conn.fetch(
-                        self.sql.all_below, now, user, sid, ANONYMOUS_USER, limit - len(found)
-                    )
-                    found += [(str(r["user_key"]), str(r["session_id"])) for r in rows]
-                if len(found) < limit:
-                    if user < ANONYMOUS_USER:
-                        rows = await conn.fetch(
-                            self.sql.all_above_first, now, ANONYMOUS_USER, limit - len(found)
-                        )
-                    else:
-                        rows = await conn.fetch(
-                            self.sql.all_above, now, user, sid, limit - len(found)
-                        )
-                    found += [(str(r["user_key"]), str(r["session_id"])) for r in rows]
+                        found += [(str(r["user_key"]), str(r["session_id"])) for r in rows]
         return found
+
+    def _session_range(self, users: str, start: SessionKey | None) -> tuple[str, tuple[str, ...]]:
+        """The statement of one range of :func:`session_ranges` and its arguments
+        between the clock (``$1``) and the limit (the last)."""
+        if users == "anonymous":
+            if start is None:
+                return self.sql.sessions_first, (ANONYMOUS_USER,)
+            return self.sql.sessions, (ANONYMOUS_USER, start.session)
+        if users == "below":
+            user, sid = ("", "") if start is None else start  # "": below every user key
+            return self.sql.all_below, (user, sid, ANONYMOUS_USER)
+        if start is None:
+            return self.sql.all_above_first, (ANONYMOUS_USER,)
+        return self.sql.all_above, (start.user, start.session)
 
     async def _session_keys(
         self, user_id: str | None, session_id: str

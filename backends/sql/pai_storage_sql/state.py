@@ -45,6 +45,7 @@ from pai_storage.state import (
     StaleVersion,
     StoredKind,
     VersionedState,
+    session_ranges,
 )
 
 from .runtime_support import MAX_VALUE_BYTES, SqlRuntimeStore, escaped_size, ordered_scan
@@ -496,12 +497,11 @@ class SqlAgentStateStore(SqlRuntimeStore, AgentStateStore):
     ) -> list[tuple[str | None, str]]:
         """Live sessions in (user, session) order, the anonymous user first.
 
-        Ranges of the session key (``user || 0x00 || session``), each one index
-        range with a ``LIMIT`` (:func:`ordered_scan`): the anonymous user's
-        keys, then the keys below them, then the keys above them. The stored
-        key of ``user_id=None`` starts with U+001F, which no real user id
-        holds, so no real user's session falls inside its range; real user
-        ids below U+001F sort before it by bytes, hence the two ranges.
+        The ranges of :func:`~pai_storage.state.session_ranges` on the session
+        key (``user || 0x00 || session``), each one index range with a
+        ``LIMIT`` (:func:`ordered_scan`). The stored key of ``user_id=None``
+        starts with U+001F, which no real user id holds, so no real user's
+        session falls inside its range.
         """
         s = self.sessions
         anonymous = ANONYMOUS_USER.encode() + b"\x00"
@@ -509,20 +509,19 @@ class SqlAgentStateStore(SqlRuntimeStore, AgentStateStore):
         query = select(s.c.sk_head, s.c.sk_tail).with_hint(
             s, f"FORCE INDEX ({s.name}_key)", "mysql"
         )
+        bounds: dict[str, tuple[bytes, bytes | None]] = {
+            "anonymous": (anonymous, anonymous_end),
+            "below": (b"", anonymous),
+            "above": (anonymous_end, None),
+        }
         # (low, inclusive, high) of each range still to read, in order.
-        ranges: list[tuple[bytes, bool, bytes | None]]
-        if after is None or after[0] is None:
-            if after is None:
-                first = (anonymous, True, anonymous_end)
+        ranges: list[tuple[bytes, bool, bytes | None]] = []
+        for users, start in session_ranges(after):
+            low, high = bounds[users]
+            if start is None:
+                ranges.append((low, True, high))
             else:
-                first = (anonymous + after[1].encode(), False, anonymous_end)
-            ranges = [first, (b"", True, anonymous), (anonymous_end, True, None)]
-        else:
-            low = after[0].encode() + b"\x00" + after[1].encode()
-            if low < anonymous:
-                ranges = [(low, False, anonymous), (anonymous_end, True, None)]
-            else:
-                ranges = [(low, False, None)]
+                ranges.append((start.user.encode() + b"\x00" + start.session.encode(), False, high))
 
         async def read(conn: AsyncConnection) -> list[bytes]:
             now = self._db.clock(self)
