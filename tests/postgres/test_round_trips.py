@@ -144,7 +144,7 @@ async def _turn(store: PostgresThreadStore, thread_id: str, version: ThreadVersi
     await _commit(store, thread_id, version, _FINISH)
 
 
-async def test_an_append_is_nine_statements(
+async def test_an_append_is_eight_statements(
     counted: tuple[PostgresThreadStore, Statements],
 ) -> None:
     store, statements = counted
@@ -162,20 +162,20 @@ async def test_an_append_is_nine_statements(
         # The stored rows of the ids the commit names: an insert of an id that
         # exists is refused, a replace or delete needs the old row.
         "SELECT messages by id",
-        "UPDATE threads",
+        # The new root and counters; the same statement tells the watchers of
+        # the thread (watch, LISTEN), delivered only if the transaction commits.
+        "UPDATE threads + notify",
         "INSERT messages",
         # The relationship facts after the writes, for the rules the core judges:
         # the open (running or waiting) runs, at most two of them...
         "SELECT runs open",
         # ...and the last message (a run's messages stay one interval, rule 2).
         "SELECT messages tail",
-        # Tells the watchers of the thread (watch, LISTEN) at commit.
-        "notify",
         "COMMIT",
     ]
 
 
-async def test_a_run_started_and_finished_are_fourteen_statements_each(
+async def test_a_run_started_and_finished_are_thirteen_statements_each(
     counted: tuple[PostgresThreadStore, Statements],
 ) -> None:
     store, statements = counted
@@ -191,7 +191,7 @@ async def test_a_run_started_and_finished_are_fourteen_statements_each(
         "SELECT threads FOR UPDATE + clock",
         "SELECT messages by id",  # the named messages' stored rows
         "SELECT runs by id",  # the named runs' stored rows
-        "UPDATE threads",
+        "UPDATE threads + notify",  # the root, and the watchers' signal
         "INSERT messages",
     ]
     facts = [
@@ -203,7 +203,6 @@ async def test_a_run_started_and_finished_are_fourteen_statements_each(
         "SELECT runs by id",
         "SELECT messages by id",
         "SELECT queued by id",
-        "notify",  # the watchers' signal
         "COMMIT",
     ]
     assert started == [*common, "INSERT runs", *facts]

@@ -12,10 +12,11 @@ writes as ``unnest`` statements, and the relationship reader
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
 
-from pai_storage import ThreadRecord, codec
+from pai_storage import CommitThreadInput, ThreadRecord, codec
 from pai_storage.backend import (
     CommitTransaction,
     FamilyName,
@@ -32,18 +33,38 @@ from pai_storage.rows import dec, enc, enc_opt
 
 from .layout import _columns
 from .relations import _Reader
-from .statements import _NOW_SQL, hold_statement, update_root_statement
+from .statements import (
+    _NOW_SQL,
+    hold_statement,
+    update_root_notify_statement,
+    update_root_statement,
+)
 from .thread_rows import _ThreadRows, _version
+from .watch import payload
+
+
+@dataclass(frozen=True, slots=True)
+class Notice:
+    """The notification of a commit to the thread's watchers (:mod:`.watch`):
+    sent on ``channel``, telling of ``commit``."""
+
+    channel: str
+    commit: CommitThreadInput
 
 
 class _PgTransaction(_ThreadRows, CommitTransaction):
     """The commit primitives inside the attempt's ``READ COMMITTED`` transaction.
 
     ``mutation`` is the commit's (a restore or a fork only writes a new root
-    and rows, and never holds).
+    and rows, and never holds). With a ``notice``, an update of the root sends
+    it in the same statement and sets ``notified``; otherwise (a create, a
+    delete, no notice) the store sends the notification itself before
+    ``COMMIT``.
     """
 
     mutation: object = None
+    notice: Notice | None = None
+    notified: bool = False
     _held_at: datetime | None = None
     """The server's clock as the hold read it, once it had the root's lock."""
 
@@ -88,7 +109,15 @@ class _PgTransaction(_ThreadRows, CommitTransaction):
             codec.encode(root),
         )
         if not created:
-            await self._conn.execute(update_root_statement(t), *args)
+            if self.notice is None:
+                await self._conn.execute(update_root_statement(t), *args)
+                return
+            # The watchers' NOTIFY rides on the root's update: one round trip fewer.
+            notice = self.notice
+            status = await self._conn.execute(
+                update_root_notify_statement(t), *args, notice.channel, payload(notice.commit, root)
+            )
+            self.notified = status == "SELECT 1"
             return
         inserted = await self._conn.fetchval(
             f"INSERT INTO {t} (scope_key, thread_id, revision, list_visibility, category, "

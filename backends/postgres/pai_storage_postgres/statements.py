@@ -224,6 +224,23 @@ def update_root_statement(threads: str) -> str:
 
 
 @functools.lru_cache(maxsize=64)
+def update_root_notify_statement(threads: str) -> str:
+    """:func:`update_root_statement` that also sends the commit's notification
+    (``$12`` the channel, ``$13`` the payload): one round trip for both.
+
+    ``pg_notify`` runs once per updated row, and the root is held, so once. A
+    ``NOTIFY`` in a transaction is delivered only if the transaction commits
+    (after its writes are visible, in commit order): sending it before the
+    relationship check, which may still roll the commit back, tells nobody
+    about a commit that did not happen.
+    """
+    return (
+        f"WITH u AS ({update_root_statement(threads)} RETURNING 1) "
+        "SELECT pg_notify($12, $13) FROM u"
+    )
+
+
+@functools.lru_cache(maxsize=64)
 def open_runs_statement(runs: str) -> str:
     """Up to two running or waiting runs (of the ``runs`` table): one equality
     range scan per status, so no plan can fall back to walking every run of

@@ -64,7 +64,7 @@ from pai_storage.watch import WATCH_CHANGES, ChangeSignal
 
 from . import lifecycle
 from .client import SESSION_SETTINGS, PgClient, keep_session
-from .commit import _PgTransaction
+from .commit import Notice, _PgTransaction
 from .errors import Phase
 from .layout import _Layout
 from .reads import _one_statement, _PgSnapshot, _StatementSnapshot
@@ -363,9 +363,12 @@ class PostgresThreadStore(ThreadStore):
         async def body(conn: asyncpg.Connection) -> CommittedResult | ConflictResult | _Abort:
             tx = _PgTransaction(conn, self._layout, request.scope_key, request.thread_id)
             tx.mutation = request.mutation
+            tx.notice = Notice(self._watchers.channel, request)
             result = await run_commit(tx, request, clock=self.now)
             if isinstance(result, ConflictResult):
                 return _Abort(result)
+            if tx.notified:  # the root's update sent the NOTIFY (commit.py)
+                return result
             return await self._watchers.committed(conn, request, result)  # NOTIFY before COMMIT
 
         return await self._transaction(body, "commit")
