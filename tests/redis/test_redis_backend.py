@@ -6,7 +6,8 @@ import asyncio
 from datetime import timedelta
 
 import pytest
-from pai_storage_redis.client import describe_persistence
+from pai_storage_redis.client import RedisClient, describe_persistence
+from pai_storage_redis.kv import RedisKeyValueStore
 from redis.asyncio import Redis
 
 from pai_storage import (
@@ -18,6 +19,7 @@ from pai_storage import (
     open_store,
 )
 from pai_storage.cli import main
+from pai_storage.errors import ThreadStoreError
 
 
 async def test_connect_provides_the_runtime_stores_and_not_threads(
@@ -78,6 +80,16 @@ def test_bad_options_are_configuration_errors(
     with pytest.raises(ConfigurationError) as info:
         open_kv_store(redis_url, **options)
     assert words in str(info.value)
+    assert not isinstance(info.value, ThreadStoreError)  # the thread store's classes are its own
+
+
+async def test_options_beside_a_shared_client_are_a_general_configuration_error(
+    redis_url: str,
+) -> None:
+    shared = RedisClient(redis_url)
+    with pytest.raises(ConfigurationError, match="cannot be combined with a shared client") as info:
+        RedisKeyValueStore(client=shared, key_prefix="x")
+    assert not isinstance(info.value, ThreadStoreError)
 
 
 async def test_a_client_decoding_responses_is_refused(redis_url: str) -> None:

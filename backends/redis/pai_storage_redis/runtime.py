@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
+from pai_storage.errors import general_errors
 from pai_storage.runtime import RuntimeStore
 
 from .client import CLIENT_OPTIONS, RedisClient, to_ms
@@ -36,7 +37,8 @@ class RedisRuntimeStore(RuntimeStore):
     def __init__(self, url: Any, client: object, **options: Any) -> None:
         client_options = split_client_options(options)
         super().__init__(**options)
-        self._client = RedisClient.attached(url, client, **client_options)
+        with general_errors():  # a runtime store raises the general classes
+            self._client = RedisClient.attached(url, client, **client_options)
         self.url = self._client.url
         self.root: str = self._client.root(self.component)
         """The hash-tagged start of every key of this store."""
