@@ -23,6 +23,7 @@ import asyncpg  # type: ignore[import-untyped]
 import pytest
 import pytest_asyncio
 from pai_storage_postgres import PostgresThreadStore
+from pai_storage_postgres.statements import open_runs_and_tail_statement
 from pai_storage_postgres.store import (
     SESSION_SETTINGS,
     by_keys,
@@ -222,6 +223,7 @@ async def test_commit_lookups_probe_one_key_at_a_time(
     await _check_plan(conn, by_keys(t.queued, "run_id", "t.run_id, t.position"), [*thread, [b"r7"]])
     await _check_plan(conn, open_runs_statement(t.runs), thread)
     await _check_plan(conn, tail_statement(t.messages), thread)
+    await _check_plan(conn, open_runs_and_tail_statement(t.runs, t.messages), thread)
     sql = by_keys(t.messages, "message_id", "t.position, t.doc")
     for plan in await _custom_and_generic(conn, sql, [*thread, [b"m9"]]):
         scans = [n for n in _nodes(plan) if "Relation Name" in n]

@@ -22,20 +22,26 @@ from pai_storage.backend import (
 from pai_storage.rows import dec, enc
 
 from .schema import Tables
-from .statements import by_keys, open_runs_statement, tail_statement
+from .statements import by_keys, open_runs_and_tail_statement
 
 if TYPE_CHECKING:
     import asyncpg  # type: ignore[import-untyped]
 
 
 class _Reader:
-    """Post-commit relationship facts, queried inside the commit's transaction."""
+    """Post-commit relationship facts, queried inside the commit's transaction.
+
+    A reader lives for one relationship check, after every write of the
+    commit: the facts it reads cannot change while it lives, so the open runs
+    and the tail, read together in one statement, are read once.
+    """
 
     def __init__(self, conn: asyncpg.Connection, tables: Tables, scope: bytes, thread: bytes):
         self._conn = conn
         self._t = tables
         self._scope = scope
         self._thread = thread
+        self._open_and_tail: tuple[list[RunRef], MessageRef | None] | None = None
 
     async def run_facts(self, run_ids: Iterable[str]) -> Mapping[str, RunRelations]:
         ids = list(run_ids)
@@ -79,9 +85,21 @@ class _Reader:
         return facts
 
     async def open_runs(self) -> Sequence[RunRef]:
-        rows = await self._conn.fetch(open_runs_statement(self._t.runs), self._scope, self._thread)
-        return [run_ref_from_row(r) for r in rows]
+        return (await self._runs_and_tail())[0]
 
     async def tail(self) -> MessageRef | None:
-        r = await self._conn.fetchrow(tail_statement(self._t.messages), self._scope, self._thread)
-        return None if r is None else message_ref_from_row(r)
+        return (await self._runs_and_tail())[1]
+
+    async def _runs_and_tail(self) -> tuple[list[RunRef], MessageRef | None]:
+        """The open runs and the last message, in one round trip (the check asks for both)."""
+        if self._open_and_tail is None:
+            sql = open_runs_and_tail_statement(self._t.runs, self._t.messages)
+            rows = await self._conn.fetch(sql, self._scope, self._thread)
+            runs = [run_ref_from_row((r["run_id"], r["doc"])) for r in rows if not r["tail"]]
+            tail = [
+                message_ref_from_row((r["position"], r["message_id"], r["run_id"], r["relation"]))
+                for r in rows
+                if r["tail"]
+            ]
+            self._open_and_tail = (runs, tail[0] if tail else None)
+        return self._open_and_tail

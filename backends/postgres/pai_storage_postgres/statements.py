@@ -259,3 +259,24 @@ def tail_statement(messages: str) -> str:
         f"SELECT position, message_id, run_id, relation FROM {messages} "
         "WHERE scope_key = $1 AND thread_id = $2 ORDER BY position DESC LIMIT 1"
     )
+
+
+@functools.lru_cache(maxsize=64)
+def open_runs_and_tail_statement(runs: str, messages: str) -> str:
+    """:func:`open_runs_statement` and :func:`tail_statement` in one round trip.
+
+    Rows ``(tail, run_id, doc, position, message_id, relation)``: the open runs
+    (``tail`` false; ``position``, ``message_id`` and ``relation`` NULL), then
+    at most one row of the last message (``tail`` true, ``doc`` NULL). Each
+    branch is the same bounded index scan as on its own.
+    """
+    run = (
+        f"SELECT false AS tail, run_id, doc, NULL::bigint AS position, "
+        f"NULL::bytea AS message_id, NULL::text AS relation FROM {runs} "
+        "WHERE scope_key = $1 AND thread_id = $2 AND status = '{}' LIMIT 2"
+    )
+    last = (
+        f"SELECT true, run_id, NULL, position, message_id, relation FROM {messages} "
+        "WHERE scope_key = $1 AND thread_id = $2 ORDER BY position DESC LIMIT 1"
+    )
+    return f"({run.format('running')}) UNION ALL ({run.format('waiting')}) UNION ALL ({last})"
