@@ -35,14 +35,11 @@ from typing import Any
 
 import asyncpg  # type: ignore[import-untyped]
 from pai_storage_postgres import PostgresThreadStore
-from pai_storage_postgres.store import (
-    SESSION_SETTINGS,
-    by_keys,
-    keep_session,
-    open_runs_statement,
-    tail_statement,
-    update_root_statement,
+from pai_storage_postgres.statements import (
+    open_runs_and_tail_statement,
+    update_root_notify_statement,
 )
+from pai_storage_postgres.store import SESSION_SETTINGS, by_keys, keep_session
 
 from pai_storage import CommittedResult, ThreadVersion, make_url
 from pai_storage import builders as b
@@ -137,10 +134,10 @@ class Floor:
         self.store = store
         t = self.t
         # Statements made once, as a hand-written application keeps them.
-        self.hold_sql = (
-            f"SELECT instance_id, revision, updated_at, messages_next, runs_next, "
-            f"queued_next, doc FROM {t.threads} WHERE scope_key = $1 AND thread_id = $2 "
-            "FOR UPDATE"
+        self.hold_sql = (  # the root held and the clock read after the lock, as the store does
+            "WITH h AS MATERIALIZED (SELECT revision, messages_next, runs_next, queued_next, "
+            f"doc FROM {t.threads} WHERE scope_key = $1 AND thread_id = $2 FOR UPDATE) "
+            "SELECT h.*, date_trunc('milliseconds', clock_timestamp()) AS now FROM h"
         )
         self.by_keys_sql = by_keys(
             t.messages, "message_id", "t.position, t.message_id AS id, t.doc"
@@ -150,9 +147,8 @@ class Floor:
             "relation, transcript, context, doc) SELECT $1, $2, * FROM unnest($3::bigint[], "
             "$4::bytea[], $5::bytea[], $6::text[], $7::boolean[], $8::boolean[], $9::text[])"
         )
-        self.update_sql = update_root_statement(t.threads)
-        self.open_runs_sql = open_runs_statement(t.runs)
-        self.tail_sql = tail_statement(t.messages)
+        self.update_sql = update_root_notify_statement(t.threads)  # and the watchers' NOTIFY
+        self.facts_sql = open_runs_and_tail_statement(t.runs, t.messages)
         self.read_sql = store.head_page_statement("messages", "newest", "transcript")
         self.doc = json.dumps(
             b.message("x", "answer " * 40, role="assistant")
@@ -166,7 +162,7 @@ class Floor:
         async with self.pool.acquire() as conn:
             await conn.execute("BEGIN")
             row = await conn.fetchrow(self.hold_sql, scope, thread)
-            now = await conn.fetchval("SELECT date_trunc('milliseconds', clock_timestamp())")
+            now = row["now"]
             await conn.fetch(self.by_keys_sql, scope, thread, [message_id])
             position = row["messages_next"]
             await conn.execute(
@@ -194,9 +190,10 @@ class Floor:
                 row["runs_next"],
                 row["queued_next"],
                 row["doc"],
+                "pai_bench_floor",
+                "{}",
             )
-            await conn.fetch(self.open_runs_sql, scope, thread)
-            await conn.fetchrow(self.tail_sql, scope, thread)
+            await conn.fetch(self.facts_sql, scope, thread)
             await conn.execute("COMMIT")
 
     async def read_newest(self, thread_id: str) -> list[Any]:
