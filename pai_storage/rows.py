@@ -43,6 +43,7 @@ __all__ = [
     "thread_from_rows",
 ]
 
+
 def enc(text: str) -> bytes:
     """An identifier as stored: its UTF-8 bytes."""
     return text.encode("utf-8")
