@@ -124,6 +124,8 @@ CROSS_SCOPE: Final[Mapping[str, str]] = {
     "state._list_sessions": "enumerates the sessions of every user (a copy of the store)",
     "snapshots._list_scopes": "enumerates the scopes holding snapshots (a copy of the store)",
     "snapshot_files.sweep": "removes the GridFS files no snapshot names, of every scope",
+    "watch._follow": "the store's one change stream on the roots (every shard reports its "
+    "changes; the pipeline keeps the watched scopes and threads)",
 }
 """Operations documented to span every scope: allowed to reach every shard.
 
@@ -139,6 +141,7 @@ _STORE_MODULES: Final = {
     "relations": "threads",
     "reads": "threads",
     "lifecycle": "threads",
+    "watch": "threads",
     "kv": "kv",
     "state": "state",
     "snapshots": "snapshots",
@@ -528,8 +531,11 @@ def audit(lines: Iterable[Mapping[str, Any]]) -> list[Finding]:
             continue
         if not kind:
             name = line["command"]
+            allowed = next((f for f in origin if f in CROSS_SCOPE), None)
             if name in ADMIN_COMMANDS:
                 verdict, reason = "administrative", "collection maintenance or cursor continuation"
+            elif allowed is not None:
+                verdict, reason = "cross-scope", CROSS_SCOPE[allowed]
             else:
                 verdict = "violation"
                 reason = "sent by a module the audit does not know (add it to shardaudit)"
