@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from pai_storage_mongo import backend as mongo_backend
-from pai_storage_mongo.documents import _relevant, root_facts
+from pai_storage_mongo.documents import root_facts
 from pai_storage_mongo.harness import drop_store_collections
 from pai_storage_mongo.kv import MongoKeyValueStore
 from pai_storage_mongo.store import MongoThreadStore
@@ -27,6 +27,7 @@ from pai_storage import CommittedResult, ConflictResult, ManualClock, ThreadVers
 from pai_storage import builders as b
 from pai_storage.backend import MessageRef, make_url
 from pai_storage.errors import ThreadStoreInvariantError
+from pai_storage.root_facts import relevant_messages
 
 pytestmark = pytest.mark.asyncio
 
@@ -291,7 +292,7 @@ async def _facts_from_children(store: MongoThreadStore) -> dict[str, Any]:
                 "admitted": run["admission"]["admitted"],
                 "queueItemId": run["admission"].get("queueItemId"),
                 "inputMessageIds": run["inputMessageIds"],
-                "messages": _relevant([refs[i] for i in owned]),
+                "messages": relevant_messages([refs[i] for i in owned]),
                 "foreign": bool(owned) and owned[-1] - owned[0] + 1 != len(owned),
             }
         )

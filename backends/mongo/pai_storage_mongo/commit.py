@@ -30,10 +30,8 @@ from pai_storage.backend import (
     FamilySpec,
     FamilyWrite,
     HeldThread,
-    MessageRef,
     RelationshipContext,
     RelationshipReader,
-    RunRef,
     duplicate_insert_error,
 )
 from pai_storage.errors import ThreadStoreInvariantError
@@ -44,11 +42,10 @@ from pai_storage.models import (
     ThreadChanges,
     TruncateChange,
 )
+from pai_storage.root_facts import NO_FACTS, FactsReader, RootFacts, derive_facts, read_facts
 
 from .documents import (
     SCHEMA_VERSION,
-    OpenRunSummary,
-    RootSummary,
     child_document,
     decode_or_invalid,
     parse_root,
@@ -59,7 +56,7 @@ from .documents import (
 from .errors import duplicate_key, is_duplicate_key
 from .hold import CachedRoot, Mispredicted, Stamp, stamp_ahead
 from .indexes import Doc
-from .relations import Reader, SummaryReader, facts_follow, read_facts
+from .relations import Reader
 from .transactions import TXN_OPTIONS, Retry, abort, commit_transaction
 
 if TYPE_CHECKING:
@@ -74,9 +71,6 @@ __all__ = ["InsertExists", "MongoCommit", "assumed_new", "commit_once"]
 
 class InsertExists(Exception):
     """Internal: a unique index refused an insert the commit assumed new (see ``load_rows``)."""
-
-
-_EMPTY_FACTS = RootSummary(None, ())
 
 
 def assumed_new(spec: FamilySpec, changes: Sequence[Any] | None) -> set[str]:
@@ -107,7 +101,7 @@ class MongoCommit(CommitTransaction):
     Every statement is filtered on the thread's ``{scopeKey, threadId}``.
 
     The root is written once per commit, with the thread's relationship
-    facts (``_facts``, see :class:`~pai_storage_mongo.documents.RootSummary`):
+    facts (``_facts``, see :class:`~pai_storage_mongo.documents.RootFacts`):
     after the relationship check, or in the hold itself when the store knows
     the stored root and the commit's facts follow from its writes (it inserts
     messages and inserts or replaces runs; see :meth:`hold`). That makes an
@@ -133,9 +127,9 @@ class MongoCommit(CommitTransaction):
         self._write_ahead = write_ahead
         self._held_at: datetime | None = None
         self._root_id: Any = None
-        self._previous_facts: RootSummary | None = None
+        self._previous_facts: RootFacts | None = None
         self._stamp: Stamp | None = None
-        self._facts: RootSummary | None = None
+        self._facts: RootFacts | None = None
         self._root: tuple[ThreadRecord, Mapping[FamilyName, int]] | None = None
         self._stored: RawBSONDocument | None = None
         self.unverified: set[FamilyName] = set()
@@ -231,7 +225,7 @@ class MongoCommit(CommitTransaction):
         doc = decode_or_invalid(placeholder, "thread")
         self._held_at = doc["_heldAt"]
         self._root_id = doc.get("_id")
-        self._previous_facts = _EMPTY_FACTS
+        self._previous_facts = NO_FACTS
         return stored
 
     async def _root_of(self, threads: AsyncCollection[RawBSONDocument]) -> HeldThread:
@@ -336,7 +330,7 @@ class MongoCommit(CommitTransaction):
     def relationship_reader(self, context: RelationshipContext) -> RelationshipReader:
         reader = self._reader(context)
         derived = self._derive(context)
-        return SummaryReader(*derived, reader) if derived is not None else reader
+        return FactsReader(*derived, reader) if derived is not None else reader
 
     def _reader(self, context: RelationshipContext) -> Reader:
         inserted = context.writes["messages"].inserts
@@ -350,23 +344,8 @@ class MongoCommit(CommitTransaction):
             queue_unchanged=not changes.queued_items and not changes.runs,
         )
 
-    def _derive(
-        self, context: RelationshipContext
-    ) -> tuple[RootSummary, dict[str, OpenRunSummary]] | None:
-        """The facts after this commit from the previous ones and its writes, when they follow."""
-        previous = self._previous_facts
-        if previous is None or not facts_follow(context.changes):
-            return None
-        final = context.writes["runs"].final
-        runs: list[tuple[RunRef, bool]] = []
-        for change in context.changes.runs or ():
-            if isinstance(change, InsertChange | ReplaceChange):
-                entry = final.get(change.record.run_id)
-                if entry is None:  # pragma: no cover - inserted or replaced runs exist
-                    return None
-                runs.append((RunRef.of(entry.record), isinstance(change, InsertChange)))
-        inserted = [MessageRef.of(e.position, e.record) for e in context.writes["messages"].inserts]
-        return previous.after(runs, inserted)
+    def _derive(self, context: RelationshipContext) -> tuple[RootFacts, dict[str, Any]] | None:
+        return derive_facts(self._previous_facts, context)
 
     async def check_relationships(self, context: RelationshipContext) -> None:
         """Check the rules, then write the root with the thread's facts after the commit.
@@ -379,9 +358,7 @@ class MongoCommit(CommitTransaction):
         """
         reader = self._reader(context)
         derived = self._derive(context)
-        await context.check.check(
-            SummaryReader(*derived, reader) if derived is not None else reader
-        )
+        await context.check.check(FactsReader(*derived, reader) if derived is not None else reader)
         if self._root is None:  # pragma: no cover - the pipeline writes the root first
             raise RuntimeError("the root was not written before the relationship check")
         root, next_positions = self._root

@@ -12,7 +12,7 @@ no strict-JSON value can be confused with.
 Roots written by commits carry one more provider key, ``_facts``: the
 relationship facts of the thread's open runs and its last message, kept by
 every commit so that the next one can check the relationship rules without
-querying the children (see :class:`RootSummary`). A root without ``_facts`` is
+querying the children (see :class:`~pai_storage.root_facts.RootFacts`). A root without ``_facts`` is
 read like any other (its next commit queries the children and writes them).
 Every document is ``_schemaVersion: 1``.
 
@@ -29,8 +29,7 @@ the like only mean something in Extended JSON, which is never used here).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any, TypeVar, cast
 
@@ -46,15 +45,13 @@ from pydantic import BaseModel
 from pai_storage import Message, QueuedItem, RunRecord, ThreadRecord, codec
 from pai_storage.backend import (
     FAMILIES,
-    OPEN_STATUSES,
     FamilyName,
     FamilySpec,
-    MessageRef,
-    RunRef,
 )
 from pai_storage.errors import ThreadStoreInvariantError
 from pai_storage.frozen import FrozenDict
 from pai_storage.models import StoreModel
+from pai_storage.root_facts import RootFacts, facts_from_document
 from pai_storage.strict_json import MAX_JSON_NODES
 
 M = TypeVar("M", bound=StoreModel)
@@ -65,8 +62,6 @@ __all__ = [
     "PLAIN_CODEC_OPTIONS",
     "RAW_CODEC_OPTIONS",
     "SCHEMA_VERSION",
-    "OpenRunSummary",
-    "RootSummary",
     "child_document",
     "decode_document",
     "decoded",
@@ -278,7 +273,7 @@ def _dump(record: BaseModel) -> dict[str, Any]:
 def root_document(
     record: ThreadRecord,
     next_order: Mapping[FamilyName, int],
-    facts: RootSummary | None = None,
+    facts: RootFacts | None = None,
 ) -> dict[str, Any]:
     """The stored root: the record's fields, ``_schemaVersion``, ``_nextOrder`` and,
     when given, ``_facts`` (a root without them is valid too)."""
@@ -458,169 +453,7 @@ def _read_plainly(
 # --------------------------------------------------------------- relationship facts
 
 
-@dataclass(frozen=True, slots=True)
-class OpenRunSummary:
-    """What the relationship rules need about one open (running or waiting) run.
-
-    ``messages`` is the rule-relevant part of the run's messages in position
-    order: its input messages, its first other message and its last one
-    (which breaks a rule exactly when the full list does); ``foreign`` says
-    whether another message lies between its first and last.
-    """
-
-    run: RunRef
-    messages: tuple[MessageRef, ...]
-    foreign: bool
-
-
-@dataclass(frozen=True, slots=True)
-class RootSummary:
-    """The ``_facts`` of a root: the thread's open runs and its last message, post-commit.
-
-    A commit that inserts messages and inserts or replaces runs (with any
-    root or lease change) derives the next facts from these and its writes
-    (:meth:`after`), so its relationship check needs no query; any other
-    commit reads them back from the children after its check.
-    """
-
-    tail: MessageRef | None
-    open: tuple[OpenRunSummary, ...]
-
-    def document(self) -> dict[str, Any]:
-        return {
-            "tail": _ref_document(self.tail),
-            "open": [
-                {
-                    "runId": o.run.run_id,
-                    "status": o.run.status,
-                    "admitted": o.run.admitted,
-                    "queueItemId": o.run.queue_item_id,
-                    "inputMessageIds": list(o.run.input_message_ids),
-                    "messages": [_ref_document(m) for m in o.messages],
-                    "foreign": o.foreign,
-                }
-                for o in self.open
-            ],
-        }
-
-    def after(
-        self, runs: Sequence[tuple[RunRef, bool]], inserted: Sequence[MessageRef]
-    ) -> tuple[RootSummary, dict[str, OpenRunSummary]] | None:
-        """The facts after a commit that writes ``runs`` and appends ``inserted``.
-
-        ``runs`` are the commit's run writes in order, each ``(run, True)``
-        for an insert (a new run: no stored message or queued item names it
-        in a valid thread) or ``(run, False)`` for a replacement, which must
-        be of an open run (whose messages these facts know); ``inserted`` are
-        the new messages in position order, after every stored one. Returns
-        the new facts and the facts of every run they know (the open runs
-        before and after, the inserted ones), or ``None`` when a replaced run
-        was not open.
-        """
-        known: dict[str, OpenRunSummary] = {o.run.run_id: o for o in self.open}
-        for run, is_insert in runs:
-            before = known.get(run.run_id)
-            if before is not None:
-                known[run.run_id] = OpenRunSummary(run, before.messages, before.foreign)
-            elif is_insert:
-                known[run.run_id] = OpenRunSummary(run, (), False)
-            else:
-                return None
-        if inserted:
-            known = {run_id: self._appended(facts, inserted) for run_id, facts in known.items()}
-        tail = inserted[-1] if inserted else self.tail
-        still_open = tuple(f for f in known.values() if f.run.status in OPEN_STATUSES)
-        return RootSummary(tail, still_open), known
-
-    def _appended(self, facts: OpenRunSummary, inserted: Sequence[MessageRef]) -> OpenRunSummary:
-        run_id = facts.run.run_id
-        messages = list(facts.messages)
-        foreign = facts.foreign
-        # Whether some other message follows the run's last one (so far).
-        gap = bool(messages) and (self.tail is None or self.tail.position != messages[-1].position)
-        for ref in inserted:
-            if ref.run_id != run_id:
-                gap = gap or bool(messages)
-                continue
-            foreign = foreign or gap
-            messages = _relevant([*messages, ref])
-            gap = False
-        return OpenRunSummary(facts.run, tuple(messages), foreign)
-
-
-def _relevant(messages: list[MessageRef]) -> list[MessageRef]:
-    """Input messages, the first other message and the last one, in position order."""
-    other = next((m for m in messages if m.relation != "input"), None)
-    keep = {m.position: m for m in messages if m.relation == "input"}
-    for m in (other, messages[-1] if messages else None):
-        if m is not None:
-            keep[m.position] = m
-    return [keep[p] for p in sorted(keep)]
-
-
-def _ref_document(ref: MessageRef | None) -> dict[str, Any] | None:
-    if ref is None:
-        return None
-    return {
-        "messageId": ref.message_id,
-        "order": ref.position,
-        "runId": ref.run_id,
-        "relation": ref.relation,
-    }
-
-
-def _optional_str(value: Any) -> str | None:
-    if value is not None and type(value) is not str:
-        raise TypeError
-    return value
-
-
-def _parse_ref(value: Any) -> MessageRef | None:
-    if value is None:
-        return None
-    if type(value) is not dict or set(value) != {"messageId", "order", "runId", "relation"}:
-        raise TypeError
-    if type(value["messageId"]) is not str or type(value["order"]) is not int:
-        raise TypeError
-    return MessageRef(
-        value["messageId"],
-        value["order"],
-        _optional_str(value["runId"]),
-        _optional_str(value["relation"]),
-    )
-
-
-def _parse_open(value: Any) -> OpenRunSummary:
-    fields = {
-        "runId",
-        "status",
-        "admitted",
-        "queueItemId",
-        "inputMessageIds",
-        "messages",
-        "foreign",
-    }
-    if type(value) is not dict or set(value) != fields:
-        raise TypeError
-    run_id, status, admitted = value["runId"], value["status"], value["admitted"]
-    inputs, messages, foreign = value["inputMessageIds"], value["messages"], value["foreign"]
-    if type(run_id) is not str or type(status) is not str or type(admitted) is not bool:
-        raise TypeError
-    if type(inputs) is not list or any(type(i) is not str for i in inputs):
-        raise TypeError
-    if type(messages) is not list or type(foreign) is not bool:
-        raise TypeError
-    refs: list[MessageRef] = []
-    for item in messages:
-        ref = _parse_ref(item)
-        if ref is None:
-            raise TypeError
-        refs.append(ref)
-    run = RunRef(run_id, status, admitted, _optional_str(value["queueItemId"]), tuple(inputs))
-    return OpenRunSummary(run, tuple(refs), foreign)
-
-
-def root_facts(doc: Mapping[str, Any]) -> RootSummary | None:
+def root_facts(doc: Mapping[str, Any]) -> RootFacts | None:
     """The ``_facts`` of a decoded root, or ``None`` for a root without them.
 
     Raises :class:`ThreadStoreInvariantError` when they are malformed.
@@ -629,10 +462,6 @@ def root_facts(doc: Mapping[str, Any]) -> RootSummary | None:
     if value is None:
         return None
     try:
-        if type(value) is not dict or set(value) != {"tail", "open"}:
-            raise TypeError
-        if type(value["open"]) is not list:
-            raise TypeError
-        return RootSummary(_parse_ref(value["tail"]), tuple(_parse_open(o) for o in value["open"]))
+        return facts_from_document(value)
     except TypeError:
         raise _invalid("thread", "malformed _facts") from None

@@ -14,7 +14,7 @@ Invariants
    (``$expr`` ``$eq`` on ``$$ROOT``). A stale or foreign cache entry matches
    nothing and writes nothing; the usual hold follows.
 2. Only a commit whose facts follow from its writes is stamped
-   (:func:`~pai_storage_mongo.relations.facts_follow`: it inserts messages and
+   (:func:`~pai_storage.root_facts.facts_follow`: it inserts messages and
    inserts or replaces runs, with any root or lease change), so the stamped
    ``_facts`` are computed from the cached ones without a query.
 3. A stamp is committed only when it is exactly what the pipeline produced:
@@ -68,10 +68,10 @@ from pai_storage.models import (
     ReplaceChange,
     ThreadChanges,
 )
+from pai_storage.root_facts import RootFacts, facts_follow
 
-from .documents import RootSummary, root_document
+from .documents import root_document
 from .indexes import Doc
-from .relations import facts_follow
 
 if TYPE_CHECKING:
     from pymongo.asynchronous.client_session import AsyncClientSession
@@ -93,7 +93,7 @@ class CachedRoot(NamedTuple):
     raw: RawBSONDocument
     root: ThreadRecord
     next_positions: Mapping[FamilyName, int]
-    facts: RootSummary
+    facts: RootFacts
 
 
 class RootCache:
@@ -148,7 +148,7 @@ class Stamp(NamedTuple):
     """Its ``updatedAt``: the commit time the server chose."""
     previous: CachedRoot
     """The known root it replaced: the pipeline judges the commit from it."""
-    facts: RootSummary
+    facts: RootFacts
     """The stamped facts: the previous ones after the commit's writes."""
 
     def check_root(self, root: ThreadRecord, next_positions: Mapping[FamilyName, int]) -> None:
@@ -160,7 +160,7 @@ class Stamp(NamedTuple):
         if bson.encode(expected) != self.written.raw:
             raise Mispredicted()
 
-    def check_facts(self, facts: RootSummary) -> None:
+    def check_facts(self, facts: RootFacts) -> None:
         """Raise :class:`Mispredicted` unless the relationship check found the stamped facts."""
         if facts != self.facts:
             raise Mispredicted()
@@ -179,7 +179,7 @@ async def stamp_ahead(
 
     Possible when ``cached`` is the stored root at the ``expected`` version,
     the commit does not delete the thread, and its facts follow from its
-    writes (:func:`~pai_storage_mongo.relations.facts_follow`). One
+    writes (:func:`~pai_storage.root_facts.facts_follow`). One
     ``findAndModify`` filtered on the whole cached document, whose update
     pipeline replaces it with the commit's root — the commit time is
     ``$$NOW`` (never before the last commit; ``test_now`` instead with a test

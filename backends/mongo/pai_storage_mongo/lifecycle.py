@@ -31,12 +31,13 @@ from pai_storage.backend import (
     ThreadIndexEntry,
 )
 from pai_storage.errors import ThreadStoreInvariantError
+from pai_storage.root_facts import read_facts
 
 from .documents import child_document, decode_or_invalid, parse_child, parse_root, root_document
 from .indexes import Doc, Keys, key_pattern
 from .queries import heads_queries, live_ranges
 from .reads import MongoSnapshot
-from .relations import Reader, read_facts
+from .relations import Reader
 from .transactions import TXN_OPTIONS, abort, guard, in_transaction
 
 _A, _D = ASCENDING, DESCENDING

@@ -1,13 +1,12 @@
-"""A commit's relationship queries, and the facts a root keeps so the next one needs none.
+"""A commit's relationship queries inside its transaction.
 
 The core's relationship check (``docs/commits.md``) asks a
 :class:`~pai_storage.backend.RelationshipReader` for the thread's open runs,
 its tail and each named run's facts. :class:`Reader` answers with queries
-inside the commit's transaction (they see its writes); :class:`SummaryReader`
-answers from the root's ``_facts``
-(:class:`~pai_storage_mongo.documents.RootSummary`) when they follow from the
-commit's writes (:func:`facts_follow`), querying only runs they do not know.
-:func:`read_facts` reads the facts a root stores after a commit.
+inside the commit's transaction (they see its writes); when the root's
+``_facts`` (:class:`~pai_storage.root_facts.RootFacts`) follow from the
+commit's writes, :class:`~pai_storage.root_facts.FactsReader` answers from
+them and asks :class:`Reader` only about runs they do not know.
 """
 
 from __future__ import annotations
@@ -19,9 +18,7 @@ from pymongo import ASCENDING, DESCENDING
 
 from pai_storage.backend import OPEN_STATUSES, Entry, MessageRef, QueueRef, RunRef, RunRelations
 from pai_storage.errors import ThreadStoreInvariantError
-from pai_storage.models import InsertChange, ReplaceChange, ThreadChanges
 
-from .documents import OpenRunSummary, RootSummary
 from .indexes import Doc
 
 _A, _D = ASCENDING, DESCENDING
@@ -32,73 +29,7 @@ if TYPE_CHECKING:
     from .store import MongoThreadStore
 
 
-__all__ = ["Reader", "SummaryReader", "facts_follow", "message_ref", "read_facts", "run_ref"]
-
-
-def facts_follow(changes: ThreadChanges | None) -> bool:
-    """Whether a commit's facts follow from its writes (see ``RootSummary.after``).
-
-    True when it only inserts messages and inserts or replaces runs, with any
-    root or lease change.
-    """
-    if changes is None:
-        return True
-    if changes.queued_items:
-        return False
-    if not all(isinstance(c, InsertChange | ReplaceChange) for c in changes.runs or ()):
-        return False
-    return all(isinstance(c, InsertChange) for c in changes.messages or ())
-
-
-async def read_facts(reader: Reader) -> RootSummary:
-    """The thread's facts after the commit, through the (memoizing) relationship reader."""
-    open_runs = await reader.open_runs()
-    tail = await reader.tail()
-    facts = await reader.run_facts([r.run_id for r in open_runs]) if open_runs else {}
-    return RootSummary(
-        tail,
-        tuple(
-            OpenRunSummary(run, tuple(facts[run.run_id].messages), facts[run.run_id].foreign_inside)
-            for run in open_runs
-        ),
-    )
-
-
-class SummaryReader:
-    """The relationship queries of a commit whose facts follow from its writes.
-
-    The open runs, the tail and the facts of every run the facts know (open
-    before or after the commit, or inserted by it) need no query; other runs
-    (which such a commit rarely names) are queried.
-    """
-
-    def __init__(
-        self, facts: RootSummary, known: Mapping[str, OpenRunSummary], reader: Reader
-    ) -> None:
-        self._facts = facts
-        self._known = known
-        self._reader = reader
-
-    async def open_runs(self) -> Sequence[RunRef]:
-        return [o.run for o in self._facts.open]
-
-    async def tail(self) -> MessageRef | None:
-        return self._facts.tail
-
-    async def run_facts(self, run_ids: Iterable[str]) -> Mapping[str, RunRelations]:
-        ids = list(dict.fromkeys(run_ids))
-        others = [i for i in ids if i not in self._known]
-        found: dict[str, RunRelations] = (
-            dict(await self._reader.run_facts(others)) if others else {}
-        )
-        for run_id in ids:
-            if run_id in self._known:
-                known = self._known[run_id]
-                # No queued item names it: an open run is admitted (a valid thread has
-                # none of its items), an inserted run is new, and the commit changes
-                # no queued item.
-                found[run_id] = RunRelations(known.run, list(known.messages), known.foreign, [])
-        return found
+__all__ = ["Reader", "message_ref", "run_ref"]
 
 
 def run_ref(doc: Mapping[str, Any]) -> RunRef:
