@@ -293,15 +293,16 @@ async def test_version_2_database_is_migrated_in_place(
 ) -> None:
     """A database as schema version 2 left it (no updated-at indexes) gets them, keeps its data
     and serves the lifecycle operations; concurrent openers migrate it once."""
-    assert SCHEMA_VERSION == 3
+    assert SCHEMA_VERSION == 4
     async with PostgresThreadStore(URL, schema=pg_schema) as store:
         for i in range(5):
             assert isinstance(
                 await store.commit_thread(b.create("scope", f"t{i}")), CommittedResult
             )
-    # Back to version 2: the same tables without the version-3 indexes.
+    # Back to version 2: the same tables without the version-3 indexes and the facts column.
     for name in UPDATED_INDEXES:
         await pg_conn.execute(f'DROP INDEX "{pg_schema}"."{name}"')
+    await pg_conn.execute(f'ALTER TABLE "{pg_schema}".pai_threads DROP COLUMN facts')
     await pg_conn.execute(
         f'UPDATE "{pg_schema}".pai_threads_schema SET version = 2, '
         "upgraded_at = now() - interval '1 day'"
@@ -338,6 +339,7 @@ async def test_version_1_database_is_migrated_to_the_current_version(
         assert isinstance(await store.commit_thread(b.create("scope", "old")), CommittedResult)
     for name in UPDATED_INDEXES:
         await pg_conn.execute(f'DROP INDEX "{pg_schema}"."{name}"')
+    await pg_conn.execute(f'ALTER TABLE "{pg_schema}".pai_threads DROP COLUMN facts')
     runtime = await pg_conn.fetch(
         "SELECT tablename FROM pg_tables WHERE schemaname = $1 AND tablename LIKE 'pai\\_%' "
         "AND tablename NOT LIKE 'pai\\_threads%'",
@@ -350,7 +352,10 @@ async def test_version_1_database_is_migrated_to_the_current_version(
     async with PostgresThreadStore(URL, schema=pg_schema) as store:
         heads = await store._thread_heads(None, updated_before=None, after=None, limit=10)
         assert [(h.scope_key, h.thread_id) for h in heads] == [("scope", "old")]
-    assert await pg_conn.fetchval(f'SELECT version FROM "{pg_schema}".pai_threads_schema') == 3
+    assert (
+        await pg_conn.fetchval(f'SELECT version FROM "{pg_schema}".pai_threads_schema')
+        == SCHEMA_VERSION
+    )
     assert set(UPDATED_INDEXES) <= set(await _indexes(pg_conn, pg_schema))
     tables = await pg_conn.fetch("SELECT tablename FROM pg_tables WHERE schemaname = $1", pg_schema)
     assert {r["tablename"] for r in runtime} <= {r["tablename"] for r in tables}

@@ -48,6 +48,7 @@ COLUMNS: dict[str, list[tuple[str, str, bool]]] = {
         ("runs_next", "bigint", False),
         ("queued_next", "bigint", False),
         ("doc", "text", False),
+        ("facts", "text", True),
     ],
     f"{PREFIX}_messages": [
         ("scope_key", "bytea", False),

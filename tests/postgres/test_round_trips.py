@@ -2,12 +2,13 @@
 
 Every statement the store sends goes through one pooled connection whose
 ``Connection.add_query_logger`` records it (asyncpg >= 0.29). These tests pin
-today's statements of the common commits (an append, a run started, a run
-finished, a conflicting append) so a change to the commit path shows up here,
-and say what each statement is for. Issue 35 aims at four round trips for a
-common commit (begin, one hold that returns the root with its relationship
-facts and the clock, one write of the root and every family, commit): the
-lists below are expected to shrink, never to grow silently.
+the statements of the common commits (an append, a run started, a run
+finished, a create, a conflicting append, and a commit whose relationship
+facts must be queried) so a change to the commit path shows up here, and say
+what each statement is for. The common commit is four round trips, as the
+least a hand-written compare-and-set transaction makes (``bench/physical_floor.py``):
+begin, one hold that returns the root with its relationship facts, the clock
+and the named rows, one write of the root and every family, commit.
 """
 
 from __future__ import annotations
@@ -56,7 +57,18 @@ def label(sql: str) -> str:
     elif "ORDER BY position DESC LIMIT 1" in words:
         detail = " tail"
     also = [part for part, mark in _ALSO if mark in words]
+    if family == "threads":  # the other tables the root's statement reads or writes
+        also += [
+            f"{name} by id" if verb_of == "FROM" else f"{_VERBS[verb_of]} {name}"
+            for verb_of, name in _OTHER.findall(words)
+        ]
     return " + ".join([f"{verb} {family}{detail}", *also])
+
+
+_OTHER = re.compile(
+    r'(INSERT INTO|UPDATE|FROM) (?:"\w+"\.)?"pai_threads_(messages|runs|queued)\w*"'
+)
+_VERBS = {"INSERT INTO": "INSERT", "UPDATE": "UPDATE"}
 
 
 _ALSO = (
@@ -148,7 +160,18 @@ async def _turn(store: PostgresThreadStore, thread_id: str, version: ThreadVersi
     await _commit(store, thread_id, version, _FINISH)
 
 
-async def test_an_append_is_seven_statements(
+_HOLD = (
+    # The root and its counters, locked: orders the commits of one thread; the
+    # version the commit names is checked against it. The same statement reads
+    # the server's clock once it has the lock (commit times never go back
+    # within a thread: test_commit_clock.py), the root's relationship facts,
+    # and the stored rows of the ids the commit names (an insert of an id that
+    # exists is refused, a replacement needs the old row).
+    "SELECT threads FOR UPDATE + clock"
+)
+
+
+async def test_an_append_is_four_statements(
     counted: tuple[PostgresThreadStore, Statements],
 ) -> None:
     store, statements = counted
@@ -157,28 +180,16 @@ async def test_an_append_is_seven_statements(
     await _commit(store, "t", version, _APPEND)
     assert await statements.take() == [
         "BEGIN",
-        # The root and its counters, locked: orders the commits of one thread;
-        # the version the commit names is checked against it. The same
-        # statement reads the server's clock once it has the lock, so that
-        # commit times never go back within a thread (the contract stamps with
-        # the server's time; test_commit_clock.py).
-        "SELECT threads FOR UPDATE + clock",
-        # The stored rows of the ids the commit names: an insert of an id that
-        # exists is refused, a replace or delete needs the old row.
-        "SELECT messages by id",
-        # The new root and counters; the same statement tells the watchers of
-        # the thread (watch, LISTEN), delivered only if the transaction commits.
-        "UPDATE threads + notify",
-        "INSERT messages",
-        # The relationship facts after the writes, for the rules the core judges,
-        # in one statement: the open (running or waiting) runs, at most two of
-        # them, and the last message (a run's messages stay one interval, rule 2).
-        "SELECT runs open + tail",
+        f"{_HOLD} + messages by id",
+        # The new root, counters and relationship facts (derived from the held
+        # ones and the writes: no query), the insert, and the watchers' signal,
+        # delivered only if the transaction commits: one statement.
+        "UPDATE threads + notify + INSERT messages",
         "COMMIT",
     ]
 
 
-async def test_a_run_started_and_finished_are_twelve_statements_each(
+async def test_a_run_started_and_finished_are_four_statements_each(
     counted: tuple[PostgresThreadStore, Statements],
 ) -> None:
     store, statements = counted
@@ -188,28 +199,60 @@ async def test_a_run_started_and_finished_are_twelve_statements_each(
     started = await statements.take()
     await _commit(store, "t", version, _FINISH)
     finished = await statements.take()
-    common = [
+    hold = f"{_HOLD} + messages by id + runs by id"
+    # The run's facts follow from the held ones: the rules are checked without a query.
+    assert started == [
         "BEGIN",
-        # The root, locked, and the server's clock after the lock (as for an append).
-        "SELECT threads FOR UPDATE + clock",
-        "SELECT messages by id",  # the named messages' stored rows
-        "SELECT runs by id",  # the named runs' stored rows
-        "UPDATE threads + notify",  # the root, and the watchers' signal
-        "INSERT messages",
-    ]
-    facts = [
-        # The open runs (one running or waiting run at most) and the last message.
-        "SELECT runs open + tail",
-        # The facts of every run the commit touched: its record (status,
-        # admission, inputs), the positions of its messages (inputs present,
-        # one interval) and its queued items (admission).
-        "SELECT runs by id",
-        "SELECT messages by id",
-        "SELECT queued by id",
+        hold,
+        "UPDATE threads + notify + INSERT messages + INSERT runs",
         "COMMIT",
     ]
-    assert started == [*common, "INSERT runs", *facts]
-    assert finished == [*common, "UPDATE runs", *facts]
+    assert finished == [
+        "BEGIN",
+        hold,
+        "UPDATE threads + notify + INSERT messages + UPDATE runs",
+        "COMMIT",
+    ]
+
+
+async def test_a_create_is_five_statements(
+    counted: tuple[PostgresThreadStore, Statements],
+) -> None:
+    store, statements = counted
+    result = await store.commit_thread(b.create("s", "new", changes=_APPEND))
+    assert isinstance(result, CommittedResult)
+    assert await statements.take() == [
+        "BEGIN",
+        # Whether the key is taken, and the server's clock: nothing to lock yet.
+        "SELECT threads + clock",
+        # The root, taking the key (ON CONFLICT DO NOTHING: a concurrent create
+        # wins or loses here).
+        "INSERT threads",
+        "UPDATE threads + notify + INSERT messages",
+        "COMMIT",
+    ]
+
+
+async def test_a_commit_whose_facts_do_not_follow_queries_them(
+    counted: tuple[PostgresThreadStore, Statements],
+    pg_schema: str,
+) -> None:
+    """The fallback: a commit that deletes a message (or a root stored without facts)."""
+    store, statements = counted
+    version = await _create(store, "t")
+    version = await _commit(store, "t", version, _APPEND)
+    await statements.take()
+    await _commit(store, "t", version, {"messages": [b.delete_record("m1")]})
+    assert await statements.take() == [
+        "BEGIN",
+        f"{_HOLD} + messages by id",
+        "DELETE messages",
+        # The open runs (one running or waiting run at most) and the last message,
+        # after the writes: the rules' facts, and the next commit's.
+        "SELECT runs open + tail",
+        "UPDATE threads + notify",
+        "COMMIT",
+    ]
 
 
 async def test_a_conflicting_append_is_three_statements(
@@ -224,4 +267,4 @@ async def test_a_conflicting_append_is_three_statements(
     )
     assert isinstance(result, ConflictResult)
     # The held root's version is not the one named: nothing else is read or written.
-    assert await statements.take() == ["BEGIN", "SELECT threads FOR UPDATE + clock", "ROLLBACK"]
+    assert await statements.take() == ["BEGIN", f"{_HOLD} + messages by id", "ROLLBACK"]

@@ -237,7 +237,7 @@ async def test_version_1_database_gains_the_runtime_tables(
         await pg_conn.fetchval(f'SELECT version FROM "{pg_schema}".pai_threads_schema')
         == SCHEMA_VERSION
     )
-    assert SCHEMA_VERSION == 3
+    assert SCHEMA_VERSION == 4
     assert await pg_conn.fetchval(f"SELECT to_regclass('\"{pg_schema}\".pai_agent_sessions')")
 
 

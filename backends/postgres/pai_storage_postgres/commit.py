@@ -1,44 +1,68 @@
 """The commit primitives of a PostgreSQL thread store, inside the attempt's transaction.
 
 :class:`_PgTransaction` supplies the core's commit pipeline
-(:func:`~pai_storage.backend.run_commit`): the root row held with
-``SELECT ... FOR UPDATE`` (a create checks it is missing and inserts with
-``ON CONFLICT DO NOTHING``), the server's clock read by that same statement
-once the lock is granted, the child rows the changes name loaded, the net
-writes as ``unnest`` statements, and the relationship reader
-(:mod:`.relations`) in the same transaction.
+(:func:`~pai_storage.backend.run_commit`). An update sends two statements
+between ``BEGIN`` and ``COMMIT``:
+
+1. the hold: the root row ``SELECT ... FOR UPDATE``, with the server's clock
+   read once the lock is granted, the root's relationship facts and the child
+   rows the changes name (:func:`.statements.hold_statement`);
+2. the write: the root with its new facts, every insert and the watchers'
+   ``pg_notify`` in one statement of data-modifying ``WITH`` queries
+   (:func:`.statements.write_statement`).
+
+When the facts on the root follow from the commit's writes (it appends
+messages, starts or finishes a run, takes or releases a lease:
+:func:`~pai_storage.root_facts.derive_facts`), the relationship rules are
+checked against them with no query. Otherwise the deletes, replacements and
+truncations run as their own statements, the inserts are written before the
+relationship queries (:mod:`.relations`) that must see them, and the facts
+are read back for the next commit. A create checks the key is free (with the
+clock), inserts the root with ``ON CONFLICT DO NOTHING`` (a concurrent
+create wins or loses there) and then writes as an update does.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import json
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, cast
+from typing import Any
 
 from pai_storage import CommitThreadInput, ThreadRecord, codec
 from pai_storage.backend import (
     CommitTransaction,
+    Entry,
     FamilyName,
     FamilySpec,
     FamilyWrite,
     HeldThread,
+    MessageRef,
     RelationshipContext,
     RelationshipReader,
+    RunRef,
+    RunRelations,
     ThreadConflict,
+    family,
+    named_ids,
     timestamp_ms,
 )
+from pai_storage.errors import ThreadStoreInvariantError
 from pai_storage.models import CreateMutation
+from pai_storage.root_facts import (
+    NO_FACTS,
+    FactsReader,
+    RootFacts,
+    derive_facts,
+    facts_from_document,
+    read_facts,
+)
 from pai_storage.rows import dec, enc, enc_opt
 
-from .layout import _columns
+from .layout import _columns, _Table
 from .relations import _Reader
-from .statements import (
-    _NOW_SQL,
-    hold_statement,
-    update_root_notify_statement,
-    update_root_statement,
-)
+from .statements import create_hold_statement, hold_statement, write_statement
 from .thread_rows import _ThreadRows, _version
 from .watch import payload
 
@@ -55,11 +79,11 @@ class Notice:
 class _PgTransaction(_ThreadRows, CommitTransaction):
     """The commit primitives inside the attempt's ``READ COMMITTED`` transaction.
 
-    ``mutation`` is the commit's (a restore or a fork only writes a new root
-    and rows, and never holds). With a ``notice``, an update of the root sends
-    it in the same statement and sets ``notified``; otherwise (a create, a
-    delete, no notice) the store sends the notification itself before
-    ``COMMIT``.
+    ``mutation`` is the commit's. A restore or a fork sets none: it only
+    writes a new root (without facts) and rows, each at once, and never holds.
+    With a ``notice``, the commit's write sends it and sets ``notified``;
+    otherwise (a delete, no notice) the store sends the notification itself
+    before ``COMMIT``.
     """
 
     mutation: object = None
@@ -67,65 +91,67 @@ class _PgTransaction(_ThreadRows, CommitTransaction):
     notified: bool = False
     _held_at: datetime | None = None
     """The server's clock as the hold read it, once it had the root's lock."""
+    _previous_facts: RootFacts | None = None
+    """The relationship facts stored with the held root (``None``: unknown)."""
+    _root: tuple[ThreadRecord, Mapping[FamilyName, int]] | None = None
+    """The stamped root and counters, written with the facts at the end."""
+    _held_back: dict[FamilyName, FamilyWrite[Any]] | None = None
+    """Family writes of replacements and inserts not yet sent (they ride on the
+    root's write, or are sent before a relationship query)."""
 
     async def hold(self) -> HeldThread:
         t = self._tables.threads
-        key = "WHERE scope_key = $1 AND thread_id = $2"
         if isinstance(self.mutation, CreateMutation):
             # Nothing to lock yet: write_root inserts with ON CONFLICT DO NOTHING.
-            row = await self._conn.fetchrow(
-                f"SELECT instance_id, revision FROM {t} {key}", self._scope, self._thread
-            )
-            if row is not None:  # the key is taken: no need to read the stored root
+            row = await self._conn.fetchrow(create_hold_statement(t), self._scope, self._thread)
+            if row["instance_id"] is not None:  # the key is taken: no need to read the root
                 raise ThreadConflict(_version(row))
+            self._held_at = row["now"]
+            self._previous_facts = NO_FACTS
             return HeldThread(None)
-        row = await self._conn.fetchrow(hold_statement(t), self._scope, self._thread)
-        if row is None:
+        named = named_ids(getattr(self.mutation, "changes", None))
+        loads = tuple(
+            (name, table.table, table.id_col)
+            for name, table in self._families.items()
+            if named[name]
+        )
+        ids = [[enc(i) for i in named[name]] for name, _, _ in loads]
+        rows = await self._conn.fetch(hold_statement(t, loads), self._scope, self._thread, *ids)
+        head = next((r for r in rows if r["family"] is None), None)
+        if head is None:
             return HeldThread(None)
-        self._held_at = row["now"]
-        return HeldThread(self._parse_root(row["doc"]), self._positions(row))
+        self._held_at = head["now"]
+        root = self._parse_root(head["doc"])
+        self._previous_facts = _stored_facts(head["facts"], root)
+        loaded: dict[FamilyName, dict[str, Entry[Any]]] = {name: {} for name in self._families}
+        for r in rows:
+            name = r["family"]
+            if name is not None:
+                spec = family(name)
+                rid, entry = self._entry(spec, r)
+                loaded[name][rid] = entry
+        return HeldThread(root, self._positions(head), loaded)
 
     async def server_time(self) -> datetime:
-        if self._held_at is not None:  # read by the hold, after its lock: no round trip
-            return self._held_at
-        # A create holds no row (and nothing to wait for): the clock is read now.
-        return cast(datetime, await self._conn.fetchval(_NOW_SQL))
+        if self._held_at is None:  # pragma: no cover - hold() reads it
+            raise RuntimeError("server_time() called before hold()")
+        return self._held_at
 
     async def write_root(
         self, root: ThreadRecord, next_positions: Mapping[FamilyName, int], *, created: bool
     ) -> None:
-        t = self._tables.threads
-        args = (
-            self._scope,
-            self._thread,
-            root.version.revision,
-            root.list_visibility,
-            enc_opt(root.category),
-            root.updated_at,
-            -timestamp_ms(root.updated_at),
-            next_positions["messages"],
-            next_positions["runs"],
-            next_positions["queuedItems"],
-            codec.encode(root),
-        )
+        """Keep the root for the write; a create inserts it now, taking the key."""
+        self._root = (root, next_positions)
         if not created:
-            if self.notice is None:
-                await self._conn.execute(update_root_statement(t), *args)
-                return
-            # The watchers' NOTIFY rides on the root's update: one round trip fewer.
-            notice = self.notice
-            status = await self._conn.execute(
-                update_root_notify_statement(t), *args, notice.channel, payload(notice.commit, root)
-            )
-            self.notified = status == "SELECT 1"
             return
+        t = self._tables.threads
         inserted = await self._conn.fetchval(
             f"INSERT INTO {t} (scope_key, thread_id, revision, list_visibility, category, "
             "updated_at, sort_key, messages_next, runs_next, queued_next, doc, instance_id, "
             "agent, parent_thread_id) "
             "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) "
             "ON CONFLICT (scope_key, thread_id) DO NOTHING RETURNING true",
-            *args,
+            *self._root_args(None)[:11],
             root.version.thread_instance_id,
             enc(root.agent),
             enc_opt(root.parent_thread_id),
@@ -140,7 +166,39 @@ class _PgTransaction(_ThreadRows, CommitTransaction):
             )
             raise ThreadConflict(_version(row) if row is not None else None)
 
+    def _root_args(self, facts: RootFacts | None) -> list[Any]:
+        """Parameters ``$1`` to ``$12`` of :func:`.statements.write_statement`."""
+        if self._root is None:  # pragma: no cover - the pipeline writes the root first
+            raise RuntimeError("the root was not written before the commit's write")
+        root, next_positions = self._root
+        stored = (
+            None
+            if facts is None
+            else json.dumps({"revision": root.version.revision, "facts": facts.document()})
+        )
+        return [
+            self._scope,
+            self._thread,
+            root.version.revision,
+            root.list_visibility,
+            enc_opt(root.category),
+            root.updated_at,
+            -timestamp_ms(root.updated_at),
+            next_positions["messages"],
+            next_positions["runs"],
+            next_positions["queuedItems"],
+            codec.encode(root),
+            stored,
+        ]
+
     async def write_family(self, spec: FamilySpec, write: FamilyWrite[Any]) -> Iterable[str]:
+        # A commit holds back its replacements and inserts; a restore or a fork
+        # (no mutation, no relationship check to send them) writes at once.
+        if self.mutation is not None and write.truncate_after is None and not write.deletes:
+            if self._held_back is None:
+                self._held_back = {}
+            self._held_back[spec.name] = write  # sent with the root (or before a query)
+            return ()
         table = self._families[spec.name]
         conn, scope, thread = self._conn, self._scope, self._thread
         truncated: list[str] = []
@@ -169,6 +227,19 @@ class _PgTransaction(_ThreadRows, CommitTransaction):
             await conn.execute(table.insert, scope, thread, *cols)
         return truncated
 
+    async def _send_held_back(self) -> None:
+        """Write the held-back replacements and inserts now (a relationship query
+        must see them)."""
+        pending, self._held_back = self._held_back, None
+        for name, write in (pending or {}).items():
+            spec, table = family(name), self._families[name]
+            if write.updates:
+                cols = _columns(spec, list(write.updates.values()))
+                await self._conn.execute(table.update, self._scope, self._thread, *cols)
+            if write.inserts:
+                cols = _columns(spec, write.inserts)
+                await self._conn.execute(table.insert, self._scope, self._thread, *cols)
+
     async def delete_thread(self) -> None:
         t = self._tables
         for table in (t.messages, t.runs, t.queued, t.threads):
@@ -179,4 +250,82 @@ class _PgTransaction(_ThreadRows, CommitTransaction):
             )
 
     def relationship_reader(self, context: RelationshipContext) -> RelationshipReader:
-        return _Reader(self._conn, self._tables, self._scope, self._thread)
+        return _SendingReader(self, _Reader(self._conn, self._tables, self._scope, self._thread))
+
+    async def check_relationships(self, context: RelationshipContext) -> None:
+        """Check the rules, then write the root with the thread's facts after the commit.
+
+        When the facts follow from the stored ones and this commit's writes,
+        they answer the rules' queries (runs they do not know are queried,
+        after the inserts are written); otherwise the queries run and the
+        facts are read back. Then one statement writes the root, the facts,
+        the family writes not yet sent and the notification.
+        """
+        reader = self.relationship_reader(context)
+        derived = derive_facts(self._previous_facts, context)
+        await context.check.check(FactsReader(*derived, reader) if derived else reader)
+        facts: RootFacts | None
+        if derived is not None:
+            facts = derived[0]
+        elif self._previous_facts is not None and not context.check.check_tail:
+            facts = self._previous_facts  # no message or run changed: nor did the facts
+        else:
+            facts = await read_facts(reader)
+        await self._write(facts)
+
+    async def _write(self, facts: RootFacts) -> None:
+        pending, self._held_back = self._held_back or {}, None
+        writes: list[tuple[_Table, bool]] = []
+        columns: list[list[Any]] = []
+        for name, write in pending.items():
+            spec, table = family(name), self._families[name]
+            if write.updates:
+                writes.append((table, True))
+                columns.extend(_columns(spec, list(write.updates.values())))
+            if write.inserts:
+                writes.append((table, False))
+                columns.extend(_columns(spec, write.inserts))
+        args = self._root_args(facts)
+        notice = self.notice
+        if notice is not None:
+            root = self._root[0] if self._root is not None else None
+            args += [notice.channel, payload(notice.commit, root)]
+        sql = write_statement(self._tables.threads, tuple(writes), notice is not None)
+        status = await self._conn.execute(sql, *args, *columns)
+        self.notified = notice is not None and status == "SELECT 1"
+
+
+class _SendingReader:
+    """The relationship queries, run only after the held-back writes are sent."""
+
+    def __init__(self, tx: _PgTransaction, reader: _Reader) -> None:
+        self._tx = tx
+        self._reader = reader
+
+    async def run_facts(self, run_ids: Iterable[str]) -> Mapping[str, RunRelations]:
+        await self._tx._send_held_back()
+        return await self._reader.run_facts(run_ids)
+
+    async def open_runs(self) -> Sequence[RunRef]:
+        await self._tx._send_held_back()
+        return await self._reader.open_runs()
+
+    async def tail(self) -> MessageRef | None:
+        await self._tx._send_held_back()
+        return await self._reader.tail()
+
+
+def _stored_facts(text: str | None, root: ThreadRecord) -> RootFacts | None:
+    """The facts stored with ``root``: ``None`` when there are none, or they belong to
+    another revision (a process that does not keep them updated the root)."""
+    if text is None:
+        return None
+    try:
+        stored = json.loads(text)
+        if type(stored) is not dict or set(stored) != {"revision", "facts"}:
+            raise TypeError
+        if stored["revision"] != root.version.revision:
+            return None
+        return facts_from_document(stored["facts"])
+    except (TypeError, ValueError):
+        raise ThreadStoreInvariantError("invalid stored thread: malformed facts") from None

@@ -101,25 +101,33 @@ def _columns(spec: FamilySpec, entries: Sequence[Entry[Any]]) -> list[list[Any]]
     return [positions, ids, *extra, docs]
 
 
-def _unnest_params(table: _Table) -> str:
+def _unnest_params(table: _Table, first: int = 3) -> str:
     types = ["bigint", "bytea", *(t for _, t in table.extra), "text"]
-    return ", ".join(f"${i + 3}::{t}[]" for i, t in enumerate(types))
+    return ", ".join(f"${i + first}::{t}[]" for i, t in enumerate(types))
 
 
-def _insert_sql(table: _Table) -> str:
+def column_count(table: _Table) -> int:
+    """How many arrays :func:`_columns` gives for ``table`` (parameters of its insert
+    or update)."""
+    return 3 + len(table.extra)
+
+
+def _insert_sql(table: _Table, first: int = 3) -> str:
+    """Insert the ``unnest`` of ``_columns``' arrays, passed from parameter ``first`` on."""
     names = ["position", table.id_col, *(c for c, _ in table.extra), "doc"]
     return (
         f"INSERT INTO {table.table} (scope_key, thread_id, {', '.join(names)}) "
-        f"SELECT $1, $2, * FROM unnest({_unnest_params(table)})"
+        f"SELECT $1, $2, * FROM unnest({_unnest_params(table, first)})"
     )
 
 
-def _update_sql(table: _Table) -> str:
+def _update_sql(table: _Table, first: int = 3) -> str:
+    """Update rows by position and id from the arrays, passed from parameter ``first`` on."""
     names = ["position", "id", *(c for c, _ in table.extra), "doc"]
     sets = ", ".join(f"{c} = u.{c}" for c in [*(c for c, _ in table.extra), "doc"])
     return (
         f"UPDATE {table.table} AS t SET {sets} "
-        f"FROM unnest({_unnest_params(table)}) AS u({', '.join(names)}) "
+        f"FROM unnest({_unnest_params(table, first)}) AS u({', '.join(names)}) "
         f"WHERE t.scope_key = $1 AND t.thread_id = $2 AND t.position = u.position "
         f"AND t.{table.id_col} = u.id"
     )

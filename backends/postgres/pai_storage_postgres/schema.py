@@ -28,10 +28,11 @@ another ``table_prefix`` ``p`` they are ``p_kv``, ``p_agent_sessions``, ...;
 what this code writes: version 1 held the thread tables, version 2 adds the
 runtime tables, version 3 the two updated-at indexes of the thread roots
 (``<prefix>_scope_updated`` and ``<prefix>_updated``) that retention sweeps,
-scope erasure and export walk. Every statement is idempotent (``IF NOT
-EXISTS``), so a database at any older version is migrated by running them all
-in one transaction under the advisory lock; a database with a newer version
-is refused.
+scope erasure and export walk, version 4 the roots' ``facts`` column (the
+relationship facts a commit keeps for the next one, ``docs/commits.md``).
+Every statement is idempotent (``IF NOT EXISTS``), so a database at any
+older version is migrated by running them all in one transaction under the
+advisory lock; a database with a newer version is refused.
 """
 
 from __future__ import annotations
@@ -51,9 +52,10 @@ __all__ = [
     "validate_names",
 ]
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """The schema version this package creates and understands (1: threads only;
-2: the runtime tables; 3: the thread roots' updated-at indexes)."""
+2: the runtime tables; 3: the thread roots' updated-at indexes; 4: the roots'
+relationship facts)."""
 
 DEFAULT_PREFIX = "pai_threads"
 """The default ``table_prefix`` (the thread tables' base name)."""
@@ -263,6 +265,9 @@ class Tables:
             "(scope_key, updated_at, thread_id)",
             f"CREATE INDEX IF NOT EXISTS {idx(p + '_updated')} ON {t} "
             "(updated_at, scope_key, thread_id)",
+            # The root's relationship facts (schema version 4): JSON text naming
+            # the revision they belong to; NULL (a root written before) is valid.
+            f"ALTER TABLE {t} ADD COLUMN IF NOT EXISTS facts text",
             f"""CREATE TABLE IF NOT EXISTS {m} (
                 {key},
                 position bigint NOT NULL,

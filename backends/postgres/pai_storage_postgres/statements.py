@@ -12,10 +12,22 @@ from dataclasses import dataclass
 
 from pai_storage.backend import FamilyName
 
-from .layout import _ID_COLUMN
+from .layout import _ID_COLUMN, _insert_sql, _Table, _update_sql, column_count
 from .schema import Tables
 
 _NOW_SQL = "SELECT date_trunc('milliseconds', clock_timestamp())"
+
+
+@functools.lru_cache(maxsize=64)
+def create_hold_statement(threads: str) -> str:
+    """The server's clock (``now``) and, when the key is taken, the stored version
+    (``instance_id`` and ``revision``, NULL when the thread is missing): a
+    create holds nothing yet (its insert finds a concurrent winner)."""
+    return (
+        "SELECT date_trunc('milliseconds', clock_timestamp()) AS now, t.instance_id, "
+        f"t.revision FROM (VALUES (1)) AS one LEFT JOIN {threads} t "
+        "ON t.scope_key = $1 AND t.thread_id = $2"
+    )
 
 
 @functools.lru_cache(maxsize=64)
@@ -194,50 +206,84 @@ def by_keys(table: str, column: str, select: str) -> str:
     )
 
 
-@functools.lru_cache(maxsize=64)
-def hold_statement(threads: str) -> str:
-    """The root row of a thread being updated, locked until the commit ends, and
-    the server's clock (``now``) read once the lock is granted.
+HoldLoad = tuple[tuple[FamilyName, str, str], ...]
+"""The families whose named rows a hold reads: ``(family, table, id column)`` each."""
 
-    The clock is computed by the outer query over a ``MATERIALIZED`` CTE: once
+
+@functools.lru_cache(maxsize=64)
+def hold_statement(threads: str, loads: HoldLoad = ()) -> str:
+    """The root row of a thread being updated, locked until the commit ends, the
+    server's clock (``now``) read once the lock is granted, and the rows the
+    commit's changes name (``$3``, ``$4``, ... one id array per family in ``loads``).
+
+    The first row is the root's (``family`` NULL); each named row that exists
+    follows (``family`` its name, with ``position``, ``id`` and ``doc``). The
+    clock is computed by the outer query over a ``MATERIALIZED`` CTE: once
     per row the CTE hands up, so after ``FOR UPDATE`` has waited for whoever
     held the row. (In a plain ``SELECT clock_timestamp(), ... FOR UPDATE`` the
     target list is computed beneath the lock: a commit that waited for a
     holder that did not change the row would be stamped with the time before
     its wait, earlier than the holder's end. ``test_commit_clock.py`` checks it.)
+
+    The named rows are read in the statement's snapshot, taken before any wait
+    for the lock. That is enough: a commit that changed them in the meantime
+    also moved the root's version, which the lock returns as it is now, so the
+    pipeline finds a conflict and never uses them.
     """
-    return (
-        "WITH h AS MATERIALIZED (SELECT messages_next, runs_next, queued_next, doc "
+    sql = (
+        "WITH h AS MATERIALIZED (SELECT messages_next, runs_next, queued_next, doc, facts "
         f"FROM {threads} WHERE scope_key = $1 AND thread_id = $2 FOR UPDATE) "
-        "SELECT h.*, date_trunc('milliseconds', clock_timestamp()) AS now FROM h"
+        "SELECT NULL::text AS family, h.messages_next, h.runs_next, h.queued_next, h.doc, "
+        "h.facts, date_trunc('milliseconds', clock_timestamp()) AS now, "
+        "NULL::bigint AS position, NULL::bytea AS id FROM h"
     )
+    for n, (name, table, id_col) in enumerate(loads):
+        probe = by_keys(table, id_col, f"t.position, t.{id_col} AS id, t.doc").replace(
+            "$3::bytea[]", f"${3 + n}::bytea[]"
+        )
+        sql += (
+            f" UNION ALL (SELECT '{name}', NULL, NULL, NULL, p.doc, NULL, NULL, p.position, p.id "
+            f"FROM h, LATERAL ({probe}) AS p)"
+        )
+    return sql
+
+
+ROOT_COLUMNS = 10
+"""Parameters ``$3`` to ``$12`` of :func:`write_statement`: the root's columns and its facts."""
 
 
 @functools.lru_cache(maxsize=64)
-def update_root_statement(threads: str) -> str:
-    """A commit's new root and counters (``$3`` to ``$11``, as ``write_root`` passes them)."""
-    return (
-        f"UPDATE {threads} SET revision = $3, list_visibility = $4, category = $5, "
-        "updated_at = $6, sort_key = $7, messages_next = $8, runs_next = $9, "
-        "queued_next = $10, doc = $11 WHERE scope_key = $1 AND thread_id = $2"
-    )
+def write_statement(threads: str, writes: tuple[tuple[_Table, bool], ...], notify: bool) -> str:
+    """A commit's whole write in one statement: the root, the family writes, the notification.
 
+    ``$3`` to ``$12``: the root's revision, list columns, updated time, sort
+    key, counters, document and its relationship facts (``facts``, JSON text
+    naming the revision they belong to); then, with ``notify``, the channel
+    and the payload; then the column arrays (:func:`.layout._columns`) of each
+    write: ``(table, True)`` replaces rows by position and id, ``(table,
+    False)`` inserts. A replaced row and an inserted one never share an id
+    (the commit's net write), so no two parts touch the same row.
 
-@functools.lru_cache(maxsize=64)
-def update_root_notify_statement(threads: str) -> str:
-    """:func:`update_root_statement` that also sends the commit's notification
-    (``$12`` the channel, ``$13`` the payload): one round trip for both.
-
-    ``pg_notify`` runs once per updated row, and the root is held, so once. A
-    ``NOTIFY`` in a transaction is delivered only if the transaction commits
-    (after its writes are visible, in commit order): sending it before the
-    relationship check, which may still roll the commit back, tells nobody
-    about a commit that did not happen.
+    Every data-modifying ``WITH`` runs once and to completion, whatever the
+    outer query reads; the outer query returns one row when the root was
+    updated (it is held, so it is). ``pg_notify`` runs once per updated row,
+    so once. A ``NOTIFY`` in a transaction is delivered only if the
+    transaction commits (after its writes are visible, in commit order):
+    nobody hears of a commit that was rolled back.
     """
-    return (
-        f"WITH u AS ({update_root_statement(threads)} RETURNING 1) "
-        "SELECT pg_notify($12, $13) FROM u"
-    )
+    parts = [
+        f"u AS (UPDATE {threads} SET revision = $3, list_visibility = $4, category = $5, "
+        "updated_at = $6, sort_key = $7, messages_next = $8, runs_next = $9, "
+        "queued_next = $10, doc = $11, facts = $12 WHERE scope_key = $1 AND thread_id = $2 "
+        "RETURNING 1)"
+    ]
+    n = 3 + ROOT_COLUMNS + (2 if notify else 0)
+    for i, (table, replace) in enumerate(writes):
+        write = _update_sql(table, n) if replace else _insert_sql(table, n)
+        parts.append(f"w{i} AS ({write})")
+        n += column_count(table)
+    outer = f"SELECT pg_notify(${3 + ROOT_COLUMNS}, ${4 + ROOT_COLUMNS})" if notify else "SELECT 1"
+    return f"WITH {', '.join(parts)} {outer} FROM u"
 
 
 @functools.lru_cache(maxsize=64)

@@ -78,7 +78,6 @@ from .statements import (
     open_runs_statement,
     page_statement,
     tail_statement,
-    update_root_statement,
     whole_family_statement,
 )
 from .transactions import COMMIT_ATTEMPTS, _Abort, run_transaction
@@ -101,7 +100,6 @@ __all__ = [
     "open_runs_statement",
     "page_statement",
     "tail_statement",
-    "update_root_statement",
     "whole_family_statement",
 ]
 

@@ -70,16 +70,17 @@ class _ThreadRows:
             self._thread,
             wanted,
         )
-        found: dict[str, Entry[Any]] = {}
-        for r in rows:
-            record = codec.decode(spec.model, r["doc"])
-            rid = dec(r["id"])
-            if spec.record_id(record) != rid:
-                raise ThreadStoreInvariantError(
-                    f"stored {spec.noun} record does not match its id column"
-                )
-            found[rid] = Entry(int(r["position"]), record)
-        return found
+        return dict(self._entry(spec, r) for r in rows)
+
+    def _entry(self, spec: FamilySpec, row: Any) -> tuple[str, Entry[Any]]:
+        """A row ``(position, id, doc)`` of one family as ``(record id, entry)``."""
+        record = codec.decode(spec.model, row["doc"])
+        rid = dec(row["id"])
+        if spec.record_id(record) != rid:
+            raise ThreadStoreInvariantError(
+                f"stored {spec.noun} record does not match its id column"
+            )
+        return rid, Entry(int(row["position"]), record)
 
 
 def _version(row: Any) -> ThreadVersion:
