@@ -35,11 +35,8 @@ from typing import Any
 
 import asyncpg  # type: ignore[import-untyped]
 from pai_storage_postgres import PostgresThreadStore
-from pai_storage_postgres.statements import (
-    open_runs_and_tail_statement,
-    update_root_notify_statement,
-)
-from pai_storage_postgres.store import SESSION_SETTINGS, by_keys, keep_session
+from pai_storage_postgres.statements import hold_statement, write_statement
+from pai_storage_postgres.store import SESSION_SETTINGS, keep_session
 
 from pai_storage import CommittedResult, ThreadVersion, make_url
 from pai_storage import builders as b
@@ -133,22 +130,14 @@ class Floor:
         self.t = store.tables
         self.store = store
         t = self.t
-        # Statements made once, as a hand-written application keeps them.
-        self.hold_sql = (  # the root held and the clock read after the lock, as the store does
-            "WITH h AS MATERIALIZED (SELECT revision, messages_next, runs_next, queued_next, "
-            f"doc FROM {t.threads} WHERE scope_key = $1 AND thread_id = $2 FOR UPDATE) "
-            "SELECT h.*, date_trunc('milliseconds', clock_timestamp()) AS now FROM h"
-        )
-        self.by_keys_sql = by_keys(
-            t.messages, "message_id", "t.position, t.message_id AS id, t.doc"
-        )
-        self.insert_sql = (
-            f"INSERT INTO {t.messages} (scope_key, thread_id, position, message_id, run_id, "
-            "relation, transcript, context, doc) SELECT $1, $2, * FROM unnest($3::bigint[], "
-            "$4::bytea[], $5::bytea[], $6::text[], $7::boolean[], $8::boolean[], $9::text[])"
-        )
-        self.update_sql = update_root_notify_statement(t.threads)  # and the watchers' NOTIFY
-        self.facts_sql = open_runs_and_tail_statement(t.runs, t.messages)
+        # Statements made once, as a hand-written application keeps them: the
+        # store's hold (the root locked, the clock after the lock, its facts and
+        # the named message by id) and its write (the root with the facts, the
+        # insert and the watchers' NOTIFY in one statement).
+        messages = store._layout.families["messages"]
+        self.hold_sql = hold_statement(t.threads, (("messages", t.messages, "message_id"),))
+        self.write_sql = write_statement(t.threads, ((messages, False),), True)
+        self.revisions: dict[str, int] = {}  # the floor's threads are its own
         self.read_sql = store.head_page_statement("messages", "newest", "transcript")
         self.doc = json.dumps(
             b.message("x", "answer " * 40, role="assistant")
@@ -161,27 +150,16 @@ class Floor:
         message_id = uuid.uuid4().hex.encode()
         async with self.pool.acquire() as conn:
             await conn.execute("BEGIN")
-            row = await conn.fetchrow(self.hold_sql, scope, thread)
+            rows = await conn.fetch(self.hold_sql, scope, thread, [message_id])
+            row = rows[0]
             now = row["now"]
-            await conn.fetch(self.by_keys_sql, scope, thread, [message_id])
             position = row["messages_next"]
+            revision = self.revisions[thread_id] = self.revisions.get(thread_id, 1) + 1
             await conn.execute(
-                self.insert_sql,
+                self.write_sql,
                 scope,
                 thread,
-                [position],
-                [message_id],
-                [None],
-                [None],
-                [True],
-                [True],
-                [self.doc],
-            )
-            await conn.execute(
-                self.update_sql,
-                scope,
-                thread,
-                row["revision"] + 1,
+                revision,
                 "visible",
                 None,
                 now,
@@ -190,10 +168,17 @@ class Floor:
                 row["runs_next"],
                 row["queued_next"],
                 row["doc"],
+                row["facts"],
                 "pai_bench_floor",
                 "{}",
+                [position],
+                [message_id],
+                [None],
+                [None],
+                [True],
+                [True],
+                [self.doc],
             )
-            await conn.fetch(self.facts_sql, scope, thread)
             await conn.execute("COMMIT")
 
     async def read_newest(self, thread_id: str) -> list[Any]:
