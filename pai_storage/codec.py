@@ -490,11 +490,12 @@ def decode_many(model: type[M], texts: Iterable[str]) -> list[M]:
     when decoded before. Invalid stored data raises
     :class:`~pai_storage.errors.ThreadStoreInvariantError` (or the serialization
     error of a value that is not strict JSON), as ``model_validate_json`` would."""
-    get = cache.get
+    # RecordCache.get without a call per record.
+    found = cache._values.get
     validator = _STORED.get(model)
     records: list[M] = []
     for text in texts:
-        record = get(model, text)
+        record = found((model, text)) if type(text) in _KEYS else None
         if record is None:
             record = _decode_text(model, text, validator)
             cache.put(model, text, record)

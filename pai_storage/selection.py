@@ -51,7 +51,7 @@ from .models import (
     ThreadVersion,
 )
 from .strict_json import INT64_MAX, is_valid_text
-from .tokens import PageTokenCodec, ScopeDigest, default_scope_digest, query_digest
+from .tokens import PageTokenCodec, ScopeDigest, default_scope_digest, json_text, query_digest
 
 __all__ = [
     "ChildPagePlan",
@@ -137,6 +137,14 @@ def _token_id(value: Any) -> str:
     if type(value) is not str or not 1 <= len(value) <= MAX_ID_LENGTH or not is_valid_text(value):
         raise _malformed("an id is not 1 to 1,024 characters of valid Unicode")
     return value
+
+
+def _child_position(instance_id: str, anchor: int, lower: int, upper: int | None, last: int) -> str:
+    """A child page's token position (what :meth:`_ChildCursor.parse` reads) as
+    canonical JSON: ``{"a", "c", "hi", "i", "lo"}``, for
+    :meth:`PageTokenCodec.encode_json`."""
+    hi = "null" if upper is None else f"{upper:d}"
+    return f'{{"a":{anchor:d},"c":{last:d},"hi":{hi},"i":{json_text(instance_id)},"lo":{lower:d}}}'
 
 
 def _token_keys(position: Mapping[str, Any], *keys: str) -> None:
@@ -365,17 +373,17 @@ class ChildPagePlan:
         items = rows[: self.limit]
         token = None
         if len(rows) > self.limit:
-            token = self._codec.encode(
+            token = self._codec.encode_json(
                 self.family,
                 self._scope_key,
                 self._query,
-                {
-                    "i": version.thread_instance_id,
-                    "a": window.anchor,
-                    "lo": window.bound_lower,
-                    "hi": window.bound_upper,
-                    "c": items[-1][0],
-                },
+                _child_position(
+                    version.thread_instance_id,
+                    window.anchor,
+                    window.bound_lower,
+                    window.bound_upper,
+                    items[-1][0],
+                ),
             )
         return _child_page([record for _, record in items], token, version)
 

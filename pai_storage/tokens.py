@@ -29,12 +29,13 @@ import json
 import re
 from collections.abc import Callable
 from functools import lru_cache
+from json.encoder import encode_basestring_ascii
 from typing import Any
 
 from .errors import ThreadStoreConfigurationError, ThreadStorePageTokenError
 from .frozen import freeze
 
-__all__ = ["PageTokenCodec", "ScopeDigest", "default_scope_digest", "query_digest"]
+__all__ = ["PageTokenCodec", "ScopeDigest", "default_scope_digest", "json_text", "query_digest"]
 
 ScopeDigest = Callable[[str], str]
 """Maps a scope key to a short, deterministic, stable digest."""
@@ -57,6 +58,10 @@ def _unb64(text: str) -> bytes:
 
 
 _ENCODE = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode
+
+
+json_text = encode_basestring_ascii
+"""A string as canonical JSON text (what the token codec's encoder makes of it)."""
 
 
 def _canonical(value: Any) -> bytes:
@@ -148,9 +153,16 @@ class PageTokenCodec:
 
         Tokens are deterministic: a token is a function of its payload.
         """
-        data = _canonical(
-            {"k": kind, "p": position, "q": query, "s": self.scope_digest(scope_key), "v": 1}
-        )
+        return self.encode_json(kind, scope_key, query, _ENCODE(position))
+
+    def encode_json(self, kind: str, scope_key: str, query: str, position: str) -> str:
+        """:meth:`encode` of a position given as its canonical JSON text (keys
+        sorted, no spaces, ASCII: what :meth:`encode` makes of a ``dict``)."""
+        # The payload's canonical JSON, keys in order; the texts as json encodes them.
+        data = (
+            f'{{"k":{json_text(kind)},"p":{position},"q":{json_text(query)},'
+            f'"s":{json_text(self.scope_digest(scope_key))},"v":1}}'
+        ).encode()
         return _b64(self._head + data + self._mac(data))
 
     def payload(self, token: str) -> dict[str, Any]:
