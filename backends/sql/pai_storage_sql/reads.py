@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, cast
 
-from sqlalchemy import bindparam, func, literal, null, select, true, union_all
+from sqlalchemy import bindparam, func, literal, literal_column, null, select, true, union_all
 
 from pai_storage.backend import (
     ChildPagePlan,
@@ -42,7 +42,7 @@ class _Snapshot(_ThreadRows, ReadSnapshot):
     ) -> tuple[SnapshotRoot, Sequence[tuple[int, Any]]] | None:
         """The root and the page in one ``UNION ALL`` statement (SQLite).
 
-        Its second part reads the page's rows by position from a bounded index
+        Its second part reads the page's rows by rowid from a bounded index
         range scan below the family's counter (a scalar subquery on the root).
         """
         if not self.combined:
@@ -198,9 +198,11 @@ def _head_page_statement(
     ``NULL`` root columns)."""
     cap = select(threads.c[next_column]).where(threads.c.tkey == bindparam("k"))
     scanned = table.alias("scanned")
+    # The page's rows by their rowid, which every index entry holds: the
+    # scan reads the index alone, and each row is one lookup by rowid.
     page = (
         _page_statement(scanned, family, view, order, run_filter, False)
-        .with_only_columns(scanned.c.position)
+        .with_only_columns(literal_column("scanned.rowid"))
         .where(scanned.c.position < cap.scalar_subquery())
     )
     head = select(
@@ -220,5 +222,5 @@ def _head_page_statement(
         table.c.position,
         table.c.doc.label("row_doc"),
         table.c[_ID_COLUMN[cast(FamilyName, family)]].label("row_id"),
-    ).where(table.c.tkey == bindparam("k"), table.c.position.in_(page))
+    ).where(literal_column("rowid").in_(page))
     return union_all(head, rows)
