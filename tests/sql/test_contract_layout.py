@@ -55,6 +55,7 @@ COLUMNS: dict[str, set[str]] = {
         "runs_next",
         "queued_next",
         "doc",
+        "facts",
     },
     "<p>_messages": {
         "tkey",

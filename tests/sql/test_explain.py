@@ -241,3 +241,32 @@ async def test_every_statement_uses_an_index(target: Target) -> None:
                     problems[sql] = found
             await conn.rollback()
         assert problems == {}
+
+
+async def test_sqlite_lists_by_parent_or_category_search_their_partial_index(
+    sqlite_target: Target,
+) -> None:
+    # The parent and category indexes leave out the threads without one; a list
+    # that binds a parent or category must still search by it, not walk the
+    # scope's visibility index and filter.
+    async with sqlite_target.store() as store:
+        await _fill(store)
+        engines = await store.client.ready()
+        with recorded(store, engines) as seen:
+            for query in (
+                {"agent": "agent1", "parentThreadId": "p1"},
+                {"agent": "agent2", "category": "c1"},
+                {"parentThreadId": "p0"},
+                {"category": "c0"},
+            ):
+                await store.list_threads({"scopeKey": SCOPE, "limit": 5, **query})
+        assert len(seen) == 4
+        async with engines.reader.connect() as conn:
+            for sql, params in seen:
+                column = "parent_h" if "parent_h =" in sql else "category_h"
+                plan = (
+                    await conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {sql}", tuple(params))
+                ).all()
+                (detail,) = [str(row[-1]) for row in plan]
+                assert f"{column}=?" in detail, detail
+            await conn.rollback()

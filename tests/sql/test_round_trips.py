@@ -4,14 +4,16 @@ A write runs whole in one call into the writer connection's thread (see
 ``SqlClient.run_write``), so on SQLite a statement is not a network round trip
 but it is still work in the database and in Python: these tests pin today's
 statements of the common commits (an append, a run started, a run finished, a
-conflicting append), with what each is for, so that a change to the commit
-path shows up here. Issue 35 aims at a hold that returns the root with its
-relationship facts, the writes, and the commit: the lists are expected to
-shrink, never to grow silently. The callback sits on the ``sqlite3``
-connection under the client's one held writer connection (reached through
-SQLAlchemy's ``get_raw_connection`` and aiosqlite's ``Cursor.connection``), so
-it sees every statement the engine's listeners see and the transaction
-control (``COMMIT``, ``ROLLBACK``) they do not.
+conflicting append, a commit of a root stored without its relationship
+facts), with what each is for, so that a change to the commit path shows up
+here: the hold that returns the root with its relationship facts, the named
+rows, the writes, the root with the facts after the commit, and the commit
+(issue 35). The lists are expected to shrink, never to grow silently.
+The callback sits on the ``sqlite3`` connection under the client's one held
+writer connection (reached through SQLAlchemy's ``get_raw_connection`` and
+aiosqlite's ``Cursor.connection``), so it sees every statement the engine's
+listeners see and the transaction control (``COMMIT``, ``ROLLBACK``) they do
+not.
 
 A read of the root and one page is pinned the same way, on the one reader
 connection of a store with ``pool_size=1``.
@@ -26,6 +28,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from pai_storage_sql import SqlThreadStore
+from sqlalchemy import update
 
 from pai_storage import CommittedResult, ConflictResult, ThreadVersion
 from pai_storage import builders as b
@@ -114,7 +117,7 @@ _FINISH = {
 }
 
 
-async def test_an_append_is_eight_statements(
+async def test_an_append_is_six_statements(
     counted: tuple[SqlThreadStore, Statements],
 ) -> None:
     store, statements = counted
@@ -123,26 +126,25 @@ async def test_an_append_is_eight_statements(
     await _commit(store, "t", version, _APPEND)
     assert statements.take() == [
         # Takes SQLite's write lock first: orders the commits (of every thread:
-        # SQLite has one writer) and keeps the root read below current.
+        # SQLite has one writer) and keeps the reads below current.
         "BEGIN IMMEDIATE",
-        # The root and its counters; the version the commit names is checked
-        # against it. (The clock is the process's: SQLite has no server.)
+        # The root, its counters and its relationship facts; the version the
+        # commit names is checked against it. (The clock is the process's:
+        # SQLite has no server.)
         "SELECT threads",
         # The stored rows of the ids the commit names: an insert of an id that
         # exists is refused, a replace or delete needs the old row.
         "SELECT messages by id",
-        "UPDATE threads",
         "INSERT messages",
-        # The relationship facts after the writes, for the rules the core judges:
-        # the open (running or waiting) runs, and the last message (a run's
-        # messages stay one interval, rule 2).
-        "SELECT runs open",
-        "SELECT messages tail",
+        # The root, written once after the relationship check, with the facts
+        # after this commit: the rules were judged from the stored facts and
+        # the writes, with no query (pai_storage.root_facts).
+        "UPDATE threads",
         "COMMIT",
     ]
 
 
-async def test_a_run_started_and_finished_are_thirteen_statements_each(
+async def test_a_run_started_and_finished_are_eight_statements_each(
     counted: tuple[SqlThreadStore, Statements],
 ) -> None:
     store, statements = counted
@@ -152,27 +154,52 @@ async def test_a_run_started_and_finished_are_thirteen_statements_each(
     started = statements.take()
     await _commit(store, "t", version, _FINISH)
     finished = statements.take()
-    common = [
+    # The run's facts (its record, its messages' positions, its queued items)
+    # come from the root's facts and the writes: nothing is queried after the
+    # writes.
+    hold = [
         "BEGIN IMMEDIATE",
-        "SELECT threads",  # the root (under the write lock)
+        "SELECT threads",  # the root and its facts (under the write lock)
         "SELECT messages by id",  # the named messages' stored rows
         "SELECT runs by id",  # the named runs' stored rows
-        "UPDATE threads",
         "INSERT messages",
     ]
-    facts = [
-        "SELECT runs open",  # the open runs (one running or waiting run at most)
-        "SELECT messages tail",  # the last message
-        # The facts of every run the commit touched: its record (status,
-        # admission, inputs), the positions of its messages (inputs present,
-        # one interval) and its queued items (admission).
+    assert started == [*hold, "INSERT runs", "UPDATE threads", "COMMIT"]
+    assert finished == [*hold, "UPDATE runs", "UPDATE threads", "COMMIT"]
+
+
+async def test_a_commit_without_stored_facts_queries_them_once(
+    counted: tuple[SqlThreadStore, Statements],
+) -> None:
+    store, statements = counted
+    version = await _create(store, "t")
+    t = store.tables.threads
+    engines = await store.client.ready()
+    async with engines.writer.begin() as conn:  # a root written without its facts
+        await conn.execute(update(t).values(facts=None))
+    statements.take()
+    version = await _commit(store, "t", version, _START)
+    assert statements.take() == [
+        "BEGIN IMMEDIATE",
+        "SELECT threads",
+        "SELECT messages by id",
+        "SELECT runs by id",
+        "INSERT messages",
+        "INSERT runs",
+        # Unknown facts: the rules' bounded queries after the writes, the open
+        # runs, the last message and the facts of the runs the commit touched
+        # (its record, its messages' positions, its queued items) ...
+        "SELECT runs open",
+        "SELECT messages tail",
         "SELECT runs by id",
         "SELECT messages by id",
         "SELECT queued by id",
+        # ... which are the facts the root is written with (read once).
+        "UPDATE threads",
         "COMMIT",
     ]
-    assert started == [*common, "INSERT runs", *facts]
-    assert finished == [*common, "UPDATE runs", *facts]
+    await _commit(store, "t", version, _FINISH)
+    assert "SELECT runs open" not in statements.take()
 
 
 async def test_a_conflicting_append_is_three_statements(

@@ -5,8 +5,17 @@ A commit runs in one write transaction of the shared
 writer connection, so the whole database is held; MySQL: the root row held
 with ``SELECT ... FOR UPDATE``), reads the clock after the hold, loads only
 the child rows the changes name, writes the net changes (in statements that
-fit MySQL's ``max_allowed_packet``), and checks the relationship rules with
-bounded queries inside the same transaction (:mod:`.relations`).
+fit MySQL's ``max_allowed_packet``), checks the relationship rules, and
+writes the root last, once, with the thread's relationship facts after the
+commit (the ``facts`` column, :mod:`pai_storage.root_facts`).
+
+The facts are stored with the revision they belong to and used only when it
+is the held root's revision, so a root written without them (by an older
+version of this package, a restore or a fork) is never judged by stale facts.
+A commit whose facts follow from the stored ones and its writes (it inserts
+messages and inserts or replaces runs) checks the rules with no query; any
+other commit queries the children with bounded queries inside the same
+transaction (:mod:`.relations`) and reads the facts back for the next one.
 """
 
 from __future__ import annotations
@@ -15,6 +24,7 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, cast
 
+from pydantic_core import from_json, to_json
 from sqlalchemy import bindparam, delete, func, insert, select, update
 
 from pai_storage import (
@@ -39,6 +49,14 @@ from pai_storage.backend import (
 )
 from pai_storage.errors import ThreadStoreInvariantError
 from pai_storage.models import CreateMutation
+from pai_storage.root_facts import (
+    NO_FACTS,
+    FactsReader,
+    RootFacts,
+    derive_facts,
+    facts_from_document,
+    read_facts,
+)
 from pai_storage.rows import dec, enc
 
 from .client import Operation, is_unique_violation
@@ -93,6 +111,10 @@ class _Transaction(_ThreadRows, CommitTransaction):
     ) -> None:
         super().__init__(op, store, scope_key, thread_id)
         self._mutation = mutation
+        self._previous_facts: RootFacts | None = None
+        """The stored facts of the held root (``None``: unknown, the check queries)."""
+        self._update: dict[str, Any] | None = None
+        """The root's columns, written after the relationship check with its facts."""
 
     async def hold(self) -> HeldThread:
         t = self._t.threads
@@ -115,7 +137,7 @@ class _Transaction(_ThreadRows, CommitTransaction):
             self._op,
             "hold",
             lambda: (
-                select(t.c.messages_next, t.c.runs_next, t.c.queued_next, t.c.doc)
+                select(t.c.messages_next, t.c.runs_next, t.c.queued_next, t.c.doc, t.c.facts)
                 .where(t.c.tkey == bindparam("k"))
                 .with_for_update()
             ),
@@ -123,8 +145,10 @@ class _Transaction(_ThreadRows, CommitTransaction):
         rows = await self._op.rows(stmt, {"k": self._key})
         if not rows:
             return HeldThread(None)
-        messages, runs, queued, doc = rows[0]
-        return HeldThread(self._parse_root(doc), self._next(messages, runs, queued))
+        messages, runs, queued, doc, facts = rows[0]
+        root = self._parse_root(doc)
+        self._previous_facts = stored_facts(facts, root.version.revision)
+        return HeldThread(root, self._next(messages, runs, queued))
 
     async def server_time(self) -> datetime:
         if self._op.sqlite:
@@ -150,20 +174,16 @@ class _Transaction(_ThreadRows, CommitTransaction):
         }
         self._check_size("thread root", values["doc"])
         if not created:
-            names = list(values)
-            stmt = self._store.sql(
-                self._op,
-                "root-update",
-                lambda: (
-                    update(t)
-                    .where(t.c.tkey == bindparam("k"))
-                    .values({c: bindparam(f"b_{c}") for c in names})
-                ),
-            )
-            await self._op.execute(stmt, {"k": self._key, **{f"b_{c}": values[c] for c in names}})
+            # Written with its facts once the relationship check has judged them.
+            self._update = values
             return
         thread = enc(self._thread_id)
+        # A new thread's facts are known when it starts empty; a create with
+        # records, a restore or a fork leaves them to its next commit.
+        mutation = self._mutation
+        empty = isinstance(mutation, CreateMutation) and _no_records(mutation)
         values.update(
+            facts=facts_text(NO_FACTS, root.version.revision) if empty else None,
             tkey=self._key,
             scope_h=digest(self._scope_key),
             scope_key=enc(self._scope_key),
@@ -282,6 +302,73 @@ class _Transaction(_ThreadRows, CommitTransaction):
 
     def relationship_reader(self, context: RelationshipContext) -> RelationshipReader:
         return _Reader(self._op, self._store, self._key)
+
+    async def check_relationships(self, context: RelationshipContext) -> None:
+        """Check the rules, then write the root with the thread's facts after the commit.
+
+        Facts that follow from the stored ones and this commit's writes answer
+        the rules' queries (only runs they do not know are queried); otherwise
+        the queries run, and the facts are read back when a message or run
+        changed (else the stored ones still hold).
+        """
+        reader = self.relationship_reader(context)
+        derived = derive_facts(self._previous_facts, context)
+        await context.check.check(FactsReader(*derived, reader) if derived is not None else reader)
+        values = self._update
+        if values is None:  # a create: its root is written already
+            return
+        if derived is not None:
+            facts = derived[0]
+        elif self._previous_facts is not None and not context.check.check_tail:
+            facts = self._previous_facts  # no message or run changed: nor did the facts
+        else:
+            facts = await read_facts(reader)
+        values["facts"] = facts_text(facts, values["revision"])
+        t = self._t.threads
+        names = list(values)
+        stmt = self._store.sql(
+            self._op,
+            "root-update",
+            lambda: (
+                update(t)
+                .where(t.c.tkey == bindparam("k"))
+                .values({c: bindparam(f"b_{c}") for c in names})
+            ),
+        )
+        await self._op.execute(stmt, {"k": self._key, **{f"b_{c}": values[c] for c in names}})
+
+
+def _no_records(mutation: CreateMutation) -> bool:
+    changes = mutation.changes
+    return changes is None or not (changes.messages or changes.runs or changes.queued_items)
+
+
+def facts_text(facts: RootFacts, revision: int) -> str:
+    """The ``facts`` column: the facts with the revision of the root they belong to."""
+    return to_json({"revision": revision, "facts": facts.document()}).decode()
+
+
+def stored_facts(text: str | None, revision: int) -> RootFacts | None:
+    """The facts of a root at ``revision``: ``None`` when there are none or they
+    belong to another revision (a root written without them since).
+
+    Raises :class:`ThreadStoreInvariantError` when they are malformed.
+    """
+    if text is None:
+        return None
+    try:
+        value = from_json(text)
+        if type(value) is not dict or set(value) != {"revision", "facts"}:
+            raise TypeError
+        if type(value["revision"]) is not int:
+            raise TypeError
+        if value["revision"] != revision:
+            return None
+        return facts_from_document(value["facts"])
+    except (TypeError, ValueError):
+        raise ThreadStoreInvariantError(
+            "invalid stored thread: malformed relationship facts"
+        ) from None
 
 
 STATEMENT_OVERHEAD = 64 * 1024

@@ -32,7 +32,11 @@ if TYPE_CHECKING:
 
 
 class _Reader:
-    """Post-commit relationship facts, queried inside the commit's transaction."""
+    """Post-commit relationship facts, queried inside the commit's transaction.
+
+    Each answer is kept: the check and the facts read back after it
+    (:func:`~pai_storage.root_facts.read_facts`) ask once.
+    """
 
     def __init__(self, op: Operation, store: SqlThreadStore, key: bytes) -> None:
         self._op = op
@@ -40,11 +44,18 @@ class _Reader:
         self._store = store
         self._t = store.tables
         self._key = key
+        self._open: Sequence[RunRef] | None = None
+        self._tail: tuple[MessageRef | None] | None = None
+        self._runs: dict[str, RunRelations] = {}
 
     async def run_facts(self, run_ids: Iterable[str]) -> Mapping[str, RunRelations]:
-        ids = list(run_ids)
-        if not ids:
-            return {}
+        ids = list(dict.fromkeys(run_ids))
+        missing = [i for i in ids if i not in self._runs]
+        if missing:
+            self._runs.update(await self._query_run_facts(missing))
+        return {i: self._runs[i] for i in ids if i in self._runs}
+
+    async def _query_run_facts(self, ids: list[str]) -> dict[str, RunRelations]:
         params = {"k": self._key, "ids": [digest(i) for i in ids]}
         conn, key, t, op = self._conn, self._key, self._t, self._op
 
@@ -108,6 +119,16 @@ class _Reader:
         return facts
 
     async def open_runs(self) -> Sequence[RunRef]:
+        if self._open is None:
+            self._open = await self._query_open_runs()
+        return self._open
+
+    async def tail(self) -> MessageRef | None:
+        if self._tail is None:
+            self._tail = (await self._query_tail(),)
+        return self._tail[0]
+
+    async def _query_open_runs(self) -> list[RunRef]:
         # Two is all the rules need: one bounded probe of (tkey, status) per status.
         r = self._t.runs
         stmt = self._store.sql(
@@ -121,7 +142,7 @@ class _Reader:
         )
         return [run_ref_from_row(row) for row in await self._op.rows(stmt, {"k": self._key})]
 
-    async def tail(self) -> MessageRef | None:
+    async def _query_tail(self) -> MessageRef | None:
         m = self._t.messages
         stmt = self._store.sql(
             self._op,

@@ -19,7 +19,13 @@ Four tables hold a thread store's data (``<prefix>`` defaults to ``pai_threads``
 ``<prefix>``
     Thread roots: key ``tkey`` (the digest of scope key and thread id), the
     columns the list queries filter and order by, the version, the three
-    child-family position counters and the record's JSON text (``doc``).
+    child-family position counters, the record's JSON text (``doc``) and the
+    thread's relationship facts after the commit that wrote it (``facts``,
+    JSON text ``{"revision": n, "facts": {...}}``, or ``NULL``), which a
+    commit uses only when ``n`` is the root's revision. On SQLite the four list
+    indexes keyed by parent or category are partial (``WHERE parent_h IS NOT
+    NULL``, ``WHERE category_h IS NOT NULL``): a commit of a thread without
+    one moves none of them.
 ``<prefix>_messages`` / ``<prefix>_runs`` / ``<prefix>_queued_items``
     Child records keyed by ``(tkey, position)``, unique by ``(tkey, id_h)``,
     with the columns their pages and the relationship checks filter on, and
@@ -85,12 +91,14 @@ __all__ = [
     "validate_prefix",
 ]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """The schema version this package creates and understands.
 
 Version 2 adds the snapshot table's ``scope_head`` column and its
-``<snapshots>_scopes`` index (the scopes in order); a version 1 database gains
-them on its first connect (:func:`prepare_schema`)."""
+``<snapshots>_scopes`` index (the scopes in order). Version 3 adds the thread
+root's ``facts`` column and, on SQLite, makes the parent and category list
+indexes partial. An older database gains them on its first connect
+(:func:`prepare_schema`)."""
 
 DEFAULT_PREFIX = "pai_threads"
 """The default ``table_prefix`` (the thread tables' base name)."""
@@ -260,12 +268,18 @@ class Tables:
             Column("runs_next", BigInteger, nullable=False),
             Column("queued_next", BigInteger, nullable=False),
             Column("doc", json_text(), nullable=False),
+            Column("facts", json_text(), nullable=True),
             PrimaryKeyConstraint("tkey"),
             **MYSQL_TABLE_ARGS,
         )
         # Every list form binds `hidden` (include_hidden reads both values as
         # two bounded index scans); sort_key = -epoch_ms(updated_at) gives the
-        # newest first in ascending index order, thread_ord breaks ties.
+        # newest first in ascending index order, thread_ord breaks ties. A list
+        # by parent or category binds it (`= ?`, never NULL): on SQLite those
+        # indexes leave out the threads without one, which a commit then moves
+        # in four indexes fewer.
+        with_parent: dict[str, Any] = {"sqlite_where": threads.c.parent_h.isnot(None)}
+        with_category: dict[str, Any] = {"sqlite_where": threads.c.category_h.isnot(None)}
         Index(
             f"{p}_list_vis",
             threads.c.scope_h,
@@ -289,6 +303,7 @@ class Tables:
             threads.c.parent_h,
             threads.c.sort_key,
             threads.c.thread_ord,
+            **with_parent,
         )
         Index(
             f"{p}_list_agent_category",
@@ -298,6 +313,7 @@ class Tables:
             threads.c.category_h,
             threads.c.sort_key,
             threads.c.thread_ord,
+            **with_category,
         )
         Index(
             f"{p}_list_parent",
@@ -306,6 +322,7 @@ class Tables:
             threads.c.parent_h,
             threads.c.sort_key,
             threads.c.thread_ord,
+            **with_parent,
         )
         Index(
             f"{p}_list_category",
@@ -314,6 +331,7 @@ class Tables:
             threads.c.category_h,
             threads.c.sort_key,
             threads.c.thread_ord,
+            **with_category,
         )
         # The updated-at index of retention sweeps and exports: oldest first,
         # then scope key, then thread id (within one scope, or across all).
@@ -482,18 +500,55 @@ async def _upgrade(conn: AsyncConnection, dialect: str, tables: Tables) -> None:
 
     Version 1 to 2: the snapshot table gains ``scope_head`` (the scope, or on
     MySQL its first bytes) filled from ``scope``, and the index on it.
+    Version 2 to 3: the thread table gains ``facts`` (``NULL``: every root's
+    next commit reads its facts from the children), and on SQLite the parent
+    and category list indexes are made again as partial indexes.
     """
+    await _upgrade_threads(conn, dialect, tables)
+    await _upgrade_snapshots(conn, dialect, tables)
+
+
+async def _column_names(conn: AsyncConnection, table: Table) -> set[str]:
     from sqlalchemy import inspect
+
+    return await conn.run_sync(
+        lambda sync: {c["name"] for c in inspect(sync).get_columns(table.name)}
+    )
+
+
+async def _upgrade_threads(conn: AsyncConnection, dialect: str, tables: Tables) -> None:
+    from sqlalchemy.schema import CreateIndex, DropIndex
+
+    threads = tables.threads
+    name = conn.dialect.identifier_preparer.format_table(threads)
+    if "facts" not in await _column_names(conn, threads):
+        kind = (
+            "TEXT" if dialect == "sqlite" else "LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
+        )
+        await conn.exec_driver_sql(f"ALTER TABLE {name} ADD COLUMN facts {kind} NULL")
+    if dialect != "sqlite":
+        return
+    for index in threads.indexes:
+        if index.dialect_options["sqlite"]["where"] is None:
+            continue
+        found = await conn.exec_driver_sql(
+            "SELECT sql FROM sqlite_master WHERE type = 'index' AND name = ?", (str(index.name),)
+        )
+        sql = found.scalar()
+        if sql is not None and " WHERE " in str(sql).upper():
+            continue
+        if sql is not None:
+            await conn.execute(DropIndex(index))
+        await conn.execute(CreateIndex(index))
+
+
+async def _upgrade_snapshots(conn: AsyncConnection, dialect: str, tables: Tables) -> None:
     from sqlalchemy.schema import CreateIndex
 
     if tables.runtime is None:
         return
     snapshots = tables.runtime.snapshots
-
-    def columns(sync: Any) -> set[str]:
-        return {c["name"] for c in inspect(sync).get_columns(snapshots.name)}
-
-    if "scope_head" in await conn.run_sync(columns):
+    if "scope_head" in await _column_names(conn, snapshots):
         return
     name = conn.dialect.identifier_preparer.format_table(snapshots)
     if dialect == "sqlite":
