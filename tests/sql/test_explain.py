@@ -270,3 +270,36 @@ async def test_sqlite_lists_by_parent_or_category_search_their_partial_index(
                 (detail,) = [str(row[-1]) for row in plan]
                 assert f"{column}=?" in detail, detail
             await conn.rollback()
+
+
+async def test_sqlite_a_runs_messages_are_searched_in_the_partial_run_index(
+    sqlite_target: Target,
+) -> None:
+    # The run index leaves out the messages outside any run; the relationship
+    # check's query for a run's messages (run_h IN ...) must still search it.
+    async with sqlite_target.store() as store:
+        version = await _fill(store)
+        engines = await store.client.ready()
+        changes = {
+            # A deletion: the facts do not follow from the stored ones, so the
+            # rules query the run's messages.
+            "messages": [
+                b.delete_record("m0007"),
+                b.insert(b.message("out1", run_id="r1", relation="output", role="assistant")),
+            ],
+            "runs": [b.replace(b.run("r1", "completed", inputs=["in1"]))],
+        }
+        with recorded(store, engines) as seen:
+            committed = await store.commit_thread(
+                b.update_at(SCOPE, "big", version, changes, root=b.root())
+            )
+        assert isinstance(committed, CommittedResult), committed
+        by_run = [(sql, params) for sql, params in seen if "run_h IN" in sql and "_messages" in sql]
+        assert by_run
+        async with engines.reader.connect() as conn:
+            for sql, params in by_run:
+                plan = (
+                    await conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {sql}", tuple(params))
+                ).all()
+                assert any("_messages_run" in str(row[-1]) for row in plan), plan
+            await conn.rollback()

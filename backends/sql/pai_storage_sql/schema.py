@@ -29,7 +29,8 @@ Four tables hold a thread store's data (``<prefix>`` defaults to ``pai_threads``
 ``<prefix>_messages`` / ``<prefix>_runs`` / ``<prefix>_queued_items``
     Child records keyed by ``(tkey, position)``, unique by ``(tkey, id_h)``,
     with the columns their pages and the relationship checks filter on, and
-    the record's JSON text.
+    the record's JSON text. On SQLite the messages' run index leaves out the
+    messages outside any run (``WHERE run_h IS NOT NULL``).
 
 Records are stored as JSON *text* (``TEXT`` / ``LONGTEXT``), never a JSON
 column type, so key order, ``1`` versus ``1.0`` and escapes survive exactly.
@@ -97,7 +98,7 @@ SCHEMA_VERSION = 3
 Version 2 adds the snapshot table's ``scope_head`` column and its
 ``<snapshots>_scopes`` index (the scopes in order). Version 3 adds the thread
 root's ``facts`` column and, on SQLite, makes the parent and category list
-indexes partial. An older database gains them on its first connect
+indexes and the messages' run index partial. An older database gains them on its first connect
 (:func:`prepare_schema`)."""
 
 DEFAULT_PREFIX = "pai_threads"
@@ -358,7 +359,15 @@ class Tables:
             f"{p}_messages_transcript", messages.c.tkey, messages.c.transcript, messages.c.position
         )
         Index(f"{p}_messages_context", messages.c.tkey, messages.c.context, messages.c.position)
-        Index(f"{p}_messages_run", messages.c.tkey, messages.c.run_h, messages.c.position)
+        # A message outside any run is never found by its run (`run_h = ?`,
+        # `run_h IN (...)`): on SQLite the run index leaves it out.
+        Index(
+            f"{p}_messages_run",
+            messages.c.tkey,
+            messages.c.run_h,
+            messages.c.position,
+            sqlite_where=messages.c.run_h.isnot(None),
+        )
         runs = Table(
             f"{p}_runs",
             md,
@@ -502,7 +511,8 @@ async def _upgrade(conn: AsyncConnection, dialect: str, tables: Tables) -> None:
     MySQL its first bytes) filled from ``scope``, and the index on it.
     Version 2 to 3: the thread table gains ``facts`` (``NULL``: every root's
     next commit reads its facts from the children), and on SQLite the parent
-    and category list indexes are made again as partial indexes.
+    and category list indexes and the messages' run index are made again as
+    partial indexes.
     """
     await _upgrade_threads(conn, dialect, tables)
     await _upgrade_snapshots(conn, dialect, tables)
@@ -528,7 +538,7 @@ async def _upgrade_threads(conn: AsyncConnection, dialect: str, tables: Tables) 
         await conn.exec_driver_sql(f"ALTER TABLE {name} ADD COLUMN facts {kind} NULL")
     if dialect != "sqlite":
         return
-    for index in threads.indexes:
+    for index in (*threads.indexes, *tables.messages.indexes):
         if index.dialect_options["sqlite"]["where"] is None:
             continue
         found = await conn.exec_driver_sql(
