@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
 from typing import Any
@@ -23,7 +24,11 @@ import asyncpg  # type: ignore[import-untyped]
 import pytest
 import pytest_asyncio
 from pai_storage_postgres import PostgresThreadStore
-from pai_storage_postgres.statements import open_runs_and_tail_statement
+from pai_storage_postgres.statements import (
+    hold_statement,
+    open_runs_and_tail_statement,
+    write_statement,
+)
 from pai_storage_postgres.store import (
     SESSION_SETTINGS,
     by_keys,
@@ -115,6 +120,10 @@ def _literal(value: Any) -> str:
         return f"'\\x{value.hex()}'::bytea"
     if isinstance(value, str):
         return "'" + value.replace("'", "''") + "'"
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return "true" if value else "false"
     return str(int(value))
 
 
@@ -228,6 +237,52 @@ async def test_commit_lookups_probe_one_key_at_a_time(
     for plan in await _custom_and_generic(conn, sql, [*thread, [b"m9"]]):
         scans = [n for n in _nodes(plan) if "Relation Name" in n]
         assert all("message_id = k.id" in n.get("Index Cond", "") for n in scans), scans
+
+
+@pytest.mark.asyncio
+async def test_a_commits_hold_and_write_probe_one_key_at_a_time(
+    filled: tuple[PostgresThreadStore, asyncpg.Connection],
+) -> None:
+    """The hold finds the root by its primary key and each named row by its id; the
+    write updates the root by its primary key and each replaced row by its key: a
+    commit never walks a scope or a thread, custom or generic plan."""
+    store, conn = filled
+    t = store.tables
+    families = store._layout.families
+    loads = tuple((name, table.table, table.id_col) for name, table in families.items())
+    hold = hold_statement(t.threads, loads)
+    write = write_statement(
+        t.threads,
+        ((families["messages"], False), (families["runs"], True), (families["queuedItems"], False)),
+        True,
+    )
+    now = datetime(2030, 1, 1, tzinfo=UTC)
+    root = [2, "visible", None, now, -1, 10, 3, 1, "{}", None, "chan", "{}"]
+    message = [[10_001], [b"m-new"], [b"r2"], ["output"], [True], [True], ["{}"]]
+    run = [[2], [b"r2"], ["completed"], ["{}"]]
+    item = [[1], [b"q-new"], [b"r3"], ["{}"]]
+    cases = (
+        (hold, [SCOPE, b"t1", [b"m9"], [b"r1", b"r2"], [b"q1"]]),
+        (write, [SCOPE, b"t1", *root, *message, *run, *item]),
+    )
+    for sql, args in cases:
+        for plan in await _custom_and_generic(conn, sql, args):
+            nodes = list(_nodes(plan))
+            types = [n["Node Type"] for n in nodes]
+            assert not {"Sort", "Seq Scan", "Bitmap Heap Scan"} & set(types), (sql, types)
+            scans = [n for n in nodes if "Relation Name" in n and n["Node Type"] != "ModifyTable"]
+            assert scans, (sql, types)
+            for scan in scans:
+                assert scan["Node Type"] in INDEX_SCANS, (sql, types)
+                cond = scan.get("Index Cond", "")
+                # The whole key is an index condition, never a filter over a range.
+                assert "scope_key =" in cond, (sql, scan)
+                assert "thread_id =" in cond, (sql, scan)
+                if scan["Relation Name"] == t.threads.rsplit(".", 1)[-1].strip('"'):
+                    assert scan["Index Name"].endswith("_pkey"), (sql, scan)
+                else:
+                    # One probe per key: a named id, or a replaced row (by id or position).
+                    assert re.search(r"= [ku](_\d+)?\.(id|position)\)", cond), (sql, scan)
 
 
 async def _plans(conn: asyncpg.Connection, sql: str, args: list[Any]) -> list[dict[str, Any]]:
