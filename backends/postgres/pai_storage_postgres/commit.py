@@ -123,6 +123,10 @@ class _PgTransaction(_ThreadRows, CommitTransaction):
         self._held_at = head["now"]
         root = self._parse_root(head["doc"])
         self._previous_facts = _stored_facts(head["facts"], root)
+        if not head["fresh"]:
+            # The lock waited for a commit that moved the root: the named rows were
+            # read before it, so the pipeline loads them again (load_rows).
+            return HeldThread(root, self._positions(head))
         loaded: dict[FamilyName, dict[str, Entry[Any]]] = {name: {} for name in self._families}
         for r in rows:
             name = r["family"]

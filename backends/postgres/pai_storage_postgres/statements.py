@@ -226,15 +226,21 @@ def hold_statement(threads: str, loads: HoldLoad = ()) -> str:
     its wait, earlier than the holder's end. ``test_commit_clock.py`` checks it.)
 
     The named rows are read in the statement's snapshot, taken before any wait
-    for the lock. That is enough: a commit that changed them in the meantime
-    also moved the root's version, which the lock returns as it is now, so the
-    pipeline finds a conflict and never uses them.
+    for the lock, while the lock returns the root as the last holder left it
+    (``READ COMMITTED`` follows the row to its newest version). ``fresh`` says
+    whether the snapshot saw that same revision of the root: only then are the
+    rows the held version's. Otherwise a commit moved the root meanwhile, and
+    a commit naming the version it wrote (a client that pipelines its commits
+    can know it) must not be judged on the rows from before it: the caller
+    reads them again, in a statement of their own.
     """
     sql = (
-        "WITH h AS MATERIALIZED (SELECT messages_next, runs_next, queued_next, doc, facts "
-        f"FROM {threads} WHERE scope_key = $1 AND thread_id = $2 FOR UPDATE) "
+        "WITH h AS MATERIALIZED (SELECT revision, messages_next, runs_next, queued_next, doc, "
+        f"facts FROM {threads} WHERE scope_key = $1 AND thread_id = $2 FOR UPDATE) "
         "SELECT NULL::text AS family, h.messages_next, h.runs_next, h.queued_next, h.doc, "
         "h.facts, date_trunc('milliseconds', clock_timestamp()) AS now, "
+        f"h.revision = (SELECT s.revision FROM {threads} AS s "
+        "WHERE s.scope_key = $1 AND s.thread_id = $2) AS fresh, "
         "NULL::bigint AS position, NULL::bytea AS id FROM h"
     )
     for n, (name, table, id_col) in enumerate(loads):
@@ -242,8 +248,8 @@ def hold_statement(threads: str, loads: HoldLoad = ()) -> str:
             "$3::bytea[]", f"${3 + n}::bytea[]"
         )
         sql += (
-            f" UNION ALL (SELECT '{name}', NULL, NULL, NULL, p.doc, NULL, NULL, p.position, p.id "
-            f"FROM h, LATERAL ({probe}) AS p)"
+            f" UNION ALL (SELECT '{name}', NULL, NULL, NULL, p.doc, NULL, NULL, NULL, "
+            f"p.position, p.id FROM h, LATERAL ({probe}) AS p)"
         )
     return sql
 
