@@ -164,9 +164,10 @@ class CommitTransaction(ABC):
 
         It may also return the rows the changes name (:func:`named_ids`) in
         :attr:`HeldThread.rows`; they must be the rows of the returned root's
-        version whenever that is the version the commit names (rows read
-        before a wait for the lock qualify: a commit that changed them moved
-        the version, and the pipeline then only reports the conflict).
+        version. Rows read before a wait for the lock are not, when the commit
+        waited for moved the root: a client that pipelines its commits can
+        name the version that commit wrote. Return ``rows=None`` then, and the
+        pipeline loads them.
         """
 
     @abstractmethod
