@@ -49,7 +49,7 @@ from pai_storage.backend import (
     timestamp_ms,
 )
 from pai_storage.errors import ThreadStoreInvariantError
-from pai_storage.models import CreateMutation
+from pai_storage.models import CreateMutation, DeleteMutation
 from pai_storage.root_facts import (
     NO_FACTS,
     FactsReader,
@@ -122,7 +122,8 @@ class _PgTransaction(_ThreadRows, CommitTransaction):
             return HeldThread(None)
         self._held_at = head["now"]
         root = self._parse_root(head["doc"])
-        self._previous_facts = _stored_facts(head["facts"], root)
+        if not isinstance(self.mutation, DeleteMutation):  # a delete needs no facts
+            self._previous_facts = _stored_facts(head["facts"], root)
         if not head["fresh"]:
             # The lock waited for a commit that moved the root: the named rows were
             # read before it, so the pipeline loads them again (load_rows).
