@@ -4,9 +4,9 @@ A backend reads records only through :func:`decode` (stored JSON text),
 :func:`decode_many` (a page of it), :func:`decode_document` (a decoded BSON or
 JSON document) and :func:`decode_plain_bson`, and writes them through
 :func:`encode`. Records are deeply immutable (:mod:`pai_storage.frozen`), so a
-record decoded (or encoded) once is shared by every later read of the same
-stored data: :data:`cache` keeps the records decoded and encoded last, by
-``(model, exact stored data)``, and hands out the record itself, never a copy.
+record decoded once is shared by every later read of the same stored data:
+:data:`cache` keeps the records decoded last, by ``(model, exact stored
+data)``, and hands out the record itself, never a copy.
 
 Stored data is validated by a second validator of each record model, compiled
 here once: every field check but the timestamps' becomes a pydantic-core
@@ -386,15 +386,8 @@ def json_form(record: BaseModel) -> dict[str, Any]:
 
 
 def encode(record: BaseModel) -> str:
-    """The JSON form of a record as compact text: what a backend stores.
-
-    The text decodes to this very record, so :data:`cache` keeps it: reading
-    back what this process wrote (the newest messages read right after they
-    were appended, the root the next commit holds) decodes nothing.
-    """
-    text = _json_form(type(record)).to_json(record, by_alias=True).decode()
-    cache.put(type(record), text, record)
-    return text
+    """The JSON form of a record as compact text: what a backend stores."""
+    return _json_form(type(record)).to_json(record, by_alias=True).decode()
 
 
 # ---------------------------------------------------------------- the cache
