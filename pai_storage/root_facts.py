@@ -231,14 +231,22 @@ class FactsReader:
 
 
 async def read_facts(reader: RelationshipReader) -> RootFacts:
-    """The thread's facts after the commit, through the commit's relationship reader."""
+    """The thread's facts after the commit, through the commit's relationship reader.
+
+    Each open run keeps only its rule-relevant messages (:func:`relevant_messages`),
+    so the facts stay small however many messages the run has.
+    """
     open_runs = await reader.open_runs()
     tail = await reader.tail()
     facts = await reader.run_facts([r.run_id for r in open_runs]) if open_runs else {}
     return RootFacts(
         tail,
         tuple(
-            OpenRunFacts(run, tuple(facts[run.run_id].messages), facts[run.run_id].foreign_inside)
+            OpenRunFacts(
+                run,
+                tuple(relevant_messages(list(facts[run.run_id].messages))),
+                facts[run.run_id].foreign_inside,
+            )
             for run in open_runs
         ),
     )

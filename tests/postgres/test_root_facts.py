@@ -123,3 +123,20 @@ async def test_malformed_facts_are_reported(
         await pg_conn.execute(f'UPDATE "{pg_schema}".pai_threads SET facts = $1', facts)
         with pytest.raises(ThreadStoreInvariantError, match="invalid stored thread"):
             await _commit(store, version, {"messages": [b.insert(b.message("m1"))]})
+
+
+async def test_facts_read_back_keep_only_the_rule_relevant_messages(
+    pg_schema: str, pg_conn: asyncpg.Connection
+) -> None:
+    """A commit that must query the children (a replacement) stores the open run's
+    input, first other and last message, not every message of the run."""
+    async with PostgresThreadStore(URL, schema=pg_schema) as store:
+        version = await _commit(store, None, _START)
+        for i in range(20):
+            answer = b.message(f"a{i}", "part", role="assistant", run_id="r1", relation="output")
+            version = await _commit(store, version, {"messages": [b.insert(answer)]})
+        edited = b.message("a19", "edited", role="assistant", run_id="r1", relation="output")
+        await _commit(store, version, {"messages": [b.replace(edited)]})
+    stored = await _facts(pg_conn, pg_schema)
+    (run,) = stored["facts"]["open"]
+    assert [m["messageId"] for m in run["messages"]] == ["u1", "a0", "a19"]
