@@ -20,10 +20,12 @@ form, the same on every backend.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .errors import ThreadStoreInvariantError
 from .models import InsertChange, ReplaceChange, ThreadChanges
 from .pipeline import RelationshipContext
 from .relationships import (
@@ -36,14 +38,19 @@ from .relationships import (
 
 __all__ = [
     "NO_FACTS",
+    "Derived",
     "FactsReader",
     "OpenRunFacts",
     "RootFacts",
+    "check_rules",
     "derive_facts",
+    "facts_after",
     "facts_follow",
     "facts_from_document",
+    "facts_text",
     "read_facts",
     "relevant_messages",
+    "stored_facts",
 ]
 
 
@@ -142,6 +149,10 @@ NO_FACTS = RootFacts(None, ())
 """The facts of a thread with no message and no open run (a create starts from them)."""
 
 
+Derived = tuple[RootFacts, dict[str, OpenRunFacts]]
+"""The facts after a commit and those of every run they know (:func:`derive_facts`)."""
+
+
 def relevant_messages(messages: list[MessageRef]) -> list[MessageRef]:
     """Input messages, the first other message and the last one, in position order."""
     other = next((m for m in messages if m.relation != "input"), None)
@@ -167,9 +178,7 @@ def facts_follow(changes: ThreadChanges | None) -> bool:
     return all(isinstance(c, InsertChange) for c in changes.messages or ())
 
 
-def derive_facts(
-    previous: RootFacts | None, context: RelationshipContext
-) -> tuple[RootFacts, dict[str, OpenRunFacts]] | None:
+def derive_facts(previous: RootFacts | None, context: RelationshipContext) -> Derived | None:
     """The facts after a commit, from the previous ones and its writes, when they follow.
 
     Returns the new facts and the facts of every run they know (see
@@ -252,6 +261,41 @@ async def read_facts(reader: RelationshipReader) -> RootFacts:
     )
 
 
+async def check_rules(
+    previous: RootFacts | None, context: RelationshipContext, reader: RelationshipReader
+) -> Derived | None:
+    """Check the relationship rules of a commit, from the root's facts where they follow.
+
+    ``previous`` are the facts stored with the held root (``None``: unknown),
+    ``reader`` the commit's relationship queries. When the facts follow from
+    ``previous`` and the commit's writes (:func:`derive_facts`) they answer the
+    rules' queries, and ``reader`` is asked only about runs they do not know;
+    otherwise ``reader`` answers. Returns the derived facts, if any (for
+    :func:`facts_after`).
+    """
+    derived = derive_facts(previous, context)
+    await context.check.check(FactsReader(*derived, reader) if derived is not None else reader)
+    return derived
+
+
+async def facts_after(
+    previous: RootFacts | None,
+    context: RelationshipContext,
+    reader: RelationshipReader,
+    derived: Derived | None,
+) -> RootFacts:
+    """The facts to store with a commit's root, once :func:`check_rules` passed.
+
+    The derived ones; the previous ones when no message or run changed; or
+    else read back through ``reader`` (:func:`read_facts`).
+    """
+    if derived is not None:
+        return derived[0]
+    if previous is not None and not context.check.check_tail:
+        return previous  # no message or run changed: nor did the facts
+    return await read_facts(reader)
+
+
 # ------------------------------------------------------------------ JSON form
 
 
@@ -324,3 +368,32 @@ def facts_from_document(value: Any) -> RootFacts:
     if type(value["open"]) is not list:
         raise TypeError
     return RootFacts(_parse_ref(value["tail"]), tuple(_parse_open(o) for o in value["open"]))
+
+
+def facts_text(facts: RootFacts, revision: int) -> str:
+    """The stored text of a root's facts, naming the revision of the root they belong to."""
+    return json.dumps({"revision": revision, "facts": facts.document()}, separators=(",", ":"))
+
+
+def stored_facts(text: str | None, revision: int) -> RootFacts | None:
+    """The facts of a root at ``revision`` from their stored text (:func:`facts_text`).
+
+    ``None`` when there are none, or they belong to another revision (a process
+    that does not keep them updated the root since). Raises
+    :class:`~pai_storage.errors.ThreadStoreInvariantError` when they are malformed.
+    """
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+        if type(value) is not dict or set(value) != {"revision", "facts"}:
+            raise TypeError
+        if type(value["revision"]) is not int:
+            raise TypeError
+        if value["revision"] != revision:
+            return None
+        return facts_from_document(value["facts"])
+    except (TypeError, ValueError, RecursionError):
+        raise ThreadStoreInvariantError(
+            "invalid stored thread: malformed relationship facts"
+        ) from None

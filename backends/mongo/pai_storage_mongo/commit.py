@@ -42,7 +42,7 @@ from pai_storage.models import (
     ThreadChanges,
     TruncateChange,
 )
-from pai_storage.root_facts import NO_FACTS, FactsReader, RootFacts, derive_facts, read_facts
+from pai_storage.root_facts import NO_FACTS, RootFacts, check_rules, facts_after
 
 from .documents import (
     SCHEMA_VERSION,
@@ -328,9 +328,7 @@ class MongoCommit(CommitTransaction):
         await self._store._col("threads").delete_one(self._key, session=self._session)
 
     def relationship_reader(self, context: RelationshipContext) -> RelationshipReader:
-        reader = self._reader(context)
-        derived = self._derive(context)
-        return FactsReader(*derived, reader) if derived is not None else reader
+        return self._reader(context)
 
     def _reader(self, context: RelationshipContext) -> Reader:
         inserted = context.writes["messages"].inserts
@@ -344,9 +342,6 @@ class MongoCommit(CommitTransaction):
             queue_unchanged=not changes.queued_items and not changes.runs,
         )
 
-    def _derive(self, context: RelationshipContext) -> tuple[RootFacts, dict[str, Any]] | None:
-        return derive_facts(self._previous_facts, context)
-
     async def check_relationships(self, context: RelationshipContext) -> None:
         """Check the rules, then write the root with the thread's facts after the commit.
 
@@ -357,17 +352,11 @@ class MongoCommit(CommitTransaction):
         ones derived here (they are, unless the prediction was wrong).
         """
         reader = self._reader(context)
-        derived = self._derive(context)
-        await context.check.check(FactsReader(*derived, reader) if derived is not None else reader)
+        derived = await check_rules(self._previous_facts, context, reader)
         if self._root is None:  # pragma: no cover - the pipeline writes the root first
             raise RuntimeError("the root was not written before the relationship check")
         root, next_positions = self._root
-        if derived is not None:
-            facts = derived[0]
-        elif self._previous_facts is not None and not context.check.check_tail:
-            facts = self._previous_facts  # no message or run changed: nor did the facts
-        else:
-            facts = await read_facts(reader)
+        facts = await facts_after(self._previous_facts, context, reader, derived)
         if self._stamp is not None:
             self._stamp.check_facts(facts)
             self._stored = self._stamp.written

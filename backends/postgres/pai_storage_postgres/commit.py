@@ -24,7 +24,6 @@ create wins or loses there) and then writes as an update does.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -48,15 +47,14 @@ from pai_storage.backend import (
     named_ids,
     timestamp_ms,
 )
-from pai_storage.errors import ThreadStoreInvariantError
 from pai_storage.models import CreateMutation, DeleteMutation
 from pai_storage.root_facts import (
     NO_FACTS,
-    FactsReader,
     RootFacts,
-    derive_facts,
-    facts_from_document,
-    read_facts,
+    check_rules,
+    facts_after,
+    facts_text,
+    stored_facts,
 )
 from pai_storage.rows import dec, enc, enc_opt
 
@@ -123,7 +121,7 @@ class _PgTransaction(_ThreadRows, CommitTransaction):
         self._held_at = head["now"]
         root = self._parse_root(head["doc"])
         if not isinstance(self.mutation, DeleteMutation):  # a delete needs no facts
-            self._previous_facts = _stored_facts(head["facts"], root)
+            self._previous_facts = stored_facts(head["facts"], root.version.revision)
         if not head["fresh"]:
             # The lock waited for a commit that moved the root: the named rows were
             # read before it, so the pipeline loads them again (load_rows).
@@ -176,11 +174,7 @@ class _PgTransaction(_ThreadRows, CommitTransaction):
         if self._root is None:  # pragma: no cover - the pipeline writes the root first
             raise RuntimeError("the root was not written before the commit's write")
         root, next_positions = self._root
-        stored = (
-            None
-            if facts is None
-            else json.dumps({"revision": root.version.revision, "facts": facts.document()})
-        )
+        stored = None if facts is None else facts_text(facts, root.version.revision)
         return [
             self._scope,
             self._thread,
@@ -224,26 +218,33 @@ class _PgTransaction(_ThreadRows, CommitTransaction):
                 thread,
                 [enc(i) for i in write.deletes],
             )
-        if write.updates:
-            cols = _columns(spec, list(write.updates.values()))
-            await conn.execute(table.update, scope, thread, *cols)
-        if write.inserts:
-            cols = _columns(spec, write.inserts)
-            await conn.execute(table.insert, scope, thread, *cols)
+        await self._send_rows(spec, write)
         return truncated
+
+    def _row_writes(
+        self, spec: FamilySpec, write: FamilyWrite[Any]
+    ) -> list[tuple[_Table, bool, list[list[Any]]]]:
+        """A family write's replacements and inserts: ``(table, replace, column arrays)``."""
+        table = self._families[spec.name]
+        parts = []
+        if write.updates:
+            parts.append((table, True, _columns(spec, list(write.updates.values()))))
+        if write.inserts:
+            parts.append((table, False, _columns(spec, write.inserts)))
+        return parts
+
+    async def _send_rows(self, spec: FamilySpec, write: FamilyWrite[Any]) -> None:
+        """Write a family's replacements and inserts, a statement each."""
+        for table, replace, cols in self._row_writes(spec, write):
+            sql = table.update if replace else table.insert
+            await self._conn.execute(sql, self._scope, self._thread, *cols)
 
     async def _send_held_back(self) -> None:
         """Write the held-back replacements and inserts now (a relationship query
         must see them)."""
         pending, self._held_back = self._held_back, None
         for name, write in (pending or {}).items():
-            spec, table = family(name), self._families[name]
-            if write.updates:
-                cols = _columns(spec, list(write.updates.values()))
-                await self._conn.execute(table.update, self._scope, self._thread, *cols)
-            if write.inserts:
-                cols = _columns(spec, write.inserts)
-                await self._conn.execute(table.insert, self._scope, self._thread, *cols)
+            await self._send_rows(family(name), write)
 
     async def delete_thread(self) -> None:
         t = self._tables
@@ -267,29 +268,17 @@ class _PgTransaction(_ThreadRows, CommitTransaction):
         the family writes not yet sent and the notification.
         """
         reader = self.relationship_reader(context)
-        derived = derive_facts(self._previous_facts, context)
-        await context.check.check(FactsReader(*derived, reader) if derived else reader)
-        facts: RootFacts | None
-        if derived is not None:
-            facts = derived[0]
-        elif self._previous_facts is not None and not context.check.check_tail:
-            facts = self._previous_facts  # no message or run changed: nor did the facts
-        else:
-            facts = await read_facts(reader)
-        await self._write(facts)
+        derived = await check_rules(self._previous_facts, context, reader)
+        await self._write(await facts_after(self._previous_facts, context, reader, derived))
 
     async def _write(self, facts: RootFacts) -> None:
         pending, self._held_back = self._held_back or {}, None
         writes: list[tuple[_Table, bool]] = []
         columns: list[list[Any]] = []
         for name, write in pending.items():
-            spec, table = family(name), self._families[name]
-            if write.updates:
-                writes.append((table, True))
-                columns.extend(_columns(spec, list(write.updates.values())))
-            if write.inserts:
-                writes.append((table, False))
-                columns.extend(_columns(spec, write.inserts))
+            for table, replace, cols in self._row_writes(family(name), write):
+                writes.append((table, replace))
+                columns.extend(cols)
         args = self._root_args(facts)
         notice = self.notice
         if notice is not None:
@@ -318,19 +307,3 @@ class _SendingReader:
     async def tail(self) -> MessageRef | None:
         await self._tx._send_held_back()
         return await self._reader.tail()
-
-
-def _stored_facts(text: str | None, root: ThreadRecord) -> RootFacts | None:
-    """The facts stored with ``root``: ``None`` when there are none, or they belong to
-    another revision (a process that does not keep them updated the root)."""
-    if text is None:
-        return None
-    try:
-        stored = json.loads(text)
-        if type(stored) is not dict or set(stored) != {"revision", "facts"}:
-            raise TypeError
-        if stored["revision"] != root.version.revision:
-            return None
-        return facts_from_document(stored["facts"])
-    except (TypeError, ValueError):
-        raise ThreadStoreInvariantError("invalid stored thread: malformed facts") from None

@@ -24,7 +24,6 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, cast
 
-from pydantic_core import from_json, to_json
 from sqlalchemy import bindparam, delete, func, insert, select, update
 
 from pai_storage import (
@@ -51,11 +50,11 @@ from pai_storage.errors import ThreadStoreInvariantError
 from pai_storage.models import CreateMutation
 from pai_storage.root_facts import (
     NO_FACTS,
-    FactsReader,
     RootFacts,
-    derive_facts,
-    facts_from_document,
-    read_facts,
+    check_rules,
+    facts_after,
+    facts_text,
+    stored_facts,
 )
 from pai_storage.rows import dec, enc
 
@@ -312,17 +311,12 @@ class _Transaction(_ThreadRows, CommitTransaction):
         changed (else the stored ones still hold).
         """
         reader = self.relationship_reader(context)
-        derived = derive_facts(self._previous_facts, context)
-        await context.check.check(FactsReader(*derived, reader) if derived is not None else reader)
+        previous = self._previous_facts
+        derived = await check_rules(previous, context, reader)
         values = self._update
         if values is None:  # a create: its root is written already
             return
-        if derived is not None:
-            facts = derived[0]
-        elif self._previous_facts is not None and not context.check.check_tail:
-            facts = self._previous_facts  # no message or run changed: nor did the facts
-        else:
-            facts = await read_facts(reader)
+        facts = await facts_after(previous, context, reader, derived)
         values["facts"] = facts_text(facts, values["revision"])
         t = self._t.threads
         names = list(values)
@@ -341,34 +335,6 @@ class _Transaction(_ThreadRows, CommitTransaction):
 def _no_records(mutation: CreateMutation) -> bool:
     changes = mutation.changes
     return changes is None or not (changes.messages or changes.runs or changes.queued_items)
-
-
-def facts_text(facts: RootFacts, revision: int) -> str:
-    """The ``facts`` column: the facts with the revision of the root they belong to."""
-    return to_json({"revision": revision, "facts": facts.document()}).decode()
-
-
-def stored_facts(text: str | None, revision: int) -> RootFacts | None:
-    """The facts of a root at ``revision``: ``None`` when there are none or they
-    belong to another revision (a root written without them since).
-
-    Raises :class:`ThreadStoreInvariantError` when they are malformed.
-    """
-    if text is None:
-        return None
-    try:
-        value = from_json(text)
-        if type(value) is not dict or set(value) != {"revision", "facts"}:
-            raise TypeError
-        if type(value["revision"]) is not int:
-            raise TypeError
-        if value["revision"] != revision:
-            return None
-        return facts_from_document(value["facts"])
-    except (TypeError, ValueError):
-        raise ThreadStoreInvariantError(
-            "invalid stored thread: malformed relationship facts"
-        ) from None
 
 
 STATEMENT_OVERHEAD = 64 * 1024
