@@ -187,8 +187,9 @@ def fork_statements(tables: Tables) -> ForkStatements:
 
 
 @functools.lru_cache(maxsize=64)
-def by_keys(table: str, column: str, select: str) -> str:
-    """Rows of one thread whose ``column`` is in the ``$3`` array, one index probe per key.
+def by_keys(table: str, column: str, select: str, keys: int = 3) -> str:
+    """Rows of one thread whose ``column`` is in the ``$<keys>`` array (``$3`` unless
+    told), one index probe per key.
 
     A ``LATERAL`` probe per key rather than ``= ANY($3)`` or a plain join: a
     generic plan believes a thread holds a handful of rows (the average), and
@@ -199,7 +200,7 @@ def by_keys(table: str, column: str, select: str) -> str:
     if column == "run_id":
         where += " AND run_id IS NOT NULL"
     return (
-        f"SELECT {select} FROM unnest($3::bytea[]) AS k(id) "
+        f"SELECT {select} FROM unnest(${keys}::bytea[]) AS k(id) "
         # OFFSET 0 keeps the subquery from being pulled up into a join: it runs
         # once per key, as an equality probe of the (scope, thread, key) index.
         f"CROSS JOIN LATERAL (SELECT {cols} FROM {table} WHERE {where} OFFSET 0) AS t"
@@ -244,9 +245,7 @@ def hold_statement(threads: str, loads: HoldLoad = ()) -> str:
         "NULL::bigint AS position, NULL::bytea AS id FROM h"
     )
     for n, (name, table, id_col) in enumerate(loads):
-        probe = by_keys(table, id_col, f"t.position, t.{id_col} AS id, t.doc").replace(
-            "$3::bytea[]", f"${3 + n}::bytea[]"
-        )
+        probe = by_keys(table, id_col, f"t.position, t.{id_col} AS id, t.doc", 3 + n)
         sql += (
             f" UNION ALL (SELECT '{name}', NULL, NULL, NULL, p.doc, NULL, NULL, NULL, "
             f"p.position, p.id FROM h, LATERAL ({probe}) AS p)"
