@@ -108,10 +108,7 @@ class _Example:
         return b.message(mid, f"text {mid}", role=role, run_id=run_id, relation=relation)  # type: ignore[arg-type]
 
     def run_draft(self, run: Any, **changes: Any) -> dict[str, Any]:
-        data = run.to_json()
-        for stamped in ("createdAt", "updatedAt", "finishedAt"):
-            data.pop(stamped, None)
-        data["admission"].pop("admittedAt", None)
+        data = run.to_draft().to_json()
         for key, value in changes.items():
             if key == "admitted":
                 data["admission"]["admitted"] = value

@@ -79,13 +79,18 @@ async def counted(sqlite_target: Target) -> AsyncIterator[tuple[SqlThreadStore, 
     async with sqlite_target.store() as store:
         await _create(store, "warm-up")  # the writer connection is held from here on
         held = (await store.client.ready()).held_writer
-        assert held is not None
-        assert len(held.idle) == 1
-        raw = (await held.idle[0].get_raw_connection()).driver_connection
-        assert raw is not None
-        async with raw.cursor() as cursor:
-            cursor.connection.set_trace_callback(statements.log)
+        await _trace(held, statements)
         yield store, statements
+
+
+async def _trace(held: Any, statements: Statements) -> None:
+    """Trace every statement of ``held``, a pool holding its one connection."""
+    assert held is not None
+    assert len(held.idle) == 1
+    raw = (await held.idle[0].get_raw_connection()).driver_connection
+    assert raw is not None
+    async with raw.cursor() as cursor:
+        cursor.connection.set_trace_callback(statements.log)
 
 
 async def _create(store: SqlThreadStore, thread_id: str) -> ThreadVersion:
@@ -225,12 +230,7 @@ async def reads_counted(sqlite_target: Target) -> AsyncIterator[tuple[SqlThreadS
         await _create(store, "warm-up")
         await store.read_thread(b.read("s", "warm-up"))  # the reader is held from here on
         held = (await store.client.ready()).held_reader
-        assert held is not None
-        assert len(held.idle) == 1
-        raw = (await held.idle[0].get_raw_connection()).driver_connection
-        assert raw is not None
-        async with raw.cursor() as cursor:
-            cursor.connection.set_trace_callback(statements.log)
+        await _trace(held, statements)
         yield store, statements
 
 
