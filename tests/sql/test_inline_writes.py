@@ -3,8 +3,9 @@
 On SQLite engines the client made, ``SqlClient.run_write`` runs ``BEGIN
 IMMEDIATE``, the commit pipeline's statements and ``COMMIT`` in one call to the
 writer's thread (see docs/sql.md) instead of one trip between threads per
-statement, and ``run_read`` a read snapshot in one call to a reader's. These
-tests pin what that must keep: one trip per operation, every statement still
+statement; ``run_read`` runs a read whole on the event loop, with no trip to
+a thread, unless it finds the database locked. These tests pin what that must
+keep: one trip per operation (none for a read), every statement still
 seen by the engine's ``before_cursor_execute`` listeners, a body that would
 wait is refused and rolled back, warnings reach ``on_warning`` on the event
 loop, a failed ``COMMIT`` is an unknown outcome, a cancelled commit leaves
@@ -16,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import threading
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiosqlite
@@ -112,6 +114,86 @@ async def test_a_commit_is_one_trip_to_the_database_thread(
         assert [m.message_id for m in read.messages.items] == ["u1", "a1"]
 
 
+async def test_a_read_runs_on_the_event_loop(sqlite_target: Target, trips: list[str]) -> None:
+    async with sqlite_target.store() as store:
+        created = await store.commit_thread(b.create("s", "t"))
+        assert isinstance(created, CommittedResult)
+        assert created.thread is not None
+        await store.commit_thread(
+            b.update_at("s", "t", created.thread.version, _turn(1), root=b.root())
+        )
+        await store.read_thread(b.read("s", "t"))  # the reader connection is open
+        engine = (await store.client.ready()).reader
+        threads: list[threading.Thread] = []
+
+        def before(*_: Any) -> None:
+            threads.append(threading.current_thread())
+
+        event.listen(engine.sync_engine, "before_cursor_execute", before)
+        try:
+            trips.clear()
+            newest = {"type": "page", "view": "transcript", "order": "newest", "page": {"limit": 1}}
+            read = await store.read_thread(b.read("s", "t", messages=newest))
+            listed = await store.list_threads({"scopeKey": "s", "limit": 10})
+            assert read.messages is not None
+            assert read.messages.next_page_token is not None
+            paged = {**newest, "page": {"limit": 1, "pageToken": read.messages.next_page_token}}
+            older = await store.read_thread(b.read("s", "t", messages=paged))  # in a snapshot
+        finally:
+            event.remove(engine.sync_engine, "before_cursor_execute", before)
+        assert trips == []  # no trip to a database thread
+        assert threads
+        assert set(threads) == {threading.current_thread()}
+        assert [m.message_id for m in read.messages.items] == ["a1"]
+        assert older.messages is not None
+        assert [m.message_id for m in older.messages.items] == ["u1"]
+        assert [t.thread_id for t in listed.items] == ["t"]
+
+
+async def test_a_read_that_finds_the_database_locked_waits_in_the_thread(
+    sqlite_target: Target, trips: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A held reader connection never waits for a lock on the event loop
+    (``busy_timeout`` 0); a read that finds the database locked there runs
+    again in the thread, waiting up to the client's ``busy_timeout``.
+
+    A WAL reader finds the database locked only while SQLite recovers the
+    log or another connection holds it in exclusive locking mode, which it
+    cannot take while this store's connections are open: the lock is
+    simulated by the first call on the loop raising :class:`Busy` from a
+    real ``SQLITE_BUSY`` error.
+    """
+    from pai_storage_sql import sqlite_thread
+
+    async with sqlite_target.store(busy_timeout=2.5) as store:
+        await store.commit_thread(b.create("s", "t"))
+
+        async def busy_timeout(op: Operation) -> int:
+            rows = await op.driver.execute_fetchall("PRAGMA busy_timeout", ())
+            return int(rows[0][0])
+
+        assert await store.client.run_read(busy_timeout) == 0  # on the loop: never waits
+        original = sqlite_thread.at_once
+        calls: list[bool] = []
+
+        def locked_once(*args: Any) -> Any:
+            calls.append(True)
+            if len(calls) == 1:
+                error = sqlite3.OperationalError("database is locked")
+                error.sqlite_errorcode = sqlite3.SQLITE_BUSY  # type: ignore[attr-defined]
+                raise sqlite_thread.Busy from error
+            return original(*args)
+
+        monkeypatch.setattr(sqlite_thread, "at_once", locked_once)
+        trips.clear()
+        assert await store.client.run_read(busy_timeout) == 2500  # waited in the thread
+        assert trips == ["operation"]
+        assert await store.client.run_read(busy_timeout) == 0  # back on the loop
+        assert trips == ["operation"]
+        read = await store.read_thread(b.read("s", "t"))
+        assert read.thread is not None
+
+
 async def test_a_body_that_waits_is_refused_and_rolled_back(sqlite_target: Target) -> None:
     async with sqlite_target.store() as store:
         await store.commit_thread(b.create("s", "t"))
@@ -144,19 +226,25 @@ async def test_warnings_reach_on_warning_on_the_event_loop(
             await asyncio.sleep(0)  # a callback that waits: only on the loop
             got.append((warning.reason, threading.current_thread()))
 
-        async def body(op: Operation) -> int:
-            assert op.inline
-            assert threading.current_thread() is not loop_thread
-            for reason in ("first", "second"):
-                await emit_warning(on_warning, StoreWarning("invalid_record", reason))
-            assert got == []  # kept, not delivered, in the database thread
-            rows = await op.driver.execute_fetchall("SELECT 1", ())
-            return int(rows[0][0])
+        def body(in_loop: bool) -> Callable[[Operation], Awaitable[int]]:
+            async def run(op: Operation) -> int:
+                assert op.inline
+                assert (threading.current_thread() is loop_thread) is in_loop
+                for reason in ("first", "second"):
+                    await emit_warning(on_warning, StoreWarning("invalid_record", reason))
+                assert got == []  # kept, not delivered, until the operation has ended
+                rows = await op.driver.execute_fetchall("SELECT 1", ())
+                return int(rows[0][0])
+
+            return run
 
         await store.read_thread(b.read("s", "t"))  # the reader connection is open
         trips.clear()
-        assert await store.client.run_read(body) == 1
+        assert await store.client.run_write(body(in_loop=False)) == 1  # the database thread
         assert len(trips) == 1
+        assert got == [("first", loop_thread), ("second", loop_thread)]
+        got.clear()
+        assert await store.client.run_read(body(in_loop=True)) == 1  # a read: on the loop
         assert got == [("first", loop_thread), ("second", loop_thread)]
 
         async def failing(op: Operation) -> None:

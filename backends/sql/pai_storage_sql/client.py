@@ -98,6 +98,7 @@ from .operation import Operation, Statement
 from .schema import DEFAULT_PREFIX, SCHEMA_VERSION, Tables, prepare_schema
 from .sqlite_thread import (
     SQLITE3_KEY,
+    Busy,
     CommitFailed,
     InlineDriver,
     call_failure,
@@ -479,26 +480,26 @@ class SqlClient(SharedClient[Engines]):
         body: Callable[[Operation], Awaitable[T]],
         *,
         snapshot: bool = True,
-        in_thread: bool = True,
     ) -> T:
-        """``await body(op)`` in one read snapshot (see :meth:`read`), in the reader
-        connection's database thread as one call where :meth:`run_write` runs a
-        write in one. ``in_thread=False`` runs it statement by statement (for a
-        read of one statement, that one trip is all)."""
-        return await self._run(False, snapshot, body, in_thread)
+        """``await body(op)`` in one read snapshot (see :meth:`read`).
 
-    async def _run(
-        self,
-        write: bool,
-        begin: bool,
-        body: Callable[[Operation], Awaitable[T]],
-        in_thread: bool = True,
-    ) -> T:
+        On SQLite engines the client made, the whole read (``BEGIN``, ``body``'s
+        statements, ``ROLLBACK``) runs as one call on the event loop, on a
+        reader connection's ``sqlite3`` connection, under the rules of
+        :meth:`run_write`'s ``body``. That connection never waits for a lock
+        there: a read that finds the database locked (SQLite recovering its
+        write-ahead log, or another connection in exclusive locking mode) runs
+        again in a thread of the client's executor, waiting up to
+        ``busy_timeout``. Elsewhere it runs in :meth:`read`.
+        """
+        return await self._run(False, snapshot, body)
+
+    async def _run(self, write: bool, begin: bool, body: Callable[[Operation], Awaitable[T]]) -> T:
         engines = self._made
         if engines is None or self._closed:
             engines = await self._ready()
         executor = engines.executor
-        if not in_thread or executor is None:
+        if executor is None:
             async with self._operation(write, begin) as op:
                 return await body(op)
         held: HeldWarnings = []
@@ -509,15 +510,36 @@ class SqlClient(SharedClient[Engines]):
         try:
             op = await self._checkout(engines, write)
             inline = Operation(op.conn, InlineDriver(sqlite3_of(op)), True, op.held)
+            wait_ms = None
+            if not write:
+                try:
+                    with self.errors("read"):
+                        result: T = sqlite_thread.at_once(inline, begin, body, held)
+                except Busy:
+                    wait_ms = int(self.busy_timeout * 1000)
+                except BaseException as exc:
+                    await self._failed(op, exc)
+                    raise
+                else:
+                    await self._checkin(op, reuse=True)
+                    return result
             # The connection is this operation's: its aiosqlite thread is idle
             # while a thread of the executor runs the whole operation on it.
             call = asyncio.get_running_loop().run_in_executor(
-                executor, sqlite_thread.in_thread, inline, write, begin, body, held, abandoned
+                executor,
+                sqlite_thread.in_thread,
+                inline,
+                write,
+                begin,
+                body,
+                held,
+                abandoned,
+                wait_ms,
             )
             try:
                 try:
                     with self.errors("write" if write else "read"):
-                        result: T = await asyncio.shield(call)
+                        result = await asyncio.shield(call)
                 except CommitFailed as failed:
                     with self.errors("commit"):
                         raise failed.error from None
@@ -593,7 +615,7 @@ class SqlClient(SharedClient[Engines]):
         if held is not None and SQLITE3_KEY not in pool_info(op):
             try:
                 with self.errors("connect"):
-                    await find_sqlite3(op)
+                    await find_sqlite3(op, reader=held is not engines.held_writer)
             except BaseException as exc:
                 await self._failed(op, exc)
                 raise

@@ -1,10 +1,14 @@
-"""How a SQLite operation runs whole in a thread of the client's own executor.
+"""How a SQLite operation runs whole in one call on its ``sqlite3`` connection.
 
 On SQLite engines the client made, :meth:`SqlClient.run_write
-<pai_storage_sql.client.SqlClient.run_write>` and ``run_read`` hand a whole
-operation (``BEGIN``, the body's statements, ``COMMIT`` or ``ROLLBACK``) to
-:func:`in_thread`, which runs it in one call on the connection's ``sqlite3``
-connection through :class:`InlineDriver`.
+<pai_storage_sql.client.SqlClient.run_write>` hands a whole write (``BEGIN
+IMMEDIATE``, the body's statements, ``COMMIT``) to :func:`in_thread`, which
+runs it in one call in a thread of the client's executor, on the
+connection's ``sqlite3`` connection through :class:`InlineDriver`.
+``run_read`` runs a whole read (:func:`at_once`) the same way but on the
+event loop: a reader connection never waits for a lock there (its
+``busy_timeout`` is :data:`NEVER_WAIT`), and a read that finds the
+database locked (:class:`Busy`) runs again in the thread, where it waits.
 
 Invariants: the ``sqlite3`` connection is found once per connection, through
 aiosqlite's public ``Cursor.connection``, and kept in SQLAlchemy's pool
@@ -35,10 +39,13 @@ if TYPE_CHECKING:
     from .operation import Operation
 
 __all__ = [
+    "NEVER_WAIT",
     "SQLITE3_KEY",
     "Abandoned",
+    "Busy",
     "CommitFailed",
     "InlineDriver",
+    "at_once",
     "call_failure",
     "find_sqlite3",
     "in_thread",
@@ -53,10 +60,11 @@ T = TypeVar("T")
 
 class InlineDriver:
     """aiosqlite's connection as :class:`Operation` and :class:`CoreConnection`
-    use it, over its ``sqlite3`` connection, inside the database thread.
+    use it, over its ``sqlite3`` connection, in the call that runs a whole
+    operation (:func:`in_thread`, :func:`at_once`).
 
-    For :meth:`SqlClient.run_write`: every method is a coroutine that runs its
-    statement at once and never suspends.
+    Every method is a coroutine that runs its statement at once and never
+    suspends.
     """
 
     __slots__ = ("_raw",)
@@ -106,10 +114,13 @@ def pool_info(op: Operation) -> dict[Any, Any]:
     return op.conn.sync_connection.connection.info  # type: ignore[union-attr]
 
 
-async def find_sqlite3(op: Operation) -> None:
+async def find_sqlite3(op: Operation, *, reader: bool) -> None:
     """Keep the ``sqlite3`` connection under ``op``'s aiosqlite connection in its
-    pool ``info`` (aiosqlite's ``Cursor.connection``), once per connection."""
+    pool ``info`` (aiosqlite's ``Cursor.connection``), once per connection; a
+    ``reader``'s then never waits for a lock (:data:`NEVER_WAIT`)."""
     async with op.driver.cursor() as cursor:
+        if reader:
+            await cursor.execute(f"PRAGMA busy_timeout={NEVER_WAIT}")
         pool_info(op)[SQLITE3_KEY] = cursor.connection
 
 
@@ -143,6 +154,40 @@ def call_failure(call: asyncio.Future[Any]) -> BaseException:
     return failure if failure is not None and is_driver_failure(failure) else Abandoned()
 
 
+NEVER_WAIT = 0
+"""The ``busy_timeout`` of a held reader connection: a read on the event loop
+never waits for a lock."""
+
+
+class Busy(Exception):
+    """A read on the event loop found the database locked by another
+    connection (SQLite recovering its write-ahead log, or a connection in
+    exclusive locking mode): it is run again in the thread, where it waits."""
+
+
+def at_once(
+    op: Operation, begin: bool, body: Callable[[Operation], Awaitable[T]], held: HeldWarnings
+) -> T:
+    """A read around ``body`` in one call on the event loop (see
+    :meth:`SqlClient.run_read`); :class:`Busy` if the database is locked.
+
+    In WAL mode a reader does not wait for writers, and a bounded read's
+    statements cost what decoding its rows on the loop does, so the trip to a
+    thread and back (about 0.1 ms) would cost more than the statements.
+    """
+    try:
+        with holding_warnings(held):
+            return run_sync(_transaction(op, False, begin, body, _NOT_ABANDONED))
+    except sqlite3.OperationalError as exc:
+        if exc.sqlite_errorcode & 0xFF == sqlite3.SQLITE_BUSY:
+            raise Busy from exc
+        raise
+
+
+_NOT_ABANDONED = threading.Event()
+"""Never set: a call on the event loop cannot be abandoned half-way."""
+
+
 def in_thread(
     op: Operation,
     write: bool,
@@ -150,15 +195,25 @@ def in_thread(
     body: Callable[[Operation], Awaitable[T]],
     held: HeldWarnings,
     abandoned: threading.Event,
+    wait_ms: int | None = None,
 ) -> T:
     """One operation around ``body``, run in the database thread (see
     :meth:`SqlClient.run_write`): its warnings are kept in ``held``; once
     ``abandoned`` is set (its caller was cancelled) it is not begun, and a
-    write not yet committing is rolled back."""
+    write not yet committing is rolled back. ``wait_ms``: the operation is a
+    read that found the database locked on the event loop, and waits up to
+    that long for the lock here (its connection's ``busy_timeout`` is
+    :data:`NEVER_WAIT` again afterwards)."""
     if abandoned.is_set():
         raise Abandoned
     with holding_warnings(held):
-        return run_sync(_transaction(op, write, begin, body, abandoned))
+        if wait_ms is None:
+            return run_sync(_transaction(op, write, begin, body, abandoned))
+        run_sync(op.run_text(f"PRAGMA busy_timeout={wait_ms}"))
+        try:
+            return run_sync(_transaction(op, write, begin, body, abandoned))
+        finally:
+            run_sync(op.run_text(f"PRAGMA busy_timeout={NEVER_WAIT}"))
 
 
 async def _transaction(

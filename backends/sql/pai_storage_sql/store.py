@@ -185,15 +185,14 @@ class SqlThreadStore(ThreadStore):
             snapshot.combined = combined
             return await run_read(snapshot, plan, clock_now=self.now())
 
-        # Statement by statement: a read is one or a few statements.
-        return await self._client.run_read(read, snapshot=paged and not combined, in_thread=False)
+        return await self._client.run_read(read, snapshot=paged and not combined)
 
     # ------------------------------------------------------------ listing
 
     async def _list_threads(self, request: ListThreadsInput) -> Page[ThreadRecord]:
         plan = self.selections.plan_list(request)
         return await self._client.run_read(
-            lambda op: self._list(op, plan), snapshot=plan.include_hidden, in_thread=False
+            lambda op: self._list(op, plan), snapshot=plan.include_hidden
         )
 
     def _ord(self, thread_id: bytes) -> bytes:
