@@ -60,10 +60,12 @@ async def versus(
 
         def turn_call(label: str) -> Call:
             peer, _, conv = lanes[label]
+            # Made before the timing: the text generator is not part of a turn.
+            messages = [turn_messages(conv, number) for number in range(turns + window)]
 
             async def call() -> None:
                 number = done[label]
-                user, reply = turn_messages(conv, number)
+                user, reply = messages[number]
                 await peer.turn(conv, number, user, reply)
                 done[label] = number + 1
 
