@@ -138,7 +138,7 @@ async def test_a_read_runs_on_the_event_loop(sqlite_target: Target, trips: list[
             assert read.messages is not None
             assert read.messages.next_page_token is not None
             paged = {**newest, "page": {"limit": 1, "pageToken": read.messages.next_page_token}}
-            older = await store.read_thread(b.read("s", "t", messages=paged))  # in a snapshot
+            older = await store.read_thread(b.read("s", "t", messages=paged))
         finally:
             event.remove(engine.sync_engine, "before_cursor_execute", before)
         assert trips == []  # no trip to a database thread
@@ -150,48 +150,78 @@ async def test_a_read_runs_on_the_event_loop(sqlite_target: Target, trips: list[
         assert [t.thread_id for t in listed.items] == ["t"]
 
 
-async def test_a_read_that_finds_the_database_locked_waits_in_the_thread(
-    sqlite_target: Target, trips: list[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A held reader connection never waits for a lock on the event loop
-    (``busy_timeout`` 0); a read that finds the database locked there runs
-    again in the thread, waiting up to the client's ``busy_timeout``.
+@pytest.fixture
+def locked_once(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Arm (append ``True``) to have the next statement run on the event loop
+    (after its ``BEGIN``, if any) fail as SQLite does when another connection
+    holds the lock it needs.
 
-    A WAL reader finds the database locked only while SQLite recovers the
-    log or another connection holds it in exclusive locking mode, which it
-    cannot take while this store's connections are open: the lock is
-    simulated by the first call on the loop raising :class:`Busy` from a
-    real ``SQLITE_BUSY`` error.
+    A WAL reader finds the database locked only while SQLite recovers the log
+    or another connection holds it in exclusive locking mode, which it cannot
+    take while the store's connections are open: the error is raised here,
+    with SQLite's code, where the driver would raise it.
     """
-    from pai_storage_sql import sqlite_thread
+    armed: list[bool] = []
+    loop_thread = threading.current_thread()
+    original = InlineDriver.execute_fetchall
 
+    async def execute_fetchall(self: InlineDriver, sql: str, args: Any) -> list[Any]:
+        if armed and threading.current_thread() is loop_thread and not sql.startswith("BEGIN"):
+            armed.clear()
+            error = sqlite3.OperationalError("database is locked")
+            error.sqlite_errorcode = sqlite3.SQLITE_BUSY  # type: ignore[attr-defined]
+            raise error
+        return await original(self, sql, args)
+
+    monkeypatch.setattr(InlineDriver, "execute_fetchall", execute_fetchall)
+    return armed
+
+
+async def test_a_read_that_finds_the_database_locked_runs_again_in_the_thread(
+    sqlite_target: Target, trips: list[str], locked_once: list[bool]
+) -> None:
+    """A read on the event loop never waits for a lock (``busy_timeout`` 0);
+    one that finds the database locked is rolled back and runs again in the
+    thread, waiting up to the client's ``busy_timeout``; the connection keeps
+    that ``busy_timeout`` outside reads on the loop."""
     async with sqlite_target.store(busy_timeout=2.5) as store:
         await store.commit_thread(b.create("s", "t"))
+        loop_thread = threading.current_thread()
+        got: list[str] = []
 
-        async def busy_timeout(op: Operation) -> int:
+        async def on_warning(warning: StoreWarning) -> None:
+            got.append(warning.reason)
+
+        async def busy_timeout(op: Operation) -> tuple[int, bool]:
+            await emit_warning(on_warning, StoreWarning("invalid_record", "read"))
             rows = await op.driver.execute_fetchall("PRAGMA busy_timeout", ())
-            return int(rows[0][0])
+            return int(rows[0][0]), threading.current_thread() is loop_thread
 
-        assert await store.client.run_read(busy_timeout) == 0  # on the loop: never waits
-        original = sqlite_thread.at_once
-        calls: list[bool] = []
-
-        def locked_once(*args: Any) -> Any:
-            calls.append(True)
-            if len(calls) == 1:
-                error = sqlite3.OperationalError("database is locked")
-                error.sqlite_errorcode = sqlite3.SQLITE_BUSY  # type: ignore[attr-defined]
-                raise sqlite_thread.Busy from error
-            return original(*args)
-
-        monkeypatch.setattr(sqlite_thread, "at_once", locked_once)
+        await store.read_thread(b.read("s", "t"))  # the reader connection is open
         trips.clear()
-        assert await store.client.run_read(busy_timeout) == 2500  # waited in the thread
-        assert trips == ["operation"]
-        assert await store.client.run_read(busy_timeout) == 0  # back on the loop
-        assert trips == ["operation"]
+        assert await store.client.run_read(busy_timeout) == (0, True)  # on the loop
+        assert trips == []
+        for call in (
+            lambda: store.client.run_read(busy_timeout),
+            lambda: store.read_thread(b.read("s", "t")),
+            lambda: store.list_threads({"scopeKey": "s", "limit": 10}),
+        ):
+            got.clear()
+            trips.clear()
+            locked_once.append(True)
+            result = await call()
+            assert not locked_once  # the lock was met on the loop
+            assert trips == ["operation"]  # then the read ran in the thread
+            if isinstance(result, tuple):
+                assert result == (2500, False)  # waiting up to busy_timeout there
+                assert got == ["read"]  # the attempt on the loop was rolled back
         read = await store.read_thread(b.read("s", "t"))
         assert read.thread is not None
+        listed = await store.list_threads({"scopeKey": "s", "limit": 10})
+        assert [t.thread_id for t in listed.items] == ["t"]
+        async with store.client.reading() as op:  # statement by statement
+            rows = await op.driver.execute_fetchall("PRAGMA busy_timeout", ())
+        assert rows[0][0] == 2500
 
 
 async def test_a_body_that_waits_is_refused_and_rolled_back(sqlite_target: Target) -> None:

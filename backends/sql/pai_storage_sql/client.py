@@ -486,11 +486,12 @@ class SqlClient(SharedClient[Engines]):
         On SQLite engines the client made, the whole read (``BEGIN``, ``body``'s
         statements, ``ROLLBACK``) runs as one call on the event loop, on a
         reader connection's ``sqlite3`` connection, under the rules of
-        :meth:`run_write`'s ``body``. That connection never waits for a lock
-        there: a read that finds the database locked (SQLite recovering its
-        write-ahead log, or another connection in exclusive locking mode) runs
-        again in a thread of the client's executor, waiting up to
-        ``busy_timeout``. Elsewhere it runs in :meth:`read`.
+        :meth:`run_write`'s ``body``. It never waits for a lock there
+        (``busy_timeout`` 0 for the call): a read that finds the database
+        locked (SQLite recovering its write-ahead log, or another connection
+        in exclusive locking mode) is rolled back and runs again in a thread
+        of the client's executor, waiting up to ``busy_timeout``. Elsewhere it
+        runs in :meth:`read`.
         """
         return await self._run(False, snapshot, body)
 
@@ -510,13 +511,13 @@ class SqlClient(SharedClient[Engines]):
         try:
             op = await self._checkout(engines, write)
             inline = Operation(op.conn, InlineDriver(sqlite3_of(op)), True, op.held)
-            wait_ms = None
             if not write:
+                busy_ms = int(self.busy_timeout * 1000)
                 try:
                     with self.errors("read"):
-                        result: T = sqlite_thread.at_once(inline, begin, body, held)
+                        result: T = sqlite_thread.at_once(inline, begin, body, held, busy_ms)
                 except Busy:
-                    wait_ms = int(self.busy_timeout * 1000)
+                    held.clear()  # rolled back: the read runs again in the thread
                 except BaseException as exc:
                     await self._failed(op, exc)
                     raise
@@ -526,15 +527,7 @@ class SqlClient(SharedClient[Engines]):
             # The connection is this operation's: its aiosqlite thread is idle
             # while a thread of the executor runs the whole operation on it.
             call = asyncio.get_running_loop().run_in_executor(
-                executor,
-                sqlite_thread.in_thread,
-                inline,
-                write,
-                begin,
-                body,
-                held,
-                abandoned,
-                wait_ms,
+                executor, sqlite_thread.in_thread, inline, write, begin, body, held, abandoned
             )
             try:
                 try:
@@ -615,7 +608,7 @@ class SqlClient(SharedClient[Engines]):
         if held is not None and SQLITE3_KEY not in pool_info(op):
             try:
                 with self.errors("connect"):
-                    await find_sqlite3(op, reader=held is not engines.held_writer)
+                    await find_sqlite3(op)
             except BaseException as exc:
                 await self._failed(op, exc)
                 raise

@@ -146,6 +146,17 @@ def _sqlite_code(exc: BaseException) -> int | None:
     return None
 
 
+def is_busy(exc: BaseException) -> bool:
+    """Whether ``exc``, or the driver exception it was mapped from, is SQLite's
+    ``SQLITE_BUSY`` (another connection holds the lock it needs)."""
+    cause: BaseException | None = exc
+    while cause is not None:
+        if _sqlite_code(cause) == 5:
+            return True
+        cause = cause.__cause__
+    return False
+
+
 def is_driver_exception(exc: BaseException) -> bool:
     """Whether ``exc`` was raised by SQLAlchemy, the driver or the connection."""
     import sqlite3

@@ -6,9 +6,9 @@ IMMEDIATE``, the body's statements, ``COMMIT``) to :func:`in_thread`, which
 runs it in one call in a thread of the client's executor, on the
 connection's ``sqlite3`` connection through :class:`InlineDriver`.
 ``run_read`` runs a whole read (:func:`at_once`) the same way but on the
-event loop: a reader connection never waits for a lock there (its
-``busy_timeout`` is :data:`NEVER_WAIT`), and a read that finds the
-database locked (:class:`Busy`) runs again in the thread, where it waits.
+event loop, where it never waits for a lock (``busy_timeout`` 0 for the
+call); a read that finds the database locked (:class:`Busy`) runs again in
+the thread, where it waits.
 
 Invariants: the ``sqlite3`` connection is found once per connection, through
 aiosqlite's public ``Cursor.connection``, and kept in SQLAlchemy's pool
@@ -33,13 +33,12 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from pai_storage.backend import HeldWarnings, holding_warnings, run_sync
 
-from .errors import is_driver_failure
+from .errors import is_busy, is_driver_failure
 
 if TYPE_CHECKING:
     from .operation import Operation
 
 __all__ = [
-    "NEVER_WAIT",
     "SQLITE3_KEY",
     "Abandoned",
     "Busy",
@@ -114,13 +113,10 @@ def pool_info(op: Operation) -> dict[Any, Any]:
     return op.conn.sync_connection.connection.info  # type: ignore[union-attr]
 
 
-async def find_sqlite3(op: Operation, *, reader: bool) -> None:
+async def find_sqlite3(op: Operation) -> None:
     """Keep the ``sqlite3`` connection under ``op``'s aiosqlite connection in its
-    pool ``info`` (aiosqlite's ``Cursor.connection``), once per connection; a
-    ``reader``'s then never waits for a lock (:data:`NEVER_WAIT`)."""
+    pool ``info`` (aiosqlite's ``Cursor.connection``), once per connection."""
     async with op.driver.cursor() as cursor:
-        if reader:
-            await cursor.execute(f"PRAGMA busy_timeout={NEVER_WAIT}")
         pool_info(op)[SQLITE3_KEY] = cursor.connection
 
 
@@ -154,11 +150,6 @@ def call_failure(call: asyncio.Future[Any]) -> BaseException:
     return failure if failure is not None and is_driver_failure(failure) else Abandoned()
 
 
-NEVER_WAIT = 0
-"""The ``busy_timeout`` of a held reader connection: a read on the event loop
-never waits for a lock."""
-
-
 class Busy(Exception):
     """A read on the event loop found the database locked by another
     connection (SQLite recovering its write-ahead log, or a connection in
@@ -166,22 +157,33 @@ class Busy(Exception):
 
 
 def at_once(
-    op: Operation, begin: bool, body: Callable[[Operation], Awaitable[T]], held: HeldWarnings
+    op: Operation,
+    begin: bool,
+    body: Callable[[Operation], Awaitable[T]],
+    held: HeldWarnings,
+    busy_ms: int,
 ) -> T:
     """A read around ``body`` in one call on the event loop (see
-    :meth:`SqlClient.run_read`); :class:`Busy` if the database is locked.
+    :meth:`SqlClient.run_read`), its warnings kept in ``held``; :class:`Busy`
+    if the database is locked.
 
-    In WAL mode a reader does not wait for writers, and a bounded read's
-    statements cost what decoding its rows on the loop does, so the trip to a
-    thread and back (about 0.1 ms) would cost more than the statements.
+    The connection's ``busy_timeout`` is 0 for the call (the loop never waits
+    for a lock) and ``busy_ms`` again afterwards. In WAL mode a reader does
+    not wait for writers, and a bounded read's statements cost what decoding
+    its rows on the loop does, so the trip to a thread and back (about 0.1 ms)
+    would cost more than the statements.
     """
+    raw = sqlite3_of(op)
+    raw.execute("PRAGMA busy_timeout=0")
     try:
         with holding_warnings(held):
             return run_sync(_transaction(op, False, begin, body, _NOT_ABANDONED))
-    except sqlite3.OperationalError as exc:
-        if exc.sqlite_errorcode & 0xFF == sqlite3.SQLITE_BUSY:
+    except Exception as exc:
+        if is_busy(exc):
             raise Busy from exc
         raise
+    finally:
+        raw.execute(f"PRAGMA busy_timeout={busy_ms}")
 
 
 _NOT_ABANDONED = threading.Event()
@@ -195,25 +197,15 @@ def in_thread(
     body: Callable[[Operation], Awaitable[T]],
     held: HeldWarnings,
     abandoned: threading.Event,
-    wait_ms: int | None = None,
 ) -> T:
     """One operation around ``body``, run in the database thread (see
     :meth:`SqlClient.run_write`): its warnings are kept in ``held``; once
     ``abandoned`` is set (its caller was cancelled) it is not begun, and a
-    write not yet committing is rolled back. ``wait_ms``: the operation is a
-    read that found the database locked on the event loop, and waits up to
-    that long for the lock here (its connection's ``busy_timeout`` is
-    :data:`NEVER_WAIT` again afterwards)."""
+    write not yet committing is rolled back."""
     if abandoned.is_set():
         raise Abandoned
     with holding_warnings(held):
-        if wait_ms is None:
-            return run_sync(_transaction(op, write, begin, body, abandoned))
-        run_sync(op.run_text(f"PRAGMA busy_timeout={wait_ms}"))
-        try:
-            return run_sync(_transaction(op, write, begin, body, abandoned))
-        finally:
-            run_sync(op.run_text(f"PRAGMA busy_timeout={NEVER_WAIT}"))
+        return run_sync(_transaction(op, write, begin, body, abandoned))
 
 
 async def _transaction(
