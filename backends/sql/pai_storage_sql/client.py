@@ -504,7 +504,6 @@ class SqlClient(SharedClient[Engines]):
             async with self._operation(write, begin) as op:
                 return await body(op)
         held: HeldWarnings = []
-        abandoned = threading.Event()
         lock = engines.lock
         if lock is not None:
             await lock.acquire()
@@ -526,6 +525,7 @@ class SqlClient(SharedClient[Engines]):
                     return result
             # The connection is this operation's: its aiosqlite thread is idle
             # while a thread of the executor runs the whole operation on it.
+            abandoned = threading.Event()
             call = asyncio.get_running_loop().run_in_executor(
                 executor, sqlite_thread.in_thread, inline, write, begin, body, held, abandoned
             )
@@ -553,7 +553,8 @@ class SqlClient(SharedClient[Engines]):
         finally:
             if lock is not None:
                 lock.release()
-            await deliver_held_warnings(held)
+            if held:
+                await deliver_held_warnings(held)
 
     async def _failed(self, op: Operation, exc: BaseException) -> None:
         """Put ``op``'s connection back after ``exc``: rolled back and reused, or,
