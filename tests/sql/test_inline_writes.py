@@ -180,11 +180,11 @@ def locked_once(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
 async def test_a_read_that_finds_the_database_locked_runs_again_in_the_thread(
     sqlite_target: Target, trips: list[str], locked_once: list[bool]
 ) -> None:
-    """A read on the event loop never waits for a lock (``busy_timeout`` 0);
-    one that finds the database locked is rolled back and runs again in the
-    thread, waiting up to the client's ``busy_timeout``; the connection keeps
-    that ``busy_timeout`` outside reads on the loop."""
-    async with sqlite_target.store(busy_timeout=2.5) as store:
+    """A read on the event loop never waits for a lock (a held reader's
+    ``busy_timeout`` is 0 between operations); one that finds the database
+    locked is rolled back and runs again in the thread, waiting up to the
+    client's ``busy_timeout``, as a read statement by statement does."""
+    async with sqlite_target.store(busy_timeout=2.5, pool_size=1) as store:
         await store.commit_thread(b.create("s", "t"))
         loop_thread = threading.current_thread()
         got: list[str] = []
@@ -222,6 +222,7 @@ async def test_a_read_that_finds_the_database_locked_runs_again_in_the_thread(
         async with store.client.reading() as op:  # statement by statement
             rows = await op.driver.execute_fetchall("PRAGMA busy_timeout", ())
         assert rows[0][0] == 2500
+        assert await store.client.run_read(busy_timeout) == (0, True)  # 0 again
 
 
 async def test_a_body_that_waits_is_refused_and_rolled_back(sqlite_target: Target) -> None:

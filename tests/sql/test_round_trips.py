@@ -250,9 +250,7 @@ async def test_a_newest_page_read_is_one_statement(
     assert [m.message_id for m in result.messages.items] == ["m2", "m1"]
     assert result.messages.next_page_token is not None
     # The root, its counters and the page's rows below the messages counter in
-    # one UNION ALL: its own snapshot, so no BEGIN or ROLLBACK. It runs on the
-    # event loop, with the connection's busy_timeout 0 for the call (the loop
-    # never waits for a lock), then back to the client's.
-    zero, read, back = statements.sent
-    assert (zero, back) == ("PRAGMA busy_timeout=0", "PRAGMA busy_timeout=5000")
-    assert " UNION ALL " in " ".join(read.split())
+    # one UNION ALL: its own snapshot, so no BEGIN or ROLLBACK, on the event
+    # loop (the held reader's busy_timeout is 0: it never waits for a lock).
+    assert len(statements.sent) == 1
+    assert " UNION ALL " in " ".join(statements.sent[0].split())

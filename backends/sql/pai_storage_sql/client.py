@@ -97,6 +97,7 @@ from .held import Held
 from .operation import Operation, Statement
 from .schema import DEFAULT_PREFIX, SCHEMA_VERSION, Tables, prepare_schema
 from .sqlite_thread import (
+    BUSY_KEY,
     SQLITE3_KEY,
     Busy,
     CommitFailed,
@@ -437,7 +438,16 @@ class SqlClient(SharedClient[Engines]):
         """
         return _Scope(self, write, begin)
 
+    @property
+    def _busy_ms(self) -> int:
+        return int(self.busy_timeout * 1000)
+
     async def _begin(self, op: Operation, write: bool, begin: bool) -> None:
+        if op.held is not None and BUSY_KEY in pool_info(op):
+            # A held reader, statement by statement in aiosqlite's thread: it
+            # may wait for a lock there (_checkin sets 0 again).
+            await op.driver.execute_fetchall(f"PRAGMA busy_timeout={self._busy_ms}", ())
+            pool_info(op)[BUSY_KEY] = self._busy_ms
         if write:
             # MySQL: the driver connection is not in autocommit mode; its
             # transaction begins with the first statement.
@@ -486,12 +496,12 @@ class SqlClient(SharedClient[Engines]):
         On SQLite engines the client made, the whole read (``BEGIN``, ``body``'s
         statements, ``ROLLBACK``) runs as one call on the event loop, on a
         reader connection's ``sqlite3`` connection, under the rules of
-        :meth:`run_write`'s ``body``. It never waits for a lock there
-        (``busy_timeout`` 0 for the call): a read that finds the database
-        locked (SQLite recovering its write-ahead log, or another connection
-        in exclusive locking mode) is rolled back and runs again in a thread
-        of the client's executor, waiting up to ``busy_timeout``. Elsewhere it
-        runs in :meth:`read`.
+        :meth:`run_write`'s ``body``. It never waits for a lock there (a held
+        reader's ``busy_timeout`` is 0 between operations): a read that finds
+        the database locked (SQLite recovering its write-ahead log, or another
+        connection in exclusive locking mode) is rolled back and runs again in
+        a thread of the client's executor, waiting up to ``busy_timeout``.
+        Elsewhere it runs in :meth:`read`.
         """
         return await self._run(False, snapshot, body)
 
@@ -510,13 +520,14 @@ class SqlClient(SharedClient[Engines]):
         try:
             op = await self._checkout(engines, write)
             inline = Operation(op.conn, InlineDriver(sqlite3_of(op)), True, op.held)
+            busy_ms = None
             if not write:
-                busy_ms = int(self.busy_timeout * 1000)
                 try:
                     with self.errors("read"):
-                        result: T = sqlite_thread.at_once(inline, begin, body, held, busy_ms)
+                        result: T = sqlite_thread.at_once(inline, begin, body, held)
                 except Busy:
                     held.clear()  # rolled back: the read runs again in the thread
+                    busy_ms = self._busy_ms
                 except BaseException as exc:
                     await self._failed(op, exc)
                     raise
@@ -527,7 +538,15 @@ class SqlClient(SharedClient[Engines]):
             # while a thread of the executor runs the whole operation on it.
             abandoned = threading.Event()
             call = asyncio.get_running_loop().run_in_executor(
-                executor, sqlite_thread.in_thread, inline, write, begin, body, held, abandoned
+                executor,
+                sqlite_thread.in_thread,
+                inline,
+                write,
+                begin,
+                body,
+                held,
+                abandoned,
+                busy_ms,
             )
             try:
                 try:
@@ -609,16 +628,25 @@ class SqlClient(SharedClient[Engines]):
         if held is not None and SQLITE3_KEY not in pool_info(op):
             try:
                 with self.errors("connect"):
-                    await find_sqlite3(op)
+                    await find_sqlite3(op, reader=held is not engines.held_writer)
             except BaseException as exc:
                 await self._failed(op, exc)
                 raise
         return op
 
     async def _checkin(self, op: Operation, *, reuse: bool) -> None:
-        """Keep a held connection for the next operation, or return it to the pool."""
+        """Keep a held connection for the next operation (a held reader's
+        ``busy_timeout`` 0 again, :data:`~.sqlite_thread.BUSY_KEY`), or return it
+        to the pool."""
         held = op.held
         if held is not None and reuse and not self._closed:
+            if pool_info(op).get(BUSY_KEY):
+                try:
+                    await op.driver.execute_fetchall("PRAGMA busy_timeout=0", ())
+                except Exception:
+                    await self._checkin(op, reuse=False)
+                    return
+                pool_info(op)[BUSY_KEY] = 0
             held.give(op.conn)
             return
         try:

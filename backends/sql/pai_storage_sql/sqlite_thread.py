@@ -6,9 +6,10 @@ IMMEDIATE``, the body's statements, ``COMMIT``) to :func:`in_thread`, which
 runs it in one call in a thread of the client's executor, on the
 connection's ``sqlite3`` connection through :class:`InlineDriver`.
 ``run_read`` runs a whole read (:func:`at_once`) the same way but on the
-event loop, where it never waits for a lock (``busy_timeout`` 0 for the
-call); a read that finds the database locked (:class:`Busy`) runs again in
-the thread, where it waits.
+event loop, where it never waits for a lock: a held reader connection's
+``busy_timeout`` is 0 between operations (:data:`BUSY_KEY`), and a read that
+finds the database locked (:class:`Busy`) runs again in the thread, where it
+waits (as do the reads that run statement by statement).
 
 Invariants: the ``sqlite3`` connection is found once per connection, through
 aiosqlite's public ``Cursor.connection``, and kept in SQLAlchemy's pool
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
     from .operation import Operation
 
 __all__ = [
+    "BUSY_KEY",
     "SQLITE3_KEY",
     "Abandoned",
     "Busy",
@@ -113,10 +115,22 @@ def pool_info(op: Operation) -> dict[Any, Any]:
     return op.conn.sync_connection.connection.info  # type: ignore[union-attr]
 
 
-async def find_sqlite3(op: Operation) -> None:
+BUSY_KEY = "pai_storage_sql.busy_timeout"
+"""Key of a held reader connection's ``busy_timeout`` (milliseconds) in its pool
+entry's ``info``: 0 between operations, so a read on the event loop never
+waits for a lock; an operation that may wait sets the client's for its
+duration (:meth:`SqlClient._checkin <pai_storage_sql.client.SqlClient._checkin>`
+sets 0 again)."""
+
+
+async def find_sqlite3(op: Operation, *, reader: bool) -> None:
     """Keep the ``sqlite3`` connection under ``op``'s aiosqlite connection in its
-    pool ``info`` (aiosqlite's ``Cursor.connection``), once per connection."""
+    pool ``info`` (aiosqlite's ``Cursor.connection``), once per connection; a
+    ``reader``'s ``busy_timeout`` is then 0 (:data:`BUSY_KEY`)."""
     async with op.driver.cursor() as cursor:
+        if reader:
+            await cursor.execute("PRAGMA busy_timeout=0")
+            pool_info(op)[BUSY_KEY] = 0
         pool_info(op)[SQLITE3_KEY] = cursor.connection
 
 
@@ -157,24 +171,16 @@ class Busy(Exception):
 
 
 def at_once(
-    op: Operation,
-    begin: bool,
-    body: Callable[[Operation], Awaitable[T]],
-    held: HeldWarnings,
-    busy_ms: int,
+    op: Operation, begin: bool, body: Callable[[Operation], Awaitable[T]], held: HeldWarnings
 ) -> T:
     """A read around ``body`` in one call on the event loop (see
     :meth:`SqlClient.run_read`), its warnings kept in ``held``; :class:`Busy`
-    if the database is locked.
+    if the database is locked (the connection's ``busy_timeout`` is 0).
 
-    The connection's ``busy_timeout`` is 0 for the call (the loop never waits
-    for a lock) and ``busy_ms`` again afterwards. In WAL mode a reader does
-    not wait for writers, and a bounded read's statements cost what decoding
-    its rows on the loop does, so the trip to a thread and back (about 0.1 ms)
-    would cost more than the statements.
+    In WAL mode a reader does not wait for writers, and a bounded read's
+    statements cost what decoding its rows on the loop does, so the trip to a
+    thread and back (about 0.1 ms) would cost more than the statements.
     """
-    raw = sqlite3_of(op)
-    raw.execute("PRAGMA busy_timeout=0")
     try:
         with holding_warnings(held):
             return run_sync(_transaction(op, False, begin, body, _NOT_ABANDONED))
@@ -182,8 +188,6 @@ def at_once(
         if is_busy(exc):
             raise Busy from exc
         raise
-    finally:
-        raw.execute(f"PRAGMA busy_timeout={busy_ms}")
 
 
 _NOT_ABANDONED = threading.Event()
@@ -197,15 +201,25 @@ def in_thread(
     body: Callable[[Operation], Awaitable[T]],
     held: HeldWarnings,
     abandoned: threading.Event,
+    busy_ms: int | None = None,
 ) -> T:
     """One operation around ``body``, run in the database thread (see
     :meth:`SqlClient.run_write`): its warnings are kept in ``held``; once
     ``abandoned`` is set (its caller was cancelled) it is not begun, and a
-    write not yet committing is rolled back."""
+    write not yet committing is rolled back. ``busy_ms``: a read that found
+    the database locked on the event loop waits up to that long for the lock
+    here (the connection's ``busy_timeout`` is 0 again afterwards)."""
     if abandoned.is_set():
         raise Abandoned
     with holding_warnings(held):
-        return run_sync(_transaction(op, write, begin, body, abandoned))
+        if busy_ms is None:
+            return run_sync(_transaction(op, write, begin, body, abandoned))
+        raw = sqlite3_of(op)
+        raw.execute(f"PRAGMA busy_timeout={busy_ms}")
+        try:
+            return run_sync(_transaction(op, write, begin, body, abandoned))
+        finally:
+            raw.execute("PRAGMA busy_timeout=0")
 
 
 async def _transaction(
