@@ -75,16 +75,21 @@ def _next(version: ThreadVersion) -> ThreadVersion:
     )
 
 
+async def _created_with_m1(store: PostgresThreadStore) -> ThreadVersion:
+    """The version of a new thread ``s``/``t`` holding the message ``m1``."""
+    created = await store.commit_thread(
+        b.create("s", "t", changes={"messages": [b.insert(b.message("m1"))]})
+    )
+    assert isinstance(created, CommittedResult)
+    assert created.thread is not None
+    return created.thread.version
+
+
 async def test_a_pipelined_commit_sees_the_message_the_one_before_it_inserted(
     pg_schema: str, pg_conn: asyncpg.Connection
 ) -> None:
     async with PostgresThreadStore(URL, schema=pg_schema) as store:
-        created = await store.commit_thread(
-            b.create("s", "t", changes={"messages": [b.insert(b.message("m1"))]})
-        )
-        assert isinstance(created, CommittedResult)
-        assert created.thread is not None
-        v1 = created.thread.version
+        v1 = await _created_with_m1(store)
         streaming = b.message("m2", "par", status="streaming")
         done = b.message("m2", "partial answer", status="complete")
         first, second = await _queued_behind(
@@ -107,12 +112,7 @@ async def test_a_pipelined_commit_is_judged_on_the_runs_the_one_before_it_change
     message (rule 3): the check must look at ``r2``, the run ``m1`` had when the
     second commit applied."""
     async with PostgresThreadStore(URL, schema=pg_schema) as store:
-        created = await store.commit_thread(
-            b.create("s", "t", changes={"messages": [b.insert(b.message("m1"))]})
-        )
-        assert isinstance(created, CommittedResult)
-        assert created.thread is not None
-        v1 = created.thread.version
+        v1 = await _created_with_m1(store)
         into_run = b.message("m1", run_id="r2", relation="input")
         finished = b.run("r2", "completed", inputs=["m1"])
         first, second = await _queued_behind(
