@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 from .fields import truncate_ms
 
-__all__ = ["Clock", "ManualClock", "system_clock"]
+__all__ = ["Clock", "ManualClock", "ServerClock", "system_clock"]
 
 Clock = Callable[[], datetime]
 """A callable returning an aware UTC datetime."""
@@ -39,3 +39,25 @@ class ManualClock:
     def set(self, moment: datetime) -> None:
         with self._lock:
             self._now = truncate_ms(moment)
+
+
+class ServerClock:
+    """The server's clock as this process last saw it: the local clock's offset."""
+
+    def __init__(self) -> None:
+        self._offset: timedelta | None = None
+
+    def observe(self, server_now: datetime) -> None:
+        """Learn the offset from a time the server just returned.
+
+        The reply took a moment to arrive, so the offset (and every time
+        :meth:`predict` gives) runs behind the server's clock by about that
+        moment, never ahead of it.
+        """
+        self._offset = server_now - datetime.now(UTC)
+
+    def predict(self) -> datetime | None:
+        """The server's clock now, to the millisecond (``None`` before any observation)."""
+        if self._offset is None:
+            return None
+        return truncate_ms(datetime.now(UTC) + self._offset)

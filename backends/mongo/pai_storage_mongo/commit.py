@@ -182,7 +182,7 @@ class MongoCommit(CommitTransaction):
                 if stamp is not None:
                     self._stamp = stamp
                     self._held_at = stamp.held_at
-                    self._root_id = stamp.previous.raw["_id"]
+                    self._root_id = stamp.previous.stored["_id"]
                     self._previous_facts = stamp.previous.facts
                     self._facts = stamp.facts
                     return HeldThread(stamp.previous.root, stamp.previous.next_positions)

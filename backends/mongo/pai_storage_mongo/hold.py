@@ -26,8 +26,9 @@ Invariants
    stamped and wrong is ever committed. Only the commit time differs from the
    usual hold's root: the server sets it (``$max`` of ``$$NOW`` and the last
    commit time; the test clock's time with one).
-4. The cache (:class:`RootCache`) is a hint, never a source of truth: keyed
-   by ``(scopeKey, threadId)``, bounded (least recently used out), holding
+4. The cache (:class:`~pai_storage.root_cache.RootCache`, in the core, here
+   of raw BSON roots) is a hint, never a source of truth: keyed by
+   ``(scopeKey, threadId)``, bounded (least recently used out), holding
    immutable roots with counters of their own. :meth:`RootCache.offer` never
    replaces a newer revision of the same incarnation; the store drops an
    entry whenever the stored root becomes unknown (an unknown commit outcome,
@@ -40,7 +41,6 @@ hold can replace this module behind them.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
@@ -68,6 +68,8 @@ from pai_storage.models import (
     ReplaceChange,
     ThreadChanges,
 )
+from pai_storage.root_cache import CachedRoot as _CachedRoot
+from pai_storage.root_cache import RootCache as _RootCache
 from pai_storage.root_facts import RootFacts, facts_follow
 
 from .documents import root_document
@@ -82,61 +84,13 @@ if TYPE_CHECKING:
 
 __all__ = ["CachedRoot", "Mispredicted", "RootCache", "Stamp", "lease_shape", "stamp_ahead"]
 
+CachedRoot = _CachedRoot[RawBSONDocument]
+"""A root as the server stores it (exact bytes), parsed, with its counters and facts."""
+RootCache = _RootCache[RawBSONDocument]
+
 
 class Mispredicted(Exception):
     """Internal: a root written ahead in the hold is not the one the pipeline judged."""
-
-
-class CachedRoot(NamedTuple):
-    """A root as stored (exact bytes), parsed, with its counters and facts."""
-
-    raw: RawBSONDocument
-    root: ThreadRecord
-    next_positions: Mapping[FamilyName, int]
-    facts: RootFacts
-
-
-class RootCache:
-    """The last stored root this store saw per thread (bounded, least recently used).
-
-    Only a hint: a commit uses an entry only when the stored root still equals
-    it byte for byte in meaning (the hold's filter compares the whole
-    document), so a stale or foreign entry just costs the usual hold.
-    """
-
-    LIMIT = 4096
-
-    def __init__(self) -> None:
-        self._entries: OrderedDict[tuple[str, str], CachedRoot] = OrderedDict()
-
-    def get(self, key: tuple[str, str]) -> CachedRoot | None:
-        entry = self._entries.get(key)
-        if entry is not None:
-            self._entries.move_to_end(key)
-        return entry
-
-    def put(self, key: tuple[str, str], entry: CachedRoot) -> None:
-        # Its own next positions (roots are immutable, shared as they are).
-        self._entries[key] = entry._replace(next_positions=dict(entry.next_positions))
-        self._entries.move_to_end(key)
-        while len(self._entries) > self.LIMIT:
-            self._entries.popitem(last=False)
-
-    def offer(self, key: tuple[str, str], entry: CachedRoot) -> None:
-        """Keep ``entry`` unless a newer revision of the same thread is known."""
-        known = self._entries.get(key)
-        if known is not None and (
-            known.root.version.thread_instance_id == entry.root.version.thread_instance_id
-            and known.root.version.revision > entry.root.version.revision
-        ):
-            return
-        self.put(key, entry)
-
-    def drop(self, key: tuple[str, str]) -> None:
-        self._entries.pop(key, None)
-
-    def clear(self) -> None:
-        self._entries.clear()
 
 
 class Stamp(NamedTuple):
@@ -154,7 +108,7 @@ class Stamp(NamedTuple):
     def check_root(self, root: ThreadRecord, next_positions: Mapping[FamilyName, int]) -> None:
         """Raise :class:`Mispredicted` unless the pipeline's root is, byte for byte, the stamp."""
         expected = {
-            "_id": self.previous.raw["_id"],
+            "_id": self.previous.stored["_id"],
             **root_document(root, next_positions, self.facts),
         }
         if bson.encode(expected) != self.written.raw:
@@ -221,7 +175,7 @@ async def stamp_ahead(
     counters = {**cached.next_positions}
     counters["messages"] += len(inserted)
     counters["runs"] += sum(1 for _, is_insert in runs if is_insert)
-    base = {"_id": cached.raw["_id"], **root_document(root, counters, facts)}
+    base = {"_id": cached.stored["_id"], **root_document(root, counters, facts)}
     now: Any = (
         {"$literal": commit_time(test_now, previous)}
         if test_now is not None
@@ -240,7 +194,7 @@ async def stamp_ahead(
             }
         )
     written_ahead = await threads.find_one_and_update(
-        {**key, "$expr": {"$eq": ["$$ROOT", {"$literal": cached.raw}]}},
+        {**key, "$expr": {"$eq": ["$$ROOT", {"$literal": cached.stored}]}},
         pipeline,
         return_document=ReturnDocument.AFTER,
         session=session,

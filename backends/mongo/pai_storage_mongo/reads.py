@@ -233,7 +233,7 @@ class MongoSnapshot(ReadSnapshot):
         # unless the cache holds these very bytes already (a commit's or a read's).
         roots, key = self._store._roots, (root.scope_key, root.thread_id)
         known = roots.get(key)
-        if known is None or known.raw.raw != stored.raw:
+        if known is None or known.stored.raw != stored.raw:
             facts = root_facts(decode_or_invalid(stored, "thread"))
             if facts is not None:
                 roots.offer(key, CachedRoot(stored, root, next_positions, facts))

@@ -1,0 +1,101 @@
+"""The roots a store last saw, per thread: what lets a commit skip its hold.
+
+A backend that writes a commit guarded by the stored root it expects (MongoDB's
+stamped hold, PostgreSQL's optimistic commit) keeps the last root it committed
+or read here, as the database stores it, with its counters and relationship
+facts. An entry is only a hint: the guarded write matches the stored root
+exactly (the whole document), so a stale or foreign entry writes nothing and
+the commit takes the usual hold. :func:`optimistic` says which commits may be
+judged from an entry alone.
+
+Entries are immutable: the root is an immutable record, the facts an immutable
+value, and :meth:`RootCache.put` keeps its own copy of the counters.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any, Generic, NamedTuple, TypeVar
+
+from .aggregate import FamilyName
+from .models import CommitThreadInput, InsertChange, ThreadRecord, UpdateMutation
+from .root_facts import RootFacts
+
+__all__ = ["CachedRoot", "RootCache", "optimistic"]
+
+S = TypeVar("S")
+
+
+class CachedRoot(NamedTuple, Generic[S]):
+    """A root as stored (``stored``: the backend's exact form), parsed, with its
+    counters and facts."""
+
+    stored: S
+    root: ThreadRecord
+    next_positions: Mapping[FamilyName, int]
+    facts: RootFacts
+
+
+class RootCache(Generic[S]):
+    """The last stored root a store saw per thread (bounded, least recently used)."""
+
+    LIMIT = 4096
+
+    def __init__(self) -> None:
+        self._entries: OrderedDict[tuple[str, str], CachedRoot[S]] = OrderedDict()
+
+    def get(self, key: tuple[str, str]) -> CachedRoot[S] | None:
+        entry = self._entries.get(key)
+        if entry is not None:
+            self._entries.move_to_end(key)
+        return entry
+
+    def put(self, key: tuple[str, str], entry: CachedRoot[S]) -> None:
+        self._entries[key] = entry._replace(next_positions=dict(entry.next_positions))
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.LIMIT:
+            self._entries.popitem(last=False)
+
+    def offer(self, key: tuple[str, str], entry: CachedRoot[S]) -> None:
+        """Keep ``entry`` unless a newer revision of the same thread is known."""
+        known = self._entries.get(key)
+        if known is not None and (
+            known.root.version.thread_instance_id == entry.root.version.thread_instance_id
+            and known.root.version.revision > entry.root.version.revision
+        ):
+            return
+        self.put(key, entry)
+
+    def drop(self, key: tuple[str, str]) -> None:
+        self._entries.pop(key, None)
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+
+def optimistic(commit: CommitThreadInput, known: CachedRoot[Any]) -> bool:
+    """Whether ``commit`` may be judged from ``known`` alone and written optimistically.
+
+    It expects exactly that version, inserts only messages and runs (whose
+    ids a guarded write's unique keys check), and no lease is held or changed
+    (so the commit time judges nothing: it only stamps).
+    """
+    mutation, condition = commit.mutation, commit.condition
+    if not isinstance(mutation, UpdateMutation) or condition.type != "version":
+        return False
+    version = known.root.version
+    if (
+        version.revision != condition.version.revision
+        or version.thread_instance_id != condition.version.thread_instance_id
+        or known.root.lease is not None
+    ):
+        return False
+    changes = mutation.changes
+    if changes is None:
+        return True
+    if changes.lease is not None or changes.queued_items:
+        return False
+    return all(
+        isinstance(c, InsertChange) for c in (*(changes.messages or ()), *(changes.runs or ()))
+    )
