@@ -5,6 +5,12 @@ commit times go back: a commit that waited for the root's lock must read the
 clock once it has the lock, not when it asked for it. The hold returns the
 clock in the same statement (``statements.hold_statement``), so the order is
 the statement's to keep.
+
+The store committed the thread it appends to here, so the append is
+optimistic first: its guard checks the server's clock when it finds the
+root, after the wait, and finds it past its window; the usual commit then
+stamps it. A guard that checked the clock before the wait would commit the
+append with a time before the holder ended, and fail this test.
 """
 
 from __future__ import annotations

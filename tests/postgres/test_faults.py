@@ -10,6 +10,11 @@ the whole commit or none of it, and the error raised is the one
   ``ThreadStoreCommitUnknownError``, nothing applied;
 - cut after the server committed (its reply swallowed):
   ``ThreadStoreCommitUnknownError``, everything applied.
+
+An optimistic commit (the store committed the version it expects: one
+statement, which commits itself) has only the last two moments: a cut while
+its statement is in flight or its reply is swallowed is
+``ThreadStoreCommitUnknownError``, with none or all of it applied.
 """
 
 from __future__ import annotations
@@ -36,8 +41,11 @@ SCOPE = "faults"
 
 
 async def _setup(
-    proxy: FaultProxy, schema: str
+    proxy: FaultProxy, schema: str, *, optimistic: bool = False
 ) -> tuple[PostgresThreadStore, PostgresThreadStore, ThreadVersion]:
+    """The faulty store, a direct one, and the version of thread ``t1``: created by
+    the direct store, or with ``optimistic`` by the faulty one (which then knows
+    the version and commits the append optimistically)."""
     # One connection and no statement cache: every statement's SQL text
     # crosses the proxy, so the triggers below always see it.
     faulty = PostgresThreadStore(
@@ -50,7 +58,7 @@ async def _setup(
     direct = PostgresThreadStore(URL, schema=schema)
     await faulty.initialize()
     await direct.initialize()
-    created = await faulty.commit_thread(
+    created = await (faulty if optimistic else direct).commit_thread(
         b.create(SCOPE, "t1", {"messages": [b.insert(b.message("m1", "first"))]})
     )
     assert isinstance(created, CommittedResult)
@@ -117,6 +125,35 @@ async def test_cut_connection_applies_all_or_nothing(
         assert type(caught.value) is error
         assert await _state(direct) == expected
         # The store recovers: the pool replaces the dead connection.
+        fault_proxy.restore()
+        assert await _state(faulty) == expected
+    finally:
+        await faulty.close()
+        await direct.close()
+
+
+@pytest.mark.parametrize(
+    ("forward", "expected"),
+    [
+        pytest.param(False, NONE_APPLIED, id="in-flight"),
+        pytest.param(True, ALL_APPLIED, id="applied"),
+    ],
+)
+async def test_cut_optimistic_commit_is_unknown_and_all_or_nothing(
+    fault_proxy: FaultProxy,
+    pg_schema: str,
+    forward: bool,
+    expected: tuple[int, list[str], str | None],
+) -> None:
+    faulty, direct, version = await _setup(fault_proxy, pg_schema, optimistic=True)
+    try:
+        # The statement's parameters (sent after its text is parsed): its execution.
+        fault_proxy.cut_on(b"third", forward=forward)
+        with pytest.raises(ThreadStoreCommitUnknownError) as caught:
+            await faulty.commit_thread(_append(version))
+        assert fault_proxy.triggered.is_set()
+        assert caught.value.__cause__ is not None
+        assert await _state(direct) == expected
         fault_proxy.restore()
         assert await _state(faulty) == expected
     finally:

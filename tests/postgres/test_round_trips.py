@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg  # type: ignore[import-untyped]
@@ -26,6 +27,7 @@ from pai_storage_postgres.client import SESSION_SETTINGS, keep_session
 
 from pai_storage import CommittedResult, ConflictResult, ThreadVersion
 from pai_storage import builders as b
+from pai_storage.errors import ThreadStoreInvariantError
 
 from .helpers import dsn
 
@@ -80,10 +82,15 @@ _ALSO = (
 
 
 class Statements:
-    """The statements of the one pooled connection, in the order sent."""
+    """The statements of the one pooled connection, in the order sent.
+
+    ``other`` is a second store on the same pool: what it commits, the counted
+    store did not.
+    """
 
     def __init__(self) -> None:
         self.sent: list[str] = []
+        self.other: PostgresThreadStore | None = None
 
     def log(self, record: Any) -> None:
         self.sent.append(record.query)
@@ -113,14 +120,17 @@ async def counted(pg_schema: str) -> AsyncIterator[tuple[PostgresThreadStore, St
         reset=keep_session,
     )
     store = PostgresThreadStore(client=pool, schema=pg_schema)
+    statements.other = PostgresThreadStore(client=pool, schema=pg_schema)
     try:
         await store.initialize()
+        await statements.other.initialize()
         # asyncpg introspects a composite or array type the first time a
         # statement uses it: warm every statement below up on another thread.
         await _turn(store, "warm-up", await _create(store, "warm-up"))
         await statements.take()
         yield store, statements
     finally:
+        await statements.other.close()
         await store.close()
         await pool.close()
 
@@ -171,13 +181,34 @@ _HOLD = (
 )
 
 
-async def test_an_append_is_four_statements(
+_OPTIMISTIC = (
+    # The root, guarded: updated only when stored exactly as this store
+    # committed it and the server's clock is within the window of the predicted
+    # commit time (the clock it returns keeps the prediction close); the rows
+    # inserted only if it was; the watchers' signal. One statement, which
+    # commits itself.
+    "UPDATE threads + clock + notify"
+)
+
+
+async def test_an_append_of_a_version_the_store_committed_is_one_statement(
     counted: tuple[PostgresThreadStore, Statements],
 ) -> None:
     store, statements = counted
     version = await _create(store, "t")
     await statements.take()
     await _commit(store, "t", version, _APPEND)
+    assert await statements.take() == [f"{_OPTIMISTIC} + INSERT messages"]
+
+
+async def test_an_append_of_a_version_committed_elsewhere_is_four_statements(
+    counted: tuple[PostgresThreadStore, Statements],
+) -> None:
+    store, statements = counted
+    assert statements.other is not None
+    version = await _create(statements.other, "t")  # unknown to the counted store
+    await statements.take()
+    version = await _commit(store, "t", version, _APPEND)
     assert await statements.take() == [
         "BEGIN",
         f"{_HOLD} + messages by id",
@@ -187,9 +218,12 @@ async def test_an_append_is_four_statements(
         "UPDATE threads + notify + INSERT messages",
         "COMMIT",
     ]
+    # It committed that version itself now: the next append is optimistic.
+    await _commit(store, "t", version, {"messages": [b.insert(b.message("m2"))]})
+    assert await statements.take() == [f"{_OPTIMISTIC} + INSERT messages"]
 
 
-async def test_a_run_started_and_finished_are_four_statements_each(
+async def test_a_run_started_is_one_statement_and_finished_four(
     counted: tuple[PostgresThreadStore, Statements],
 ) -> None:
     store, statements = counted
@@ -199,20 +233,106 @@ async def test_a_run_started_and_finished_are_four_statements_each(
     started = await statements.take()
     await _commit(store, "t", version, _FINISH)
     finished = await statements.take()
-    hold = f"{_HOLD} + messages by id + runs by id"
-    # The run's facts follow from the held ones: the rules are checked without a query.
-    assert started == [
-        "BEGIN",
-        hold,
-        "UPDATE threads + notify + INSERT messages + INSERT runs",
-        "COMMIT",
-    ]
+    # The run's facts follow from the known ones: the rules are checked without a query.
+    assert started == [f"{_OPTIMISTIC} + INSERT messages + INSERT runs"]
+    # A replacement needs the stored run: held.
     assert finished == [
         "BEGIN",
-        hold,
+        f"{_HOLD} + messages by id + runs by id",
         "UPDATE threads + notify + INSERT messages + UPDATE runs",
         "COMMIT",
     ]
+
+
+async def test_an_optimistic_append_over_a_moved_root_falls_back_to_the_hold(
+    counted: tuple[PostgresThreadStore, Statements],
+) -> None:
+    """Another store committed the version this one knows: the guard matches
+    nothing, nothing is written, and the usual commit finds the conflict."""
+    store, statements = counted
+    assert statements.other is not None
+    version = await _create(store, "t")
+    await _commit(statements.other, "t", version, _APPEND)
+    await statements.take()
+    result = await store.commit_thread(
+        b.update_at("s", "t", version, {"messages": [b.insert(b.message("m2"))]}, root=b.root())
+    )
+    assert isinstance(result, ConflictResult)
+    assert await statements.take() == [
+        f"{_OPTIMISTIC} + INSERT messages",
+        "BEGIN",
+        f"{_HOLD} + messages by id",
+        "ROLLBACK",
+    ]
+
+
+async def test_an_optimistic_insert_of_an_existing_id_falls_back_to_the_hold(
+    counted: tuple[PostgresThreadStore, Statements],
+) -> None:
+    """The ids an optimistic commit inserts are taken as new; the unique key
+    refuses one that is not (the whole statement with it), and the usual
+    commit judges it."""
+    store, statements = counted
+    version = await _create(store, "t")
+    version = await _commit(store, "t", version, _APPEND)
+    await statements.take()
+    with pytest.raises(ThreadStoreInvariantError):
+        await _commit(store, "t", version, _APPEND)  # m1 again
+    assert await statements.take() == [
+        f"{_OPTIMISTIC} + INSERT messages",
+        "BEGIN",
+        f"{_HOLD} + messages by id",
+        "ROLLBACK",
+    ]
+
+
+async def test_an_optimistic_commit_whose_rule_must_read_falls_back_to_the_hold(
+    counted: tuple[PostgresThreadStore, Statements],
+) -> None:
+    """A message of a finished run (the facts on the root know open runs only)
+    sends nothing optimistic: the usual commit runs the rule's queries."""
+    store, statements = counted
+    version = await _create(store, "t")
+    version = await _commit(store, "t", version, _START)
+    version = await _commit(store, "t", version, _FINISH)
+    await statements.take()
+    late = b.message("late", "after the run", run_id="r1", relation="output")
+    await _commit(store, "t", version, {"messages": [b.insert(late)]})
+    # The optimistic judgement stopped at the rule's query, before sending anything.
+    assert await statements.take() == [
+        "BEGIN",
+        f"{_HOLD} + messages by id",
+        "INSERT messages",
+        # The finished run's facts: its messages and queued items (what the rule needs).
+        "SELECT runs by id",
+        "SELECT messages by id",
+        "SELECT queued by id",
+        "UPDATE threads + notify",
+        "COMMIT",
+    ]
+
+
+async def test_an_optimistic_commit_outside_the_clock_window_falls_back_to_the_hold(
+    counted: tuple[PostgresThreadStore, Statements],
+) -> None:
+    """A predicted commit time the server's clock is too far past writes
+    nothing; the usual commit reads the clock."""
+    store, statements = counted
+    version = await _create(store, "t")
+    await statements.take()
+    slow = datetime.now(UTC) - timedelta(seconds=1)
+    store._server_clock.observe(slow)  # the process's view of the server's clock, a second behind
+    result = await store.commit_thread(b.update_at("s", "t", version, _APPEND, root=b.root()))
+    assert isinstance(result, CommittedResult)
+    assert await statements.take() == [
+        f"{_OPTIMISTIC} + INSERT messages",
+        "BEGIN",
+        f"{_HOLD} + messages by id",
+        "UPDATE threads + notify + INSERT messages",
+        "COMMIT",
+    ]
+    assert result.thread is not None
+    assert abs(result.thread.updated_at - datetime.now(UTC)) < timedelta(seconds=0.5)
 
 
 async def test_a_create_is_five_statements(

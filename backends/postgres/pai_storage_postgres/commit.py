@@ -20,6 +20,21 @@ relationship queries (:mod:`.relations`) that must see them, and the facts
 are read back for the next commit. A create checks the key is free (with the
 clock), inserts the root with ``ON CONFLICT DO NOTHING`` (a concurrent
 create wins or loses there) and then writes as an update does.
+
+An *optimistic* commit (:func:`~pai_storage.root_cache.optimistic`) sends
+only the write, outside a transaction: one round trip. It applies when this
+store committed the version the commit expects (the store's
+:class:`~pai_storage.root_cache.RootCache`), and the commit only inserts
+messages and runs, with no lease involved. The root it knows stands in for
+the hold; the ids it inserts are taken to be new (the tables' unique keys
+refuse one that is not); the commit time is the server's clock as this
+process tracks it (:class:`~pai_storage.clock.ServerClock`). The write is
+guarded: it updates the root only when it is stored exactly as known and
+the server's clock is at most :data:`~.statements.STAMP_WINDOW_MS` past
+that time, and writes the rows only if it did. Anything else (a guard that
+matches nothing, an id that exists, a rule that needs a query, a conflict
+or an error in the judgement) raises :class:`Unsure`, and the store commits
+the usual way.
 """
 
 from __future__ import annotations
@@ -47,7 +62,9 @@ from pai_storage.backend import (
     named_ids,
     timestamp_ms,
 )
+from pai_storage.clock import ServerClock
 from pai_storage.models import CreateMutation, DeleteMutation
+from pai_storage.root_cache import CachedRoot
 from pai_storage.root_facts import (
     NO_FACTS,
     RootFacts,
@@ -58,11 +75,24 @@ from pai_storage.root_facts import (
 )
 from pai_storage.rows import dec, enc, enc_opt
 
+from .errors import RETRYABLE_STATES, sqlstate
 from .layout import _columns, _Table
 from .relations import _Reader
 from .statements import create_hold_statement, hold_statement, write_statement
 from .thread_rows import _ThreadRows, _version
 from .watch import payload
+
+Known = CachedRoot[tuple[str, str]]
+"""A root this store committed: stored as ``(document, facts)`` text."""
+
+
+class Unsure(Exception):
+    """Internal: an optimistic commit needs what only the usual hold gives."""
+
+
+_JUDGED_HELD = RETRYABLE_STATES | {"23505"}
+"""Errors of an optimistic write that the usual commit judges again: an inserted
+id that exists (unique violation), a serialization failure or deadlock."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,8 +126,20 @@ class _PgTransaction(_ThreadRows, CommitTransaction):
     _held_back: dict[FamilyName, FamilyWrite[Any]] | None = None
     """Family writes of replacements and inserts not yet sent (they ride on the
     root's write, or are sent before a relationship query)."""
+    clock: ServerClock | None = None
+    """The store's view of the server's clock: the hold teaches it, an
+    optimistic commit predicts its time from it."""
+    known: Known | None = None
+    """Set for an optimistic commit: the root it is judged from (no hold)."""
+    _predicted: datetime | None = None
+    """An optimistic commit's predicted server time (``None`` on a test clock)."""
+    written: Known | None = None
+    """What the commit's write stored, once sent: the next commit's ``known``."""
 
     async def hold(self) -> HeldThread:
+        if self.known is not None:  # optimistic: ids taken as new, the write checks all
+            self._previous_facts = self.known.facts
+            return HeldThread(self.known.root, self.known.next_positions, {})
         t = self._tables.threads
         if isinstance(self.mutation, CreateMutation):
             # Nothing to lock yet: write_root inserts with ON CONFLICT DO NOTHING.
@@ -105,6 +147,8 @@ class _PgTransaction(_ThreadRows, CommitTransaction):
             if row["instance_id"] is not None:  # the key is taken: no need to read the root
                 raise ThreadConflict(_version(row))
             self._held_at = row["now"]
+            if self.clock is not None:
+                self.clock.observe(self._held_at)
             self._previous_facts = NO_FACTS
             return HeldThread(None)
         named = named_ids(getattr(self.mutation, "changes", None))
@@ -119,6 +163,8 @@ class _PgTransaction(_ThreadRows, CommitTransaction):
         if head is None:
             return HeldThread(None)
         self._held_at = head["now"]
+        if self.clock is not None:
+            self.clock.observe(self._held_at)
         root = self._parse_root(head["doc"])
         if not isinstance(self.mutation, DeleteMutation):  # a delete needs no facts
             self._previous_facts = stored_facts(head["facts"], root.version.revision)
@@ -136,6 +182,11 @@ class _PgTransaction(_ThreadRows, CommitTransaction):
         return HeldThread(root, self._positions(head), loaded)
 
     async def server_time(self) -> datetime:
+        if self.known is not None:
+            self._predicted = self.clock.predict() if self.clock is not None else None
+            if self._predicted is None:  # pragma: no cover - the store checks first
+                raise Unsure()
+            return self._predicted
         if self._held_at is None:  # pragma: no cover - hold() reads it
             raise RuntimeError("server_time() called before hold()")
         return self._held_at
@@ -198,6 +249,8 @@ class _PgTransaction(_ThreadRows, CommitTransaction):
                 self._held_back = {}
             self._held_back[spec.name] = write  # sent with the root (or before a query)
             return ()
+        if self.known is not None:  # pragma: no cover - optimistic() allows inserts only
+            raise Unsure()
         table = self._families[spec.name]
         conn, scope, thread = self._conn, self._scope, self._thread
         truncated: list[str] = []
@@ -256,6 +309,8 @@ class _PgTransaction(_ThreadRows, CommitTransaction):
             )
 
     def relationship_reader(self, context: RelationshipContext) -> RelationshipReader:
+        if self.known is not None:
+            return _NoReader()  # an optimistic commit reads nothing
         return _SendingReader(self, _Reader(self._conn, self._tables, self._scope, self._thread))
 
     async def check_relationships(self, context: RelationshipContext) -> None:
@@ -280,13 +335,51 @@ class _PgTransaction(_ThreadRows, CommitTransaction):
                 writes.append((table, replace))
                 columns.extend(cols)
         args = self._root_args(facts)
+        if self._root is not None:
+            root, counters = self._root
+            self.written = Known((args[10], args[11]), root, counters, facts)
         notice = self.notice
         if notice is not None:
-            root = self._root[0] if self._root is not None else None
-            args += [notice.channel, payload(notice.commit, root)]
-        sql = write_statement(self._tables.threads, tuple(writes), notice is not None)
-        status = await self._conn.execute(sql, *args, *columns)
-        self.notified = notice is not None and status == "SELECT 1"
+            args += [notice.channel, payload(notice.commit, self._root[0] if self._root else None)]
+        known = self.known
+        if known is None:
+            sql = write_statement(self._tables.threads, tuple(writes), notice is not None)
+            status = await self._conn.execute(sql, *args, *columns)
+            self.notified = notice is not None and status == "SELECT 1"
+            return
+        positions = known.next_positions
+        args += [
+            *known.stored,
+            positions["messages"],
+            positions["runs"],
+            positions["queuedItems"],
+            self._predicted,
+        ]
+        sql = write_statement(self._tables.threads, tuple(writes), notice is not None, True)
+        try:
+            row = await self._conn.fetchrow(sql, *args, *columns)
+        except Exception as exc:
+            if sqlstate(exc) in _JUDGED_HELD:
+                raise Unsure() from exc
+            raise
+        if row is None:  # the root moved, or the clock ran past the prediction
+            raise Unsure()
+        if self.clock is not None:
+            self.clock.observe(row["now"])
+        self.notified = notice is not None
+
+
+class _NoReader:
+    """An optimistic commit's relationship reader: a rule that must read is judged held."""
+
+    async def run_facts(self, run_ids: Iterable[str]) -> Mapping[str, RunRelations]:
+        raise Unsure()
+
+    async def open_runs(self) -> Sequence[RunRef]:
+        raise Unsure()
+
+    async def tail(self) -> MessageRef | None:
+        raise Unsure()
 
 
 class _SendingReader:

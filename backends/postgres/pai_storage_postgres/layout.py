@@ -112,22 +112,25 @@ def column_count(table: _Table) -> int:
     return 3 + len(table.extra)
 
 
-def _insert_sql(table: _Table, first: int = 3) -> str:
-    """Insert the ``unnest`` of ``_columns``' arrays, passed from parameter ``first`` on."""
+def _insert_sql(table: _Table, first: int = 3, only_if: str = "") -> str:
+    """Insert the ``unnest`` of ``_columns``' arrays, passed from parameter ``first``
+    on (and only if the condition ``only_if`` holds, when given)."""
     names = ["position", table.id_col, *(c for c, _ in table.extra), "doc"]
     return (
         f"INSERT INTO {table.table} (scope_key, thread_id, {', '.join(names)}) "
         f"SELECT $1, $2, * FROM unnest({_unnest_params(table, first)})"
+        + (f" WHERE {only_if}" if only_if else "")
     )
 
 
-def _update_sql(table: _Table, first: int = 3) -> str:
-    """Update rows by position and id from the arrays, passed from parameter ``first`` on."""
+def _update_sql(table: _Table, first: int = 3, only_if: str = "") -> str:
+    """Update rows by position and id from the arrays, passed from parameter ``first``
+    on (and only if the condition ``only_if`` holds, when given)."""
     names = ["position", "id", *(c for c, _ in table.extra), "doc"]
     sets = ", ".join(f"{c} = u.{c}" for c in [*(c for c, _ in table.extra), "doc"])
     return (
         f"UPDATE {table.table} AS t SET {sets} "
         f"FROM unnest({_unnest_params(table, first)}) AS u({', '.join(names)}) "
         f"WHERE t.scope_key = $1 AND t.thread_id = $2 AND t.position = u.position "
-        f"AND t.{table.id_col} = u.id"
+        f"AND t.{table.id_col} = u.id" + (f" AND {only_if}" if only_if else "")
     )

@@ -257,38 +257,68 @@ ROOT_COLUMNS = 10
 """Parameters ``$3`` to ``$12`` of :func:`write_statement`: the root's columns and its facts."""
 
 
+GUARD_COLUMNS = 6
+"""Parameters of a guarded :func:`write_statement` after the notification's: the
+stored root it expects (document, facts, the three counters) and the commit
+time it was stamped with (NULL on a test clock)."""
+
+STAMP_WINDOW_MS = 5
+"""How far the server's clock may be past a guarded write's predicted commit time."""
+
+
 @functools.lru_cache(maxsize=64)
-def write_statement(threads: str, writes: tuple[tuple[_Table, bool], ...], notify: bool) -> str:
+def write_statement(
+    threads: str, writes: tuple[tuple[_Table, bool], ...], notify: bool, guarded: bool = False
+) -> str:
     """A commit's whole write in one statement: the root, the family writes, the notification.
 
     ``$3`` to ``$12``: the root's revision, list columns, updated time, sort
     key, counters, document and its relationship facts (``facts``, JSON text
     naming the revision they belong to); then, with ``notify``, the channel
-    and the payload; then the column arrays (:func:`.layout._columns`) of each
-    write: ``(table, True)`` replaces rows by position and id, ``(table,
-    False)`` inserts. A replaced row and an inserted one never share an id
-    (the commit's net write), so no two parts touch the same row.
+    and the payload; then, when ``guarded``, the :data:`GUARD_COLUMNS`; then
+    the column arrays (:func:`.layout._columns`) of each write: ``(table,
+    True)`` replaces rows by position and id, ``(table, False)`` inserts. A
+    replaced row and an inserted one never share an id (the commit's net
+    write), so no two parts touch the same row.
 
     Every data-modifying ``WITH`` runs once and to completion, whatever the
     outer query reads; the outer query returns one row when the root was
-    updated (it is held, so it is). ``pg_notify`` runs once per updated row,
-    so once. A ``NOTIFY`` in a transaction is delivered only if the
-    transaction commits (after its writes are visible, in commit order):
-    nobody hears of a commit that was rolled back.
+    updated. Inside a commit's transaction the root is held, so it is. A
+    guarded write (an optimistic commit, outside a transaction: :mod:`.commit`)
+    updates the root only when it is stored exactly as expected and the
+    server's clock is at most :data:`STAMP_WINDOW_MS` past the predicted
+    commit time, and writes the families only if it did; it returns the
+    server's clock, or no row. ``pg_notify`` runs once per updated row, so at
+    most once. A ``NOTIFY`` is delivered only if its transaction commits
+    (after its writes are visible, in commit order): nobody hears of a commit
+    that was rolled back or not written.
     """
+    n = 3 + ROOT_COLUMNS + (2 if notify else 0)
+    guard = ""
+    if guarded:
+        stamp = f"${n + 5}::timestamptz"
+        guard = (
+            f" AND doc = ${n} AND facts = ${n + 1} AND messages_next = ${n + 2} "
+            f"AND runs_next = ${n + 3} AND queued_next = ${n + 4} AND ({stamp} IS NULL "
+            f"OR date_trunc('milliseconds', clock_timestamp()) - {stamp} "
+            f"BETWEEN interval '0' AND interval '{STAMP_WINDOW_MS} milliseconds')"
+        )
+        n += GUARD_COLUMNS
     parts = [
         f"u AS (UPDATE {threads} SET revision = $3, list_visibility = $4, category = $5, "
         "updated_at = $6, sort_key = $7, messages_next = $8, runs_next = $9, "
-        "queued_next = $10, doc = $11, facts = $12 WHERE scope_key = $1 AND thread_id = $2 "
-        "RETURNING 1)"
+        "queued_next = $10, doc = $11, facts = $12 WHERE scope_key = $1 AND thread_id = $2"
+        f"{guard} RETURNING 1)"
     ]
-    n = 3 + ROOT_COLUMNS + (2 if notify else 0)
+    only_if = "EXISTS (SELECT FROM u)" if guarded else ""
     for i, (table, replace) in enumerate(writes):
-        write = _update_sql(table, n) if replace else _insert_sql(table, n)
+        write = _update_sql(table, n, only_if) if replace else _insert_sql(table, n, only_if)
         parts.append(f"w{i} AS ({write})")
         n += column_count(table)
-    outer = f"SELECT pg_notify(${3 + ROOT_COLUMNS}, ${4 + ROOT_COLUMNS})" if notify else "SELECT 1"
-    return f"WITH {', '.join(parts)} {outer} FROM u"
+    columns = ["clock_timestamp() AS now"] if guarded else ["1"]
+    if notify:
+        columns.append(f"pg_notify(${3 + ROOT_COLUMNS}, ${4 + ROOT_COLUMNS})")
+    return f"WITH {', '.join(parts)} SELECT {', '.join(columns)} FROM u"
 
 
 @functools.lru_cache(maxsize=64)

@@ -58,13 +58,16 @@ from pai_storage.backend import (
     run_commit,
     run_read,
 )
-from pai_storage.errors import ThreadStoreConfigurationError
+from pai_storage.clock import ServerClock
+from pai_storage.errors import ThreadStoreConfigurationError, ThreadStoreError
+from pai_storage.models import DeleteMutation
+from pai_storage.root_cache import RootCache, optimistic
 from pai_storage.rows import ListCursor, ListRow, enc, list_page
 from pai_storage.watch import WATCH_CHANGES, ChangeSignal
 
 from . import lifecycle
 from .client import SESSION_SETTINGS, PgClient, keep_session
-from .commit import Notice, _PgTransaction
+from .commit import Known, Notice, Unsure, _PgTransaction
 from .errors import Phase
 from .layout import _Layout
 from .reads import _one_statement, _PgSnapshot, _StatementSnapshot
@@ -176,6 +179,8 @@ class PostgresThreadStore(ThreadStore):
         self._layout = _Layout.of(self.tables)
         self._list_sql: dict[tuple[bool, bool, bool, str, bool], str] = {}
         self._watchers = PgNotifier(self._client, self._connection)  # NOTIFY / LISTEN
+        self._roots: RootCache[tuple[str, str]] = RootCache()  # what this store committed
+        self._server_clock = ServerClock()
 
     def __repr__(self) -> str:
         return (
@@ -358,18 +363,59 @@ class PostgresThreadStore(ThreadStore):
     # ------------------------------------------------------------ commits
 
     async def _commit_thread(self, request: CommitThreadInput) -> CommittedResult | ConflictResult:
+        key = (request.scope_key, request.thread_id)
+        known = self._roots.get(key)
+        if known is not None and optimistic(request, known):
+            done = await self._commit_optimistic(request, known)
+            if done is not None:
+                return done
+        written: Known | None = None
+
         async def body(conn: asyncpg.Connection) -> CommittedResult | ConflictResult | _Abort:
-            tx = _PgTransaction(conn, self._layout, request.scope_key, request.thread_id)
-            tx.mutation = request.mutation
-            tx.notice = Notice(self._watchers.channel, request)
+            nonlocal written
+            written = None  # an attempt rolled back and retried wrote nothing
+            tx = self._commit_transaction(conn, request)
             result = await run_commit(tx, request, clock=self.now)
             if isinstance(result, ConflictResult):
                 return _Abort(result)
+            written = tx.written
             if tx.notified:  # the root's update sent the NOTIFY (commit.py)
                 return result
             return await self._watchers.committed(conn, request, result)  # NOTIFY before COMMIT
 
-        return await self._transaction(body, "commit")
+        result: CommittedResult | ConflictResult = await self._transaction(body, "commit")
+        if written is not None:  # committed: the next commit of the thread may skip its hold
+            self._roots.put(key, written)
+        elif isinstance(request.mutation, DeleteMutation):
+            self._roots.drop(key)
+        return result
+
+    async def _commit_optimistic(
+        self, request: CommitThreadInput, known: Known
+    ) -> CommittedResult | None:
+        """One round trip: the guarded write alone (see :mod:`.commit`); ``None``
+        when the commit must be judged the usual way."""
+        async with self._connection() as conn:
+            tx = self._commit_transaction(conn, request)
+            tx.known = known
+            with self._errors("commit"):  # the write commits itself: a lost reply is unknown
+                try:
+                    result = await run_commit(tx, request, clock=self.now)
+                except (Unsure, ThreadStoreError):  # judged again, held (not a driver's error)
+                    return None
+        if not isinstance(result, CommittedResult) or tx.written is None:
+            return None  # pragma: no cover - a conflict needs another version
+        self._roots.put((request.scope_key, request.thread_id), tx.written)
+        return result
+
+    def _commit_transaction(
+        self, conn: asyncpg.Connection, request: CommitThreadInput
+    ) -> _PgTransaction:
+        tx = _PgTransaction(conn, self._layout, request.scope_key, request.thread_id)
+        tx.mutation = request.mutation
+        tx.notice = Notice(self._watchers.channel, request)
+        tx.clock = self._server_clock
+        return tx
 
     async def _transaction(
         self, body: Callable[[asyncpg.Connection], Awaitable[T | _Abort]], what: str
