@@ -1,12 +1,15 @@
 """The roots a store last saw, per thread: what lets a commit skip its hold.
 
-A backend that writes a commit guarded by the stored root it expects (MongoDB's
-stamped hold, PostgreSQL's optimistic commit) keeps the last root it committed
-or read here, as the database stores it, with its counters and relationship
-facts. An entry is only a hint: the guarded write matches the stored root
-exactly (the whole document), so a stale or foreign entry writes nothing and
-the commit takes the usual hold. :func:`optimistic` says which commits may be
-judged from an entry alone.
+A backend that writes a commit guarded by the stored root it expects
+(MongoDB's stamped hold, the optimistic commits of PostgreSQL and SQLite)
+keeps the last root it committed or read here, as the database stores it,
+with its counters and relationship facts. An entry is only a hint: the
+guarded write matches the stored root exactly (the whole document), so a
+stale or foreign entry writes nothing and the commit takes the usual hold.
+:func:`optimistic` says which commits may be judged from an entry alone; a
+backend's optimistic commit raises :class:`Unsure` for anything it cannot
+settle without the hold (its store then commits the usual way), and its
+relationship reader is :class:`NoQueries`.
 
 Entries are immutable: the root is an immutable record, the facts an immutable
 value, and :meth:`RootCache.put` keeps its own copy of the counters.
@@ -15,14 +18,15 @@ value, and :meth:`RootCache.put` keeps its own copy of the counters.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Generic, NamedTuple, TypeVar
 
 from .aggregate import FamilyName
 from .models import CommitThreadInput, InsertChange, ThreadRecord, UpdateMutation
+from .relationships import MessageRef, RunRef, RunRelations
 from .root_facts import RootFacts
 
-__all__ = ["CachedRoot", "RootCache", "optimistic"]
+__all__ = ["CachedRoot", "NoQueries", "RootCache", "Unsure", "optimistic"]
 
 S = TypeVar("S")
 
@@ -99,3 +103,25 @@ def optimistic(commit: CommitThreadInput, known: CachedRoot[Any]) -> bool:
     return all(
         isinstance(c, InsertChange) for c in (*(changes.messages or ()), *(changes.runs or ()))
     )
+
+
+class Unsure(Exception):
+    """Internal: an optimistic commit needs what only the usual hold gives.
+
+    Raised before anything of the commit is applied (or with its transaction
+    rolled back); the store then commits the usual way, which judges again.
+    """
+
+
+class NoQueries:
+    """The relationship reader of an optimistic commit: a rule that must read the
+    thread's rows raises :class:`Unsure` (the known facts did not answer it)."""
+
+    async def run_facts(self, run_ids: Iterable[str]) -> Mapping[str, RunRelations]:
+        raise Unsure()
+
+    async def open_runs(self) -> Sequence[RunRef]:
+        raise Unsure()
+
+    async def tail(self) -> MessageRef | None:
+        raise Unsure()

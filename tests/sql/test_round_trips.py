@@ -5,10 +5,14 @@ A write runs whole in one call into the writer connection's thread (see
 but it is still work in the database and in Python: these tests pin today's
 statements of the common commits (an append, a run started, a run finished, a
 conflicting append, a commit of a root stored without its relationship
-facts), with what each is for, so that a change to the commit path shows up
-here: the hold that returns the root with its relationship facts, the named
-rows, the writes, the root with the facts after the commit, and the commit
-(issue 35). The lists are expected to shrink, never to grow silently.
+facts, and every way an optimistic commit falls back), with what each is
+for, so that a change to the commit path shows up here: the hold that
+returns the root with its relationship facts, the named rows, the writes,
+the root with the facts after the commit, and the commit. A commit of a
+version this store committed, that only inserts messages and runs with no
+lease involved, is optimistic: no hold and no named rows, the root updated
+only when stored exactly as known. The lists are expected to shrink, never
+to grow silently.
 The callback sits on the ``sqlite3`` connection under the client's one held
 writer connection (reached through SQLAlchemy's ``get_raw_connection`` and
 aiosqlite's ``Cursor.connection``), so it sees every statement the engine's
@@ -32,6 +36,7 @@ from sqlalchemy import update
 
 from pai_storage import CommittedResult, ConflictResult, ThreadVersion
 from pai_storage import builders as b
+from pai_storage.errors import ThreadStoreInvariantError
 
 from .conftest import Target
 
@@ -83,6 +88,14 @@ async def counted(sqlite_target: Target) -> AsyncIterator[tuple[SqlThreadStore, 
         yield store, statements
 
 
+@pytest_asyncio.fixture
+async def other(counted: tuple[SqlThreadStore, Statements]) -> AsyncIterator[SqlThreadStore]:
+    """A second store on the counted store's client: what it commits, the counted
+    store did not (its statements are traced too)."""
+    async with SqlThreadStore(client=counted[0].client) as store:
+        yield store
+
+
 async def _trace(held: Any, statements: Statements) -> None:
     """Trace every statement of ``held``, a pool holding its one connection."""
     assert held is not None
@@ -122,7 +135,7 @@ _FINISH = {
 }
 
 
-async def test_an_append_is_six_statements(
+async def test_an_append_of_a_version_the_store_committed_is_four_statements(
     counted: tuple[SqlThreadStore, Statements],
 ) -> None:
     store, statements = counted
@@ -131,7 +144,26 @@ async def test_an_append_is_six_statements(
     await _commit(store, "t", version, _APPEND)
     assert statements.take() == [
         # Takes SQLite's write lock first: orders the commits (of every thread:
-        # SQLite has one writer) and keeps the reads below current.
+        # SQLite has one writer); the clock is read after it.
+        "BEGIN IMMEDIATE",
+        # The ids are taken to be new: the unique keys refuse one that is not.
+        "INSERT messages",
+        # The root with the facts after this commit (derived from the known
+        # ones: no query), only where it is stored exactly as this store
+        # committed it.
+        "UPDATE threads",
+        "COMMIT",
+    ]
+
+
+async def test_an_append_of_a_version_committed_elsewhere_is_six_statements(
+    counted: tuple[SqlThreadStore, Statements], other: SqlThreadStore
+) -> None:
+    store, statements = counted
+    version = await _create(other, "t")  # unknown to the counted store
+    statements.take()
+    version = await _commit(store, "t", version, _APPEND)
+    assert statements.take() == [
         "BEGIN IMMEDIATE",
         # The root, its counters and its relationship facts; the version the
         # commit names is checked against it. (The clock is the process's:
@@ -147,9 +179,12 @@ async def test_an_append_is_six_statements(
         "UPDATE threads",
         "COMMIT",
     ]
+    # It committed that version itself now: the next append is optimistic.
+    await _commit(store, "t", version, {"messages": [b.insert(b.message("m2"))]})
+    assert len(statements.take()) == 4
 
 
-async def test_a_run_started_and_finished_are_eight_statements_each(
+async def test_a_run_started_is_four_statements_and_finished_eight(
     counted: tuple[SqlThreadStore, Statements],
 ) -> None:
     store, statements = counted
@@ -160,17 +195,88 @@ async def test_a_run_started_and_finished_are_eight_statements_each(
     await _commit(store, "t", version, _FINISH)
     finished = statements.take()
     # The run's facts (its record, its messages' positions, its queued items)
-    # come from the root's facts and the writes: nothing is queried after the
-    # writes.
-    hold = [
+    # come from the root's facts and the writes: nothing is queried.
+    assert started == [
+        "BEGIN IMMEDIATE",
+        "INSERT messages",
+        "INSERT runs",
+        "UPDATE threads",
+        "COMMIT",
+    ]
+    # A replacement needs the stored run: held.
+    assert finished == [
         "BEGIN IMMEDIATE",
         "SELECT threads",  # the root and its facts (under the write lock)
         "SELECT messages by id",  # the named messages' stored rows
         "SELECT runs by id",  # the named runs' stored rows
         "INSERT messages",
+        "UPDATE runs",
+        "UPDATE threads",
+        "COMMIT",
     ]
-    assert started == [*hold, "INSERT runs", "UPDATE threads", "COMMIT"]
-    assert finished == [*hold, "UPDATE runs", "UPDATE threads", "COMMIT"]
+
+
+async def test_an_optimistic_append_over_a_moved_root_falls_back_to_the_hold(
+    counted: tuple[SqlThreadStore, Statements], other: SqlThreadStore
+) -> None:
+    """Another store committed the version this one knows: the root's update
+    matches nothing, the attempt is rolled back, and the usual commit finds the
+    conflict."""
+    store, statements = counted
+    version = await _create(store, "t")
+    await _commit(other, "t", version, {})  # the root alone: the positions stay free
+    statements.take()
+    result = await store.commit_thread(
+        b.update_at("s", "t", version, {"messages": [b.insert(b.message("m2"))]}, root=b.root())
+    )
+    assert isinstance(result, ConflictResult)
+    assert statements.take() == [
+        "BEGIN IMMEDIATE",
+        "INSERT messages",
+        "UPDATE threads",  # matches nothing
+        "ROLLBACK",
+        "BEGIN IMMEDIATE",
+        "SELECT threads",
+        "ROLLBACK",
+    ]
+
+
+async def test_an_optimistic_insert_of_an_existing_id_falls_back_to_the_hold(
+    counted: tuple[SqlThreadStore, Statements],
+) -> None:
+    store, statements = counted
+    version = await _create(store, "t")
+    version = await _commit(store, "t", version, _APPEND)
+    statements.take()
+    with pytest.raises(ThreadStoreInvariantError):
+        await _commit(store, "t", version, _APPEND)  # m1 again
+    assert statements.take() == [
+        "BEGIN IMMEDIATE",
+        "INSERT messages",  # refused by the unique key
+        "ROLLBACK",
+        "BEGIN IMMEDIATE",
+        "SELECT threads",
+        "SELECT messages by id",
+        "ROLLBACK",
+    ]
+
+
+async def test_an_optimistic_commit_whose_rule_must_read_falls_back_to_the_hold(
+    counted: tuple[SqlThreadStore, Statements],
+) -> None:
+    """A message of a finished run (the facts on the root know open runs only)."""
+    store, statements = counted
+    version = await _create(store, "t")
+    version = await _commit(store, "t", version, _START)
+    version = await _commit(store, "t", version, _FINISH)
+    statements.take()
+    late = b.message("late", "after the run", run_id="r1", relation="output")
+    await _commit(store, "t", version, {"messages": [b.insert(late)]})
+    sent = statements.take()
+    assert sent[:3] == ["BEGIN IMMEDIATE", "INSERT messages", "ROLLBACK"]
+    assert sent[3:6] == ["BEGIN IMMEDIATE", "SELECT threads", "SELECT messages by id"]
+    assert "SELECT runs by id" in sent[6:]
+    assert sent[-1] == "COMMIT"
 
 
 async def test_a_commit_without_stored_facts_queries_them_once(
@@ -185,6 +291,13 @@ async def test_a_commit_without_stored_facts_queries_them_once(
     statements.take()
     version = await _commit(store, "t", version, _START)
     assert statements.take() == [
+        # The store knows the root it committed, but not as stored now: its
+        # optimistic update matches nothing and is rolled back.
+        "BEGIN IMMEDIATE",
+        "INSERT messages",
+        "INSERT runs",
+        "UPDATE threads",
+        "ROLLBACK",
         "BEGIN IMMEDIATE",
         "SELECT threads",
         "SELECT messages by id",

@@ -33,7 +33,7 @@ guarded: it updates the root only when it is stored exactly as known and
 the server's clock is at most :data:`~.statements.STAMP_WINDOW_MS` past
 that time, and writes the rows only if it did. Anything else (a guard that
 matches nothing, an id that exists, a rule that needs a query, a conflict
-or an error in the judgement) raises :class:`Unsure`, and the store commits
+or an error in the judgement) raises :class:`~pai_storage.root_cache.Unsure`, and the store commits
 the usual way.
 """
 
@@ -64,7 +64,7 @@ from pai_storage.backend import (
 )
 from pai_storage.clock import ServerClock
 from pai_storage.models import CreateMutation, DeleteMutation
-from pai_storage.root_cache import CachedRoot
+from pai_storage.root_cache import CachedRoot, NoQueries, Unsure
 from pai_storage.root_facts import (
     NO_FACTS,
     RootFacts,
@@ -84,10 +84,6 @@ from .watch import payload
 
 Known = CachedRoot[tuple[str, str]]
 """A root this store committed: stored as ``(document, facts)`` text."""
-
-
-class Unsure(Exception):
-    """Internal: an optimistic commit needs what only the usual hold gives."""
 
 
 _JUDGED_HELD = RETRYABLE_STATES | {"23505"}
@@ -310,7 +306,7 @@ class _PgTransaction(_ThreadRows, CommitTransaction):
 
     def relationship_reader(self, context: RelationshipContext) -> RelationshipReader:
         if self.known is not None:
-            return _NoReader()  # an optimistic commit reads nothing
+            return NoQueries()  # an optimistic commit reads nothing
         return _SendingReader(self, _Reader(self._conn, self._tables, self._scope, self._thread))
 
     async def check_relationships(self, context: RelationshipContext) -> None:
@@ -367,19 +363,6 @@ class _PgTransaction(_ThreadRows, CommitTransaction):
         if self.clock is not None:
             self.clock.observe(row["now"])
         self.notified = notice is not None
-
-
-class _NoReader:
-    """An optimistic commit's relationship reader: a rule that must read is judged held."""
-
-    async def run_facts(self, run_ids: Iterable[str]) -> Mapping[str, RunRelations]:
-        raise Unsure()
-
-    async def open_runs(self) -> Sequence[RunRef]:
-        raise Unsure()
-
-    async def tail(self) -> MessageRef | None:
-        raise Unsure()
 
 
 class _SendingReader:

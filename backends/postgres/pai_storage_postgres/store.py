@@ -61,13 +61,13 @@ from pai_storage.backend import (
 from pai_storage.clock import ServerClock
 from pai_storage.errors import ThreadStoreConfigurationError, ThreadStoreError
 from pai_storage.models import DeleteMutation
-from pai_storage.root_cache import RootCache, optimistic
+from pai_storage.root_cache import RootCache, Unsure, optimistic
 from pai_storage.rows import ListCursor, ListRow, enc, list_page
 from pai_storage.watch import WATCH_CHANGES, ChangeSignal
 
 from . import lifecycle
 from .client import SESSION_SETTINGS, PgClient, keep_session
-from .commit import Known, Notice, Unsure, _PgTransaction
+from .commit import Known, Notice, _PgTransaction
 from .errors import Phase
 from .layout import _Layout
 from .reads import _one_statement, _PgSnapshot, _StatementSnapshot

@@ -16,6 +16,17 @@ A commit whose facts follow from the stored ones and its writes (it inserts
 messages and inserts or replaces runs) checks the rules with no query; any
 other commit queries the children with bounded queries inside the same
 transaction (:mod:`.relations`) and reads the facts back for the next one.
+
+On SQLite, whose clock is the process's, a commit of a version this store
+committed that only inserts messages and runs, with no lease involved
+(:func:`~pai_storage.root_cache.optimistic`), is *optimistic*: the root the
+store kept (:attr:`.store.SqlThreadStore.roots`) stands in for the hold and
+the ids it inserts are taken to be new, so nothing is read. The tables'
+unique keys refuse an id that exists, and the root is updated only when it
+is stored exactly as known (document, facts and counters); either failure,
+a rule that must read, or a conflict or error in the judgement raises
+:class:`~pai_storage.root_cache.Unsure`, the transaction is rolled back and
+the commit runs again the usual way.
 """
 
 from __future__ import annotations
@@ -46,8 +57,9 @@ from pai_storage.backend import (
     run_commit,
     timestamp_ms,
 )
-from pai_storage.errors import ThreadStoreInvariantError
+from pai_storage.errors import ThreadStoreError, ThreadStoreInvariantError
 from pai_storage.models import CreateMutation
+from pai_storage.root_cache import CachedRoot, NoQueries, Unsure, optimistic
 from pai_storage.root_facts import (
     NO_FACTS,
     RootFacts,
@@ -79,22 +91,57 @@ class _Conflict(Exception):
         self.result = result
 
 
+Known = CachedRoot[tuple[str, str]]
+"""A root this store committed: stored as ``(document, facts)`` text."""
+
+
 async def commit_once(
     store: SqlThreadStore, request: CommitThreadInput
 ) -> CommittedResult | ConflictResult:
-    """One attempt: the write transaction, the core's commit pipeline, commit or roll back."""
+    """One attempt: the write transaction, the core's commit pipeline, commit or roll
+    back (optimistic first, on SQLite, when the store knows the version)."""
+    key = (request.scope_key, request.thread_id)
+    known = store.roots.get(key) if store.client.dialect == "sqlite" else None
+    if known is not None and optimistic(request, known):
+        try:
+            return await _commit(store, request, known)
+        except Unsure:
+            pass  # rolled back: judged again with the hold
+    return await _commit(store, request, None)
+
+
+async def _commit(
+    store: SqlThreadStore, request: CommitThreadInput, known: Known | None
+) -> CommittedResult | ConflictResult:
+    written: Known | None = None
 
     async def attempt(op: Operation) -> CommittedResult:
+        nonlocal written
         tx = _Transaction(op, store, request.scope_key, request.thread_id, request.mutation)
-        result = await run_commit(tx, request, clock=store.now)
+        tx.known = known
+        try:
+            result = await run_commit(tx, request, clock=store.now)
+        except ThreadStoreError as exc:
+            if known is not None:  # judged from the known root: judged again, held
+                raise Unsure() from exc
+            raise
         if isinstance(result, ConflictResult):
+            if known is not None:
+                raise Unsure()
             raise _Conflict(result)
+        written = tx.written
         return result
 
+    key = (request.scope_key, request.thread_id)
     try:
-        return await store._client.run_write(attempt)
+        result = await store.client.run_write(attempt)
     except _Conflict as conflict:
         return conflict.result
+    if written is not None:
+        store.roots.put(key, written)
+    else:
+        store.roots.drop(key)  # a delete, or a root stored without facts
+    return result
 
 
 class _Transaction(_ThreadRows, CommitTransaction):
@@ -114,8 +161,16 @@ class _Transaction(_ThreadRows, CommitTransaction):
         """The stored facts of the held root (``None``: unknown, the check queries)."""
         self._update: dict[str, Any] | None = None
         """The root's columns, written after the relationship check with its facts."""
+        self._root: tuple[ThreadRecord, Mapping[FamilyName, int]] | None = None
+        self.known: Known | None = None
+        """Set for an optimistic commit: the root it is judged from (no hold)."""
+        self.written: Known | None = None
+        """What the commit stored, when its facts are known: the next commit's ``known``."""
 
     async def hold(self) -> HeldThread:
+        if self.known is not None:  # optimistic: nothing read, the writes check it all
+            self._previous_facts = self.known.facts
+            return HeldThread(self.known.root, self.known.next_positions, {})
         t = self._t.threads
         if isinstance(self._mutation, CreateMutation) or self._mutation is _RESTORE:
             # Nothing to lock yet: write_root inserts and a concurrent create's
@@ -172,6 +227,7 @@ class _Transaction(_ThreadRows, CommitTransaction):
             "doc": codec.encode(root),
         }
         self._check_size("thread root", values["doc"])
+        self._root = (root, next_positions)
         if not created:
             # Written with its facts once the relationship check has judged them.
             self._update = values
@@ -181,8 +237,15 @@ class _Transaction(_ThreadRows, CommitTransaction):
         # records, a restore or a fork leaves them to its next commit.
         mutation = self._mutation
         empty = isinstance(mutation, CreateMutation) and _no_records(mutation)
+        if empty:
+            self.written = Known(
+                (values["doc"], facts_text(NO_FACTS, root.version.revision)),
+                root,
+                next_positions,
+                NO_FACTS,
+            )
         values.update(
-            facts=facts_text(NO_FACTS, root.version.revision) if empty else None,
+            facts=self.written.stored[1] if self.written is not None else None,
             tkey=self._key,
             scope_h=digest(self._scope_key),
             scope_key=enc(self._scope_key),
@@ -257,7 +320,12 @@ class _Transaction(_ThreadRows, CommitTransaction):
             rows_ = [{"tkey": key, **_row(spec, e)} for e in write.inserts]
             stmt = self._store.sql(self._op, ("insert-rows", spec.name), lambda: insert(table))
             for chunk in self._chunks(spec, rows_):
-                await self._op.executemany(stmt, chunk)
+                try:
+                    await self._op.executemany(stmt, chunk)
+                except Exception as exc:
+                    if self.known is not None and is_unique_violation(exc):
+                        raise Unsure() from exc  # an id taken as new exists
+                    raise
         return truncated
 
     def _chunks(
@@ -300,6 +368,8 @@ class _Transaction(_ThreadRows, CommitTransaction):
             await self._conn.execute(delete(table).where(table.c.tkey == self._key))
 
     def relationship_reader(self, context: RelationshipContext) -> RelationshipReader:
+        if self.known is not None:
+            return NoQueries()  # an optimistic commit reads nothing
         return _Reader(self._op, self._store, self._key)
 
     async def check_relationships(self, context: RelationshipContext) -> None:
@@ -318,18 +388,52 @@ class _Transaction(_ThreadRows, CommitTransaction):
             return
         facts = await facts_after(previous, context, reader, derived)
         values["facts"] = facts_text(facts, values["revision"])
+        if self._root is not None:
+            root, counters = self._root
+            self.written = Known((values["doc"], values["facts"]), root, counters, facts)
         t = self._t.threads
         names = list(values)
+        params = {"k": self._key, **{f"b_{c}": values[c] for c in names}}
+        known = self.known
+        if known is None:
+            stmt = self._store.sql(
+                self._op,
+                "root-update",
+                lambda: (
+                    update(t)
+                    .where(t.c.tkey == bindparam("k"))
+                    .values({c: bindparam(f"b_{c}") for c in names})
+                ),
+            )
+            await self._op.execute(stmt, params)
+            return
+        # Only over the root as this store committed it: else judged again, held.
         stmt = self._store.sql(
             self._op,
-            "root-update",
+            "root-update-known",
             lambda: (
                 update(t)
-                .where(t.c.tkey == bindparam("k"))
+                .where(
+                    t.c.tkey == bindparam("k"),
+                    t.c.doc == bindparam("g_doc"),
+                    t.c.facts == bindparam("g_facts"),
+                    t.c.messages_next == bindparam("g_messages"),
+                    t.c.runs_next == bindparam("g_runs"),
+                    t.c.queued_next == bindparam("g_queued"),
+                )
                 .values({c: bindparam(f"b_{c}") for c in names})
             ),
         )
-        await self._op.execute(stmt, {"k": self._key, **{f"b_{c}": values[c] for c in names}})
+        positions = known.next_positions
+        params.update(
+            g_doc=known.stored[0],
+            g_facts=known.stored[1],
+            g_messages=positions["messages"],
+            g_runs=positions["runs"],
+            g_queued=positions["queuedItems"],
+        )
+        if await self._op.changed(stmt, params) != 1:
+            raise Unsure()
 
 
 def _no_records(mutation: CreateMutation) -> bool:

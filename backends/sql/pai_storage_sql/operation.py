@@ -143,6 +143,18 @@ class Operation:
         async with self.driver.cursor() as cursor:
             await cursor.execute(text, args)
 
+    async def changed(self, statement: Statement, params: Mapping[str, Any]) -> int:
+        """Run a statement that returns no rows; the number of rows it changed."""
+        text, args = statement.bind(params)
+        if self.listeners is not None:
+            self.announce(text, args, False)
+        if self.sqlite:
+            cursor = await self.driver.execute(text, args)
+            return int(cursor.rowcount)
+        async with self.driver.cursor() as cursor:
+            await cursor.execute(text, args)
+            return int(cursor.rowcount)
+
     async def executemany(self, statement: Statement, params: Sequence[Mapping[str, Any]]) -> None:
         """Run a statement once per parameter set (MySQL: one multi-row ``INSERT``)."""
         if not params:

@@ -57,6 +57,7 @@ from pai_storage.backend import (
     WarningCallback,
     run_read,
 )
+from pai_storage.root_cache import RootCache
 from pai_storage.rows import ListCursor, ListRow, list_page
 
 from . import lifecycle
@@ -123,6 +124,9 @@ class SqlThreadStore(ThreadStore):
         self._ord_bytes: int | None = None if self._client.dialect == "sqlite" else ORDER_BYTES
         self._statements: dict[Hashable, Any] = {}
         self._compiled: dict[Hashable, Statement] = {}
+        self.roots: RootCache[tuple[str, str]] = RootCache()
+        """The roots this store committed (document and facts text): on SQLite,
+        the next commit of a thread may be optimistic (:mod:`.commit`)."""
 
     def statement(self, key: Hashable, build: Callable[[], Any]) -> Any:
         """The statement ``key`` names, built once per store (SQLAlchemy then reuses
