@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
@@ -42,22 +43,48 @@ class ManualClock:
 
 
 class ServerClock:
-    """The server's clock as this process last saw it: the local clock's offset."""
+    """The server's clock as this process last saw it, carried forward on the
+    process's monotonic clock (so a step or slew of the local wall clock moves
+    nothing).
+
+    A caller that writes with a predicted time reports each write whose
+    prediction was too far behind (:meth:`missed`) and each that was not
+    (:meth:`hit`); after :data:`MISSES` misses in a row (a slow network)
+    :meth:`predict` gives nothing for its next :data:`PAUSE` calls.
+    """
+
+    MISSES = 3
+    PAUSE = 64
 
     def __init__(self) -> None:
-        self._offset: timedelta | None = None
+        self._seen: tuple[datetime, float] | None = None
+        self._misses = 0
+        self._paused = 0
 
     def observe(self, server_now: datetime) -> None:
-        """Learn the offset from a time the server just returned.
+        """Learn from a time the server just returned.
 
-        The reply took a moment to arrive, so the offset (and every time
-        :meth:`predict` gives) runs behind the server's clock by about that
-        moment, never ahead of it.
+        The reply took a moment to arrive, so every time :meth:`predict` gives
+        runs behind the server's clock by at least that moment.
         """
-        self._offset = server_now - datetime.now(UTC)
+        self._seen = (server_now, time.monotonic())
+
+    def hit(self) -> None:
+        self._misses = 0
+
+    def missed(self) -> None:
+        self._misses += 1
+        if self._misses >= self.MISSES:
+            self._misses = 0
+            self._paused = self.PAUSE
 
     def predict(self) -> datetime | None:
-        """The server's clock now, to the millisecond (``None`` before any observation)."""
-        if self._offset is None:
+        """The server's clock now, to the millisecond; ``None`` before any
+        observation and while paused."""
+        if self._seen is None:
             return None
-        return truncate_ms(datetime.now(UTC) + self._offset)
+        if self._paused:
+            self._paused -= 1
+            return None
+        server, at = self._seen
+        return truncate_ms(server + timedelta(seconds=time.monotonic() - at))

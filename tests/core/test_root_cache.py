@@ -118,3 +118,25 @@ def test_the_server_clock_follows_the_servers_offset_to_the_millisecond() -> Non
     assert predicted.microsecond % 1000 == 0
     ahead = predicted - datetime.now(UTC)
     assert timedelta(seconds=29.9) < ahead <= timedelta(seconds=30)
+
+
+def test_three_misses_in_a_row_pause_the_predictions() -> None:
+    clock = ServerClock()
+    clock.observe(datetime.now(UTC))
+    clock.missed()
+    clock.missed()
+    assert clock.predict() is not None
+    clock.missed()
+    assert [clock.predict() for _ in range(ServerClock.PAUSE)] == [None] * ServerClock.PAUSE
+    assert clock.predict() is not None
+
+
+def test_a_hit_ends_a_run_of_misses() -> None:
+    clock = ServerClock()
+    clock.observe(datetime.now(UTC))
+    clock.missed()
+    clock.missed()
+    clock.hit()
+    clock.missed()
+    clock.missed()
+    assert clock.predict() is not None

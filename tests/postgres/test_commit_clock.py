@@ -6,22 +6,26 @@ clock once it has the lock, not when it asked for it. The hold returns the
 clock in the same statement (``statements.hold_statement``), so the order is
 the statement's to keep.
 
-The store committed the thread it appends to here, so the append is
-optimistic first: its guard checks the server's clock when it finds the
-root, after the wait, and finds it past its window; the usual commit then
-stamps it. A guard that checked the clock before the wait would commit the
-append with a time before the holder ended, and fail this test.
+An optimistic commit (the store committed the version it appends to) has no
+hold: its one statement reads the server's clock once its update holds the
+row, after any wait, and applies nothing when that is past the window of
+the time it predicted; the usual commit then stamps it. The tests below run
+it on a warmed connection (its statement prepared, so that only the wait can
+put the clock past the window), with the lock taken by a holder that leaves
+the row unchanged (a commit rolled back, a fork reading the thread): a
+clock read before the wait would stamp the append before the holder ended.
 """
 
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime, timedelta
 
 import asyncpg  # type: ignore[import-untyped]
 import pytest
 from pai_storage_postgres import PostgresThreadStore
 
-from pai_storage import CommittedResult
+from pai_storage import CommittedResult, ThreadVersion
 from pai_storage import builders as b
 
 from .helpers import URL
@@ -61,3 +65,49 @@ async def test_a_commit_that_waited_for_the_root_is_stamped_after_the_holder_end
         result = await waiting
     assert isinstance(result, CommittedResult)
     assert result.committed_at >= ended
+
+
+async def _append(store: PostgresThreadStore, version: ThreadVersion, mid: str) -> CommittedResult:
+    result = await store.commit_thread(
+        b.update_at("s", "t", version, {"messages": [b.insert(b.message(mid))]}, root=b.root())
+    )
+    assert isinstance(result, CommittedResult)
+    assert result.thread is not None
+    return result
+
+
+@pytest.mark.parametrize("lock", ["FOR UPDATE", "FOR SHARE"])
+async def test_an_optimistic_commit_that_waited_for_the_root_is_stamped_after_the_holder_ended(
+    pg_schema: str, pg_conn: asyncpg.Connection, lock: str
+) -> None:
+    async with PostgresThreadStore(URL, schema=pg_schema, max_pool_size=1) as store:
+        created = await store.commit_thread(b.create("s", "t"))
+        assert isinstance(created, CommittedResult)
+        assert created.thread is not None
+        version = created.thread.version
+        for n in range(3):  # the one connection's statements prepared
+            version = (await _append(store, version, f"warm-{n}")).thread.version  # type: ignore[union-attr]
+        root = f"{store.tables.threads} WHERE scope_key = $1 AND thread_id = $2"
+        async with pg_conn.transaction():
+            await pg_conn.fetchval(f"SELECT revision FROM {root} {lock}", b"s", b"t")
+            waiting = asyncio.create_task(_append(store, version, "m1"))
+            await asyncio.sleep(WAIT)
+            assert not waiting.done(), "the commit did not wait for the root's lock"
+            ended = await pg_conn.fetchval("SELECT date_trunc('milliseconds', clock_timestamp())")
+        result = await waiting
+    assert result.committed_at >= ended
+
+
+async def test_an_optimistic_commit_never_takes_a_time_ahead_of_the_server(
+    pg_schema: str,
+) -> None:
+    """A process whose view of the server's clock runs ahead (it predicts a
+    second too late) applies nothing optimistically: the usual commit stamps it."""
+    async with PostgresThreadStore(URL, schema=pg_schema) as store:
+        created = await store.commit_thread(b.create("s", "t"))
+        assert isinstance(created, CommittedResult)
+        assert created.thread is not None
+        version = (await _append(store, created.thread.version, "warm")).thread.version  # type: ignore[union-attr]
+        store._server_clock.observe(datetime.now(UTC) + timedelta(seconds=1))
+        result = await _append(store, version, "m1")
+        assert result.committed_at <= datetime.now(UTC)

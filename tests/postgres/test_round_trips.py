@@ -50,7 +50,9 @@ def label(sql: str) -> str:
         return "clock" if "clock_timestamp()" in words else verb
     family = found.group(1) or "threads"
     detail = ""
-    if "FOR UPDATE" in words:
+    if "FOR UPDATE NOWAIT" in words:  # an optimistic commit: the root locked, then updated
+        verb, detail = "UPDATE", " NOWAIT"
+    elif "FOR UPDATE" in words:
         detail = " FOR UPDATE"
     elif verb == "SELECT" and "unnest(" in words:
         detail = " by id"
@@ -182,12 +184,12 @@ _HOLD = (
 
 
 _OPTIMISTIC = (
-    # The root, guarded: updated only when stored exactly as this store
+    # The root locked without waiting, only when stored exactly as this store
     # committed it and the server's clock is within the window of the predicted
-    # commit time (the clock it returns keeps the prediction close); the rows
-    # inserted only if it was; the watchers' signal. One statement, which
-    # commits itself.
-    "UPDATE threads + clock + notify"
+    # commit time (the clock it returns keeps the prediction close), then
+    # updated; the rows inserted only if it was; the watchers' signal. One
+    # statement, which commits itself.
+    "UPDATE threads NOWAIT + clock + notify"
 )
 
 
@@ -263,6 +265,31 @@ async def test_an_optimistic_append_over_a_moved_root_falls_back_to_the_hold(
         "BEGIN",
         f"{_HOLD} + messages by id",
         "ROLLBACK",
+    ]
+
+
+async def test_an_optimistic_append_to_a_held_root_falls_back_at_once(
+    counted: tuple[PostgresThreadStore, Statements], pg_conn: asyncpg.Connection
+) -> None:
+    """Another transaction holds the root: the optimistic statement does not wait
+    for it (``NOWAIT``), so the commit queues for the lock the usual way, in
+    the order it came (a client that pipelines its commits relies on it)."""
+    store, statements = counted
+    version = await _create(store, "t")
+    await statements.take()
+    root = f"{store.tables.threads} WHERE scope_key = $1 AND thread_id = $2"
+    async with pg_conn.transaction():
+        await pg_conn.fetchval(f"SELECT revision FROM {root} FOR UPDATE", b"s", b"t")
+        waiting = asyncio.create_task(_commit(store, "t", version, _APPEND))
+        await asyncio.sleep(0.3)
+        assert not waiting.done()
+        # Failed at once, and the usual commit began (its hold waits for the lock).
+        assert await statements.take() == [f"{_OPTIMISTIC} + INSERT messages", "BEGIN"]
+    await waiting
+    assert await statements.take() == [
+        f"{_HOLD} + messages by id",
+        "UPDATE threads + notify + INSERT messages",
+        "COMMIT",
     ]
 
 

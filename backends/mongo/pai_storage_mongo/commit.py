@@ -42,6 +42,7 @@ from pai_storage.models import (
     ThreadChanges,
     TruncateChange,
 )
+from pai_storage.root_cache import Unsure
 from pai_storage.root_facts import NO_FACTS, RootFacts, check_rules, facts_after
 
 from .documents import (
@@ -54,7 +55,7 @@ from .documents import (
     root_facts,
 )
 from .errors import duplicate_key, is_duplicate_key
-from .hold import CachedRoot, Mispredicted, Stamp, stamp_ahead
+from .hold import CachedRoot, Stamp, stamp_ahead
 from .indexes import Doc
 from .relations import Reader
 from .transactions import TXN_OPTIONS, Retry, abort, commit_transaction
@@ -392,7 +393,7 @@ async def commit_once(
         except BaseException as exc:
             if not isinstance(exc, ServerSelectionTimeoutError):
                 await abort(session)
-            if isinstance(exc, Mispredicted):
+            if isinstance(exc, Unsure):
                 write_ahead = False
                 continue
             if tx.unverified and isinstance(exc, ThreadStoreInvariantError | InsertExists):

@@ -20,7 +20,7 @@ Invariants
 3. A stamp is committed only when it is exactly what the pipeline produced:
    the commit checks the root (:meth:`Stamp.check_root`, byte for byte with
    its ``_id`` and facts) and, after the relationship check, the facts
-   (:meth:`Stamp.check_facts`). A mismatch raises :class:`Mispredicted`; the
+   (:meth:`Stamp.check_facts`). A mismatch raises ``Unsure``; the
    transaction is aborted and the commit judged again without a stamp. A
    refused commit (conflict, invariant error) is aborted too, so nothing
    stamped and wrong is ever committed. Only the commit time differs from the
@@ -35,7 +35,7 @@ Invariants
    a delete, a restore).
 
 The rest of the backend uses only :class:`RootCache`, :class:`CachedRoot`,
-:func:`stamp_ahead`, :class:`Stamp` and :class:`Mispredicted`: a different
+:func:`stamp_ahead`, :class:`Stamp` and the core's ``Unsure``: a different
 hold can replace this module behind them.
 """
 
@@ -70,6 +70,7 @@ from pai_storage.models import (
 )
 from pai_storage.root_cache import CachedRoot as _CachedRoot
 from pai_storage.root_cache import RootCache as _RootCache
+from pai_storage.root_cache import Unsure
 from pai_storage.root_facts import RootFacts, facts_follow
 
 from .documents import root_document
@@ -82,15 +83,11 @@ if TYPE_CHECKING:
     pass
 
 
-__all__ = ["CachedRoot", "Mispredicted", "RootCache", "Stamp", "lease_shape", "stamp_ahead"]
+__all__ = ["CachedRoot", "RootCache", "Stamp", "lease_shape", "stamp_ahead"]
 
 CachedRoot = _CachedRoot[RawBSONDocument]
 """A root as the server stores it (exact bytes), parsed, with its counters and facts."""
 RootCache = _RootCache[RawBSONDocument]
-
-
-class Mispredicted(Exception):
-    """Internal: a root written ahead in the hold is not the one the pipeline judged."""
 
 
 class Stamp(NamedTuple):
@@ -106,18 +103,18 @@ class Stamp(NamedTuple):
     """The stamped facts: the previous ones after the commit's writes."""
 
     def check_root(self, root: ThreadRecord, next_positions: Mapping[FamilyName, int]) -> None:
-        """Raise :class:`Mispredicted` unless the pipeline's root is, byte for byte, the stamp."""
+        """Raise ``Unsure`` unless the pipeline's root is, byte for byte, the stamp."""
         expected = {
             "_id": self.previous.stored["_id"],
             **root_document(root, next_positions, self.facts),
         }
         if bson.encode(expected) != self.written.raw:
-            raise Mispredicted()
+            raise Unsure()
 
     def check_facts(self, facts: RootFacts) -> None:
-        """Raise :class:`Mispredicted` unless the relationship check found the stamped facts."""
+        """Raise ``Unsure`` unless the relationship check found the stamped facts."""
         if facts != self.facts:
-            raise Mispredicted()
+            raise Unsure()
 
 
 async def stamp_ahead(

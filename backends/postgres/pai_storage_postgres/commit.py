@@ -29,19 +29,23 @@ messages and runs, with no lease involved. The root it knows stands in for
 the hold; the ids it inserts are taken to be new (the tables' unique keys
 refuse one that is not); the commit time is the server's clock as this
 process tracks it (:class:`~pai_storage.clock.ServerClock`). The write is
-guarded: it updates the root only when it is stored exactly as known and
-the server's clock is at most :data:`~.statements.STAMP_WINDOW_MS` past
-that time, and writes the rows only if it did. Anything else (a guard that
-matches nothing, an id that exists, a rule that needs a query, a conflict
-or an error in the judgement) raises :class:`~pai_storage.root_cache.Unsure`, and the store commits
-the usual way.
+guarded: it locks the root without waiting, only when it is stored exactly
+as known and the server's clock, as it takes the lock, is at most
+:data:`~.statements.STAMP_WINDOW_MS` past that time, and writes only if it
+locked it. Anything else (a guard that matches nothing, a clock past the
+window, a root another transaction holds, an id that exists, a rule that
+needs a query, a conflict or an error in the judgement) raises
+:class:`~pai_storage.root_cache.Unsure`, and the store commits the usual
+way. Writes that find the clock past the window, three in a row, pause
+the predictions (:class:`~pai_storage.clock.ServerClock`): on a slow
+network the store stops trying for a while.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from pai_storage import CommitThreadInput, ThreadRecord, codec
@@ -63,6 +67,7 @@ from pai_storage.backend import (
     timestamp_ms,
 )
 from pai_storage.clock import ServerClock
+from pai_storage.fields import truncate_ms
 from pai_storage.models import CreateMutation, DeleteMutation
 from pai_storage.root_cache import CachedRoot, NoQueries, Unsure
 from pai_storage.root_facts import (
@@ -78,7 +83,12 @@ from pai_storage.rows import dec, enc, enc_opt
 from .errors import RETRYABLE_STATES, sqlstate
 from .layout import _columns, _Table
 from .relations import _Reader
-from .statements import create_hold_statement, hold_statement, write_statement
+from .statements import (
+    STAMP_WINDOW_MS,
+    create_hold_statement,
+    hold_statement,
+    write_statement,
+)
 from .thread_rows import _ThreadRows, _version
 from .watch import payload
 
@@ -86,9 +96,12 @@ Known = CachedRoot[tuple[str, str]]
 """A root this store committed: stored as ``(document, facts)`` text."""
 
 
-_JUDGED_HELD = RETRYABLE_STATES | {"23505"}
+_JUDGED_HELD = RETRYABLE_STATES | {"23505", "55P03"}
 """Errors of an optimistic write that the usual commit judges again: an inserted
-id that exists (unique violation), a serialization failure or deadlock."""
+id that exists (unique violation), a root another transaction holds (lock not
+available), a serialization failure or deadlock."""
+
+STAMP_WINDOW = timedelta(milliseconds=STAMP_WINDOW_MS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,7 +193,7 @@ class _PgTransaction(_ThreadRows, CommitTransaction):
     async def server_time(self) -> datetime:
         if self.known is not None:
             self._predicted = self.clock.predict() if self.clock is not None else None
-            if self._predicted is None:  # pragma: no cover - the store checks first
+            if self._predicted is None:  # paused after a miss: commit the usual way
                 raise Unsure()
             return self._predicted
         if self._held_at is None:  # pragma: no cover - hold() reads it
@@ -245,8 +258,6 @@ class _PgTransaction(_ThreadRows, CommitTransaction):
                 self._held_back = {}
             self._held_back[spec.name] = write  # sent with the root (or before a query)
             return ()
-        if self.known is not None:  # pragma: no cover - optimistic() allows inserts only
-            raise Unsure()
         table = self._families[spec.name]
         conn, scope, thread = self._conn, self._scope, self._thread
         truncated: list[str] = []
@@ -358,10 +369,16 @@ class _PgTransaction(_ThreadRows, CommitTransaction):
             if sqlstate(exc) in _JUDGED_HELD:
                 raise Unsure() from exc
             raise
-        if row is None:  # the root moved, or the clock ran past the prediction
+        clock, predicted = self.clock, self._predicted
+        if clock is not None:
+            clock.observe(row["now"])
+            if predicted is not None:  # did the clock leave the window (a slow network)?
+                if not row["written"] and truncate_ms(row["now"]) - predicted > STAMP_WINDOW:
+                    clock.missed()
+                else:
+                    clock.hit()
+        if not row["written"]:  # the root moved, or the clock ran past
             raise Unsure()
-        if self.clock is not None:
-            self.clock.observe(row["now"])
         self.notified = notice is not None
 
 

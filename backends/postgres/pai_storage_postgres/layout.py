@@ -123,14 +123,13 @@ def _insert_sql(table: _Table, first: int = 3, only_if: str = "") -> str:
     )
 
 
-def _update_sql(table: _Table, first: int = 3, only_if: str = "") -> str:
-    """Update rows by position and id from the arrays, passed from parameter ``first``
-    on (and only if the condition ``only_if`` holds, when given)."""
+def _update_sql(table: _Table, first: int = 3) -> str:
+    """Update rows by position and id from the arrays, passed from parameter ``first`` on."""
     names = ["position", "id", *(c for c, _ in table.extra), "doc"]
     sets = ", ".join(f"{c} = u.{c}" for c in [*(c for c, _ in table.extra), "doc"])
     return (
         f"UPDATE {table.table} AS t SET {sets} "
         f"FROM unnest({_unnest_params(table, first)}) AS u({', '.join(names)}) "
         f"WHERE t.scope_key = $1 AND t.thread_id = $2 AND t.position = u.position "
-        f"AND t.{table.id_col} = u.id" + (f" AND {only_if}" if only_if else "")
+        f"AND t.{table.id_col} = u.id"
     )

@@ -282,43 +282,55 @@ def write_statement(
     write), so no two parts touch the same row.
 
     Every data-modifying ``WITH`` runs once and to completion, whatever the
-    outer query reads; the outer query returns one row when the root was
-    updated. Inside a commit's transaction the root is held, so it is. A
-    guarded write (an optimistic commit, outside a transaction: :mod:`.commit`)
-    updates the root only when it is stored exactly as expected and the
-    server's clock is at most :data:`STAMP_WINDOW_MS` past the predicted
-    commit time, and writes the families only if it did; it returns the
-    server's clock, or no row. ``pg_notify`` runs once per updated row, so at
-    most once. A ``NOTIFY`` is delivered only if its transaction commits
-    (after its writes are visible, in commit order): nobody hears of a commit
-    that was rolled back or not written.
+    outer query reads. Inside a commit's transaction the root is held, and the
+    outer query returns one row. A guarded write (an optimistic commit, which
+    inserts only, outside a transaction: :mod:`.commit`) first locks the root
+    without waiting (``FOR UPDATE NOWAIT``: a root another transaction holds
+    fails the statement with ``55P03`` at once, so the commit takes its place
+    in the queue the usual way), and only when it is stored exactly as
+    expected and the server's clock, read as the lock is taken, is at most
+    :data:`STAMP_WINDOW_MS` past the predicted commit time. It updates the
+    root and inserts the rows only if it locked it, and returns one row: the
+    server's clock (``now``) and the number of roots written (``written``, 0
+    or 1). ``pg_notify`` runs once per updated root, so at most once. A
+    ``NOTIFY`` is delivered only if its transaction commits (after its writes
+    are visible, in commit order): nobody hears of a commit that was rolled
+    back or not written.
     """
     n = 3 + ROOT_COLUMNS + (2 if notify else 0)
-    guard = ""
-    if guarded:
-        stamp = f"${n + 5}::timestamptz"
-        guard = (
-            f" AND doc = ${n} AND facts = ${n + 1} AND messages_next = ${n + 2} "
-            f"AND runs_next = ${n + 3} AND queued_next = ${n + 4} AND ({stamp} IS NULL "
-            f"OR date_trunc('milliseconds', clock_timestamp()) - {stamp} "
-            f"BETWEEN interval '0' AND interval '{STAMP_WINDOW_MS} milliseconds')"
-        )
-        n += GUARD_COLUMNS
-    parts = [
+    update = (
         f"u AS (UPDATE {threads} SET revision = $3, list_visibility = $4, category = $5, "
         "updated_at = $6, sort_key = $7, messages_next = $8, runs_next = $9, "
         "queued_next = $10, doc = $11, facts = $12 WHERE scope_key = $1 AND thread_id = $2"
-        f"{guard} RETURNING 1)"
+    )
+    notice = f"pg_notify(${3 + ROOT_COLUMNS}, ${4 + ROOT_COLUMNS})"
+    if not guarded:
+        parts = [f"{update} RETURNING 1)"]
+        for i, (table, replace) in enumerate(writes):
+            parts.append(f"w{i} AS ({_update_sql(table, n) if replace else _insert_sql(table, n)})")
+            n += column_count(table)
+        return f"WITH {', '.join(parts)} SELECT {notice if notify else '1'} FROM u"
+    stamp = f"${n + 5}::timestamptz"
+    parts = [
+        f"l AS MATERIALIZED (SELECT 1 FROM {threads} WHERE scope_key = $1 AND thread_id = $2 "
+        f"AND doc = ${n} AND facts = ${n + 1} AND messages_next = ${n + 2} "
+        f"AND runs_next = ${n + 3} AND queued_next = ${n + 4} AND ({stamp} IS NULL "
+        f"OR date_trunc('milliseconds', clock_timestamp()) - {stamp} "
+        f"BETWEEN interval '0' AND interval '{STAMP_WINDOW_MS} milliseconds') "
+        "FOR UPDATE NOWAIT)",
+        f"{update} AND EXISTS (SELECT FROM l) RETURNING 1)",
     ]
-    only_if = "EXISTS (SELECT FROM u)" if guarded else ""
+    n += GUARD_COLUMNS
     for i, (table, replace) in enumerate(writes):
-        write = _update_sql(table, n, only_if) if replace else _insert_sql(table, n, only_if)
-        parts.append(f"w{i} AS ({write})")
+        if replace:  # pragma: no cover - optimistic() allows inserts only
+            raise ValueError("a guarded write inserts only")
+        parts.append(f"w{i} AS ({_insert_sql(table, n, 'EXISTS (SELECT FROM u)')})")
         n += column_count(table)
-    columns = ["clock_timestamp() AS now"] if guarded else ["1"]
-    if notify:
-        columns.append(f"pg_notify(${3 + ROOT_COLUMNS}, ${4 + ROOT_COLUMNS})")
-    return f"WITH {', '.join(parts)} SELECT {', '.join(columns)} FROM u"
+    written = f"count({notice})" if notify else "count(*)"
+    return (
+        f"WITH {', '.join(parts)} SELECT clock_timestamp() AS now, "
+        f"(SELECT {written} FROM u) AS written"
+    )
 
 
 @functools.lru_cache(maxsize=64)

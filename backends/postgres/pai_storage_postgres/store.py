@@ -385,7 +385,7 @@ class PostgresThreadStore(ThreadStore):
 
         result: CommittedResult | ConflictResult = await self._transaction(body, "commit")
         if written is not None:  # committed: the next commit of the thread may skip its hold
-            self._roots.put(key, written)
+            self._roots.offer(key, written)
         elif isinstance(request.mutation, DeleteMutation):
             self._roots.drop(key)
         return result
@@ -405,7 +405,7 @@ class PostgresThreadStore(ThreadStore):
                     return None
         if not isinstance(result, CommittedResult) or tx.written is None:
             return None  # pragma: no cover - a conflict needs another version
-        self._roots.put((request.scope_key, request.thread_id), tx.written)
+        self._roots.offer((request.scope_key, request.thread_id), tx.written)
         return result
 
     def _commit_transaction(

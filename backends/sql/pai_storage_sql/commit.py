@@ -138,7 +138,7 @@ async def _commit(
     except _Conflict as conflict:
         return conflict.result
     if written is not None:
-        store.roots.put(key, written)
+        store.roots.offer(key, written)
     else:
         store.roots.drop(key)  # a delete, or a root stored without facts
     return result
