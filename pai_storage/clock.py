@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
@@ -43,48 +44,56 @@ class ManualClock:
 
 
 class ServerClock:
-    """The server's clock as this process last saw it, carried forward on the
+    """The server's clock as this process has seen it, carried forward on the
     process's monotonic clock (so a step or slew of the local wall clock moves
     nothing).
 
-    A caller that writes with a predicted time reports each write whose
-    prediction was too far behind (:meth:`missed`) and each that was not
-    (:meth:`hit`); after :data:`MISSES` misses in a row (a slow network)
-    :meth:`predict` gives nothing for its next :data:`PAUSE` calls.
+    Every time the server returns was read before its reply arrived, so each
+    observation is a lower bound of the server's clock at arrival; the clock
+    keeps the highest (:meth:`observe`) until a prediction proves ahead of the
+    server (:meth:`reset`). A caller that writes with a predicted time reports
+    each write whose prediction was too far behind (:meth:`missed`) and each
+    that was not (:meth:`hit`); :data:`MISSES` misses among the last
+    :data:`OF` (a slow network) make :meth:`predict` give nothing for its next
+    :data:`PAUSE` calls.
     """
 
     MISSES = 3
+    OF = 8
     PAUSE = 64
 
     def __init__(self) -> None:
-        self._seen: tuple[datetime, float] | None = None
-        self._misses = 0
+        self._offset: float | None = None  # server epoch seconds - monotonic seconds
+        self._recent: deque[bool] = deque(maxlen=self.OF)
         self._paused = 0
 
     def observe(self, server_now: datetime) -> None:
-        """Learn from a time the server just returned.
+        """Learn from a time the server just returned (kept if it says the server
+        is further on than any time before it)."""
+        offset = server_now.timestamp() - time.monotonic()
+        if self._offset is None or offset > self._offset:
+            self._offset = offset
 
-        The reply took a moment to arrive, so every time :meth:`predict` gives
-        runs behind the server's clock by at least that moment.
-        """
-        self._seen = (server_now, time.monotonic())
+    def reset(self, server_now: datetime) -> None:
+        """Start again from this time (a prediction was ahead of the server)."""
+        self._offset = None
+        self.observe(server_now)
 
     def hit(self) -> None:
-        self._misses = 0
+        self._recent.append(False)
 
     def missed(self) -> None:
-        self._misses += 1
-        if self._misses >= self.MISSES:
-            self._misses = 0
+        self._recent.append(True)
+        if sum(self._recent) >= self.MISSES:
+            self._recent.clear()
             self._paused = self.PAUSE
 
     def predict(self) -> datetime | None:
         """The server's clock now, to the millisecond; ``None`` before any
         observation and while paused."""
-        if self._seen is None:
+        if self._offset is None:
             return None
         if self._paused:
             self._paused -= 1
             return None
-        server, at = self._seen
-        return truncate_ms(server + timedelta(seconds=time.monotonic() - at))
+        return truncate_ms(datetime.fromtimestamp(time.monotonic() + self._offset, UTC))

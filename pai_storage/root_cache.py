@@ -18,15 +18,24 @@ value, and :meth:`RootCache.put` keeps its own copy of the counters.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import datetime
 from typing import Any, Generic, NamedTuple, TypeVar
 
 from .aggregate import FamilyName
-from .models import CommitThreadInput, InsertChange, ThreadRecord, UpdateMutation
+from .errors import ThreadStoreError
+from .models import (
+    CommittedResult,
+    CommitThreadInput,
+    InsertChange,
+    ThreadRecord,
+    UpdateMutation,
+)
+from .pipeline import CommitTransaction, run_commit
 from .relationships import MessageRef, RunRef, RunRelations
 from .root_facts import RootFacts
 
-__all__ = ["CachedRoot", "NoQueries", "RootCache", "Unsure", "optimistic"]
+__all__ = ["CachedRoot", "NoQueries", "RootCache", "Unsure", "judge_optimistic", "optimistic"]
 
 S = TypeVar("S")
 
@@ -61,8 +70,16 @@ class RootCache(Generic[S]):
         while len(self._entries) > self.LIMIT:
             self._entries.popitem(last=False)
 
-    def offer(self, key: tuple[str, str], entry: CachedRoot[S]) -> None:
-        """Keep ``entry`` unless a newer revision of the same thread is known."""
+    MAX_BYTES = 64 * 1024
+    """The largest stored root :meth:`offer` keeps (its ``size``)."""
+
+    def offer(self, key: tuple[str, str], entry: CachedRoot[S], size: int = 0) -> None:
+        """Keep ``entry`` unless a newer revision of the same thread is known, or it
+        is larger than :data:`MAX_BYTES` (``size``: its stored size, when the
+        caller knows it)."""
+        if size > self.MAX_BYTES:
+            self.drop(key)
+            return
         known = self._entries.get(key)
         if known is not None and (
             known.root.version.thread_instance_id == entry.root.version.thread_instance_id
@@ -111,6 +128,24 @@ class Unsure(Exception):
     Raised before anything of the commit is applied (or with its transaction
     rolled back); the store then commits the usual way, which judges again.
     """
+
+
+async def judge_optimistic(
+    tx: CommitTransaction,
+    commit: CommitThreadInput,
+    clock: Callable[[], datetime | None] | None,
+) -> CommittedResult:
+    """:func:`~pai_storage.backend.run_commit` over an optimistic commit's
+    primitives: a conflict or an error of its judgement (made from the known
+    root, perhaps no longer the stored one) raises :class:`Unsure` too, so the
+    store judges it again, held."""
+    try:
+        result = await run_commit(tx, commit, clock=clock)
+    except ThreadStoreError as exc:
+        raise Unsure() from exc
+    if not isinstance(result, CommittedResult):
+        raise Unsure()
+    return result
 
 
 class NoQueries:

@@ -131,12 +131,25 @@ def test_three_misses_in_a_row_pause_the_predictions() -> None:
     assert clock.predict() is not None
 
 
-def test_a_hit_ends_a_run_of_misses() -> None:
+def test_misses_far_apart_do_not_pause_the_predictions() -> None:
     clock = ServerClock()
     clock.observe(datetime.now(UTC))
-    clock.missed()
-    clock.missed()
-    clock.hit()
-    clock.missed()
-    clock.missed()
+    for _ in range(3):
+        clock.missed()
+        for _ in range(ServerClock.OF - 2):
+            clock.hit()
     assert clock.predict() is not None
+
+
+def test_the_clock_keeps_the_latest_view_of_the_server_until_reset() -> None:
+    clock = ServerClock()
+    now = datetime.now(UTC)
+    clock.observe(now + timedelta(seconds=30))
+    clock.observe(now)  # an older reading (a slow reply): a lower bound, kept out
+    predicted = clock.predict()
+    assert predicted is not None
+    assert predicted - datetime.now(UTC) > timedelta(seconds=29)
+    clock.reset(now)  # a prediction proved ahead of the server
+    predicted = clock.predict()
+    assert predicted is not None
+    assert abs(predicted - datetime.now(UTC)) < timedelta(seconds=1)

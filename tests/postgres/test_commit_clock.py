@@ -7,13 +7,15 @@ clock in the same statement (``statements.hold_statement``), so the order is
 the statement's to keep.
 
 An optimistic commit (the store committed the version it appends to) has no
-hold: its one statement reads the server's clock once its update holds the
-row, after any wait, and applies nothing when that is past the window of
-the time it predicted; the usual commit then stamps it. The tests below run
+hold: its one statement locks the root without waiting, reading the
+server's clock just before, and applies nothing when the root is held or the
+clock is outside the window of the time it predicted; the usual commit then
+stamps it. The tests below run
 it on a warmed connection (its statement prepared, so that only the wait can
 put the clock past the window), with the lock taken by a holder that leaves
 the row unchanged (a commit rolled back, a fork reading the thread): a
-clock read before the wait would stamp the append before the holder ended.
+statement that waited for it with a clock read before the wait would stamp
+the append before the holder ended.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import asyncpg  # type: ignore[import-untyped]
 import pytest
 from pai_storage_postgres import PostgresThreadStore
 
-from pai_storage import CommittedResult, ThreadVersion
+from pai_storage import CommittedResult, ConflictResult, ThreadVersion
 from pai_storage import builders as b
 
 from .helpers import URL
@@ -111,3 +113,48 @@ async def test_an_optimistic_commit_never_takes_a_time_ahead_of_the_server(
         store._server_clock.observe(datetime.now(UTC) + timedelta(seconds=1))
         result = await _append(store, version, "m1")
         assert result.committed_at <= datetime.now(UTC)
+
+
+async def test_a_rule_broken_only_by_the_known_facts_is_the_held_commits_conflict(
+    pg_schema: str,
+) -> None:
+    """The store knows version 2 (run ``r1`` open, owning the tail); another store
+    finished the run since. Against the known facts a standalone message breaks
+    a rule, but the commit names a version that is gone: the held judgement's
+    conflict, not the optimistic judgement's error."""
+    async with (
+        PostgresThreadStore(URL, schema=pg_schema) as store,
+        PostgresThreadStore(URL, schema=pg_schema) as other,
+    ):
+        created = await store.commit_thread(b.create("s", "t"))
+        assert isinstance(created, CommittedResult)
+        assert created.thread is not None
+        started = await store.commit_thread(
+            b.update_at(
+                "s",
+                "t",
+                created.thread.version,
+                {
+                    "messages": [b.insert(b.message("m1", run_id="r1", relation="input"))],
+                    "runs": [b.insert(b.run("r1", "running", inputs=["m1"]))],
+                },
+                root=b.root(),
+            )
+        )
+        assert isinstance(started, CommittedResult)
+        assert started.thread is not None
+        known = started.thread.version
+        finished = await other.commit_thread(
+            b.update_at(
+                "s",
+                "t",
+                known,
+                {"runs": [b.replace(b.run("r1", "completed", inputs=["m1"]))]},
+                root=b.root(),
+            )
+        )
+        assert isinstance(finished, CommittedResult)
+        result = await store.commit_thread(
+            b.update_at("s", "t", known, {"messages": [b.insert(b.message("m2"))]}, root=b.root())
+        )
+        assert isinstance(result, ConflictResult), result

@@ -348,7 +348,7 @@ async def test_an_optimistic_commit_outside_the_clock_window_falls_back_to_the_h
     version = await _create(store, "t")
     await statements.take()
     slow = datetime.now(UTC) - timedelta(seconds=1)
-    store._server_clock.observe(slow)  # the process's view of the server's clock, a second behind
+    store._server_clock.reset(slow)  # the process's view of the server's clock, a second behind
     result = await store.commit_thread(b.update_at("s", "t", version, _APPEND, root=b.root()))
     assert isinstance(result, CommittedResult)
     assert await statements.take() == [
@@ -415,3 +415,24 @@ async def test_a_conflicting_append_is_three_statements(
     assert isinstance(result, ConflictResult)
     # The held root's version is not the one named: nothing else is read or written.
     assert await statements.take() == ["BEGIN", f"{_HOLD} + messages by id", "ROLLBACK"]
+
+
+async def test_three_clock_misses_make_the_next_commits_held(
+    counted: tuple[PostgresThreadStore, Statements],
+) -> None:
+    """A network too slow for the window (simulated: the process's view of the
+    server's clock a second behind before each commit) costs a wasted statement
+    per commit only until three commits missed: the next ones hold at once."""
+    store, statements = counted
+    version = await _create(store, "t")
+    for n in range(3):
+        store._server_clock.reset(datetime.now(UTC) - timedelta(seconds=1))
+        version = await _commit(store, "t", version, {"messages": [b.insert(b.message(f"m{n}"))]})
+    await statements.take()
+    await _commit(store, "t", version, {"messages": [b.insert(b.message("m3"))]})
+    assert await statements.take() == [
+        "BEGIN",
+        f"{_HOLD} + messages by id",
+        "UPDATE threads + notify + INSERT messages",
+        "COMMIT",
+    ]

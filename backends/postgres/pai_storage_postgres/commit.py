@@ -36,7 +36,7 @@ locked it. Anything else (a guard that matches nothing, a clock past the
 window, a root another transaction holds, an id that exists, a rule that
 needs a query, a conflict or an error in the judgement) raises
 :class:`~pai_storage.root_cache.Unsure`, and the store commits the usual
-way. Writes that find the clock past the window, three in a row, pause
+way. Writes that find the clock past the window, three among eight, pause
 the predictions (:class:`~pai_storage.clock.ServerClock`): on a slow
 network the store stops trying for a while.
 """
@@ -369,14 +369,19 @@ class _PgTransaction(_ThreadRows, CommitTransaction):
             if sqlstate(exc) in _JUDGED_HELD:
                 raise Unsure() from exc
             raise
-        clock, predicted = self.clock, self._predicted
+        clock, predicted, now = self.clock, self._predicted, row["now"]
+        if clock is not None and predicted is not None:
+            # ``now`` was read as the statement began, before the lock: when it
+            # wrote nothing, was the prediction ahead of the server, or too far
+            # behind it (a slow network)?
+            if row["written"]:
+                clock.hit()
+            elif now < predicted:
+                clock.reset(now)
+            elif truncate_ms(now) - predicted > STAMP_WINDOW:
+                clock.missed()
         if clock is not None:
-            clock.observe(row["now"])
-            if predicted is not None:  # did the clock leave the window (a slow network)?
-                if not row["written"] and truncate_ms(row["now"]) - predicted > STAMP_WINDOW:
-                    clock.missed()
-                else:
-                    clock.hit()
+            clock.observe(now)
         if not row["written"]:  # the root moved, or the clock ran past
             raise Unsure()
         self.notified = notice is not None

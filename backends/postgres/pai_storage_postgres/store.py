@@ -59,9 +59,9 @@ from pai_storage.backend import (
     run_read,
 )
 from pai_storage.clock import ServerClock
-from pai_storage.errors import ThreadStoreConfigurationError, ThreadStoreError
+from pai_storage.errors import ThreadStoreConfigurationError
 from pai_storage.models import DeleteMutation
-from pai_storage.root_cache import RootCache, Unsure, optimistic
+from pai_storage.root_cache import RootCache, Unsure, judge_optimistic, optimistic
 from pai_storage.rows import ListCursor, ListRow, enc, list_page
 from pai_storage.watch import WATCH_CHANGES, ChangeSignal
 
@@ -384,10 +384,7 @@ class PostgresThreadStore(ThreadStore):
             return await self._watchers.committed(conn, request, result)  # NOTIFY before COMMIT
 
         result: CommittedResult | ConflictResult = await self._transaction(body, "commit")
-        if written is not None:  # committed: the next commit of the thread may skip its hold
-            self._roots.offer(key, written)
-        elif isinstance(request.mutation, DeleteMutation):
-            self._roots.drop(key)
+        self._keep(request, written)  # set only when committed
         return result
 
     async def _commit_optimistic(
@@ -400,13 +397,19 @@ class PostgresThreadStore(ThreadStore):
             tx.known = known
             with self._errors("commit"):  # the write commits itself: a lost reply is unknown
                 try:
-                    result = await run_commit(tx, request, clock=self.now)
-                except (Unsure, ThreadStoreError):  # judged again, held (not a driver's error)
+                    result = await judge_optimistic(tx, request, self.now)
+                except Unsure:  # judged again, held (a driver's error is mapped instead)
                     return None
-        if not isinstance(result, CommittedResult) or tx.written is None:
-            return None  # pragma: no cover - a conflict needs another version
-        self._roots.offer((request.scope_key, request.thread_id), tx.written)
+        self._keep(request, tx.written)
         return result
+
+    def _keep(self, request: CommitThreadInput, written: Known | None) -> None:
+        """Keep what a commit stored: the thread's next commit may be optimistic."""
+        key = (request.scope_key, request.thread_id)
+        if written is not None:
+            self._roots.offer(key, written, len(written.stored[0]) + len(written.stored[1]))
+        elif isinstance(request.mutation, DeleteMutation):
+            self._roots.drop(key)
 
     def _commit_transaction(
         self, conn: asyncpg.Connection, request: CommitThreadInput

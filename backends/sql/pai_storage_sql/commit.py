@@ -25,8 +25,9 @@ the ids it inserts are taken to be new, so nothing is read. The tables'
 unique keys refuse an id that exists, and the root is updated only when it
 is stored exactly as known (document, facts and counters); either failure,
 a rule that must read, or a conflict or error in the judgement raises
-:class:`~pai_storage.root_cache.Unsure`, the transaction is rolled back and
-the commit runs again the usual way.
+:class:`~pai_storage.root_cache.Unsure`, the attempt is rolled back to a
+savepoint taken before it, and the commit is judged again the usual way in
+the same transaction.
 """
 
 from __future__ import annotations
@@ -57,9 +58,9 @@ from pai_storage.backend import (
     run_commit,
     timestamp_ms,
 )
-from pai_storage.errors import ThreadStoreError, ThreadStoreInvariantError
+from pai_storage.errors import ThreadStoreInvariantError
 from pai_storage.models import CreateMutation
-from pai_storage.root_cache import CachedRoot, NoQueries, Unsure, optimistic
+from pai_storage.root_cache import CachedRoot, NoQueries, Unsure, judge_optimistic, optimistic
 from pai_storage.root_facts import (
     NO_FACTS,
     RootFacts,
@@ -99,46 +100,46 @@ async def commit_once(
     store: SqlThreadStore, request: CommitThreadInput
 ) -> CommittedResult | ConflictResult:
     """One attempt: the write transaction, the core's commit pipeline, commit or roll
-    back (optimistic first, on SQLite, when the store knows the version)."""
+    back. On SQLite, when the store knows the version, the commit is judged
+    optimistically first, under a savepoint in the same transaction: on
+    :class:`~pai_storage.root_cache.Unsure` it is rolled back to it and judged
+    again, held, with the write lock kept (no other commit gets in between)."""
     key = (request.scope_key, request.thread_id)
-    known = store.roots.get(key) if store.client.dialect == "sqlite" else None
-    if known is not None and optimistic(request, known):
-        try:
-            return await _commit(store, request, known)
-        except Unsure:
-            pass  # rolled back: judged again with the hold
-    return await _commit(store, request, None)
-
-
-async def _commit(
-    store: SqlThreadStore, request: CommitThreadInput, known: Known | None
-) -> CommittedResult | ConflictResult:
+    sqlite = store.client.dialect == "sqlite"
+    known = store.roots.get(key) if sqlite else None
+    if known is not None and not optimistic(request, known):
+        known = None
     written: Known | None = None
 
     async def attempt(op: Operation) -> CommittedResult:
         nonlocal written
+        written = None
+        if known is not None:
+            await op.run_text("SAVEPOINT optimistic")
+            tx = _Transaction(op, store, request.scope_key, request.thread_id, request.mutation)
+            tx.known = known
+            try:
+                result = await judge_optimistic(tx, request, store.now)
+            except Unsure:
+                await op.run_text("ROLLBACK TO optimistic")  # judged again, held
+            else:
+                written = tx.written
+                return result
         tx = _Transaction(op, store, request.scope_key, request.thread_id, request.mutation)
-        tx.known = known
-        try:
-            result = await run_commit(tx, request, clock=store.now)
-        except ThreadStoreError as exc:
-            if known is not None:  # judged from the known root: judged again, held
-                raise Unsure() from exc
-            raise
-        if isinstance(result, ConflictResult):
-            if known is not None:
-                raise Unsure()
-            raise _Conflict(result)
+        outcome = await run_commit(tx, request, clock=store.now)
+        if isinstance(outcome, ConflictResult):
+            raise _Conflict(outcome)
         written = tx.written
-        return result
+        return outcome
 
-    key = (request.scope_key, request.thread_id)
     try:
         result = await store.client.run_write(attempt)
     except _Conflict as conflict:
         return conflict.result
+    if not sqlite:
+        return result
     if written is not None:
-        store.roots.offer(key, written)
+        store.roots.offer(key, written, len(written.stored[0]) + len(written.stored[1]))
     else:
         store.roots.drop(key)  # a delete, or a root stored without facts
     return result
