@@ -135,7 +135,7 @@ _FINISH = {
 }
 
 
-async def test_an_append_of_a_version_the_store_committed_is_five_statements(
+async def test_an_append_of_a_version_the_store_committed_is_four_statements(
     counted: tuple[SqlThreadStore, Statements],
 ) -> None:
     store, statements = counted
@@ -146,14 +146,12 @@ async def test_an_append_of_a_version_the_store_committed_is_five_statements(
         # Takes SQLite's write lock first: orders the commits (of every thread:
         # SQLite has one writer); the clock is read after it.
         "BEGIN IMMEDIATE",
-        # Where a held judgement would start again, should this one not do.
-        "SAVEPOINT OPTIMISTIC",
-        # The ids are taken to be new: the unique keys refuse one that is not.
-        "INSERT messages",
         # The root with the facts after this commit (derived from the known
         # ones: no query), only where it is stored exactly as this store
-        # committed it.
+        # committed it; nothing is written before it.
         "UPDATE threads",
+        # The ids are taken to be new: the unique keys refuse one that is not.
+        "INSERT messages",
         "COMMIT",
     ]
 
@@ -186,7 +184,7 @@ async def test_an_append_of_a_version_committed_elsewhere_is_six_statements(
     assert "SELECT threads" not in statements.take()
 
 
-async def test_a_run_started_is_six_statements_and_finished_eight(
+async def test_a_run_started_is_five_statements_and_finished_eight(
     counted: tuple[SqlThreadStore, Statements],
 ) -> None:
     store, statements = counted
@@ -200,10 +198,9 @@ async def test_a_run_started_is_six_statements_and_finished_eight(
     # come from the root's facts and the writes: nothing is queried.
     assert started == [
         "BEGIN IMMEDIATE",
-        "SAVEPOINT OPTIMISTIC",
+        "UPDATE threads",
         "INSERT messages",
         "INSERT runs",
-        "UPDATE threads",
         "COMMIT",
     ]
     # A replacement needs the stored run: held.
@@ -223,8 +220,8 @@ async def test_an_optimistic_append_over_a_moved_root_falls_back_to_the_hold(
     counted: tuple[SqlThreadStore, Statements], other: SqlThreadStore
 ) -> None:
     """Another store committed the version this one knows: the root's update
-    matches nothing, the attempt is rolled back to its savepoint, and the held
-    judgement finds the conflict."""
+    matches nothing, so nothing is written, and the held judgement finds the
+    conflict in the same transaction."""
     store, statements = counted
     version = await _create(store, "t")
     await _commit(other, "t", version, {})  # the root alone: the positions stay free
@@ -235,11 +232,8 @@ async def test_an_optimistic_append_over_a_moved_root_falls_back_to_the_hold(
     assert isinstance(result, ConflictResult)
     assert statements.take() == [
         "BEGIN IMMEDIATE",
-        "SAVEPOINT OPTIMISTIC",
-        "INSERT messages",
-        "UPDATE threads",  # matches nothing
-        "ROLLBACK TO OPTIMISTIC",  # and judged again, held, still holding the lock
-        "SELECT threads",
+        "UPDATE threads",  # matches nothing: nothing written
+        "SELECT threads",  # judged again, held, still holding the lock
         "ROLLBACK",
     ]
 
@@ -255,9 +249,10 @@ async def test_an_optimistic_insert_of_an_existing_id_falls_back_to_the_hold(
         await _commit(store, "t", version, _APPEND)  # m1 again
     assert statements.take() == [
         "BEGIN IMMEDIATE",
-        "SAVEPOINT OPTIMISTIC",
-        "INSERT messages",  # refused by the unique key
-        "ROLLBACK TO OPTIMISTIC",
+        "UPDATE threads",
+        "INSERT messages",  # refused by the unique key: the root's update undone
+        "ROLLBACK",
+        "BEGIN IMMEDIATE",
         "SELECT threads",
         "SELECT messages by id",
         "ROLLBACK",
@@ -276,14 +271,9 @@ async def test_an_optimistic_commit_whose_rule_must_read_falls_back_to_the_hold(
     late = b.message("late", "after the run", run_id="r1", relation="output")
     await _commit(store, "t", version, {"messages": [b.insert(late)]})
     sent = statements.take()
-    assert sent[:4] == [
-        "BEGIN IMMEDIATE",
-        "SAVEPOINT OPTIMISTIC",
-        "INSERT messages",
-        "ROLLBACK TO OPTIMISTIC",
-    ]
-    assert sent[4:6] == ["SELECT threads", "SELECT messages by id"]
-    assert "SELECT runs by id" in sent[6:]
+    # The optimistic judgement stopped at the rule's query, before writing anything.
+    assert sent[:3] == ["BEGIN IMMEDIATE", "SELECT threads", "SELECT messages by id"]
+    assert "SELECT runs by id" in sent[3:]
     assert sent[-1] == "COMMIT"
 
 
@@ -300,13 +290,9 @@ async def test_a_commit_without_stored_facts_queries_them_once(
     version = await _commit(store, "t", version, _START)
     assert statements.take() == [
         # The store knows the root it committed, but not as stored now: its
-        # optimistic update matches nothing and is rolled back to its savepoint.
+        # optimistic update matches nothing, and nothing was written.
         "BEGIN IMMEDIATE",
-        "SAVEPOINT OPTIMISTIC",
-        "INSERT messages",
-        "INSERT runs",
         "UPDATE threads",
-        "ROLLBACK TO OPTIMISTIC",
         "SELECT threads",
         "SELECT messages by id",
         "SELECT runs by id",

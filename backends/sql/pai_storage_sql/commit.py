@@ -21,13 +21,14 @@ On SQLite, whose clock is the process's, a commit of a version this store
 committed that only inserts messages and runs, with no lease involved
 (:func:`~pai_storage.root_cache.optimistic`), is *optimistic*: the root the
 store kept (:attr:`.store.SqlThreadStore.roots`) stands in for the hold and
-the ids it inserts are taken to be new, so nothing is read. The tables'
-unique keys refuse an id that exists, and the root is updated only when it
-is stored exactly as known (document, facts and counters); either failure,
-a rule that must read, or a conflict or error in the judgement raises
-:class:`~pai_storage.root_cache.Unsure`, the attempt is rolled back to a
-savepoint taken before it, and the commit is judged again the usual way in
-the same transaction.
+the ids it inserts are taken to be new, so nothing is read. Nothing is
+written until the root is updated, only where it is stored exactly as known
+(document, facts and counters); a root that matches nothing, a rule that
+must read, or a conflict or error in the judgement raises
+:class:`~pai_storage.root_cache.Unsure` with nothing written, and the commit
+is judged again the usual way in the same transaction. The rows are inserted
+after the root; the tables' unique keys refuse an id that exists, and then
+the transaction is rolled back and the commit judged again, held.
 """
 
 from __future__ import annotations
@@ -96,32 +97,49 @@ Known = CachedRoot[tuple[str, str]]
 """A root this store committed: stored as ``(document, facts)`` text."""
 
 
+class _Rejudge(Exception):
+    """Internal: an optimistic commit wrote its root, then found an inserted id
+    taken: its transaction is rolled back and the commit judged again, held."""
+
+
 async def commit_once(
     store: SqlThreadStore, request: CommitThreadInput
 ) -> CommittedResult | ConflictResult:
     """One attempt: the write transaction, the core's commit pipeline, commit or roll
     back. On SQLite, when the store knows the version, the commit is judged
-    optimistically first, under a savepoint in the same transaction: on
-    :class:`~pai_storage.root_cache.Unsure` it is rolled back to it and judged
-    again, held, with the write lock kept (no other commit gets in between)."""
+    optimistically first; it writes nothing until its root's guarded update
+    succeeds, so on :class:`~pai_storage.root_cache.Unsure` it is judged again,
+    held, in the same transaction, with the write lock kept (no other commit
+    gets in between). Only an inserted id found taken after that (an error the
+    held judgement reports) rolls the transaction back first."""
     key = (request.scope_key, request.thread_id)
     sqlite = store.client.dialect == "sqlite"
     known = store.roots.get(key) if sqlite else None
     if known is not None and not optimistic(request, known):
         known = None
+    try:
+        return await _commit(store, request, known)
+    except _Rejudge:
+        return await _commit(store, request, None)
+
+
+async def _commit(
+    store: SqlThreadStore, request: CommitThreadInput, known: Known | None
+) -> CommittedResult | ConflictResult:
+    key = (request.scope_key, request.thread_id)
+    sqlite = store.client.dialect == "sqlite"
     written: Known | None = None
 
     async def attempt(op: Operation) -> CommittedResult:
         nonlocal written
         written = None
         if known is not None:
-            await op.run_text("SAVEPOINT optimistic")
             tx = _Transaction(op, store, request.scope_key, request.thread_id, request.mutation)
             tx.known = known
             try:
                 result = await judge_optimistic(tx, request, store.now)
             except Unsure:
-                await op.run_text("ROLLBACK TO optimistic")  # judged again, held
+                pass  # nothing written: judged again, held
             else:
                 written = tx.written
                 return result
@@ -167,6 +185,8 @@ class _Transaction(_ThreadRows, CommitTransaction):
         """Set for an optimistic commit: the root it is judged from (no hold)."""
         self.written: Known | None = None
         """What the commit stored, when its facts are known: the next commit's ``known``."""
+        self._held_back: list[tuple[FamilySpec, FamilyWrite[Any]]] = []
+        """An optimistic commit's inserts, written once its root's update matched."""
 
     async def hold(self) -> HeldThread:
         if self.known is not None:  # optimistic: nothing read, the writes check it all
@@ -276,6 +296,9 @@ class _Transaction(_ThreadRows, CommitTransaction):
             raise ThreadConflict(_version(row) if row is not None else None) from None
 
     async def write_family(self, spec: FamilySpec, write: FamilyWrite[Any]) -> Iterable[str]:
+        if self.known is not None:  # inserts only: written after the root's guarded update
+            self._held_back.append((spec, write))
+            return ()
         table = self._table(spec.name)
         conn, key = self._conn, self._key
         truncated: list[str] = []
@@ -321,12 +344,7 @@ class _Transaction(_ThreadRows, CommitTransaction):
             rows_ = [{"tkey": key, **_row(spec, e)} for e in write.inserts]
             stmt = self._store.sql(self._op, ("insert-rows", spec.name), lambda: insert(table))
             for chunk in self._chunks(spec, rows_):
-                try:
-                    await self._op.executemany(stmt, chunk)
-                except Exception as exc:
-                    if self.known is not None and is_unique_violation(exc):
-                        raise Unsure() from exc  # an id taken as new exists
-                    raise
+                await self._op.executemany(stmt, chunk)
         return truncated
 
     def _chunks(
@@ -434,7 +452,15 @@ class _Transaction(_ThreadRows, CommitTransaction):
             g_queued=positions["queuedItems"],
         )
         if await self._op.changed(stmt, params) != 1:
-            raise Unsure()
+            raise Unsure()  # nothing written yet
+        self.known = None
+        for spec, write in self._held_back:
+            try:
+                await self.write_family(spec, write)
+            except Exception as exc:
+                if is_unique_violation(exc):  # an id taken as new exists
+                    raise _Rejudge() from exc
+                raise
 
 
 def _no_records(mutation: CreateMutation) -> bool:
