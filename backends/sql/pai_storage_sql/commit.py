@@ -59,7 +59,7 @@ from pai_storage.backend import (
     run_commit,
     timestamp_ms,
 )
-from pai_storage.errors import ThreadStoreInvariantError
+from pai_storage.errors import ThreadStoreError, ThreadStoreInvariantError
 from pai_storage.models import CreateMutation
 from pai_storage.root_cache import CachedRoot, NoQueries, Unsure, judge_optimistic, optimistic
 from pai_storage.root_facts import (
@@ -458,8 +458,9 @@ class _Transaction(_ThreadRows, CommitTransaction):
             try:
                 await self.write_family(spec, write)
             except Exception as exc:
-                if is_unique_violation(exc):  # an id taken as new exists
-                    raise _Rejudge() from exc
+                # The root is written: never judged again in this transaction.
+                if is_unique_violation(exc) or isinstance(exc, ThreadStoreError):
+                    raise _Rejudge() from exc  # an id taken as new exists, say
                 raise
 
 
