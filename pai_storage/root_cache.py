@@ -35,7 +35,16 @@ from .pipeline import CommitTransaction, run_commit
 from .relationships import MessageRef, RunRef, RunRelations
 from .root_facts import RootFacts
 
-__all__ = ["CachedRoot", "NoQueries", "RootCache", "Unsure", "judge_optimistic", "optimistic"]
+__all__ = [
+    "CachedRoot",
+    "NoQueries",
+    "RootCache",
+    "TextRoot",
+    "Unsure",
+    "judge_optimistic",
+    "keep_written",
+    "optimistic",
+]
 
 S = TypeVar("S")
 
@@ -50,10 +59,16 @@ class CachedRoot(NamedTuple, Generic[S]):
     facts: RootFacts
 
 
+TextRoot = CachedRoot[tuple[str, str]]
+"""A root kept as the text its store wrote: ``(document, facts)``."""
+
+
 class RootCache(Generic[S]):
     """The last stored root a store saw per thread (bounded, least recently used)."""
 
     LIMIT = 4096
+    MAX_BYTES = 64 * 1024
+    """The largest stored root :meth:`offer` keeps (its ``size``)."""
 
     def __init__(self) -> None:
         self._entries: OrderedDict[tuple[str, str], CachedRoot[S]] = OrderedDict()
@@ -69,9 +84,6 @@ class RootCache(Generic[S]):
         self._entries.move_to_end(key)
         while len(self._entries) > self.LIMIT:
             self._entries.popitem(last=False)
-
-    MAX_BYTES = 64 * 1024
-    """The largest stored root :meth:`offer` keeps (its ``size``)."""
 
     def offer(self, key: tuple[str, str], entry: CachedRoot[S], size: int = 0) -> None:
         """Keep ``entry`` unless a newer revision of the same thread is known, or it
@@ -93,6 +105,18 @@ class RootCache(Generic[S]):
 
     def clear(self) -> None:
         self._entries.clear()
+
+
+def keep_written(
+    cache: RootCache[tuple[str, str]], key: tuple[str, str], written: TextRoot | None
+) -> None:
+    """After a commit: keep the root it wrote as text (:meth:`RootCache.offer`),
+    or forget the thread when that is not known (a delete, a root stored
+    without facts)."""
+    if written is None:
+        cache.drop(key)
+    else:
+        cache.offer(key, written, len(written.stored[0]) + len(written.stored[1]))
 
 
 def optimistic(commit: CommitThreadInput, known: CachedRoot[Any]) -> bool:

@@ -94,28 +94,47 @@ ALL_APPLIED = (2, ["m1", "m2", "m3"], "after")
 
 
 @pytest.mark.parametrize(
-    ("trigger", "forward", "error", "expected"),
+    ("optimistic", "trigger", "forward", "error", "expected"),
     [
         pytest.param(
-            b"INSERT INTO", False, ThreadStoreUnavailableError, NONE_APPLIED, id="before-commit"
+            False,
+            b"INSERT INTO",
+            False,
+            ThreadStoreUnavailableError,
+            NONE_APPLIED,
+            id="before-commit",
         ),
         pytest.param(
-            b"COMMIT", False, ThreadStoreCommitUnknownError, NONE_APPLIED, id="during-commit"
+            False, b"COMMIT", False, ThreadStoreCommitUnknownError, NONE_APPLIED, id="during-commit"
         ),
         pytest.param(
-            b"COMMIT", True, ThreadStoreCommitUnknownError, ALL_APPLIED, id="after-commit"
+            False, b"COMMIT", True, ThreadStoreCommitUnknownError, ALL_APPLIED, id="after-commit"
+        ),
+        # The optimistic commit's one statement, cut at its parameters (sent after
+        # its text is parsed): while it is in flight, and once it was applied.
+        pytest.param(
+            True, b"third", False, ThreadStoreCommitUnknownError, NONE_APPLIED, id="optimistic"
+        ),
+        pytest.param(
+            True,
+            b"third",
+            True,
+            ThreadStoreCommitUnknownError,
+            ALL_APPLIED,
+            id="optimistic-applied",
         ),
     ],
 )
 async def test_cut_connection_applies_all_or_nothing(
     fault_proxy: FaultProxy,
     pg_schema: str,
+    optimistic: bool,
     trigger: bytes,
     forward: bool,
     error: type[ThreadStoreError],
     expected: tuple[int, list[str], str | None],
 ) -> None:
-    faulty, direct, version = await _setup(fault_proxy, pg_schema)
+    faulty, direct, version = await _setup(fault_proxy, pg_schema, optimistic=optimistic)
     try:
         fault_proxy.cut_on(trigger, forward=forward)
         with pytest.raises(error) as caught:
@@ -125,35 +144,6 @@ async def test_cut_connection_applies_all_or_nothing(
         assert type(caught.value) is error
         assert await _state(direct) == expected
         # The store recovers: the pool replaces the dead connection.
-        fault_proxy.restore()
-        assert await _state(faulty) == expected
-    finally:
-        await faulty.close()
-        await direct.close()
-
-
-@pytest.mark.parametrize(
-    ("forward", "expected"),
-    [
-        pytest.param(False, NONE_APPLIED, id="in-flight"),
-        pytest.param(True, ALL_APPLIED, id="applied"),
-    ],
-)
-async def test_cut_optimistic_commit_is_unknown_and_all_or_nothing(
-    fault_proxy: FaultProxy,
-    pg_schema: str,
-    forward: bool,
-    expected: tuple[int, list[str], str | None],
-) -> None:
-    faulty, direct, version = await _setup(fault_proxy, pg_schema, optimistic=True)
-    try:
-        # The statement's parameters (sent after its text is parsed): its execution.
-        fault_proxy.cut_on(b"third", forward=forward)
-        with pytest.raises(ThreadStoreCommitUnknownError) as caught:
-            await faulty.commit_thread(_append(version))
-        assert fault_proxy.triggered.is_set()
-        assert caught.value.__cause__ is not None
-        assert await _state(direct) == expected
         fault_proxy.restore()
         assert await _state(faulty) == expected
     finally:

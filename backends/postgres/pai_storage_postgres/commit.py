@@ -30,7 +30,7 @@ the hold; the ids it inserts are taken to be new (the tables' unique keys
 refuse one that is not); the commit time is the server's clock as this
 process tracks it (:class:`~pai_storage.clock.ServerClock`). The write is
 guarded: it locks the root without waiting, only when it is stored exactly
-as known and the server's clock, as it takes the lock, is at most
+as known and the server's clock, read just before the lock, is at most
 :data:`~.statements.STAMP_WINDOW_MS` past that time, and writes only if it
 locked it. Anything else (a guard that matches nothing, a clock past the
 window, a root another transaction holds, an id that exists, a rule that
@@ -69,7 +69,7 @@ from pai_storage.backend import (
 from pai_storage.clock import ServerClock
 from pai_storage.fields import truncate_ms
 from pai_storage.models import CreateMutation, DeleteMutation
-from pai_storage.root_cache import CachedRoot, NoQueries, Unsure
+from pai_storage.root_cache import NoQueries, TextRoot, Unsure
 from pai_storage.root_facts import (
     NO_FACTS,
     RootFacts,
@@ -91,10 +91,6 @@ from .statements import (
 )
 from .thread_rows import _ThreadRows, _version
 from .watch import payload
-
-Known = CachedRoot[tuple[str, str]]
-"""A root this store committed: stored as ``(document, facts)`` text."""
-
 
 _JUDGED_HELD = RETRYABLE_STATES | {"23505", "55P03"}
 """Errors of an optimistic write that the usual commit judges again: an inserted
@@ -138,11 +134,11 @@ class _PgTransaction(_ThreadRows, CommitTransaction):
     clock: ServerClock | None = None
     """The store's view of the server's clock: the hold teaches it, an
     optimistic commit predicts its time from it."""
-    known: Known | None = None
+    known: TextRoot | None = None
     """Set for an optimistic commit: the root it is judged from (no hold)."""
     _predicted: datetime | None = None
     """An optimistic commit's predicted server time (``None`` on a test clock)."""
-    written: Known | None = None
+    written: TextRoot | None = None
     """What the commit's write stored, once sent: the next commit's ``known``."""
 
     async def hold(self) -> HeldThread:
@@ -344,7 +340,7 @@ class _PgTransaction(_ThreadRows, CommitTransaction):
         args = self._root_args(facts)
         if self._root is not None:
             root, counters = self._root
-            self.written = Known((args[10], args[11]), root, counters, facts)
+            self.written = TextRoot((args[10], args[11]), root, counters, facts)
         notice = self.notice
         if notice is not None:
             args += [notice.channel, payload(notice.commit, self._root[0] if self._root else None)]

@@ -286,9 +286,9 @@ def write_statement(
     outer query returns one row. A guarded write (an optimistic commit, which
     inserts only, outside a transaction: :mod:`.commit`) first locks the root
     without waiting (``FOR UPDATE NOWAIT``: a root another transaction holds
-    fails the statement with ``55P03`` at once, so the commit takes its place
-    in the queue the usual way), and only when it is stored exactly as
-    expected and the server's clock, read as the lock is taken, is at most
+    fails the statement with ``55P03`` at once, and the commit then queues
+    for it the usual way), and only when it is stored exactly as expected and
+    the server's clock, read just before the lock is taken, is at most
     :data:`STAMP_WINDOW_MS` past the predicted commit time. It updates the
     root and inserts the rows only if it locked it, and returns one row: the
     server's clock (``now``) and the number of roots written (``written``, 0

@@ -60,14 +60,20 @@ from pai_storage.backend import (
 )
 from pai_storage.clock import ServerClock
 from pai_storage.errors import ThreadStoreConfigurationError
-from pai_storage.models import DeleteMutation
-from pai_storage.root_cache import RootCache, Unsure, judge_optimistic, optimistic
+from pai_storage.root_cache import (
+    RootCache,
+    TextRoot,
+    Unsure,
+    judge_optimistic,
+    keep_written,
+    optimistic,
+)
 from pai_storage.rows import ListCursor, ListRow, enc, list_page
 from pai_storage.watch import WATCH_CHANGES, ChangeSignal
 
 from . import lifecycle
 from .client import SESSION_SETTINGS, PgClient, keep_session
-from .commit import Known, Notice, _PgTransaction
+from .commit import Notice, _PgTransaction
 from .errors import Phase
 from .layout import _Layout
 from .reads import _one_statement, _PgSnapshot, _StatementSnapshot
@@ -369,7 +375,7 @@ class PostgresThreadStore(ThreadStore):
             done = await self._commit_optimistic(request, known)
             if done is not None:
                 return done
-        written: Known | None = None
+        written: TextRoot | None = None
 
         async def body(conn: asyncpg.Connection) -> CommittedResult | ConflictResult | _Abort:
             nonlocal written
@@ -384,11 +390,12 @@ class PostgresThreadStore(ThreadStore):
             return await self._watchers.committed(conn, request, result)  # NOTIFY before COMMIT
 
         result: CommittedResult | ConflictResult = await self._transaction(body, "commit")
-        self._keep(request, written)  # set only when committed
+        if isinstance(result, CommittedResult):  # the thread's next commit may be optimistic
+            keep_written(self._roots, key, written)
         return result
 
     async def _commit_optimistic(
-        self, request: CommitThreadInput, known: Known
+        self, request: CommitThreadInput, known: TextRoot
     ) -> CommittedResult | None:
         """One round trip: the guarded write alone (see :mod:`.commit`); ``None``
         when the commit must be judged the usual way."""
@@ -400,16 +407,8 @@ class PostgresThreadStore(ThreadStore):
                     result = await judge_optimistic(tx, request, self.now)
                 except Unsure:  # judged again, held (a driver's error is mapped instead)
                     return None
-        self._keep(request, tx.written)
+        keep_written(self._roots, (request.scope_key, request.thread_id), tx.written)
         return result
-
-    def _keep(self, request: CommitThreadInput, written: Known | None) -> None:
-        """Keep what a commit stored: the thread's next commit may be optimistic."""
-        key = (request.scope_key, request.thread_id)
-        if written is not None:
-            self._roots.offer(key, written, len(written.stored[0]) + len(written.stored[1]))
-        elif isinstance(request.mutation, DeleteMutation):
-            self._roots.drop(key)
 
     def _commit_transaction(
         self, conn: asyncpg.Connection, request: CommitThreadInput

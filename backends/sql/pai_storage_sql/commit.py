@@ -61,7 +61,14 @@ from pai_storage.backend import (
 )
 from pai_storage.errors import ThreadStoreError, ThreadStoreInvariantError
 from pai_storage.models import CreateMutation
-from pai_storage.root_cache import CachedRoot, NoQueries, Unsure, judge_optimistic, optimistic
+from pai_storage.root_cache import (
+    NoQueries,
+    TextRoot,
+    Unsure,
+    judge_optimistic,
+    keep_written,
+    optimistic,
+)
 from pai_storage.root_facts import (
     NO_FACTS,
     RootFacts,
@@ -93,10 +100,6 @@ class _Conflict(Exception):
         self.result = result
 
 
-Known = CachedRoot[tuple[str, str]]
-"""A root this store committed: stored as ``(document, facts)`` text."""
-
-
 class _Rejudge(Exception):
     """Internal: an optimistic commit wrote its root, then found an inserted id
     taken: its transaction is rolled back and the commit judged again, held."""
@@ -124,11 +127,11 @@ async def commit_once(
 
 
 async def _commit(
-    store: SqlThreadStore, request: CommitThreadInput, known: Known | None
+    store: SqlThreadStore, request: CommitThreadInput, known: TextRoot | None
 ) -> CommittedResult | ConflictResult:
     key = (request.scope_key, request.thread_id)
     sqlite = store.client.dialect == "sqlite"
-    written: Known | None = None
+    written: TextRoot | None = None
 
     async def attempt(op: Operation) -> CommittedResult:
         nonlocal written
@@ -156,10 +159,7 @@ async def _commit(
         return conflict.result
     if not sqlite:
         return result
-    if written is not None:
-        store.roots.offer(key, written, len(written.stored[0]) + len(written.stored[1]))
-    else:
-        store.roots.drop(key)  # a delete, or a root stored without facts
+    keep_written(store.roots, key, written)
     return result
 
 
@@ -181,9 +181,9 @@ class _Transaction(_ThreadRows, CommitTransaction):
         self._update: dict[str, Any] | None = None
         """The root's columns, written after the relationship check with its facts."""
         self._root: tuple[ThreadRecord, Mapping[FamilyName, int]] | None = None
-        self.known: Known | None = None
+        self.known: TextRoot | None = None
         """Set for an optimistic commit: the root it is judged from (no hold)."""
-        self.written: Known | None = None
+        self.written: TextRoot | None = None
         """What the commit stored, when its facts are known: the next commit's ``known``."""
         self._held_back: list[tuple[FamilySpec, FamilyWrite[Any]]] = []
         """An optimistic commit's inserts, written once its root's update matched."""
@@ -259,7 +259,7 @@ class _Transaction(_ThreadRows, CommitTransaction):
         mutation = self._mutation
         empty = isinstance(mutation, CreateMutation) and _no_records(mutation)
         if empty:
-            self.written = Known(
+            self.written = TextRoot(
                 (values["doc"], facts_text(NO_FACTS, root.version.revision)),
                 root,
                 next_positions,
@@ -409,7 +409,7 @@ class _Transaction(_ThreadRows, CommitTransaction):
         values["facts"] = facts_text(facts, values["revision"])
         if self._root is not None:
             root, counters = self._root
-            self.written = Known((values["doc"], values["facts"]), root, counters, facts)
+            self.written = TextRoot((values["doc"], values["facts"]), root, counters, facts)
         t = self._t.threads
         names = list(values)
         params = {"k": self._key, **{f"b_{c}": values[c] for c in names}}
