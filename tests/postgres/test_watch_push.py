@@ -18,8 +18,6 @@ from pai_storage import CommitThreadInput, ThreadChange, ThreadVersion, builders
 
 from .helpers import URL
 
-pytestmark = pytest.mark.asyncio
-
 CHUNKS = 200
 LONG = 3600.0  # seconds between polls: only NOTIFY (or the listener's reconnect) wakes a watcher
 WAIT = 20.0  # seconds a pushed change may take on a loaded machine (far below LONG)

@@ -29,8 +29,6 @@ from pai_storage import builders as b
 
 from .conftest import Target, drop_tables
 
-pytestmark = pytest.mark.asyncio
-
 
 def engine_for(target: Target) -> AsyncEngine:
     """An application's engine on the target's database."""
