@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -45,7 +46,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
@@ -143,10 +144,14 @@ class StoreSide:
         assert len(result.messages.items) == 20
 
 
-async def interleaved(cases: dict[str, Call], n: int, warmup: int = 10) -> dict[str, float]:
-    """Median milliseconds of each case, called round-robin (the first rotating)."""
+async def interleaved(
+    cases: dict[str, Call], n: int, warmup: int = 10, after: dict[str, Call] | None = None
+) -> dict[str, float]:
+    """Median milliseconds of each case, called round-robin (the first rotating);
+    ``after[key]``, when given, runs untimed right after case ``key``."""
     samples: dict[str, list[float]] = {key: [] for key in cases}
     keys = list(cases)
+    after = after or {}
     for i in range(warmup + n):
         shift = i % len(keys)
         for key in keys[shift:] + keys[:shift]:
@@ -154,6 +159,8 @@ async def interleaved(cases: dict[str, Call], n: int, warmup: int = 10) -> dict[
             await cases[key]()
             if i >= warmup:
                 samples[key].append(time.perf_counter() - t0)
+            if key in after:
+                await after[key]()
     return {key: statistics.median(values) * 1000 for key, values in samples.items()}
 
 
@@ -263,15 +270,16 @@ class PgPhysical:
         assert len(docs) == 22
 
 
-async def postgres(url: str, n: int) -> tuple[str, list[Row]]:
+@contextlib.asynccontextmanager
+async def postgres_sides(url: str) -> AsyncIterator[tuple[Any, Any, StoreSide, PgPhysical]]:
+    """``(store, pool, store side, physical floor)`` on a fresh schema, dropped
+    afterwards: the store's thread and the floor's, of :data:`SIZE` messages
+    each (the floor reads the store's)."""
     import asyncpg  # type: ignore[import-untyped]
     from pai_storage_postgres import PostgresThreadStore
     from pai_storage_postgres.client import SESSION_SETTINGS, keep_session
 
     from pai_storage import make_url
-
-    from .postgres_bench import FLOOR_SCOPE, Floor
-    from .postgres_bench import build_thread as build_floor_thread
 
     schema = f"pai_bench_{uuid.uuid4().hex[:10]}"
     dsn = make_url(url).render(hide_password=False, scheme="postgresql")
@@ -283,9 +291,23 @@ async def postgres(url: str, n: int) -> tuple[str, list[Row]]:
     try:
         side = StoreSide(store, "store", await build(store, "store"))
         await build(store, "physical")
-        await build_floor_thread(store, "same", SIZE, FLOOR_SCOPE)
         physical = PgPhysical(pool, store.tables, "physical", "store")
         await physical.start()
+        yield store, pool, side, physical
+    finally:
+        await pool.close()
+        await store.close()
+        conn = await asyncpg.connect(dsn)
+        await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        await conn.close()
+
+
+async def postgres(url: str, n: int) -> tuple[str, list[Row]]:
+    from .postgres_bench import FLOOR_SCOPE, Floor
+    from .postgres_bench import build_thread as build_floor_thread
+
+    async with postgres_sides(url) as (store, pool, side, physical):
+        await build_floor_thread(store, "same", SIZE, FLOOR_SCOPE)
         same = Floor(pool, store)
         async with pool.acquire() as conn:
             for table in (store.tables.threads, store.tables.messages):
@@ -298,12 +320,6 @@ async def postgres(url: str, n: int) -> tuple[str, list[Row]]:
             {"append": lambda: same.append("same"), "read": lambda: same.read_newest("store")},
         )
         return server, rows
-    finally:
-        await pool.close()
-        await store.close()
-        conn = await asyncpg.connect(dsn)
-        await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-        await conn.close()
 
 
 # ---------------------------------------------------------------- MongoDB

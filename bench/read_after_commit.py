@@ -24,38 +24,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import statistics
-import time
-import uuid
-from collections.abc import Awaitable, Callable
-from typing import Any
 
-from pai_storage import codec, make_url
+from pai_storage import codec
 from pai_storage.models import Message, ThreadRecord
 
-from .physical_floor import SCOPE, PgPhysical, StoreSide, build
+from .physical_floor import SCOPE, Call, StoreSide, build, interleaved, postgres_sides
 
 PREPARATIONS = ("nothing", "decode", "other read", "same read")
 
 
 async def run(url: str, n: int) -> None:
-    import asyncpg  # type: ignore[import-untyped]
-    from pai_storage_postgres import PostgresThreadStore
-    from pai_storage_postgres.client import SESSION_SETTINGS, keep_session
-
-    schema = f"pai_bench_{uuid.uuid4().hex[:10]}"
-    dsn = make_url(url).render(hide_password=False, scheme="postgresql")
-    store = PostgresThreadStore(url, schema=schema, max_pool_size=4)
-    await store.initialize()
-    pool = await asyncpg.create_pool(
-        dsn, min_size=2, max_size=4, server_settings=dict(SESSION_SETTINGS), reset=keep_session
-    )
-    try:
-        side = StoreSide(store, "store", await build(store, "store"))
+    async with postgres_sides(url) as (store, pool, side, floor):
         other = StoreSide(store, "other", await build(store, "other"))
-        await build(store, "physical")
-        floor = PgPhysical(pool, store.tables, "physical", "store")
-        await floor.start()
 
         async def decode() -> None:
             async with pool.acquire() as conn:
@@ -63,56 +43,27 @@ async def run(url: str, n: int) -> None:
             for row in rows:
                 codec.decode(ThreadRecord if row["position"] is None else Message, row["doc"])
 
-        prepare: dict[str, Callable[[], Awaitable[Any]] | None] = {
+        prepare: dict[str, Call | None] = {
             "nothing": None,
             "decode": decode,
             "other read": other.read,
             "same read": side.read,
         }
+        cases: dict[str, Call] = {
+            "store append": side.append,
+            "store turn": side.turn,
+            "store read": side.read,
+            "floor append": floor.append,
+            "floor turn": floor.turn,
+            "floor read": floor.read,
+        }
         print(f"{'after each store commit':<24} {'store read':>10} {'floor read':>10} {'ratio':>6}")
         for name in PREPARATIONS:
-            store_ms, floor_ms = await interleaved(side, floor, prepare[name], n)
+            step = prepare[name]
+            after = {"store append": step, "store turn": step} if step is not None else None
+            med = await interleaved(cases, n, after=after)
+            store_ms, floor_ms = med["store read"], med["floor read"]
             print(f"{name:<24} {store_ms:10.3f} {floor_ms:10.3f} {store_ms / floor_ms:5.2f}x")
-    finally:
-        async with pool.acquire() as conn:
-            await conn.execute(f"DROP SCHEMA {schema} CASCADE")
-        await pool.close()
-        await store.close()
-
-
-async def interleaved(
-    side: StoreSide,
-    floor: PgPhysical,
-    prepare: Callable[[], Awaitable[Any]] | None,
-    n: int,
-    warmup: int = 10,
-) -> tuple[float, float]:
-    """Median ms of the store's and the floor's reads, in ``bench.physical_floor``'s
-    rotation of both sides' append, turn and read."""
-    cases: dict[str, Callable[[], Awaitable[Any]]] = {
-        "store append": side.append,
-        "store turn": side.turn,
-        "store read": side.read,
-        "floor append": floor.append,
-        "floor turn": floor.turn,
-        "floor read": floor.read,
-    }
-    samples: dict[str, list[float]] = {"store read": [], "floor read": []}
-    keys = list(cases)
-    for i in range(warmup + n):
-        shift = i % len(keys)
-        for key in keys[shift:] + keys[:shift]:
-            t0 = time.perf_counter()
-            await cases[key]()
-            elapsed = time.perf_counter() - t0
-            if i >= warmup and key in samples:
-                samples[key].append(elapsed)
-            if prepare is not None and key in ("store append", "store turn"):
-                await prepare()
-    return (
-        statistics.median(samples["store read"]) * 1000,
-        statistics.median(samples["floor read"]) * 1000,
-    )
 
 
 if __name__ == "__main__":
