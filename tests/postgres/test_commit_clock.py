@@ -26,6 +26,7 @@ from datetime import UTC, datetime, timedelta
 import asyncpg  # type: ignore[import-untyped]
 import pytest
 from pai_storage_postgres import PostgresThreadStore
+from support.optimistic import append_judged_by_stale_facts
 
 from pai_storage import CommittedResult, ConflictResult, ThreadVersion
 from pai_storage import builders as b
@@ -126,35 +127,5 @@ async def test_a_rule_broken_only_by_the_known_facts_is_the_held_commits_conflic
         PostgresThreadStore(URL, schema=pg_schema) as store,
         PostgresThreadStore(URL, schema=pg_schema) as other,
     ):
-        created = await store.commit_thread(b.create("s", "t"))
-        assert isinstance(created, CommittedResult)
-        assert created.thread is not None
-        started = await store.commit_thread(
-            b.update_at(
-                "s",
-                "t",
-                created.thread.version,
-                {
-                    "messages": [b.insert(b.message("m1", run_id="r1", relation="input"))],
-                    "runs": [b.insert(b.run("r1", "running", inputs=["m1"]))],
-                },
-                root=b.root(),
-            )
-        )
-        assert isinstance(started, CommittedResult)
-        assert started.thread is not None
-        known = started.thread.version
-        finished = await other.commit_thread(
-            b.update_at(
-                "s",
-                "t",
-                known,
-                {"runs": [b.replace(b.run("r1", "completed", inputs=["m1"]))]},
-                root=b.root(),
-            )
-        )
-        assert isinstance(finished, CommittedResult)
-        result = await store.commit_thread(
-            b.update_at("s", "t", known, {"messages": [b.insert(b.message("m2"))]}, root=b.root())
-        )
+        result = await append_judged_by_stale_facts(store, other)
         assert isinstance(result, ConflictResult), result

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from pai_storage_sql import SqlThreadStore
+from support.optimistic import append_judged_by_stale_facts
 
 from pai_storage import CommittedResult, ConflictResult, ThreadVersion
 from pai_storage import builders as b
@@ -75,12 +76,5 @@ async def test_a_rule_broken_only_by_the_known_facts_is_the_held_commits_conflic
     conflict, not the optimistic judgement's error."""
     url = f"sqlite:///{tmp_path}/t.db"
     async with SqlThreadStore(url) as store, SqlThreadStore(url) as other:
-        created = await store.commit_thread(b.create("s", "t"))
-        assert isinstance(created, CommittedResult)
-        assert created.thread is not None
-        known = await _commit(store, created.thread.version, _START)
-        await _commit(other, known, {"runs": [b.replace(b.run("r1", "completed", inputs=["m1"]))]})
-        result = await store.commit_thread(
-            b.update_at("s", "t", known, {"messages": [b.insert(b.message("m2"))]}, root=b.root())
-        )
+        result = await append_judged_by_stale_facts(store, other)
         assert isinstance(result, ConflictResult), result
