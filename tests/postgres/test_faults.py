@@ -19,6 +19,7 @@ its statement is in flight or its reply is swallowed is
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -47,13 +48,18 @@ async def _setup(
     the direct store, or with ``optimistic`` by the faulty one (which then knows
     the version and commits the append optimistically)."""
     # One connection and no statement cache: every statement's SQL text
-    # crosses the proxy, so the triggers below always see it.
+    # crosses the proxy, so the triggers below always see it. The optimistic
+    # store keeps its own clock, so its write is guarded by the root alone:
+    # guarded by the server's clock too, a slow moment on the way through the
+    # proxy (which runs in this event loop) would let the clock pass the
+    # prediction's window, and the write would rightly apply nothing.
     faulty = PostgresThreadStore(
         proxied_url(proxy.port),
         schema=schema,
         min_pool_size=1,
         max_pool_size=1,
         statement_cache_size=0,
+        clock=(lambda: datetime.now(UTC)) if optimistic else None,
     )
     direct = PostgresThreadStore(URL, schema=schema)
     await faulty.initialize()
