@@ -54,6 +54,7 @@ __all__ = [
     "decode_plain_bson",
     "encode",
     "json_form",
+    "json_text",
     "prepare",
 ]
 
@@ -385,9 +386,81 @@ def json_form(record: BaseModel) -> dict[str, Any]:
     return form
 
 
-def encode(record: BaseModel) -> str:
-    """The JSON form of a record as compact text: what a backend stores."""
+def json_text(record: BaseModel) -> str:
+    """The JSON form of a record as compact text."""
     return _json_form(type(record)).to_json(record, by_alias=True).decode()
+
+
+def encode(record: BaseModel) -> str:
+    """A record a store writes, as the text it stores (:func:`json_text`).
+
+    The record, validated or built by the store from validated values, is
+    kept in :data:`cache` as the record of that text when decoding the text
+    would give the record itself (:func:`_as_decoded`): the first read of
+    what a store just wrote decodes nothing.
+    """
+    text = json_text(record)
+    if _as_decoded(record):
+        cache.put(type(record), text, record)
+    return text
+
+
+def _as_decoded(record: BaseModel) -> bool:
+    """Whether decoding ``record``'s JSON form gives ``record`` itself: whether
+    every model in it has set exactly the fields that form carries.
+
+    Its values are what decoding gives already: validated, read-only, every
+    timestamp in UTC to the millisecond. What validation leaves open is which
+    fields are set: the JSON form carries an optional field unless it is
+    ``None`` (and one whose JSON value may be null when it is set), and
+    decoding sets the fields it carries. A record built by the store
+    (:meth:`~pai_storage.models.StoreModel.trusted`) is so; a value a caller
+    validated may not be (an optional field given as ``None``, a default not
+    given).
+    """
+    shape = _SHAPES.get(type(record))
+    if shape is None:
+        shape = _shape(type(record))
+    fields_set = record.__pydantic_fields_set__
+    values = record.__dict__
+    omitted_when_none, nested = shape
+    for name in omitted_when_none:
+        if (values[name] is not None) is not (name in fields_set):
+            return False
+    for name in nested:
+        value = values[name]
+        if isinstance(value, BaseModel):
+            if not _as_decoded(value):
+                return False
+        elif isinstance(value, list | tuple):
+            for item in value:
+                if isinstance(item, BaseModel) and not _as_decoded(item):
+                    return False
+    return True
+
+
+def _shape(cls: type[BaseModel]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``(optional fields the JSON form omits when None, fields that may hold a model)``."""
+    json_optional: frozenset[str] = getattr(cls, "_json_optional", frozenset())
+    omitted = tuple(
+        name
+        for name, field in cls.model_fields.items()
+        if not field.is_required() and name not in json_optional
+    )
+    nested = tuple(
+        name for name, field in cls.model_fields.items() if _holds_model(field.annotation)
+    )
+    shape = _SHAPES[cls] = (omitted, nested)
+    return shape
+
+
+def _holds_model(annotation: Any) -> bool:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return True
+    return any(_holds_model(arg) for arg in get_args(annotation))
+
+
+_SHAPES: dict[type, tuple[tuple[str, ...], tuple[str, ...]]] = {}
 
 
 # ---------------------------------------------------------------- the cache

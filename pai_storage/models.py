@@ -252,10 +252,18 @@ class StoreModel(BaseModel):
         ``fields`` holds every field of the model, in the model's field order
         (the JSON form follows it). Several times cheaper than
         ``model_construct``; the result is the same frozen model.
+
+        Its fields set are the ones its JSON form carries (an optional field
+        left ``None`` is unset; one whose JSON value may be null is set), as
+        decoding that form would set them.
         """
         model = _new(cls)
         _set(model, "__dict__", fields)
-        _set(model, "__pydantic_fields_set__", set(fields))
+        fields_set = set(fields)
+        for name, _, json_optional in _optional_fields(cls):
+            if not json_optional and fields[name] is None:
+                fields_set.discard(name)
+        _set(model, "__pydantic_fields_set__", fields_set)
         _set(model, "__pydantic_extra__", None)
         _set(model, "__pydantic_private__", None)
         return model
@@ -317,7 +325,7 @@ class StoreModel(BaseModel):
 
     def to_json_text(self) -> str:
         """The JSON form as compact text (what :meth:`to_json` gives, encoded by pydantic-core)."""
-        return codec.encode(self)
+        return codec.json_text(self)
 
 
 _new = object.__new__
