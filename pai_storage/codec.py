@@ -409,24 +409,34 @@ def _as_decoded(record: BaseModel) -> bool:
     """Whether decoding ``record``'s JSON form gives ``record`` itself: whether
     every model in it has set exactly the fields that form carries.
 
-    Its values are what decoding gives already: validated, read-only, every
-    timestamp in UTC to the millisecond. What validation leaves open is which
-    fields are set: the JSON form carries an optional field unless it is
-    ``None`` (and one whose JSON value may be null when it is set), and
-    decoding sets the fields it carries. A record built by the store
-    (:meth:`~pai_storage.models.StoreModel.trusted`) is so; a value a caller
-    validated may not be (an optional field given as ``None``, a default not
-    given).
+    Its values are what decoding gives already: validated (exact types,
+    read-only containers), every timestamp an exact UTC ``datetime`` to the
+    millisecond (:func:`~pai_storage.fields.truncate_ms`). What validation
+    leaves open is which fields are set (it keeps a given model's own): the
+    JSON form carries every required field, an optional one unless it is
+    ``None``, and one whose JSON value may be null when it is set (unset, it
+    must be ``None``); decoding sets exactly the fields it carries. A record
+    built by the store (:meth:`~pai_storage.models.StoreModel.trusted`) is so;
+    a value a caller validated may not be (an optional field given as
+    ``None``, a default not given).
     """
     shape = _SHAPES.get(type(record))
     if shape is None:
         shape = _shape(type(record))
+    required, omitted_when_none, json_optional, nested = shape
     fields_set = record.__pydantic_fields_set__
     values = record.__dict__
-    omitted_when_none, nested = shape
+    carried = set(required)
     for name in omitted_when_none:
-        if (values[name] is not None) is not (name in fields_set):
+        if values[name] is not None:
+            carried.add(name)
+    for name in json_optional:
+        if name in fields_set:
+            carried.add(name)
+        elif values[name] is not None:  # left out of the JSON form: decoded as None
             return False
+    if fields_set != carried:
+        return False
     for name in nested:
         value = values[name]
         if isinstance(value, BaseModel):
@@ -439,18 +449,20 @@ def _as_decoded(record: BaseModel) -> bool:
     return True
 
 
-def _shape(cls: type[BaseModel]) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """``(optional fields the JSON form omits when None, fields that may hold a model)``."""
+_Shape = tuple[frozenset[str], tuple[str, ...], tuple[str, ...], tuple[str, ...]]
+
+
+def _shape(cls: type[BaseModel]) -> _Shape:
+    """``(required fields, optional fields the JSON form omits when None, those
+    it omits when unset, fields that may hold a model)``."""
     json_optional: frozenset[str] = getattr(cls, "_json_optional", frozenset())
-    omitted = tuple(
-        name
-        for name, field in cls.model_fields.items()
-        if not field.is_required() and name not in json_optional
+    fields = cls.model_fields
+    shape = _SHAPES[cls] = (
+        frozenset(name for name, field in fields.items() if field.is_required()),
+        tuple(n for n, f in fields.items() if not f.is_required() and n not in json_optional),
+        tuple(n for n, f in fields.items() if not f.is_required() and n in json_optional),
+        tuple(name for name, field in fields.items() if _holds_model(field.annotation)),
     )
-    nested = tuple(
-        name for name, field in cls.model_fields.items() if _holds_model(field.annotation)
-    )
-    shape = _SHAPES[cls] = (omitted, nested)
     return shape
 
 
@@ -460,7 +472,7 @@ def _holds_model(annotation: Any) -> bool:
     return any(_holds_model(arg) for arg in get_args(annotation))
 
 
-_SHAPES: dict[type, tuple[tuple[str, ...], tuple[str, ...]]] = {}
+_SHAPES: dict[type, _Shape] = {}
 
 
 # ---------------------------------------------------------------- the cache

@@ -162,11 +162,18 @@ def _parse_timestamp(value: Any) -> datetime:
 
 
 def truncate_ms(moment: datetime) -> datetime:
-    """Return ``moment`` in UTC, truncated to whole milliseconds."""
-    if type(moment) is datetime and moment.tzinfo is UTC and not moment.microsecond % 1000:
+    """Return ``moment`` in UTC, truncated to whole milliseconds: an exact
+    ``datetime`` (not a subclass), ``fold`` 0, as decoding its JSON form gives."""
+    if (
+        type(moment) is datetime
+        and moment.tzinfo is UTC
+        and not moment.microsecond % 1000
+        and not moment.fold
+    ):
         return moment  # already so (the database's clock, read to the millisecond)
-    moment = moment.astimezone(UTC)
-    return moment.replace(microsecond=moment.microsecond - moment.microsecond % 1000)
+    m = moment.astimezone(UTC)
+    ms = m.microsecond - m.microsecond % 1000
+    return datetime(m.year, m.month, m.day, m.hour, m.minute, m.second, ms, tzinfo=UTC)
 
 
 def format_timestamp(moment: datetime) -> str:

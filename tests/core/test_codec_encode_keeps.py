@@ -15,7 +15,8 @@ from pai_storage_conformance.suite._support import assert_same_values
 from pai_storage import Message, RunRecord, ThreadRecord, codec
 from pai_storage import builders as b
 from pai_storage.families import stamp_message, stamp_run
-from pai_storage.models import MessageDraft, RunDraft, StoreModel
+from pai_storage.fields import truncate_ms
+from pai_storage.models import MessageDraft, Producer, RunDraft, StoreModel, ToolCallPart
 
 from . import strategies as s
 
@@ -160,3 +161,53 @@ def test_to_json_text_keeps_nothing() -> None:
     assert read is not message
     with pytest.raises(TypeError):
         read.metadata["x"] = 2  # type: ignore[index]
+
+
+def _tool_part(fields_set: set[str], **values: Any) -> ToolCallPart:
+    return ToolCallPart.model_construct(
+        fields_set,
+        type="tool-call",
+        tool_call_id="c",
+        tool_name="n",
+        input={},
+        state="output-available",
+        **values,
+    )
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        # A caller's models keep their own fields set through validation.
+        {"parts": [_tool_part({"type", "tool_call_id", "tool_name", "input", "state"}, output=1)]},
+        {"producer": Producer.model_construct(set(), kind="user")},
+        {"producer": Producer.model_construct({"kind", "id", "bogus"}, kind="user", id="p")},
+    ],
+    ids=["output-valued-but-unset", "required-field-unset", "unknown-field-set"],
+)
+def test_a_record_whose_models_set_other_fields_is_not_kept(given: dict[str, Any]) -> None:
+    draft = MessageDraft.model_validate({**b.message("m1"), **given})
+    record = stamp_message(None, draft, NOW)
+    text = codec.encode(record)
+    assert codec.decode(Message, text) is not record
+    _kept_or_decoded(record)
+
+
+class _Moment(datetime):
+    pass
+
+
+@pytest.mark.parametrize(
+    "moment",
+    [NOW.replace(fold=1), _Moment(2026, 12, 7, 1, 2, 3, 456789, tzinfo=UTC)],
+    ids=["fold", "datetime-subclass"],
+)
+def test_a_clock_time_is_stamped_as_decoding_gives_it(moment: datetime) -> None:
+    # A store's test clock goes through truncate_ms: what it stamps is what
+    # decoding the stamp's JSON form gives, so the record is kept and reads back
+    # as decoded.
+    now = truncate_ms(moment)
+    assert (type(now), now.fold, now.tzinfo) == (datetime, 0, UTC)
+    record = stamp_message(None, MessageDraft.model_validate(b.message("m1")), now)
+    assert codec.decode(Message, codec.encode(record)) is record
+    _kept_or_decoded(record)
