@@ -435,7 +435,7 @@ def _as_decoded(record: BaseModel) -> bool:
             carried.add(name)
         elif values[name] is not None:  # left out of the JSON form: decoded as None
             return False
-    if fields_set != carried:
+    if type(fields_set) is not set or fields_set != carried:  # a frozenset would refuse model_copy
         return False
     for name in nested:
         value = values[name]
