@@ -3,16 +3,24 @@
 Each process connects (which creates the tables and records the schema
 version) at the same moment on a fresh SQLite file or a fresh MariaDB table
 prefix. Every one succeeds, and the version is recorded once.
+
+Turning a fresh SQLite file to WAL is the step where they collide: SQLite
+refuses a connection that read the file and must then wait for another's write
+at once, without its busy handler; the last test holds that lock on purpose.
 """
 
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import sys
+from pathlib import Path
 
 import pytest
 from pai_storage_sql.schema import SCHEMA_VERSION
 from sqlalchemy import select
+
+from pai_storage.errors import ThreadStoreUnavailableError
 
 from .conftest import Target
 
@@ -72,3 +80,41 @@ async def test_processes_preparing_a_fresh_database_at_once(target: Target) -> N
         assert [tuple(row) for row in rows] == [(SCHEMA_VERSION,)]
     finally:
         await client.release()
+
+
+async def test_a_connection_waits_for_another_turning_the_file_to_wal(
+    sqlite_target: Target, tmp_path: Path
+) -> None:
+    target = sqlite_target
+    other = sqlite3.connect(tmp_path / "pai.db", isolation_level=None)
+    try:
+        other.execute("BEGIN IMMEDIATE")
+        other.execute("CREATE TABLE app (x)")
+        client = target.client(busy_timeout=30)
+        preparing = asyncio.create_task(client.ready())
+        await asyncio.sleep(0.3)
+        assert not preparing.done()  # waiting for the lock, not refused at once
+        other.execute("COMMIT")
+        await asyncio.wait_for(preparing, timeout=30)
+        async with (await client.ready()).writer.connect() as conn:
+            mode = (await conn.exec_driver_sql("PRAGMA journal_mode")).scalar_one()
+        assert mode == "wal"
+        await client.release()
+    finally:
+        other.close()
+
+
+async def test_the_wal_step_gives_up_after_busy_timeout(
+    sqlite_target: Target, tmp_path: Path
+) -> None:
+    target = sqlite_target
+    other = sqlite3.connect(tmp_path / "pai.db", isolation_level=None)
+    try:
+        other.execute("BEGIN IMMEDIATE")
+        other.execute("CREATE TABLE app (x)")
+        client = target.client(busy_timeout=0.2)
+        with pytest.raises(ThreadStoreUnavailableError, match="past busy_timeout"):
+            await asyncio.wait_for(client.ready(), timeout=30)
+        await client.release()
+    finally:
+        other.close()

@@ -90,6 +90,7 @@ from .engines import (
     given_engines,
     mysql_engines,
     sqlite_engines,
+    turn_to_wal,
 )
 from .error_scope import MappedErrors, is_unique_violation, mapped_error
 from .errors import Phase, RetryableError, is_driver_failure
@@ -361,6 +362,8 @@ class SqlClient(SharedClient[Engines]):
             await check_given_mysql(made, self.errors)
         with self.errors("connect"):
             async with made.writer.connect() as conn:
+                if self.dialect == "sqlite" and self._engine is None and not self.memory:
+                    await turn_to_wal(conn, self.busy_timeout)
                 self.server_version, self.is_mariadb = await prepare_schema(
                     conn, self.dialect, self.tables
                 )

@@ -1,6 +1,7 @@
 """The engines of a :class:`~pai_storage_sql.client.SqlClient`, made per dialect.
 
-SQLite (aiosqlite): WAL journal, ``busy_timeout`` and ``foreign_keys=ON`` on
+SQLite (aiosqlite): the file turned to the WAL journal once, when the client
+connects (:func:`turn_to_wal`); ``busy_timeout`` and ``foreign_keys=ON`` on
 every connection, the driver's own transactions off (the client begins them);
 one writer engine (one connection the client holds, one overflow) and one
 reader engine (``pool_size`` held, one overflow); a ``:memory:`` database is
@@ -20,6 +21,8 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
+import sqlite3
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
@@ -34,7 +37,7 @@ from .held import Held
 from .sqlite_thread import thread_executor
 
 if TYPE_CHECKING:
-    from sqlalchemy.ext.asyncio import AsyncEngine
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 __all__ = [
     "MYSQL_SCHEMES",
@@ -49,6 +52,7 @@ __all__ = [
     "given_engines",
     "mysql_engines",
     "sqlite_engines",
+    "turn_to_wal",
 ]
 
 Dialect = Literal["sqlite", "mysql"]
@@ -97,7 +101,7 @@ def sqlite_engines(
     connect_args = {"timeout": busy_timeout, "check_same_thread": False}
     if memory:
         engine = create_async_engine(sa_url, poolclass=StaticPool, connect_args=connect_args)
-        _sqlite_hooks(engine, event, busy_timeout, memory)
+        _sqlite_hooks(engine, event, busy_timeout)
         held = Held(engine, 1)
         return Engines(engine, engine, asyncio.Lock(), held, held, thread_executor(1))
     # Each operation ends its own transaction (commit, or rollback on
@@ -121,8 +125,8 @@ def sqlite_engines(
         pool_reset_on_return=None,
         connect_args=connect_args,
     )
-    _sqlite_hooks(writer, event, busy_timeout, memory)
-    _sqlite_hooks(reader, event, busy_timeout, memory)
+    _sqlite_hooks(writer, event, busy_timeout)
+    _sqlite_hooks(reader, event, busy_timeout)
     held_writer, held_reader = Held(writer, 1), Held(reader, pool_size)
     executor = thread_executor(1 + pool_size)
     return Engines(writer, reader, None, held_writer, held_reader, executor)
@@ -208,7 +212,7 @@ def given_engines(
     return Engines(own, own, asyncio.Lock() if memory else None)
 
 
-def _sqlite_hooks(engine: AsyncEngine, event: Any, busy_timeout: float, memory: bool) -> None:
+def _sqlite_hooks(engine: AsyncEngine, event: Any, busy_timeout: float) -> None:
     busy_ms = int(busy_timeout * 1000)
 
     def on_connect(dbapi_connection: Any, _record: Any) -> None:
@@ -217,14 +221,40 @@ def _sqlite_hooks(engine: AsyncEngine, event: Any, busy_timeout: float, memory: 
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
         try:
-            if not memory:
-                cursor.execute("PRAGMA journal_mode=WAL")
             cursor.execute(f"PRAGMA busy_timeout={busy_ms}")
             cursor.execute("PRAGMA foreign_keys=ON")
         finally:
             cursor.close()
 
     event.listen(engine.sync_engine, "connect", on_connect)
+
+
+async def turn_to_wal(conn: AsyncConnection, busy_timeout: float) -> None:
+    """Turn the SQLite file to the WAL journal (the file keeps it: every later
+    connection, of any process, writes through it).
+
+    SQLite refuses the change at once, without waiting ``busy_timeout``, when
+    another connection writes the file meanwhile: having read the file, this one
+    would have to wait for the other's write, which SQLite treats as a deadlock.
+    That happens when several processes open a fresh file together, so the
+    change is retried here, with short pauses, until ``busy_timeout`` has passed
+    (then the driver's error, "database is locked", is raised)."""
+    from sqlalchemy.exc import OperationalError
+
+    deadline = time.monotonic() + busy_timeout
+    pause = 0.001
+    while True:
+        try:
+            await conn.exec_driver_sql("PRAGMA journal_mode=WAL")
+            await conn.commit()
+            return
+        except OperationalError as exc:
+            busy = getattr(exc.orig, "sqlite_errorcode", None) == sqlite3.SQLITE_BUSY
+            if not busy or time.monotonic() + pause > deadline:
+                raise
+            await conn.rollback()
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, 0.05)
 
 
 async def check_given_mysql(
