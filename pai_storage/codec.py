@@ -25,6 +25,7 @@ import operator
 import threading
 from collections import OrderedDict
 from collections.abc import Hashable, Iterable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated, Any, TypeVar, cast, get_args, get_origin
 
@@ -46,6 +47,7 @@ from .strict_json import INT64_MAX, MAX_JSON_DEPTH, MAX_JSON_NODES
 
 __all__ = [
     "STRICT_JSON_TEXT",
+    "JsonShape",
     "RecordCache",
     "cache",
     "decode",
@@ -54,6 +56,7 @@ __all__ = [
     "decode_plain_bson",
     "encode",
     "json_form",
+    "json_shape",
     "json_text",
     "prepare",
 ]
@@ -327,10 +330,10 @@ def _json_form_schema(node: Any) -> Any:
     """A copy of a model's core schema whose serializer omits absent fields itself.
 
     The models' ``_omit_absent`` wrap serializer is a Python call per nested
-    model; in the copy an optional field is left out by pydantic-core when it
-    is ``None`` (``serialization_exclude_if``), which is what ``_omit_absent``
-    does for every field but those in ``_json_optional``: a model with such
-    fields keeps its wrap serializer.
+    model; in the copy a field the JSON form omits when ``None``
+    (:attr:`JsonShape.when_not_none`) is left out by pydantic-core
+    (``serialization_exclude_if``). A model with fields omitted when unset
+    (:attr:`JsonShape.when_set`) keeps its wrap serializer for them.
     """
     if isinstance(node, list):
         return [_json_form_schema(item) for item in node]
@@ -339,15 +342,15 @@ def _json_form_schema(node: Any) -> Any:
     copied = {key: _json_form_schema(value) for key, value in node.items()}
     cls: Any = node.get("cls")
     if node.get("type") == "model" and hasattr(cls, "_json_optional"):  # a StoreModel
-        if not cls._json_optional:
+        shape = json_shape(cls)
+        if not shape.when_set:
             copied.pop("serialization", None)
         inner = copied["schema"]
         while inner["type"] != "model-fields":  # under the model's own validators
             inner = inner["schema"]
         fields = inner["fields"]
-        for name, field in cls.model_fields.items():
-            if not field.is_required() and name not in cls._json_optional:
-                fields[name]["serialization_exclude_if"] = _is_none
+        for name, _ in shape.when_not_none:
+            fields[name]["serialization_exclude_if"] = _is_none
     return copied
 
 
@@ -407,37 +410,34 @@ def encode(record: BaseModel) -> str:
 
 def _as_decoded(record: BaseModel) -> bool:
     """Whether decoding ``record``'s JSON form gives ``record`` itself: whether
-    every model in it has set exactly the fields that form carries.
+    every model in it has set exactly the fields that form carries
+    (:func:`json_shape`).
 
     Its values are what decoding gives already: validated (exact types,
     read-only containers), every timestamp an exact UTC ``datetime`` to the
     millisecond (:func:`~pai_storage.fields.truncate_ms`). What validation
-    leaves open is which fields are set (it keeps a given model's own): the
-    JSON form carries every required field, an optional one unless it is
-    ``None``, and one whose JSON value may be null when it is set (unset, it
-    must be ``None``); decoding sets exactly the fields it carries. A record
-    built by the store (:meth:`~pai_storage.models.StoreModel.trusted`) is so;
-    a value a caller validated may not be (an optional field given as
-    ``None``, a default not given).
+    leaves open is which fields are set (it keeps a given model's own), and
+    decoding sets exactly the fields the form carries; a field omitted when
+    unset must then be ``None``, as decoding gives it. A record built by the
+    store (:meth:`~pai_storage.models.StoreModel.trusted`) is so; a value a
+    caller validated may not be (an optional field given as ``None``, a
+    default not given).
     """
-    shape = _SHAPES.get(type(record))
-    if shape is None:
-        shape = _shape(type(record))
-    required, omitted_when_none, json_optional, nested = shape
+    shape = json_shape(type(record))
     fields_set = record.__pydantic_fields_set__
     values = record.__dict__
-    carried = set(required)
-    for name in omitted_when_none:
+    carried = set(shape.required)
+    for name, _ in shape.when_not_none:
         if values[name] is not None:
             carried.add(name)
-    for name in json_optional:
+    for name, _ in shape.when_set:
         if name in fields_set:
             carried.add(name)
         elif values[name] is not None:  # left out of the JSON form: decoded as None
             return False
     if type(fields_set) is not set or fields_set != carried:  # a frozenset would refuse model_copy
         return False
-    for name in nested:
+    for name in shape.nested:
         value = values[name]
         if isinstance(value, BaseModel):
             if not _as_decoded(value):
@@ -449,20 +449,40 @@ def _as_decoded(record: BaseModel) -> bool:
     return True
 
 
-_Shape = tuple[frozenset[str], tuple[str, ...], tuple[str, ...], tuple[str, ...]]
+@dataclass(frozen=True, slots=True)
+class JsonShape:
+    """Which fields of a model class its JSON form carries (:func:`json_shape`).
+
+    Every field in ``required``; an optional field in ``when_not_none`` unless
+    it is ``None``; one whose JSON value may itself be null (in the model's
+    ``_json_optional``, a tool call's ``output``), in ``when_set``, when it is
+    set. Both as ``(name, alias)``. ``nested``: the fields that may hold a model.
+    """
+
+    required: frozenset[str]
+    when_not_none: tuple[tuple[str, str | None], ...]
+    when_set: tuple[tuple[str, str | None], ...]
+    nested: tuple[str, ...]
 
 
-def _shape(cls: type[BaseModel]) -> _Shape:
-    """``(required fields, optional fields the JSON form omits when None, those
-    it omits when unset, fields that may hold a model)``."""
-    json_optional: frozenset[str] = getattr(cls, "_json_optional", frozenset())
-    fields = cls.model_fields
-    shape = _SHAPES[cls] = (
-        frozenset(name for name, field in fields.items() if field.is_required()),
-        tuple(n for n, f in fields.items() if not f.is_required() and n not in json_optional),
-        tuple(n for n, f in fields.items() if not f.is_required() and n in json_optional),
-        tuple(name for name, field in fields.items() if _holds_model(field.annotation)),
-    )
+def json_shape(cls: type[BaseModel]) -> JsonShape:
+    """The :class:`JsonShape` of ``cls``, worked out once. The one place that
+    says which fields a JSON form carries: the serializers
+    (:func:`_json_form_schema`, ``StoreModel._omit_absent``), the store's own
+    models (``StoreModel.trusted``) and :func:`encode` follow it."""
+    shape = _SHAPES.get(cls)
+    if shape is None:  # racing threads work out equal shapes: either one is kept
+        when_set: frozenset[str] = getattr(cls, "_json_optional", frozenset())
+        fields = cls.model_fields
+        optional = [
+            (name, field.alias) for name, field in fields.items() if not field.is_required()
+        ]
+        shape = _SHAPES[cls] = JsonShape(
+            required=frozenset(name for name, field in fields.items() if field.is_required()),
+            when_not_none=tuple(pair for pair in optional if pair[0] not in when_set),
+            when_set=tuple(pair for pair in optional if pair[0] in when_set),
+            nested=tuple(name for name, field in fields.items() if _holds_model(field.annotation)),
+        )
     return shape
 
 
@@ -472,7 +492,7 @@ def _holds_model(annotation: Any) -> bool:
     return any(_holds_model(arg) for arg in get_args(annotation))
 
 
-_SHAPES: dict[type, _Shape] = {}
+_SHAPES: dict[type, JsonShape] = {}
 
 
 # ---------------------------------------------------------------- the cache

@@ -230,7 +230,8 @@ class StoreModel(BaseModel):
         revalidate_instances="always",
     )
 
-    # Optional fields whose JSON value may itself be null: omitted only when unset.
+    # Optional fields whose JSON value may itself be null: omitted only when unset
+    # (codec.json_shape says which fields the JSON form carries).
     _json_optional: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, /, **data: Any) -> None:
@@ -253,15 +254,16 @@ class StoreModel(BaseModel):
         (the JSON form follows it). Several times cheaper than
         ``model_construct``; the result is the same frozen model.
 
-        Its fields set are the ones its JSON form carries (an optional field
-        left ``None`` is unset; one whose JSON value may be null is set), as
-        decoding that form would set them.
+        Its fields set are the ones its JSON form carries
+        (:func:`~pai_storage.codec.json_shape`: an optional field left ``None``
+        is unset; one whose JSON value may be null is set), as decoding that
+        form would set them.
         """
         model = _new(cls)
         _set(model, "__dict__", fields)
         fields_set = set(fields)
-        for name, _, json_optional in _optional_fields(cls):
-            if not json_optional and fields[name] is None:
+        for name, _ in codec.json_shape(cls).when_not_none:
+            if fields[name] is None:
                 fields_set.discard(name)
         _set(model, "__pydantic_fields_set__", fields_set)
         _set(model, "__pydantic_extra__", None)
@@ -299,16 +301,14 @@ class StoreModel(BaseModel):
         if not isinstance(data, dict):
             return data
         values = self.__dict__
-        for name, alias, json_optional in _optional_fields(type(self)):
-            if json_optional:
-                absent = name not in self.__pydantic_fields_set__
-            else:
-                absent = values[name] is None
-            if absent:
-                # Keys are aliases or names depending on the call and the config.
-                data.pop(name, None)
-                if alias:
-                    data.pop(alias, None)
+        shape = codec.json_shape(type(self))
+        for name, alias in shape.when_not_none:
+            if values[name] is None:
+                _drop(data, name, alias)
+        fields_set = self.__pydantic_fields_set__
+        for name, alias in shape.when_set:
+            if name not in fields_set:
+                _drop(data, name, alias)
         return data
 
     def __repr_args__(self) -> Any:
@@ -332,20 +332,11 @@ _new = object.__new__
 _set = object.__setattr__
 
 
-def _optional_fields(cls: type[StoreModel]) -> tuple[tuple[str, str | None, bool], ...]:
-    """(name, alias, omitted only when unset) of each optional field of ``cls``:
-    the fields its JSON form may omit."""
-    optional = _OPTIONAL_FIELDS.get(cls)
-    if optional is None:
-        optional = _OPTIONAL_FIELDS[cls] = tuple(
-            (name, field.alias, name in cls._json_optional)
-            for name, field in cls.model_fields.items()
-            if not field.is_required()
-        )
-    return optional
-
-
-_OPTIONAL_FIELDS: dict[type, tuple[tuple[str, str | None, bool], ...]] = {}
+def _drop(data: dict[str, Any], name: str, alias: str | None) -> None:
+    # Keys are aliases or names depending on the call and the config.
+    data.pop(name, None)
+    if alias:
+        data.pop(alias, None)
 
 
 # ---------------------------------------------------------------- thread root

@@ -126,9 +126,7 @@ def test_a_record_with_fields_given_as_none_reads_back_as_decoded(
 
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-
-
-@pytest.mark.parametrize(
+EVERY_RECORD_MODEL = pytest.mark.parametrize(
     ("model", "strategy"),
     [
         (ThreadRecord, s.thread_records()),
@@ -137,6 +135,9 @@ SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[Heal
     ],
     ids=lambda v: getattr(v, "__name__", ""),
 )
+
+
+@EVERY_RECORD_MODEL
 @SETTINGS
 @given(data=st.data())
 def test_validated_and_built_records_read_back_as_decoded(
@@ -150,6 +151,51 @@ def test_validated_and_built_records_read_back_as_decoded(
     # The same values with every field set, those left None too (which the
     # JSON form omits): not kept when there is one.
     _kept_or_decoded(model.model_construct(set(model.model_fields), **validated.__dict__))
+
+
+def _carried(record: StoreModel) -> set[str]:
+    """The fields ``record``'s JSON form carries, by :func:`codec.json_shape`."""
+    shape = codec.json_shape(type(record))
+    values, fields_set = record.__dict__, record.__pydantic_fields_set__
+    return (
+        set(shape.required)
+        | {name for name, _ in shape.when_not_none if values[name] is not None}
+        | {name for name, _ in shape.when_set if name in fields_set}
+    )
+
+
+def _assert_shape_holds(record: StoreModel, decoded: StoreModel) -> None:
+    carried = _carried(record)
+    fields = type(record).model_fields
+    assert set(record.to_json()) == {fields[name].alias or name for name in carried}
+    assert decoded.model_fields_set == carried
+    for name in codec.json_shape(type(record)).nested:
+        value, read = getattr(record, name), getattr(decoded, name)
+        pairs = (
+            zip(value, read, strict=True) if isinstance(value, tuple | list) else [(value, read)]
+        )
+        for part, read_part in pairs:
+            if isinstance(part, StoreModel):
+                _assert_shape_holds(part, read_part)
+
+
+@EVERY_RECORD_MODEL
+@SETTINGS
+@given(data=st.data())
+def test_the_json_shape_names_what_the_json_form_carries_and_decoding_sets(
+    model: type[StoreModel], strategy: Any, data: Any
+) -> None:
+    # One rule (codec.json_shape) for the serializers, trusted() and encode():
+    # the form's keys, model by model, and the fields decoding sets.
+    record = model.model_validate(data.draw(strategy))
+    _assert_shape_holds(record, _decoded(model, codec.json_text(record)))
+
+
+def test_a_tool_calls_output_is_carried_when_set_even_if_null() -> None:
+    shape = codec.json_shape(ToolCallPart)
+    assert shape.when_set == (("output", "output"),)
+    assert ("error_text", "errorText") in shape.when_not_none
+    assert {"type", "tool_call_id", "tool_name", "input", "state"} == shape.required
 
 
 def test_to_json_text_keeps_nothing() -> None:
