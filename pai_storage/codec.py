@@ -47,7 +47,6 @@ from .strict_json import INT64_MAX, MAX_JSON_DEPTH, MAX_JSON_NODES
 
 __all__ = [
     "STRICT_JSON_TEXT",
-    "JsonShape",
     "RecordCache",
     "cache",
     "decode",
@@ -56,7 +55,6 @@ __all__ = [
     "decode_plain_bson",
     "encode",
     "json_form",
-    "json_shape",
     "json_text",
     "prepare",
 ]
