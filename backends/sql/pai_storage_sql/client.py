@@ -23,8 +23,8 @@ does, with ``await client.close()`` (or ``async with SqlClient(url) as
 client:``). An application's own SQLAlchemy ``AsyncEngine`` given as
 ``client=`` is used, never disposed.
 
-SQLite (``sqlite:///path/file.db``, driver aiosqlite): WAL journal,
-``busy_timeout``, ``foreign_keys=ON``; one writer connection whose
+SQLite (``sqlite:///path/file.db``, driver aiosqlite): the file turned to
+the WAL journal on connect, ``busy_timeout``, ``foreign_keys=ON``; one writer connection whose
 transactions start with ``BEGIN IMMEDIATE`` (so writers of several processes
 queue on the database lock instead of failing at commit) and a small pool of
 reader connections, each read one deferred ``BEGIN`` snapshot. A
@@ -171,7 +171,8 @@ class SqlClient(SharedClient[Engines]):
         rules as ``table_prefix``).
     busy_timeout:
         SQLite: seconds a writer waits for another connection's write lock
-        before failing with ``UnavailableError`` (default 5).
+        before failing with ``UnavailableError`` (default 5); the turn of the
+        file to WAL when the client connects is retried as long.
     pool_size:
         SQLite: reader connections (default 4); MySQL: pooled connections
         (default 10). Not with ``engine``.

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
-import sqlite3
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -32,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 from pai_storage.backend import StoreURL
 from pai_storage.errors import ThreadStoreConfigurationError
 
-from .errors import Phase
+from .errors import Phase, is_busy
 from .held import Held
 from .sqlite_thread import thread_executor
 
@@ -238,7 +237,10 @@ async def turn_to_wal(conn: AsyncConnection, busy_timeout: float) -> None:
     would have to wait for the other's write, which SQLite treats as a deadlock.
     That happens when several processes open a fresh file together, so the
     change is retried here, with short pauses, until ``busy_timeout`` has passed
-    (then the driver's error, "database is locked", is raised)."""
+    (then the driver's error, "database is locked", is raised). Each attempt
+    waits up to ``busy_timeout`` for a lock SQLite does wait for (another
+    connection holding the file exclusively), so the whole can take up to
+    twice that."""
     from sqlalchemy.exc import OperationalError
 
     deadline = time.monotonic() + busy_timeout
@@ -249,8 +251,7 @@ async def turn_to_wal(conn: AsyncConnection, busy_timeout: float) -> None:
             await conn.commit()
             return
         except OperationalError as exc:
-            busy = getattr(exc.orig, "sqlite_errorcode", None) == sqlite3.SQLITE_BUSY
-            if not busy or time.monotonic() + pause > deadline:
+            if not is_busy(exc) or time.monotonic() + pause > deadline:
                 raise
             await conn.rollback()
         await asyncio.sleep(pause)
