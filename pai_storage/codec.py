@@ -467,16 +467,22 @@ def json_shape(cls: type[BaseModel]) -> JsonShape:
     """The :class:`JsonShape` of ``cls``, worked out once. The one place that
     says which fields a JSON form carries: the serializers
     (:func:`_json_form_schema`, ``StoreModel._omit_absent``), the store's own
-    models (``StoreModel.trusted``) and :func:`encode` follow it."""
+    models (``StoreModel.trusted``) and :func:`encode` follow it. The JSON form
+    of a model that is not a ``StoreModel`` carries every field (``None`` as
+    ``null``)."""
     shape = _SHAPES.get(cls)
     if shape is None:  # racing threads work out equal shapes: either one is kept
-        when_set: frozenset[str] = getattr(cls, "_json_optional", frozenset())
         fields = cls.model_fields
+        store_model = hasattr(cls, "_json_optional")
+        when_set: frozenset[str] = getattr(cls, "_json_optional", frozenset())
         optional = [
-            (name, field.alias) for name, field in fields.items() if not field.is_required()
+            (name, field.alias)
+            for name, field in fields.items()
+            if store_model and not field.is_required()
         ]
+        omitted = {name for name, _ in optional}
         shape = _SHAPES[cls] = JsonShape(
-            required=frozenset(name for name, field in fields.items() if field.is_required()),
+            required=frozenset(name for name in fields if name not in omitted),
             when_not_none=tuple(pair for pair in optional if pair[0] not in when_set),
             when_set=tuple(pair for pair in optional if pair[0] in when_set),
             nested=tuple(name for name, field in fields.items() if _holds_model(field.annotation)),

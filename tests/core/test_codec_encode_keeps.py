@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pai_storage_conformance.suite._support import assert_same_values
+from pydantic import BaseModel
 
 from pai_storage import Message, RunRecord, ThreadRecord, codec
 from pai_storage import builders as b
@@ -196,6 +197,20 @@ def test_a_tool_calls_output_is_carried_when_set_even_if_null() -> None:
     assert shape.when_set == (("output", "output"),)
     assert ("error_text", "errorText") in shape.when_not_none
     assert {"type", "tool_call_id", "tool_name", "input", "state"} == shape.required
+
+
+def test_a_plain_models_json_form_carries_every_field() -> None:
+    class Plain(BaseModel):
+        a: int
+        b: int | None = None
+
+    given_a = Plain(a=1)  # decoding its text sets b as well: not kept
+    text = codec.encode(given_a)
+    assert text == '{"a":1,"b":null}'
+    assert codec.cache.get(Plain, text) is None
+    both = Plain(a=1, b=None)
+    assert codec.encode(both) == text
+    assert codec.cache.get(Plain, text) is both
 
 
 def test_to_json_text_keeps_nothing() -> None:
