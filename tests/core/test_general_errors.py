@@ -8,7 +8,9 @@ every runtime store operation -- raises ``ConfigurationError``,
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import threading
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -74,6 +76,7 @@ async def test_a_sqlite_file_that_cannot_be_opened_is_a_general_configuration_er
     tmp_path: Path,
 ) -> None:
     url = f"sqlite:///{tmp_path}/missing-dir/app.db"
+    before = set(threading.enumerate())
     with general(ConfigurationError):
         async with pai_storage.connect(url):
             pass
@@ -81,6 +84,20 @@ async def test_a_sqlite_file_that_cannot_be_opened_is_a_general_configuration_er
     with general(ConfigurationError):
         await kv.put(("ns",), "k", 1)
     await kv.close()
+    await _driver_threads_ended(before)
+
+
+async def _driver_threads_ended(before: set[threading.Thread]) -> None:
+    """Wait for the driver's threads started since ``before`` to end.
+
+    aiosqlite stops the thread of a connection that failed to open without
+    waiting for it, and the thread reports to the event loop as it ends: the
+    test's loop must not be closed under it (the thread would raise "Event
+    loop is closed")."""
+    for thread in set(threading.enumerate()) - before:
+        if thread.name.endswith("(_connection_worker_thread)"):
+            await asyncio.to_thread(thread.join, 30)
+            assert not thread.is_alive()
 
 
 @pytest.mark.asyncio
