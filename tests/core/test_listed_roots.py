@@ -106,7 +106,7 @@ def test_roots_are_cached_as_any_read_caches_them() -> None:
     # bad row is never cached.
     roots = [_root(f"t{i}", ms=i) for i in range(3)]
     rows = [*map(_row, roots), _bad_rows()[0][0]]
-    codec.cache.clear()  # encoding kept the roots it encoded (test_codec.py): none yet
+    codec.cache.clear()  # encoding kept the roots it encoded (test_codec_encode_keeps.py): none yet
     first = list(listed_roots("s", rows))
     assert len(codec.cache) == 3
     again = list(listed_roots("s", rows))

@@ -12,8 +12,10 @@ at once, without its busy handler; the last test holds that lock on purpose.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -82,15 +84,24 @@ async def test_processes_preparing_a_fresh_database_at_once(target: Target) -> N
         await client.release()
 
 
-async def test_a_connection_waits_for_another_turning_the_file_to_wal(
-    sqlite_target: Target, tmp_path: Path
-) -> None:
-    target = sqlite_target
-    other = sqlite3.connect(tmp_path / "pai.db", isolation_level=None)
+@contextlib.contextmanager
+def another_writer(path: Path) -> Iterator[sqlite3.Connection]:
+    """Another connection writing the fresh file (not committed yet): SQLite
+    refuses the turn to WAL at once while it does."""
+    other = sqlite3.connect(path, isolation_level=None)
     try:
         other.execute("BEGIN IMMEDIATE")
         other.execute("CREATE TABLE app (x)")
-        client = target.client(busy_timeout=30)
+        yield other
+    finally:
+        other.close()
+
+
+async def test_a_connection_waits_for_another_turning_the_file_to_wal(
+    sqlite_target: Target, tmp_path: Path
+) -> None:
+    with another_writer(tmp_path / "pai.db") as other:
+        client = sqlite_target.client(busy_timeout=30)
         preparing = asyncio.create_task(client.ready())
         await asyncio.sleep(0.3)
         assert not preparing.done()  # waiting for the lock, not refused at once
@@ -100,21 +111,13 @@ async def test_a_connection_waits_for_another_turning_the_file_to_wal(
             mode = (await conn.exec_driver_sql("PRAGMA journal_mode")).scalar_one()
         assert mode == "wal"
         await client.release()
-    finally:
-        other.close()
 
 
 async def test_the_wal_step_gives_up_after_busy_timeout(
     sqlite_target: Target, tmp_path: Path
 ) -> None:
-    target = sqlite_target
-    other = sqlite3.connect(tmp_path / "pai.db", isolation_level=None)
-    try:
-        other.execute("BEGIN IMMEDIATE")
-        other.execute("CREATE TABLE app (x)")
-        client = target.client(busy_timeout=0.2)
+    with another_writer(tmp_path / "pai.db"):
+        client = sqlite_target.client(busy_timeout=0.2)
         with pytest.raises(ThreadStoreUnavailableError, match="past busy_timeout"):
             await asyncio.wait_for(client.ready(), timeout=30)
         await client.release()
-    finally:
-        other.close()

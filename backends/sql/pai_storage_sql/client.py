@@ -24,8 +24,8 @@ client:``). An application's own SQLAlchemy ``AsyncEngine`` given as
 ``client=`` is used, never disposed.
 
 SQLite (``sqlite:///path/file.db``, driver aiosqlite): the file turned to
-the WAL journal on connect, ``busy_timeout``, ``foreign_keys=ON``; one writer connection whose
-transactions start with ``BEGIN IMMEDIATE`` (so writers of several processes
+the WAL journal on connect, ``busy_timeout``, ``foreign_keys=ON``; one writer
+connection whose transactions start with ``BEGIN IMMEDIATE`` (so writers of several processes
 queue on the database lock instead of failing at commit) and a small pool of
 reader connections, each read one deferred ``BEGIN`` snapshot. A
 ``sqlite:///:memory:`` database lives on one connection that reads and writes
