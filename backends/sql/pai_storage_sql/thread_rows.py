@@ -7,6 +7,7 @@ scope key and thread id); a record by the digest of its id (``id_h``).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
@@ -18,7 +19,7 @@ from pai_storage.errors import ThreadStoreInvariantError
 from pai_storage.rows import enc, parse_root
 
 from .client import Operation
-from .schema import digest
+from .schema import DIGEST_BYTES, digest
 
 if TYPE_CHECKING:
     from sqlalchemy import Table
@@ -42,13 +43,8 @@ _NEXT_COLUMN: dict[FamilyName, str] = {
 def thread_key(scope_key: str, thread_id: str) -> bytes:
     """The 16-byte key of a thread: the digest of its scope key and thread id."""
     scope = enc(scope_key)
-    return digest_bytes(len(scope).to_bytes(4, "big") + scope + enc(thread_id))
-
-
-def digest_bytes(data: bytes) -> bytes:
-    import hashlib
-
-    return hashlib.blake2b(data, digest_size=16).digest()
+    data = len(scope).to_bytes(4, "big") + scope + enc(thread_id)
+    return hashlib.blake2b(data, digest_size=DIGEST_BYTES).digest()
 
 
 def _opt_digest(text: str | None) -> bytes | None:
