@@ -69,6 +69,7 @@ from .errors import (
     SerializationError,
     SnapshotTooLargeError,
     StorageError,
+    ThreadExistsError,
     UnavailableError,
 )
 from .events import StoreWarning
@@ -102,7 +103,7 @@ from .registry import available_backends, open_store, register_backend, unregist
 from .snapshots import Snapshot, SnapshotInfo, SnapshotReader, SnapshotStore
 from .state import AgentStateStore, ListConflict, StateConflict, VersionedState
 from .store import StoreInfo, ThreadStore
-from .transfer import ImportReport, ThreadExistsError
+from .transfer import ImportReport
 from .url import make_url
 from .watch import ThreadChange
 

@@ -64,6 +64,7 @@ __all__ = [
     "SerializationError",
     "SnapshotTooLargeError",
     "StorageError",
+    "ThreadExistsError",
     "ThreadStoreCommitUnknownError",
     "ThreadStoreConfigurationError",
     "ThreadStoreError",
@@ -202,6 +203,19 @@ class ConversationConflictError(ThreadStoreError):
     reply was opened while another run is open. The message says which.
     Nothing of the failed write was applied.
     """
+
+
+class ThreadExistsError(ThreadStoreError):
+    """An import with ``on_conflict="fail"`` met a thread that already exists.
+
+    Threads before it in the stream were imported; nothing of this one was.
+    """
+
+    def __init__(self, scope_key: str, thread_id: str, line: int) -> None:
+        super().__init__(f"line {line}: thread {thread_id!r} already exists in its scope")
+        self.scope_key = scope_key
+        self.thread_id = thread_id
+        self.line = line
 
 
 # ---------------------------------------------------------------- general equivalents

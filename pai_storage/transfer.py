@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from .aggregate import Entry, Family, ThreadAggregate
 from .clock import system_clock
 from .conflicts import Conflict
-from .errors import ThreadStoreError, ThreadStoreInvariantError
+from .errors import ThreadExistsError, ThreadStoreInvariantError
 from .fields import truncate_ms
 from .models import Message, QueuedItem, RunRecord, ThreadRecord
 from .relationships import assert_relationships, relations_from_aggregate
@@ -54,7 +54,6 @@ __all__ = [
     "ImportReport",
     "RuntimeCopyReport",
     "RuntimeItem",
-    "ThreadExistsError",
     "copy_runtime",
     "copy_threads",
     "decode_threads",
@@ -74,19 +73,6 @@ _FAMILIES: tuple[tuple[str, str, type[Any], str], ...] = (
     ("run", "runs", RunRecord, "run_id"),
     ("queuedItem", "queuedItems", QueuedItem, "queue_item_id"),
 )
-
-
-class ThreadExistsError(ThreadStoreError):
-    """An import with ``on_conflict="fail"`` met a thread that already exists.
-
-    Threads before it in the stream were imported; nothing of this one was.
-    """
-
-    def __init__(self, scope_key: str, thread_id: str, line: int) -> None:
-        super().__init__(f"line {line}: thread {thread_id!r} already exists in its scope")
-        self.scope_key = scope_key
-        self.thread_id = thread_id
-        self.line = line
 
 
 def _dumps(value: Any) -> str:
