@@ -1,7 +1,8 @@
 """Every Python block of README.md and docs/**/*.md runs as written, or says it is a fragment.
 
 A block opened with ```` ```python ```` is a complete program: it is run in a
-fresh interpreter, in an empty working directory, and must exit 0. A block that
+fresh interpreter, in an empty working directory, and must exit 0 (a block
+indented inside a list item too, dedented). A block that
 uses ``memory://`` is run a second time with every ``memory://`` replaced by a
 SQLite file (``sqlite:///docs-example.db``), so the examples hold on a durable
 backend too. A block that is only a piece of a program (a signature, a
@@ -18,13 +19,15 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-FENCE = re.compile(r"^```([^\n`]*)\n(.*?)^```[ \t]*$", re.DOTALL | re.MULTILINE)
+# A fence may be indented (a block inside a list item); its code is dedented.
+FENCE = re.compile(r"^([ \t]*)```([^\n`]*)\n(.*?)^\1```[ \t]*$", re.DOTALL | re.MULTILINE)
 FRAMEWORK_PAGES = {"docs/langgraph.md", "docs/openai-agents.md", "docs/adk.md"}
 TIMEOUT = 300  # seconds per block, generous: the machine may be loaded
 
@@ -51,11 +54,12 @@ def _blocks() -> list[Block]:
     for page in _pages():
         text = page.read_text(encoding="utf-8")
         for match in FENCE.finditer(text):
-            info = match.group(1).strip()
+            info = match.group(2).strip()
             if info.split(" ", 1)[0] not in ("python", "py"):
                 continue
             line = text.count("\n", 0, match.start()) + 1
-            found.append(Block(page.relative_to(ROOT).as_posix(), line, info, match.group(2)))
+            code = textwrap.dedent(match.group(3))
+            found.append(Block(page.relative_to(ROOT).as_posix(), line, info, code))
     return found
 
 
