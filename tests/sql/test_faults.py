@@ -4,6 +4,8 @@ connection killed while its commit waits.
 - SQLite locked past ``busy_timeout`` by another process: the commit fails with
   ``UnavailableError`` and nothing is written; once the lock is gone the same
   store commits again.
+- A MySQL server that accepts connections and never answers: opening gives
+  up after ``connect_timeout`` with ``UnavailableError``.
 - MariaDB connection killed (``KILL <id>`` from another session) while the
   store's commit waits for the thread's row lock: a typed error
   (``UnavailableError``: the commit had not reached ``COMMIT``), nothing
@@ -13,17 +15,21 @@ connection killed while its commit waits.
 from __future__ import annotations
 
 import asyncio
+import socket
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pai_storage_sql import SqlThreadStore
 from pai_storage_sql.store import thread_key
 from sqlalchemy import text
 
+import pai_storage
 from pai_storage import CommittedResult
 from pai_storage import builders as b
-from pai_storage.errors import ThreadStoreUnavailableError
+from pai_storage.errors import ThreadStoreUnavailableError, UnavailableError
 
 from .conftest import Target, mysql_engine
 
@@ -149,3 +155,28 @@ async def test_mariadb_connection_killed_mid_commit(mysql_target: Target) -> Non
             b.update_at("s", "t", version, change, root=b.root(title="after"))
         )
         assert isinstance(again, CommittedResult)
+
+
+async def test_mysql_server_that_never_answers_is_unavailable_within_connect_timeout() -> None:
+    """A server that accepts the TCP connection and never sends its greeting (a
+    hung mysqld, a proxy whose backend is gone, the wrong port): opening gives
+    up after ``connect_timeout`` with ``UnavailableError``, the password hidden,
+    instead of waiting forever (the driver's own timeout covers only TCP)."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        url = f"mysql://root:S3cretPW@127.0.0.1:{silent.getsockname()[1]}/test"
+        for opener, error in (
+            (pai_storage.open_store, ThreadStoreUnavailableError),
+            (pai_storage.open_kv_store, UnavailableError),
+        ):
+            started = time.monotonic()
+
+            async def use(opener: Any = opener) -> None:
+                async with opener(url, connect_timeout=0.3):
+                    pass
+
+            with pytest.raises(error) as caught:
+                await asyncio.wait_for(use(), 30)  # the bound of the test, not of the store
+            assert time.monotonic() - started < 10
+            assert "S3cretPW" not in str(caught.value)

@@ -177,7 +177,8 @@ class SqlClient(SharedClient[Engines]):
         SQLite: reader connections (default 4); MySQL: pooled connections
         (default 10). Not with ``engine``.
     connect_timeout:
-        MySQL: seconds to wait for a connection (default 10). Not with ``engine``.
+        MySQL: seconds to wait for a new connection, greeting and login
+        included (default 10). Not with ``engine``.
     retry_attempts:
         Attempts of a write that hits a deadlock or lock wait timeout (default 3).
 

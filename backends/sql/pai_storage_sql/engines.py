@@ -22,7 +22,7 @@ import asyncio
 import importlib
 import inspect
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -36,6 +36,7 @@ from .held import Held
 from .sqlite_thread import thread_executor
 
 if TYPE_CHECKING:
+    from sqlalchemy.engine import URL
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 __all__ = [
@@ -153,10 +154,26 @@ def mysql_engines(url: StoreURL, driver: str, *, pool_size: int, connect_timeout
         max_overflow=0,
         pool_recycle=3600,
         isolation_level="REPEATABLE READ",
-        connect_args={"connect_timeout": connect_timeout},
+        async_creator=_bounded_connect(sa_url, driver, connect_timeout),
     )
     check_driver_options(engine, driver)
     return Engines(engine, engine, None)
+
+
+def _bounded_connect(sa_url: URL, driver: str, timeout: float) -> Callable[[], Awaitable[Any]]:
+    """A new driver connection for the pool, the whole of it (TCP, the server's
+    greeting, the login) within ``timeout``: the drivers' ``connect_timeout``
+    bounds the TCP connect alone, so a server that accepts and never answers
+    would hold the caller forever (a timed-out attempt's socket is closed when
+    it is collected)."""
+    _, params = sa_url.get_dialect()().create_connect_args(sa_url)
+    params["connect_timeout"] = timeout
+    connect = importlib.import_module(driver).connect
+
+    async def bounded() -> Any:
+        return await asyncio.wait_for(connect(**params), timeout)
+
+    return bounded
 
 
 def check_driver_options(engine: AsyncEngine, driver: str) -> None:
