@@ -361,3 +361,21 @@ async def test_store_classes_are_exported_lazily() -> None:
     assert pai_storage_sql.SqlExecutionGuard is guard.SqlExecutionGuard
     with pytest.raises(AttributeError):
         _ = pai_storage_sql.SqlNothing
+
+
+@pytest.mark.parametrize("query", ["?mode=ro", "?bogus=1&timeout=abc", "?password=S3cretPW"])
+@pytest.mark.parametrize("opener", ["open_store", "open_kv_store", "open_state_store"])
+async def test_a_sqlite_url_with_query_parameters_is_refused(
+    tmp_path: Any, query: str, opener: str
+) -> None:
+    """SQLite takes no URL query parameters: each is refused by name, never
+    ignored (``?mode=ro`` would otherwise open the file writable) nor handed to
+    the driver to fail untyped; no value is shown."""
+    url = f"sqlite:///{tmp_path}/q.db{query}"
+    with pytest.raises(ConfigurationError, match="takes no query parameters") as caught:
+        async with getattr(pai_storage, opener)(url):
+            pass
+    for name in (p.split("=")[0] for p in query[1:].split("&")):
+        assert name in str(caught.value)
+    assert "S3cretPW" not in str(caught.value)
+    assert not (tmp_path / "q.db").exists()

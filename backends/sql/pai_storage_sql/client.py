@@ -221,6 +221,13 @@ class SqlClient(SharedClient[Engines]):
                 f"(+asyncmy or +aiomysql) URLs, not {self.url.full_scheme}://"
             )
         self.driver = driver or ("aiosqlite" if self.dialect == "sqlite" else "asyncmy")
+        if self.dialect == "sqlite" and self.url.query and engine is None:
+            raise ThreadStoreConfigurationError(
+                "a sqlite:// URL takes no query parameters (given: "
+                f"{', '.join(sorted({k for k, _ in self.url.query}))}); store options are "
+                "keyword arguments, "
+                "e.g. open_store(url, busy_timeout=10)"
+            )
         if engine is not None:
             given_dialect = "sqlite" if engine.dialect.name == "sqlite" else "mysql"
             if given_dialect != self.dialect:
@@ -350,7 +357,6 @@ class SqlClient(SharedClient[Engines]):
         if self.dialect == "sqlite":
             return sqlite_engines(
                 self._sqlite_path(),
-                dict(self.url.query),
                 memory=self.memory,
                 busy_timeout=self.busy_timeout,
                 pool_size=self.pool_size,

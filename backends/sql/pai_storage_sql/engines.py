@@ -86,16 +86,14 @@ class Engines:
     (one per held connection, so each connection is used by one at a time)."""
 
 
-def sqlite_engines(
-    path: str, query: dict[str, Any], *, memory: bool, busy_timeout: float, pool_size: int
-) -> Engines:
+def sqlite_engines(path: str, *, memory: bool, busy_timeout: float, pool_size: int) -> Engines:
     """New SQLite engines for the database at ``path`` (``":memory:"``: ``memory``)."""
     from sqlalchemy import event
     from sqlalchemy.engine import URL
     from sqlalchemy.ext.asyncio import create_async_engine
     from sqlalchemy.pool import StaticPool
 
-    sa_url = URL.create("sqlite+aiosqlite", database=path, query=query)
+    sa_url = URL.create("sqlite+aiosqlite", database=path)
     # An operation may run whole in a thread of the client's executor,
     # on the connection's sqlite3 connection (see SqlClient.run_write).
     connect_args = {"timeout": busy_timeout, "check_same_thread": False}
