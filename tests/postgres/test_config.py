@@ -10,6 +10,7 @@ import asyncpg  # type: ignore[import-untyped]
 import pytest
 from pai_storage_postgres import SCHEMA_VERSION, PostgresThreadStore, backend
 
+import pai_storage
 from pai_storage import CommittedResult, open_store
 from pai_storage import builders as b
 from pai_storage.errors import (
@@ -48,6 +49,14 @@ def test_unknown_option_names_the_valid_ones() -> None:
     assert "table_prefix" in message
     assert "max_pool_size" in message
     assert SECRET not in message
+
+
+@pytest.mark.parametrize("name", ["Bad-Name", 5, "x" * 41])
+def test_a_bad_table_name_in_names_is_reported_as_names(name: object) -> None:
+    with pytest.raises(pai_storage.ConfigurationError) as caught:
+        pai_storage.open_kv_store(URL, names={"kv": name})
+    assert str(caught.value).startswith("option names: the table name of kv must be ")
+    assert "table_prefix" not in str(caught.value)
 
 
 def test_other_driver_is_rejected() -> None:

@@ -73,8 +73,9 @@ _SCHEMA = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 MAX_PREFIX_LENGTH = 40  # the longest index name adds 22 characters; PostgreSQL allows 63
 
 
-def validate_identifier(kind: str, value: object) -> str:
-    """Check a table prefix or schema name; the error names the rule broken."""
+def validate_identifier(kind: str, value: object, label: str | None = None) -> str:
+    """Check a table prefix or schema name (``label``: what the error calls it,
+    by default the option ``kind``); the error names the rule broken."""
     from pai_storage.errors import ThreadStoreConfigurationError
 
     pattern, limit = (_PREFIX, MAX_PREFIX_LENGTH) if kind == "table_prefix" else (_SCHEMA, 63)
@@ -85,7 +86,7 @@ def validate_identifier(kind: str, value: object) -> str:
             else "letters, digits and '_', not starting with a digit"
         )
         raise ThreadStoreConfigurationError(
-            f"option {kind} must be 1 to {limit} characters of {rule}"
+            f"option {label or kind} must be 1 to {limit} characters of {rule}"
         )
     return value
 
@@ -107,7 +108,7 @@ def validate_names(value: object) -> tuple[tuple[str, str], ...]:
                 f"option names: unknown component {component!r}; valid: "
                 f"{', '.join(sorted(COMPONENT_TABLES))} (the thread tables use table_prefix)"
             )
-        validate_identifier("table_prefix", name)
+        validate_identifier("table_prefix", name, f"names: the table name of {component}")
         out.append((str(component), name))
     return tuple(sorted(out))
 
