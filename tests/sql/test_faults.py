@@ -15,6 +15,8 @@ connection killed while its commit waits.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import socket
 import sys
 import time
@@ -180,3 +182,42 @@ async def test_mysql_server_that_never_answers_is_unavailable_within_connect_tim
                 await asyncio.wait_for(use(), 30)  # the bound of the test, not of the store
             assert time.monotonic() - started < 10
             assert "S3cretPW" not in str(caught.value)
+
+
+async def test_mysql_read_ends_its_snapshot_before_its_connection_is_reused(
+    mysql_target: Target,
+) -> None:
+    """A read's ``REPEATABLE READ`` snapshot ends with the read: the next read on
+    the same pooled connection (``pool_size=1``) sees what another client
+    committed meanwhile."""
+    options = {**mysql_target.options, "pool_size": 1}
+    async with (
+        pai_storage.open_kv_store(mysql_target.url, **options) as reader,
+        pai_storage.open_kv_store(mysql_target.url, **mysql_target.options) as writer,
+    ):
+        assert await reader.get(("ns",), "k") is None
+        await writer.put(("ns",), "k", 1)
+        seen = await reader.get(("ns",), "k")
+        assert seen is not None
+        assert seen.value == 1
+        await writer.put(("ns",), "k", 2)
+        seen = await reader.get(("ns",), "k")
+        assert seen is not None
+        assert seen.value == 2
+
+
+async def test_mysql_cancelled_operations_log_no_pool_error(
+    mysql_target: Target, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Callers cancelled at any point (``wait_for`` timeouts from 0.5 to 5 ms)
+    leave nothing for the connection pool to log as an error, and the store
+    keeps working."""
+    async with pai_storage.open_kv_store(mysql_target.url, **mysql_target.options) as kv:
+        await kv.put(("c",), "k", "x")
+        with caplog.at_level(logging.WARNING, logger="sqlalchemy"):
+            for i in range(60):
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(kv.put(("c",), "k", "x" * 5000), 0.0005 + i / 12000)
+            await asyncio.sleep(0.2)
+        assert [r.getMessage() for r in caplog.records if r.name.startswith("sqlalchemy")] == []
+        assert await kv.get(("c",), "k") is not None

@@ -473,8 +473,9 @@ class SqlClient(SharedClient[Engines]):
         if write:
             with self.errors("commit"):
                 await op.commit()
-        elif op.sqlite:
-            # Ends the snapshot (SQLite connections are not reset between operations).
+        else:
+            # Ends the snapshot: a connection goes back to the pool as it is
+            # (the engines the client makes do not reset what they get back).
             await op.rollback()
 
     async def run_write(self, body: Callable[[Operation], Awaitable[T]]) -> T:
@@ -616,8 +617,19 @@ class SqlClient(SharedClient[Engines]):
                 await op.conn.invalidate()
             await self._checkin(op, reuse=False)
         else:
-            with contextlib.suppress(Exception):
+            try:
                 await op.rollback()
+            except BaseException as failure:
+                if self.memory and isinstance(failure, Exception):
+                    await self._checkin(op, reuse=True)  # its one connection is the database
+                    return
+                # Its transaction may still be open: never reused.
+                with contextlib.suppress(BaseException):
+                    await op.conn.invalidate()
+                await self._checkin(op, reuse=False)
+                if not isinstance(failure, Exception):
+                    raise
+                return
             await self._checkin(op, reuse=True)
 
     async def _checkout(self, engines: Engines, write: bool) -> Operation:

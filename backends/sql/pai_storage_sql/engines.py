@@ -151,6 +151,10 @@ def mysql_engines(url: StoreURL, driver: str, *, pool_size: int, connect_timeout
         pool_size=pool_size,
         max_overflow=0,
         pool_recycle=3600,
+        # Each operation ends its own transaction (commit, or rollback for a
+        # read or a failure): a rollback on return would repeat it, and, cut
+        # short by a cancelled caller, be logged by the pool as an error.
+        pool_reset_on_return=None,
         isolation_level="REPEATABLE READ",
         async_creator=_bounded_connect(sa_url, driver, connect_timeout),
     )
