@@ -21,6 +21,8 @@ script runs on one node. See ``docs/redis.md``.
 
 from __future__ import annotations
 
+import inspect
+import re
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final
@@ -43,6 +45,7 @@ __all__ = [
     "CLIENT_OPTIONS",
     "CLOCK_LUA",
     "DEFAULT_PREFIX",
+    "URL_QUERY_OPTIONS",
     "RedisClient",
     "contract_error",
     "from_ms",
@@ -60,6 +63,54 @@ CLIENT_OPTIONS: Final = frozenset(
     {"key_prefix", "cluster", "connect_timeout", "socket_timeout", "max_connections"}
 )
 """The options that shape a :class:`RedisClient` (every store takes them, beside ``client``)."""
+
+URL_FORM: Final = "redis://[[user]:password@]host[:port][/db]"
+
+URL_QUERY_OPTIONS: Final = frozenset(
+    {
+        "client_name",
+        "db",
+        "encoding",
+        "encoding_errors",
+        "health_check_interval",
+        "legacy_responses",
+        "lib_name",
+        "lib_version",
+        "max_connections",
+        "password",
+        "protocol",
+        "retry_on_error",
+        "retry_on_timeout",
+        "socket_connect_timeout",
+        "socket_keepalive",
+        "socket_read_size",
+        "socket_timeout",
+        "ssl_ca_certs",
+        "ssl_ca_data",
+        "ssl_ca_path",
+        "ssl_cert_reqs",
+        "ssl_certfile",
+        "ssl_check_hostname",
+        "ssl_ciphers",
+        "ssl_exclude_verify_flags",
+        "ssl_include_verify_flags",
+        "ssl_keyfile",
+        "ssl_min_version",
+        "ssl_password",
+        "timeout",
+        "username",
+    }
+)
+"""The redis-py options a URL's query may set: those redis-py reads from text
+(``ssl_*`` with ``rediss://`` only). Not ``decode_responses`` (its text is always
+true: every reply, snapshots included, would be decoded) nor the options that
+take objects (``retry``, ``parser_class``, ...). Of these, a URL accepts the
+ones the installed redis-py's constructors take (:func:`query_options`)."""
+
+_DIGITS: Final = re.compile(r"[0-9]+")
+
+_DRIVER_ERRORS: Final = (rex.RedisError, rex.RedisClusterException, OSError)
+"""What redis-py raises (``RedisClusterException`` is not a ``RedisError``)."""
 
 CLOCK_LUA: Final = """
 local function clock(arg)
@@ -102,6 +153,19 @@ def contract_error(exc: Exception, write: bool, url: StoreURL | None) -> Storage
     """
     name = type(exc).__name__
     text = redact(str(exc), url)
+    if isinstance(exc, rex.RedisClusterException):
+        if "Cluster mode is not enabled" in text:
+            return ConfigurationError(
+                "the Redis server is not a cluster node (cluster mode is not enabled), but it "
+                "was opened as a Redis Cluster; open it without cluster=True"
+            )
+        if isinstance(exc.__cause__, rex.RedisError | OSError):  # e.g. no node reachable
+            return contract_error(exc.__cause__, write, url)
+    if isinstance(exc, rex.ResponseError) and "DB index is out of range" in text:
+        return ConfigurationError(
+            "the Redis server refused the database number: the database index is out of "
+            "range for this server (its 'databases' setting allows 0 to databases-1)"
+        )
     if isinstance(exc, rex.AuthenticationError | rex.NoPermissionError):
         return ConfigurationError(f"Redis refused the credentials or the command ({name})")
     if isinstance(exc, rex.MaxConnectionsError) or "No connection available" in text:
@@ -132,7 +196,7 @@ class RedisClient(SharedClient["Redis"]):
     url:
         ``redis://[[user]:password@]host[:port][/db]`` or ``rediss://`` (TLS); its
         query options go to redis-py (``Redis.from_url``). Not needed with
-        ``client=``.
+        ``client=``; without it, checked here (:func:`check_url`).
     client:
         An application's own ``redis.asyncio.Redis`` or ``RedisCluster`` (also
         a Sentinel's ``master_for(...)``), made with ``decode_responses=False``;
@@ -184,6 +248,8 @@ class RedisClient(SharedClient["Redis"]):
             raise ConfigurationError("option max_connections must be None or an integer >= 1")
         if client is not None:
             _check_client(client)
+        else:
+            check_url(self.url, cluster=cluster)
         self._given = client
         self.key_prefix = key_prefix
         self._cluster = cluster
@@ -242,9 +308,7 @@ class RedisClient(SharedClient["Redis"]):
     async def _connect(self, made: Redis) -> None:
         try:
             await made.ping()
-        except rex.RedisError as exc:
-            raise contract_error(exc, False, self.url) from exc
-        except OSError as exc:
+        except _DRIVER_ERRORS as exc:
             raise contract_error(exc, False, self.url) from exc
 
     async def _disconnect(self, made: Redis, *, failed: bool) -> None:
@@ -280,7 +344,7 @@ class RedisClient(SharedClient["Redis"]):
             registered = self._scripts[script] = redis.register_script(script)
         try:
             return await registered(keys=list(keys), args=list(args))
-        except (rex.RedisError, OSError) as exc:
+        except _DRIVER_ERRORS as exc:
             raise contract_error(exc, write, self.url) from exc
 
     async def server_info(self) -> dict[str, str]:
@@ -291,9 +355,86 @@ class RedisClient(SharedClient["Redis"]):
             persistence = await redis.info("persistence")
             config: dict[Any, Any] = dict(await redis.config_get("appendfsync"))
             config.update(await redis.config_get("save"))
-        except (rex.RedisError, OSError) as exc:
+        except _DRIVER_ERRORS as exc:
             raise contract_error(exc, False, self.url) from exc
         return describe_persistence(server, persistence, config)
+
+
+def _database(url: StoreURL) -> int:
+    """The database number a Redis URL names (``?db=`` first, as redis-py reads it); 0 if none."""
+    given = _query_db(url)
+    return int(given if given is not None else url.path.removeprefix("/") or 0)
+
+
+def _query_db(url: StoreURL) -> str | None:
+    return next((value for name, value in url.query if name == "db"), None)
+
+
+def query_options(*, tls: bool, cluster: bool) -> frozenset[str]:
+    """The :data:`URL_QUERY_OPTIONS` the installed redis-py takes for such a client."""
+    from redis.asyncio import BlockingConnectionPool, Connection, SSLConnection
+    from redis.asyncio.cluster import RedisCluster
+
+    if cluster:
+        takers: list[type] = [RedisCluster]
+    else:
+        takers = [BlockingConnectionPool, *(SSLConnection if tls else Connection).__mro__]
+    taken = {name for taker in takers for name in inspect.signature(taker).parameters}
+    return frozenset(
+        name for name in URL_QUERY_OPTIONS & taken if tls or not name.startswith("ssl_")
+    )
+
+
+def check_url(url: StoreURL, *, cluster: bool) -> None:
+    """Refuse, when a store is opened, a URL redis-py would fail on later or misread.
+
+    The database (path or ``?db=``) must be one non-negative integer (redis-py
+    would quietly use database 0 for ``/abc``, database 12 for ``/1/2``), and
+    0 on a Cluster; every query parameter must be one of
+    :func:`query_options`, with a value redis-py can read. Messages never
+    contain the password.
+    """
+    from redis.asyncio.connection import parse_url
+
+    path = url.path.removeprefix("/")
+    given = _query_db(url)
+    for where, text in (("path", path or None), ("?db=", given)):
+        if text is not None and not _DIGITS.fullmatch(text):
+            raise ConfigurationError(
+                redact(
+                    f"the database of a Redis URL is one non-negative integer ({URL_FORM}, "
+                    f"or ?db=<n>), but its {where} is {text[:40]!r}",
+                    url,
+                )
+            )
+    if path and given is not None and int(path) != int(given):
+        raise ConfigurationError(
+            f"the Redis URL names two databases, {int(path)} (path) and {int(given)} (?db=); "
+            f"give one: {URL_FORM}, or ?db=<n>"
+        )
+    if cluster and _database(url) != 0:
+        raise ConfigurationError(
+            f"a Redis Cluster has only database 0, but the URL names database {_database(url)}"
+        )
+    valid = query_options(tls=url.scheme == "rediss", cluster=cluster)
+    refused = sorted({name for name, _ in url.query} - valid)
+    if refused:
+        tls = any(name.startswith("ssl_") for name in refused) and url.scheme != "rediss"
+        raise ConfigurationError(
+            redact(
+                "URL query parameter(s) the redis backend does not accept: "
+                f"{', '.join(refused)}{' (TLS options need a rediss:// URL)' if tls else ''}; "
+                f"valid: {', '.join(sorted(valid))} (store options such as key_prefix are "
+                "keyword arguments, not URL parameters)",
+                url,
+            )
+        )
+    try:
+        parse_url(url.render(hide_password=False))
+    except ValueError as exc:  # "Invalid value for 'socket_timeout' in connection URL."
+        raise ConfigurationError(
+            f"a query parameter of the Redis URL has a bad value: {redact(str(exc), url)}"
+        ) from None
 
 
 def describe_persistence(
