@@ -17,9 +17,10 @@ from pai_storage import (
     open_kv_store,
     open_snapshot_store,
     open_store,
+    sync,
 )
 from pai_storage.cli import main
-from pai_storage.errors import ThreadStoreError
+from pai_storage.errors import ThreadStoreConfigurationError, ThreadStoreError
 
 
 async def test_connect_provides_the_runtime_stores_and_not_threads(
@@ -31,8 +32,11 @@ async def test_connect_provides_the_runtime_stores_and_not_threads(
             _ = stores.threads
         await stores.kv.put(("a",), "k", 1)
         assert (await stores.kv.get(("a",), "k")).value == 1  # type: ignore[union-attr]
-    with pytest.raises(ConfigurationError, match="does not provide the threads component"):
+    # open_store is the thread store's opener: its errors are the thread store's.
+    with pytest.raises(ThreadStoreConfigurationError, match="does not provide the threads"):
         open_store(redis_url)
+    with pytest.raises(ThreadStoreConfigurationError, match="does not provide the threads"):
+        sync.open_store(redis_url)
 
 
 async def test_threads_from_another_url(redis_url: str, prefix: str) -> None:

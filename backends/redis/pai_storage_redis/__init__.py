@@ -14,8 +14,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from pai_storage import ConfigurationError, StoreInfo, ThreadStore
+from pai_storage import StoreInfo, ThreadStore
 from pai_storage.backend import Backend, ManagedStore, StoreURL
+from pai_storage.errors import ThreadStoreConfigurationError
 
 if TYPE_CHECKING:
     from pai_storage_conformance.provision import TestHarness
@@ -56,7 +57,7 @@ class RedisBackend(Backend):
     components = frozenset(_COMPONENTS)
 
     def _open(self, url: StoreURL, **options: Any) -> ThreadStore:
-        raise ConfigurationError(
+        raise ThreadStoreConfigurationError(
             "the redis backend does not provide the threads component (it provides: "
             f"{', '.join(sorted(self.components))}); open threads from another URL: "
             "connect(url, threads='postgresql://...')"
