@@ -21,7 +21,9 @@ that loop and waits for it. Async context managers become ``with`` blocks
 loop while the block runs), async iterators become iterators, and everything
 else is returned as it is. It works from any thread, including one already
 running an event loop (a notebook cell, an async framework calling sync
-code): that loop waits while the call runs on the portal's.
+code): that loop waits while the call runs on the portal's. Once closed, a
+call on any view raises what the async API raises after ``close()``: the
+store's :class:`~pai_storage.ConfigurationError` ("this store is closed").
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from __future__ import annotations
 import atexit
 import functools
 import inspect
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AbstractContextManager
 from types import TracebackType
@@ -39,6 +42,7 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 from . import bundle, registry
 from .bundle import Stores
 from .conversation import Conversation, Reply
+from .errors import ConfigurationError
 from .guard import Lock
 from .lifecycle import ManagedStore
 from .store import ThreadStore
@@ -51,6 +55,9 @@ P = ParamSpec("P")
 
 _HANDLES: tuple[type, ...] = (ManagedStore, Stores, Conversation, Reply, Lock)
 """What a call's result is wrapped as a :class:`Blocking` view for (plus async context managers)."""
+
+_STOPPED: weakref.WeakSet[BlockingPortal] = weakref.WeakSet()
+"""The portals of closed :class:`_Root` views: a call on a view of one raises :func:`_closed`."""
 
 
 class Blocking(Generic[T]):
@@ -75,7 +82,7 @@ class Blocking(Generic[T]):
     def __getattr__(self, name: str) -> Any:
         value = getattr(self.target, name)
         if callable(value) and not isinstance(value, type):
-            return functools.partial(_invoke, self._portal, value)
+            return functools.partial(_invoke, self._portal, self.target, value)
         return _wrap(value, self._portal)
 
     def call(
@@ -86,13 +93,15 @@ class Blocking(Generic[T]):
         **kwargs: P.kwargs,
     ) -> R:
         """``method(target, *args, **kwargs)`` on the portal's loop, typed."""
+        _check_open(self._portal, self.target)
         awaitable = method(self.target, *args, **kwargs)
-        result: R = _wrap(self._portal.call(_await, awaitable), self._portal)
+        result: R = _wrap(_call(self._portal, self.target, _await, awaitable), self._portal)
         return result
 
     def __enter__(self) -> Any:
         if self._context is not None:
             raise RuntimeError(f"{self!r} is already entered")
+        _check_open(self._portal, self.target)
         self._context = self._portal.wrap_async_context_manager(self.target)  # type: ignore[arg-type]
         return _wrap(self._context.__enter__(), self._portal)
 
@@ -126,6 +135,7 @@ class _Root(Blocking[T]):
     def _finish(self) -> None:
         if self._open:
             self._open = False
+            _STOPPED.add(self._portal)
             atexit.unregister(self.close)
             self._stop()
 
@@ -166,21 +176,51 @@ async def _await(awaitable: Awaitable[R]) -> R:
     return await awaitable
 
 
-def _invoke(portal: BlockingPortal, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+def _closed(target: object) -> ConfigurationError:
+    """What the async API raises for a call on ``target`` once its store is closed."""
+    if isinstance(target, Reply):
+        target = target.conversation
+    if isinstance(target, Conversation):
+        target = target.store
+    kind = target.configuration_error if isinstance(target, ManagedStore) else ConfigurationError
+    return kind("this store is closed; open a new one")
+
+
+def _check_open(portal: BlockingPortal, target: object) -> None:
+    if portal in _STOPPED:
+        raise _closed(target)
+
+
+def _call(
+    portal: BlockingPortal, target: object, func: Callable[..., Awaitable[R]], *args: Any
+) -> R:
+    """``portal.call``, raising :func:`_closed` for a portal closed before or during the call."""
+    _check_open(portal, target)
+    try:
+        return portal.call(func, *args)
+    except RuntimeError:
+        _check_open(portal, target)  # stopped meanwhile: "this portal is not running"
+        raise
+
+
+def _invoke(
+    portal: BlockingPortal, target: object, method: Callable[..., Any], *args: Any, **kwargs: Any
+) -> Any:
     if inspect.iscoroutinefunction(method):
-        return _wrap(portal.call(functools.partial(method, *args, **kwargs)), portal)
-    return _wrap(method(*args, **kwargs), portal)
+        call = functools.partial(method, *args, **kwargs)
+        return _wrap(_call(portal, target, call), portal)
+    return _wrap(method(*args, **kwargs), portal, target)
 
 
-def _wrap(value: Any, portal: BlockingPortal) -> Any:
+def _wrap(value: Any, portal: BlockingPortal, owner: object = None) -> Any:
     if isinstance(value, _HANDLES) or hasattr(value, "__aenter__"):
         return Blocking(value, portal)
     if hasattr(value, "__anext__"):
-        return _iterate(value, portal)
+        return _iterate(value, portal, owner)
     return value
 
 
-def _iterate(iterator: AsyncIterator[Any], portal: BlockingPortal) -> Iterator[Any]:
+def _iterate(iterator: AsyncIterator[Any], portal: BlockingPortal, owner: object) -> Iterator[Any]:
     async def step() -> tuple[bool, Any]:
         try:
             return True, await anext(iterator)
@@ -188,7 +228,7 @@ def _iterate(iterator: AsyncIterator[Any], portal: BlockingPortal) -> Iterator[A
             return False, None
 
     while True:
-        more, item = portal.call(step)
+        more, item = _call(portal, owner, step)
         if not more:
             return
         yield _wrap(item, portal)

@@ -7,15 +7,17 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+import pai_storage
 from pai_storage import ConversationConflictError, ThreadStore, sync
 from pai_storage import builders as b
+from pai_storage.errors import ConfigurationError, StorageError, ThreadStoreConfigurationError
 
 
 class _ModelDown(Exception):
@@ -160,3 +162,108 @@ def test_a_bundle_never_closed_does_not_keep_the_interpreter_from_exiting() -> N
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
     )
     assert (done.returncode, done.stdout.strip()) == (0, "kept"), done.stderr
+
+
+# ------------------------------------------------------------ after close()
+
+Call = Callable[[Any], Any]
+"""One call on a bundle, written once for both APIs: :func:`_blocking_call` makes it
+on a blocking view, :func:`_awaited_error` awaits (or drains) what it returns."""
+
+AFTER_CLOSE: dict[str, Call] = {
+    "kv.get": lambda stores: stores.kv.get(("a",), "k"),
+    "threads.list_threads": lambda s: s.threads.list_threads({"scopeKey": "s", "limit": 1}),
+    "threads.export_threads": lambda stores: stores.threads.export_threads("s"),
+    "conversation.add": lambda s: s.threads.conversation("s", "t").add("user", "late"),
+    "state.get": lambda stores: stores.state.get("u", "s", "k"),
+    "snapshots.open": lambda stores: stores.snapshots.open("sc", "id"),
+    "guard.inspect": lambda stores: stores.guard.inspect("r"),
+    "enter again": lambda stores: stores.__aenter__(),
+}
+
+
+def _awaited_error(url: str, call: Call) -> StorageError:
+    """What the async API raises for ``call`` on a bundle that was closed."""
+
+    async def run(result: Any) -> None:
+        if hasattr(result, "__anext__"):
+            _ = [item async for item in result]
+        else:
+            await result
+
+    async def main() -> StorageError:
+        async with pai_storage.connect(url) as stores:
+            pass
+        with pytest.raises(StorageError) as raised:
+            await run(call(stores))
+        return raised.value
+
+    return asyncio.run(main())
+
+
+def _blocking_call(stores: Any, name: str) -> None:
+    if name == "enter again":
+        stores.__enter__()
+        return
+    result = AFTER_CLOSE[name](stores)
+    if isinstance(result, Iterator):
+        list(result)
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    return "memory://" if request.param == "memory" else f"sqlite:///{tmp_path}/closed.db"
+
+
+@pytest.mark.parametrize("name", list(AFTER_CLOSE))
+def test_a_closed_bundle_raises_what_the_async_api_raises(url: str, name: str) -> None:
+    expected = _awaited_error(url, AFTER_CLOSE[name])
+    assert str(expected) == "this store is closed; open a new one"
+    stores = sync.connect(url)
+    with stores:
+        pass
+    with pytest.raises(StorageError) as raised:
+        _blocking_call(stores, name)
+    assert (type(raised.value), str(raised.value)) == (type(expected), str(expected))
+    stores.close()  # still idempotent
+
+
+def test_views_and_iterators_taken_before_close_raise_after_it(url: str) -> None:
+    stores = sync.connect(url)
+    kv = stores.kv
+    chat = stores.threads.conversation("s", "t")
+    chat.add("user", "before")
+    exported = stores.threads.export_threads("s")
+    stores.close()
+    with pytest.raises(
+        ConfigurationError, match=r"^this store is closed; open a new one$"
+    ) as kv_raised:
+        kv.put(("a",), "k", {"v": 1})
+    assert kv_raised.type is ConfigurationError
+    with pytest.raises(ThreadStoreConfigurationError, match="closed"):
+        chat.messages()
+    with pytest.raises(ThreadStoreConfigurationError, match="closed"):
+        list(exported)  # an iterator made before close() and first stepped after it
+
+
+def test_a_closed_single_store_raises_the_thread_store_error(url: str) -> None:
+    async def awaited() -> StorageError:
+        store = pai_storage.open_store(url)
+        await store.close()
+        with pytest.raises(StorageError) as raised:
+            await store.read_thread(b.read("s", "t"))
+        return raised.value
+
+    expected_error = asyncio.run(awaited())
+    assert type(expected_error) is ThreadStoreConfigurationError
+    with sync.open_store(url) as store:
+        store.commit_thread(b.create("s", "t"))
+    for late in (
+        lambda: store.read_thread(b.read("s", "t")),
+        lambda: store.call(ThreadStore.read_thread, b.read("s", "t")),
+        lambda: list(store.export_threads("s")),
+        store.__enter__,
+    ):
+        with pytest.raises(ThreadStoreConfigurationError) as raised:
+            late()
+        assert str(raised.value) == str(expected_error)
