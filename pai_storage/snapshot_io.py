@@ -34,7 +34,12 @@ from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol, Self
 
-from .errors import CorruptSnapshotError, InvalidInputError, SnapshotTooLargeError
+from .errors import (
+    ConfigurationError,
+    CorruptSnapshotError,
+    InvalidInputError,
+    SnapshotTooLargeError,
+)
 
 if TYPE_CHECKING:
     from .snapshots import SnapshotInfo
@@ -266,6 +271,8 @@ class SnapshotReader:
     ``info`` is known at once; ``async for chunk in reader`` hands out the
     data. Use it as ``async with reader:`` (or call :meth:`aclose`) so the
     backend's resources are released even when the data is not read to its end.
+    It is read once: iterating it again, or after :meth:`aclose`, raises
+    :class:`~pai_storage.errors.ConfigurationError`, as a closed store does.
 
     Integrity: every chunk is counted and hashed as it is read. More bytes
     than stored raise :class:`~pai_storage.errors.CorruptSnapshotError` at
@@ -308,9 +315,9 @@ class SnapshotReader:
 
     def __aiter__(self) -> AsyncIterator[bytes]:
         if self._started:
-            raise RuntimeError("a snapshot reader is read once; open the snapshot again")
+            raise ConfigurationError("a snapshot reader is read once; open the snapshot again")
         if self._closed:
-            raise RuntimeError("the snapshot reader is closed")
+            raise ConfigurationError("the snapshot reader is closed")
         self._started = True
         return self._verified()
 

@@ -18,7 +18,8 @@ their own (anyio's blocking portal) and open the stores on it; every object
 they hand out is a :class:`Blocking` view that runs each coroutine method on
 that loop and waits for it. Async context managers become ``with`` blocks
 (``reply()``, ``guard.hold()``; the guard's watchdog keeps renewing on the
-loop while the block runs), async iterators become iterators, and everything
+loop while the block runs), async iterators become iterators, a view of an
+async iterable (a snapshot reader) is iterable with ``for``, and everything
 else is returned as it is. It works from any thread, including one already
 running an event loop (a notebook cell, an async framework calling sync
 code): that loop waits while the call runs on the portal's. Once closed, a
@@ -32,7 +33,7 @@ import atexit
 import functools
 import inspect
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AbstractContextManager
 from types import TracebackType
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
@@ -97,6 +98,13 @@ class Blocking(Generic[T]):
         awaitable = method(self.target, *args, **kwargs)
         result: R = _wrap(_call(self._portal, self.target, _await, awaitable), self._portal)
         return result
+
+    def __iter__(self) -> Iterator[Any]:
+        """``for item in view``: the target's ``async for`` (a snapshot reader's chunks)."""
+        if not hasattr(self.target, "__aiter__"):
+            raise TypeError(f"{self!r} is not iterable")
+        iterator = _call(self._portal, self.target, _aiter, self.target)
+        return _iterate(iterator, self._portal, self.target)
 
     def __enter__(self) -> Any:
         if self._context is not None:
@@ -174,6 +182,10 @@ class _Root(Blocking[T]):
 
 async def _await(awaitable: Awaitable[R]) -> R:
     return await awaitable
+
+
+async def _aiter(iterable: AsyncIterable[R]) -> AsyncIterator[R]:
+    return aiter(iterable)  # on the portal's loop, where the iterator will run
 
 
 def _closed(target: object) -> ConfigurationError:

@@ -267,3 +267,50 @@ def test_a_closed_single_store_raises_the_thread_store_error(url: str) -> None:
         with pytest.raises(ThreadStoreConfigurationError) as raised:
             late()
         assert str(raised.value) == str(expected_error)
+
+
+# ------------------------------------------------------------ snapshot readers
+
+DATA = bytes(range(256)) * 10_000  # 2.4 MiB: three chunks on every backend
+
+
+def test_a_snapshot_reader_is_iterated_with_for(url: str) -> None:
+    with sync.connect(url) as stores:
+        stores.snapshots.put("sc", "id", DATA)
+        reader = stores.snapshots.open("sc", "id")
+        assert reader.info.size == len(DATA)
+        chunks = list(reader)
+        assert len(chunks) > 1
+        assert b"".join(chunks) == DATA
+        with stores.snapshots.open("sc", "id") as opened:
+            assert b"".join(chunk for chunk in opened) == DATA
+        with stores.snapshots.open("sc", "id") as opened:
+            assert opened.read() == DATA
+
+
+def test_a_snapshot_reader_read_twice_raises_a_storage_error(url: str) -> None:
+    async def awaited() -> StorageError:
+        async with pai_storage.connect(url) as stores:
+            await stores.snapshots.put("sc", "id", DATA)
+            reader = await stores.snapshots.open("sc", "id")
+            assert reader is not None
+            assert await reader.read() == DATA
+            with pytest.raises(StorageError) as raised:
+                await reader.read()
+            return raised.value
+
+    expected = asyncio.run(awaited())
+    assert type(expected) is ConfigurationError
+    assert str(expected) == "a snapshot reader is read once; open the snapshot again"
+    with sync.connect(url) as stores:
+        stores.snapshots.put("sc", "id", DATA)
+        with stores.snapshots.open("sc", "id") as reader:
+            for _ in reader:
+                break
+            with pytest.raises(ConfigurationError) as raised:
+                list(reader)
+            assert (type(raised.value), str(raised.value)) == (type(expected), str(expected))
+        closed = stores.snapshots.open("sc", "id")
+        closed.aclose()
+        with pytest.raises(ConfigurationError, match="the snapshot reader is closed"):
+            list(closed)

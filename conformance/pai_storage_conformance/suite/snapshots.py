@@ -171,7 +171,7 @@ class SnapshotStoreTests:
             async for chunk in reader:
                 assert data.startswith(chunk)
                 break
-        with pytest.raises(RuntimeError, match="read once"):
+        with pytest.raises(ConfigurationError, match="read once"):
             async for _ in reader:
                 pass
         assert await snapshot_store.delete(scope, "s")  # nothing held it
