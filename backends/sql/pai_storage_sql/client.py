@@ -222,11 +222,10 @@ class SqlClient(SharedClient[Engines]):
             )
         self.driver = driver or ("aiosqlite" if self.dialect == "sqlite" else "asyncmy")
         if self.dialect == "sqlite" and self.url.query and engine is None:
+            given = ", ".join(sorted({name for name, _ in self.url.query}))
             raise ThreadStoreConfigurationError(
-                "a sqlite:// URL takes no query parameters (given: "
-                f"{', '.join(sorted({k for k, _ in self.url.query}))}); store options are "
-                "keyword arguments, "
-                "e.g. open_store(url, busy_timeout=10)"
+                f"a sqlite:// URL takes no query parameters (given: {given}); store "
+                "options are keyword arguments, e.g. open_store(url, busy_timeout=10)"
             )
         if engine is not None:
             given_dialect = "sqlite" if engine.dialect.name == "sqlite" else "mysql"
