@@ -11,7 +11,7 @@ subclasses of them, so code written against either set keeps working::
     │   └── SnapshotTooLargeError          a snapshot over the backend's size limit
     ├── UnavailableError                   cannot reach the server (retryable)
     ├── OutcomeUnknownError                a write whose outcome cannot be known
-    ├── ConfigurationError                 bad URL or options, missing driver, topology
+    ├── ConfigurationError                 bad URL or options, missing driver, topology, closed
     ├── PageTokenError                     invalid, tampered or mismatched page token
     ├── CorruptSnapshotError               a stored snapshot failed its integrity check
     ├── LockTimeoutError                   a lock was not acquired within its timeout
@@ -23,6 +23,7 @@ subclasses of them, so code written against either set keeps working::
         ├── ThreadStoreCommitUnknownError      (also an OutcomeUnknownError)
         ├── ThreadStoreUnavailableError        (also an UnavailableError)
         ├── ThreadStoreConfigurationError      (also a ConfigurationError)
+        ├── ThreadExistsError                  an import met a thread that exists
         └── ConversationConflictError          another writer changed what a conversation needs
 
 ``except ThreadStoreError`` still catches exactly the thread store's errors.
