@@ -184,28 +184,6 @@ async def test_mysql_server_that_never_answers_is_unavailable_within_connect_tim
             assert "S3cretPW" not in str(caught.value)
 
 
-async def test_mysql_read_ends_its_snapshot_before_its_connection_is_reused(
-    mysql_target: Target,
-) -> None:
-    """A read's ``REPEATABLE READ`` snapshot ends with the read: the next read on
-    the same pooled connection (``pool_size=1``) sees what another client
-    committed meanwhile."""
-    options = {**mysql_target.options, "pool_size": 1}
-    async with (
-        pai_storage.open_kv_store(mysql_target.url, **options) as reader,
-        pai_storage.open_kv_store(mysql_target.url, **mysql_target.options) as writer,
-    ):
-        assert await reader.get(("ns",), "k") is None
-        await writer.put(("ns",), "k", 1)
-        seen = await reader.get(("ns",), "k")
-        assert seen is not None
-        assert seen.value == 1
-        await writer.put(("ns",), "k", 2)
-        seen = await reader.get(("ns",), "k")
-        assert seen is not None
-        assert seen.value == 2
-
-
 async def test_mysql_cancelled_operations_log_no_pool_error(
     mysql_target: Target, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -472,9 +472,8 @@ class SqlClient(SharedClient[Engines]):
         if write:
             with self.errors("commit"):
                 await op.commit()
-        else:
-            # Ends the snapshot: a connection goes back to the pool as it is
-            # (the engines the client makes do not reset what they get back).
+        elif op.sqlite:
+            # Ends the snapshot (SQLite connections are not reset between operations).
             await op.rollback()
 
     async def run_write(self, body: Callable[[Operation], Awaitable[T]]) -> T:
@@ -616,19 +615,8 @@ class SqlClient(SharedClient[Engines]):
                 await op.conn.invalidate()
             await self._checkin(op, reuse=False)
         else:
-            try:
+            with contextlib.suppress(Exception):
                 await op.rollback()
-            except BaseException as failure:
-                if self.memory and isinstance(failure, Exception):
-                    await self._checkin(op, reuse=True)  # its one connection is the database
-                    return
-                # Its transaction may still be open: never reused.
-                with contextlib.suppress(BaseException):
-                    await op.conn.invalidate()
-                await self._checkin(op, reuse=False)
-                if not isinstance(failure, Exception):
-                    raise
-                return
             await self._checkin(op, reuse=True)
 
     async def _checkout(self, engines: Engines, write: bool) -> Operation:
@@ -673,7 +661,10 @@ class SqlClient(SharedClient[Engines]):
             return
         try:
             with contextlib.suppress(Exception):
-                await op.conn.close()
+                # The pool's reset (a rollback, on MySQL) runs to its end even
+                # when the caller is cancelled meanwhile: cut short, the pool
+                # would log it as an error.
+                await asyncio.shield(op.conn.close())
         finally:
             if held is not None:
                 held.free()

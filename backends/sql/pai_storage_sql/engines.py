@@ -151,10 +151,6 @@ def mysql_engines(url: StoreURL, driver: str, *, pool_size: int, connect_timeout
         pool_size=pool_size,
         max_overflow=0,
         pool_recycle=3600,
-        # Each operation ends its own transaction (commit, or rollback for a
-        # read or a failure): a rollback on return would repeat it, and, cut
-        # short by a cancelled caller, be logged by the pool as an error.
-        pool_reset_on_return=None,
         isolation_level="REPEATABLE READ",
         async_creator=_bounded_connect(sa_url, driver, connect_timeout),
     )
@@ -166,8 +162,7 @@ def _bounded_connect(sa_url: URL, driver: str, timeout: float) -> Callable[[], A
     """A new driver connection for the pool, the whole of it (TCP, the server's
     greeting, the login) within ``timeout``: the drivers' ``connect_timeout``
     bounds the TCP connect alone, so a server that accepts and never answers
-    would hold the caller forever (a timed-out attempt's socket is closed when
-    it is collected)."""
+    would hold the caller forever."""
     _, params = sa_url.get_dialect()().create_connect_args(sa_url)
     params["connect_timeout"] = timeout
     connect = importlib.import_module(driver).connect
