@@ -182,6 +182,7 @@ async def test_mysql_server_that_never_answers_is_unavailable_within_connect_tim
                 await asyncio.wait_for(use(), 30)  # the bound of the test, not of the store
             assert time.monotonic() - started < 10
             assert "S3cretPW" not in str(caught.value)
+            assert "connect_timeout=0.3s" in str(caught.value)
 
 
 async def test_mysql_cancelled_operations_log_no_pool_error(

@@ -168,7 +168,10 @@ def _bounded_connect(sa_url: URL, driver: str, timeout: float) -> Callable[[], A
     connect = importlib.import_module(driver).connect
 
     async def bounded() -> Any:
-        return await asyncio.wait_for(connect(**params), timeout)
+        try:
+            return await asyncio.wait_for(connect(**params), timeout)
+        except TimeoutError:
+            raise TimeoutError(f"no connection within connect_timeout={timeout:g}s") from None
 
     return bounded
 
