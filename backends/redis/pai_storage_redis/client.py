@@ -70,21 +70,16 @@ URL_QUERY_OPTIONS: Final = frozenset(
     {
         "client_name",
         "db",
-        "encoding",
-        "encoding_errors",
         "health_check_interval",
         "legacy_responses",
         "lib_name",
         "lib_version",
-        "max_connections",
         "password",
         "protocol",
         "retry_on_error",
         "retry_on_timeout",
-        "socket_connect_timeout",
         "socket_keepalive",
         "socket_read_size",
-        "socket_timeout",
         "ssl_ca_certs",
         "ssl_ca_data",
         "ssl_ca_path",
@@ -97,15 +92,17 @@ URL_QUERY_OPTIONS: Final = frozenset(
         "ssl_keyfile",
         "ssl_min_version",
         "ssl_password",
-        "timeout",
         "username",
     }
 )
 """The redis-py options a URL's query may set: those redis-py reads from text
-(``ssl_*`` with ``rediss://`` only). Not ``decode_responses`` (its text is always
-true: every reply, snapshots included, would be decoded) nor the options that
-take objects (``retry``, ``parser_class``, ...). Of these, a URL accepts the
-ones the installed redis-py's constructors take (:func:`query_options`)."""
+(``ssl_*`` with ``rediss://`` only). Not ``decode_responses`` nor ``encoding``
+and ``encoding_errors`` (the stores read and write bytes and UTF-8 of their
+own: any other would make what they stored unreadable), not the options that
+take objects (``retry``, ``parser_class``, ...), and not the timeouts and pool
+size the store's keyword options set (redis-py would let the URL's win). Of
+these, a URL accepts the ones the installed redis-py's constructors take
+(:func:`query_options`)."""
 
 _DIGITS: Final = re.compile(r"[0-9]+")
 
@@ -424,8 +421,9 @@ def check_url(url: StoreURL, *, cluster: bool) -> None:
             redact(
                 "URL query parameter(s) the redis backend does not accept: "
                 f"{', '.join(refused)}{' (TLS options need a rediss:// URL)' if tls else ''}; "
-                f"valid: {', '.join(sorted(valid))} (store options such as key_prefix are "
-                "keyword arguments, not URL parameters)",
+                f"valid: {', '.join(sorted(valid))} (store options such as key_prefix, "
+                "connect_timeout, socket_timeout and max_connections are keyword "
+                "arguments, not URL parameters)",
                 url,
             )
         )
