@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from pai_storage_redis.client import RedisClient, describe_persistence
@@ -168,3 +169,13 @@ async def test_redis_expires_items_itself_and_purge_clears_the_index(
             assert await client.zcard("{" + prefix + "kv}:idx") == 1
     finally:
         await client.aclose()
+
+
+@pytest.mark.parametrize("cluster", [False, True])
+def test_the_clients_made_never_resend_a_command(cluster: bool) -> None:
+    """A script sent again after a lost reply could be applied twice: the clients
+    the backend makes (a node's pool, a Cluster's, whose redis-py default is 10
+    attempts) retry nothing. Made without connecting."""
+    made: Any = RedisClient("redis://127.0.0.1:1/0", cluster=cluster)._make()
+    retry = made.retry if cluster else made.connection_pool.connection_kwargs["retry"]
+    assert retry.get_retries() == 0

@@ -287,14 +287,16 @@ class RedisClient(SharedClient["Redis"]):
 
         # No automatic retry: a write script sent again after a lost reply could
         # be applied twice (a version counted twice, a lock taken twice).
+        no_retry = Retry(NoBackoff(), 0)
         full = self.url.render(hide_password=False)
         if self._cluster:
-            return RedisCluster.from_url(full, **self._options)  # type: ignore[return-value]
+            cluster = RedisCluster.from_url(full, retry=no_retry, **self._options)
+            return cluster  # type: ignore[return-value]
         # A blocking pool: a burst of calls waits for a free connection (up to
         # the socket timeout) rather than failing at max_connections.
         pool = BlockingConnectionPool.from_url(
             full,
-            retry=Retry(NoBackoff(), 0),
+            retry=no_retry,
             timeout=self._options["socket_timeout"],
             max_connections=self._max_connections,
             socket_connect_timeout=self._options["socket_connect_timeout"],
