@@ -359,16 +359,6 @@ class RedisClient(SharedClient["Redis"]):
         return describe_persistence(server, persistence, config)
 
 
-def _database(url: StoreURL) -> int:
-    """The database number a Redis URL names (``?db=`` first, as redis-py reads it); 0 if none."""
-    given = _query_db(url)
-    return int(given if given is not None else url.path.removeprefix("/") or 0)
-
-
-def _query_db(url: StoreURL) -> str | None:
-    return next((value for name, value in url.query if name == "db"), None)
-
-
 def query_options(*, tls: bool, cluster: bool) -> frozenset[str]:
     """The :data:`URL_QUERY_OPTIONS` the installed redis-py takes for such a client."""
     from redis.asyncio import BlockingConnectionPool, Connection, SSLConnection
@@ -396,7 +386,7 @@ def check_url(url: StoreURL, *, cluster: bool) -> None:
     from redis.asyncio.connection import parse_url
 
     path = url.path.removeprefix("/")
-    given = _query_db(url)
+    given = next((value for name, value in url.query if name == "db"), None)
     for where, text in (("path", path or None), ("?db=", given)):
         if text is not None and not _DIGITS.fullmatch(text):
             raise ConfigurationError(
@@ -411,9 +401,10 @@ def check_url(url: StoreURL, *, cluster: bool) -> None:
             f"the Redis URL names two databases, {int(path)} (path) and {int(given)} (?db=); "
             f"give one: {URL_FORM}, or ?db=<n>"
         )
-    if cluster and _database(url) != 0:
+    database = int(given if given is not None else path or 0)  # ?db= first, as redis-py
+    if cluster and database != 0:
         raise ConfigurationError(
-            f"a Redis Cluster has only database 0, but the URL names database {_database(url)}"
+            f"a Redis Cluster has only database 0, but the URL names database {database}"
         )
     valid = query_options(tls=url.scheme == "rediss", cluster=cluster)
     refused = sorted({name for name, _ in url.query} - valid)

@@ -22,7 +22,7 @@ import asyncio
 import importlib
 import inspect
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -36,7 +36,6 @@ from .held import Held
 from .sqlite_thread import thread_executor
 
 if TYPE_CHECKING:
-    from sqlalchemy.engine import URL
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 __all__ = [
@@ -146,25 +145,28 @@ def mysql_engines(url: StoreURL, driver: str, *, pool_size: int, connect_timeout
         database=url.database,
         query=query,
     )
+    # The driver's connect() arguments, as SQLAlchemy's dialect makes them.
+    _, params = sa_url.get_dialect()().create_connect_args(sa_url)
+    check_driver_options(params, driver)
     engine = create_async_engine(
         sa_url,
         pool_size=pool_size,
         max_overflow=0,
         pool_recycle=3600,
         isolation_level="REPEATABLE READ",
-        async_creator=_bounded_connect(sa_url, driver, connect_timeout),
+        async_creator=_bounded_connect(params, driver, connect_timeout),
     )
-    check_driver_options(engine, driver)
     return Engines(engine, engine, None)
 
 
-def _bounded_connect(sa_url: URL, driver: str, timeout: float) -> Callable[[], Awaitable[Any]]:
+def _bounded_connect(
+    params: Mapping[str, Any], driver: str, timeout: float
+) -> Callable[[], Awaitable[Any]]:
     """A new driver connection for the pool, the whole of it (TCP, the server's
     greeting, the login) within ``timeout``: the drivers' ``connect_timeout``
     bounds the TCP connect alone, so a server that accepts and never answers
     would hold the caller forever."""
-    _, params = sa_url.get_dialect()().create_connect_args(sa_url)
-    params["connect_timeout"] = timeout
+    params = {**params, "connect_timeout": timeout}
     connect = importlib.import_module(driver).connect
 
     async def bounded() -> Any:
@@ -176,11 +178,10 @@ def _bounded_connect(sa_url: URL, driver: str, timeout: float) -> Callable[[], A
     return bounded
 
 
-def check_driver_options(engine: AsyncEngine, driver: str) -> None:
-    """Refuse URL query parameters the driver's ``connect()`` does not take
-    (a ConfigurationError naming them, not the driver's TypeError later)."""
-    dialect = engine.sync_engine.dialect
-    _, given = dialect.create_connect_args(engine.sync_engine.url)
+def check_driver_options(given: Mapping[str, Any], driver: str) -> None:
+    """Refuse URL query parameters (in ``given``, the driver's ``connect()``
+    arguments) the driver does not take (a ConfigurationError naming them, not
+    the driver's TypeError later)."""
     try:
         accepted = inspect.signature(importlib.import_module(driver).connect).parameters
     except (TypeError, ValueError):  # not introspectable: let the driver judge
