@@ -227,6 +227,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--length", type=int, default=1000, help="--versus: messages before the timed turns"
     )
+    parser.add_argument("--turns", type=int, default=400, help="--versus: timed turns of each lane")
+    parser.add_argument(
+        "--reads", type=int, default=400, help="--versus: timed reads of each system"
+    )
     return parser
 
 
@@ -347,7 +351,7 @@ async def _versus(args: argparse.Namespace) -> str:
             raise SystemExit(f"cannot run: {skipped}")
         peers = {key: SYSTEMS[key][1]() for key in keys}
         load_before = os.getloadavg()
-        result = await versus(peers, infra, length=args.length, window=60, reads=200)
+        result = await versus(peers, infra, length=args.length, window=args.turns, reads=args.reads)
         load_after = os.getloadavg()
     versions = ", ".join(f"{k} {v}" for k, v in _versions().items())
     return (

@@ -10,8 +10,12 @@ example of ``docs/commits.md#worked-example-one-turn``):
 * **1 commit/turn**: one commit inserts the user message, the assistant reply
   and the ``completed`` run together (what a runtime that persists only at the
   end of a turn would do).
+* **messages only**: one commit inserts the two messages and nothing else: the
+  records every other system of the comparison stores for a turn (an agent
+  SDK's session keeps no runs), so the like-for-like lane.
 
-Seeding (fast-forward) uses ordinary commits of 100 completed turns each.
+Seeding (fast-forward) uses ordinary commits of 100 turns each, as the variant
+stores them (the messages-only lane without runs).
 Listing is ``list_threads(scopeKey=tenant, limit=20)``; reading is a
 ``transcript`` page, ``order: newest``, ``limit: 20``.
 """
@@ -28,6 +32,7 @@ from .workload import Infra, Msg, Peer, Storage
 
 TWO = "2 commits/turn"
 ONE = "1 commit/turn"
+MESSAGES = "messages only"
 OWNER = "bench-worker"
 SEED_TURNS_PER_COMMIT = 100
 
@@ -54,10 +59,24 @@ def _completed_turn(user: Msg, reply: Msg) -> tuple[list[dict[str, Any]], dict[s
     return messages, run
 
 
+def _one_commit(variant: str, user: Msg, reply: Msg) -> dict[str, Any]:
+    """The changes of a turn in one commit: the two messages alone
+    (:data:`MESSAGES`), or with their completed run (every other variant)."""
+    if variant == MESSAGES:
+        return {
+            "messages": [
+                {"type": "insert", "record": b.message(user.id, user.text, role="user")},
+                {"type": "insert", "record": b.message(reply.id, reply.text, role="assistant")},
+            ]
+        }
+    messages, run = _completed_turn(user, reply)
+    return {"messages": messages, "runs": [run]}
+
+
 class PaiStoragePeer(Peer):
     system = "pai-storage"
     distributions = ("pai-storage",)
-    variants = (TWO, ONE)
+    variants = (TWO, ONE, MESSAGES)
     read_shape = "read_thread: transcript page, newest first, limit 20"
     list_shape = "list_threads(scopeKey=tenant, limit=20): keyset page, newest update first"
 
@@ -79,7 +98,8 @@ class PaiStoragePeer(Peer):
         self.turn_shape = (
             "2 commits/turn: (user message + running run + lease acquire), "
             "(assistant message + run completed + lease release); "
-            "1 commit/turn: user + assistant + completed run at once"
+            "1 commit/turn: user + assistant + completed run at once; "
+            "messages only: user + assistant message in 1 commit"
         )
         self.store: pai_storage.ThreadStore | None = None
         self.infra: Infra | None = None
@@ -125,14 +145,13 @@ class PaiStoragePeer(Peer):
     async def turn(self, conv: str, turn: int, user: Msg, reply: Msg) -> None:
         scope = self.scopes[conv]
         run_id = f"r{turn}"
-        if self.variant[conv] == ONE:
-            messages, run = _completed_turn(user, reply)
+        if self.variant[conv] != TWO:
             self.versions[conv] = await self._commit(
                 b.update_at(
                     scope,
                     conv,
                     self.versions[conv],
-                    {"messages": messages, "runs": [run]},
+                    _one_commit(self.variant[conv], user, reply),
                     root=b.root(title=conv),
                 )
             )
@@ -160,9 +179,9 @@ class PaiStoragePeer(Peer):
             messages: list[dict[str, Any]] = []
             runs: list[dict[str, Any]] = []
             for user, reply in turns[start : start + SEED_TURNS_PER_COMMIT]:
-                m, r = _completed_turn(user, reply)
-                messages.extend(m)
-                runs.append(r)
+                changes = _one_commit(self.variant[conv], user, reply)
+                messages.extend(changes["messages"])
+                runs.extend(changes.get("runs", ()))
             self.versions[conv] = await self._commit(
                 b.update_at(
                     scope,
