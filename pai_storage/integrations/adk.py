@@ -14,16 +14,18 @@
   "user")`` / ``user_id``. ``temp:`` state is never stored.
 
 ``append_event`` writes the event and the session's state delta in one
-version-checked commit (a stale session object gets ADK's
-``StaleSessionError``); app and user deltas are merged into their items
-right after it, each with a version-checked write.
+version-checked commit (a session object whose thread version is not the
+stored one gets ADK's ``StaleSessionError``); app and user deltas are merged
+into their items right after it, each with a version-checked write.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import uuid
+from collections.abc import AsyncIterator
 from types import TracebackType
 from typing import Any, Self
 
@@ -116,6 +118,24 @@ class PaiSessionService(BaseSessionService):
             self._stores, self._owned = url_or_stores, False
         else:
             self._stores, self._owned = connect(url_or_stores, **options), True
+        self._appends: dict[tuple[str, str], tuple[asyncio.Lock, int]] = {}
+
+    @contextlib.asynccontextmanager
+    async def _appending(self, app_name: str, thread_id: str) -> AsyncIterator[None]:
+        """Appends to one session through this service, one at a time: a session
+        object shared by concurrent tasks is never its own stale writer."""
+        key = (app_name, thread_id)
+        lock, users = self._appends.get(key, (asyncio.Lock(), 0))
+        self._appends[key] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._appends[key]
+            if users == 1:
+                del self._appends[key]
+            else:
+                self._appends[key] = (lock, users - 1)
 
     @property
     def threads(self) -> ThreadStore:
@@ -180,7 +200,7 @@ class PaiSessionService(BaseSessionService):
         state: dict[str, Any],
         events: list[Event] | None = None,
     ) -> Session:
-        return Session(
+        session = Session(
             id=session_id,
             app_name=app_name,
             user_id=user_id,
@@ -188,6 +208,8 @@ class PaiSessionService(BaseSessionService):
             events=events or [],
             last_update_time=root.updated_at.timestamp(),
         )
+        session._storage_update_marker = str(root.version)  # what the stale check compares
+        return session
 
     # ------------------------------------------------------------ the service
 
@@ -362,37 +384,44 @@ class PaiSessionService(BaseSessionService):
             "status": "complete",
             "metadata": {},
         }
-        while True:
-            selection = {"type": "page", "view": "raw", "order": "newest", "page": {"limit": 1}}
-            read = await self.threads.read_thread(
-                builders.read(app_name, thread_id, messages=selection)
-            )
-            root = read.thread
-            if root is None:
-                raise SessionNotFoundError(f"Session {session.id} not found.")
-            newest = read.messages.items if read.messages else []
-            latest = newest[0].message_id if newest else None
-            if latest is not None and root.updated_at.timestamp() > session.last_update_time:
-                mine = session.events[-1].id if session.events else None
-                if latest != mine:
-                    raise StaleSessionError(
-                        "The session has been modified in storage since it was loaded. "
-                        "Please reload the session before appending more events."
-                    )
-            state = {**(root.metadata.get("state") or {}), **session_delta}
-            result = await self.threads.commit_thread(
-                builders.update(
-                    root,
-                    {"messages": [builders.insert(message)]},
-                    metadata={**root.metadata, "state": state},
+        async with self._appending(app_name, thread_id):  # as ADK's own services do
+            while True:
+                selection = {"type": "page", "view": "raw", "order": "newest", "page": {"limit": 1}}
+                read = await self.threads.read_thread(
+                    builders.read(app_name, thread_id, messages=selection)
                 )
-            )
-            if result.type == "committed" and result.thread is not None:
-                session.last_update_time = result.thread.updated_at.timestamp()
-                break
-        await self._merge(*app_item, app_delta)
-        await self._merge(*user_item, user_delta)
-        for key, value in kept.items():
-            session.state[key] = value
-        session.events.append(event)
+                root = read.thread
+                if root is None:
+                    raise SessionNotFoundError(f"Session {session.id} not found.")
+                newest = read.messages.items if read.messages else []
+                latest = newest[0].message_id if newest else None
+                marker = session._storage_update_marker
+                if marker is None:  # a session this service did not return: its update time
+                    moved = root.updated_at.timestamp() > session.last_update_time
+                else:  # the thread's version: exact, whatever the clocks
+                    moved = marker != str(root.version)
+                if latest is not None and moved:
+                    mine = session.events[-1].id if session.events else None
+                    if latest != mine:
+                        raise StaleSessionError(
+                            "The session has been modified in storage since it was loaded. "
+                            "Please reload the session before appending more events."
+                        )
+                state = {**(root.metadata.get("state") or {}), **session_delta}
+                result = await self.threads.commit_thread(
+                    builders.update(
+                        root,
+                        {"messages": [builders.insert(message)]},
+                        metadata={**root.metadata, "state": state},
+                    )
+                )
+                if result.type == "committed" and result.thread is not None:
+                    session.last_update_time = result.thread.updated_at.timestamp()
+                    session._storage_update_marker = str(result.thread.version)
+                    break
+            await self._merge(*app_item, app_delta)
+            await self._merge(*user_item, user_delta)
+            for key, value in kept.items():
+                session.state[key] = value
+            session.events.append(event)
         return event

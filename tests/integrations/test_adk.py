@@ -222,6 +222,42 @@ async def test_stale_session_is_refused(service: PaiSessionService) -> None:
     assert [e.content.parts[0].text for e in stored.events] == ["one", "three"]  # type: ignore[union-attr, index]
 
 
+async def test_stale_session_is_refused_whatever_the_clocks(service: PaiSessionService) -> None:
+    # The check must not lean on update times: two writers within one clock
+    # tick, or on hosts whose clocks differ, still see each other.
+    await service.create_session(app_name=APP, user_id="u1", session_id="s1")
+    first = await service.get_session(app_name=APP, user_id="u1", session_id="s1")
+    second = await service.get_session(app_name=APP, user_id="u1", session_id="s1")
+    assert first is not None
+    assert second is not None
+    second.last_update_time += 3600  # its host's clock is an hour ahead
+    await service.append_event(first, _event("agent", "one"))
+    with pytest.raises(StaleSessionError, match="reload the session"):
+        await service.append_event(second, _event("agent", "two"))
+    await service.append_event(first, _event("agent", "three"))  # first is current
+    created = await service.create_session(app_name=APP, user_id="u1", session_id="s2")
+    again = await service.get_session(app_name=APP, user_id="u1", session_id="s2")
+    assert again is not None
+    again.last_update_time += 3600
+    await service.append_event(again, _event("agent", "one"))
+    with pytest.raises(StaleSessionError, match="reload the session"):
+        await service.append_event(created, _event("agent", "two"))
+    stored = await service.get_session(app_name=APP, user_id="u1", session_id="s1")
+    assert stored is not None
+    assert [e.content.parts[0].text for e in stored.events] == ["one", "three"]  # type: ignore[union-attr, index]
+
+
+async def test_concurrent_appends_through_one_session_object(service: PaiSessionService) -> None:
+    session = await service.create_session(app_name=APP, user_id="u1", session_id="s1")
+    await asyncio.gather(
+        *(service.append_event(session, _event("agent", str(i), {f"k{i}": i})) for i in range(8))
+    )
+    stored = await service.get_session(app_name=APP, user_id="u1", session_id="s1")
+    assert stored is not None
+    assert len(stored.events) == len(session.events) == 8
+    assert stored.state == {f"k{i}": i for i in range(8)}
+
+
 async def test_bad_input_is_refused(service: PaiSessionService) -> None:
     with pytest.raises(InvalidInputError, match="user_id"):
         await service.create_session(app_name=APP, user_id="")
