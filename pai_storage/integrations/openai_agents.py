@@ -212,21 +212,33 @@ class PaiSession(SessionABC):
         result = await self.threads.read_thread(builders.read(self.scope_key, self.session_id))
         self._root = result.thread
 
-    async def pop_item(self) -> TResponseInputItem | None:
-        """Remove the latest item and return it (``None`` when there is none)."""
+    async def _latest(self) -> tuple[ThreadRecord | None, Message | None]:
+        """The root and the newest message that is a session item (messages
+        written by something else are passed over)."""
+        token: str | None = None
+        size = 1  # the newest message is nearly always an item
         while True:
-            root, messages, _ = await self._page("newest", 1, None)
-            if root is None or not messages:
+            root, messages, token = await self._page("newest", size, token)
+            for message in messages:
+                if _item(message) is not None:
+                    return root, message
+            if root is None or token is None:
+                return root, None
+            size = _PAGE
+
+    async def pop_item(self) -> TResponseInputItem | None:
+        """Remove the latest item and return it (``None`` when there is none);
+        messages written by something else stay."""
+        while True:
+            root, latest = await self._latest()
+            if root is None or latest is None:
                 return None
-            latest = messages[0]
             changes = {"messages": [builders.delete_record(latest.message_id)]}
             result = await self.threads.commit_thread(builders.update(root, changes))
             if result.type == "committed":
                 self._root = result.thread
-                item = _item(latest)
-                if item is not None:
-                    return item
-            # a conflict (someone wrote meanwhile) or a foreign message: look again
+                return _item(latest)
+            # a conflict (someone wrote meanwhile): look again
 
     async def clear_session(self) -> None:
         """Delete the conversation: the whole thread."""

@@ -106,6 +106,35 @@ async def test_pop_item_removes_and_returns_the_latest(stores: pai_storage.Store
     assert await session.get_items() == [_text("user", "c")]
 
 
+async def test_pop_item_leaves_messages_it_did_not_write(stores: pai_storage.Stores) -> None:
+    session = PaiSession("s1", stores, scope_key=SCOPE)
+    await session.add_items([_text("user", "a")])
+    read = await stores.threads.read_thread({"scopeKey": SCOPE, "threadId": "s1"})
+    assert read.thread is not None
+    note = {
+        "messageId": "note-1",
+        "role": "system",
+        "parts": [{"type": "text", "text": "written by something else"}],
+        "producer": {"kind": "system"},
+        "association": {"kind": "standalone"},
+        "visibility": {"transcript": True, "context": True},
+        "status": "complete",
+        "metadata": {},
+    }
+    done = await stores.threads.commit_thread(
+        pai_storage.builders.update(read.thread, {"messages": [pai_storage.builders.insert(note)]})
+    )
+    assert done.type == "committed"
+    assert await session.pop_item() == _text("user", "a")  # the note is skipped, not popped
+    assert await session.pop_item() is None
+    everything = {"type": "page", "view": "raw", "order": "oldest", "page": {"limit": 10}}
+    read = await stores.threads.read_thread(
+        pai_storage.builders.read(SCOPE, "s1", messages=everything)
+    )
+    assert read.messages is not None
+    assert [m.message_id for m in read.messages.items] == ["note-1"]
+
+
 async def test_clear_session_deletes_the_thread(stores: pai_storage.Stores) -> None:
     session = PaiSession("s1", stores, scope_key=SCOPE)
     await session.add_items([_text("user", "a")])
