@@ -673,6 +673,8 @@ class PaiStore(BaseStore):
             lambda token: self.kv.search(prefix, limit=page_size, page_token=token)
         ):
             found = self._item(item, SearchItem)
+            if _reserved(found.namespace):
+                continue
             if op.filter and not _matches(found.value, op.filter):
                 continue
             matched.append(found)
@@ -700,6 +702,8 @@ class PaiStore(BaseStore):
             lambda token: self.kv.list_namespaces(prefix, limit=1000, page_token=token)
         ):
             outside = namespace[len(self.prefix) :]
+            if _reserved(outside):
+                continue
             if all(_namespace_matches(c, outside) for c in conditions):
                 found.add(outside if op.max_depth is None else outside[: op.max_depth])
         return sorted(found)[op.offset : op.offset + op.limit]
@@ -709,6 +713,13 @@ class PaiStore(BaseStore):
 
     async def __aexit__(self, *exc: object) -> None:
         return None
+
+
+def _reserved(namespace: Sequence[str]) -> bool:
+    """Whether a namespace is LangGraph's (its first label ``"langgraph"``, which
+    no store put may use): where a saver with the store's tenant as
+    ``scope_key`` keeps its checkpoints, not memories."""
+    return bool(namespace) and namespace[0] == "langgraph"
 
 
 def _namespace_matches(condition: MatchCondition, namespace: tuple[str, ...]) -> bool:

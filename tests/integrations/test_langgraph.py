@@ -339,6 +339,29 @@ async def test_store_list_namespaces(stores: pai_storage.Stores) -> None:
     assert batch[3] == [("z",)]
 
 
+async def test_store_does_not_show_the_savers_items(stores: pai_storage.Stores) -> None:
+    # One tenant for both, as docs/langgraph.md pairs them: the saver's items
+    # live under ("tenant-1", "langgraph", ...), a namespace LangGraph reserves.
+    saver = PaiCheckpointSaver(stores, scope_key="tenant-1")
+    store = PaiStore(stores, prefix=("tenant-1",))
+    config = {"configurable": {"thread_id": "t1", "checkpoint_ns": ""}}
+    checkpoint = empty_checkpoint()
+    checkpoint["channel_values"] = {"messages": ["hi"]}
+    checkpoint["channel_versions"] = {"messages": saver.get_next_version(None, None)}
+    saved = await saver.aput(config, checkpoint, {"step": 1}, checkpoint["channel_versions"])
+    await saver.aput_writes(saved, [("messages", "x")], "task-1")
+    await store.aput(("memories", "u1"), "likes", {"food": "tea"})
+    assert [(r.namespace, r.key) for r in await store.asearch((), limit=100)] == [
+        (("memories", "u1"), "likes")
+    ]
+    assert await store.asearch(("langgraph",)) == []
+    assert await store.asearch((), filter={"checkpoint": {"$ne": None}}) == []
+    assert await store.alist_namespaces() == [("memories", "u1")]
+    assert await store.alist_namespaces(max_depth=1) == [("memories",)]
+    assert await store.alist_namespaces(suffix=("checkpoints",)) == []
+    assert await saver.aget_tuple(config) is not None  # the saver still sees them
+
+
 async def test_store_ttl(target: Target) -> None:
     clock = pai_storage.ManualClock()
     async with target.connect(clock=clock) as stores:
