@@ -34,7 +34,7 @@ from ..bundle import Stores, connect
 from ..errors import InvalidInputError
 from ..kv import KeyValueStore, KVConflict
 from ..models import Message, ThreadRecord
-from ..runtime import check_name
+from ..runtime import check_name, check_value
 from ..store import ThreadStore
 from .support import missing_framework, text_id
 
@@ -179,6 +179,14 @@ class PaiSessionService(BaseSessionService):
         item = await self.kv.get(namespace, key)
         return {} if item is None or not isinstance(item.value, dict) else dict(item.value)
 
+    async def _check_merge(
+        self, namespace: tuple[str, ...], key: str, delta: dict[str, Any]
+    ) -> None:
+        """Refuse, before anything is written, a delta its state item could not take."""
+        if delta:
+            merged = {**await self._state(namespace, key), **delta}
+            check_value(merged, path=f"the {namespace[-1]} state", limit=self.kv.max_value_bytes)
+
     async def _merge(self, namespace: tuple[str, ...], key: str, delta: dict[str, Any]) -> None:
         """Merge ``delta`` into a state item, a version-checked write (retried on a race)."""
         if not delta:
@@ -225,6 +233,8 @@ class PaiSessionService(BaseSessionService):
         session_id = uuid.uuid4().hex if session_id is None else text_id("session_id", session_id)
         app_item, user_item = self._app_item(app_name), self._user_item(app_name, user_id)
         app_delta, user_delta, session_state = _split(state)  # all checked before any write
+        await self._check_merge(*app_item, app_delta)
+        await self._check_merge(*user_item, user_delta)
         result = await self.threads.commit_thread(
             builders.create(
                 text_id("app_name", app_name),
@@ -368,6 +378,8 @@ class PaiSessionService(BaseSessionService):
             self._user_item(session.app_name, session.user_id),
         )
         app_name, thread_id = session.app_name, self._thread_id(session.user_id, session.id)
+        await self._check_merge(*app_item, app_delta)
+        await self._check_merge(*user_item, user_delta)
         message = {
             "messageId": text_id("event.id", event.id),
             "role": "user" if event.author == "user" else "assistant",

@@ -268,6 +268,30 @@ async def test_bad_input_is_refused(service: PaiSessionService) -> None:
     assert (await service.list_sessions(app_name=APP)).sessions == []
 
 
+async def test_state_too_big_for_its_item_writes_nothing(target: Target) -> None:
+    async with target.connect(max_value_bytes=1000) as stores:
+        service = PaiSessionService(stores)
+        await service.create_session(
+            app_name=APP, user_id="u1", session_id="s0", state={"user:a": "x" * 600}
+        )
+        with pytest.raises(InvalidInputError, match="over this store's limit"):
+            await service.create_session(
+                app_name=APP, user_id="u1", session_id="s1", state={"k": 1, "user:b": "y" * 600}
+            )
+        assert await service.get_session(app_name=APP, user_id="u1", session_id="s1") is None
+        session = await service.create_session(app_name=APP, user_id="u1", session_id="s2")
+        with pytest.raises(InvalidInputError, match="over this store's limit"):
+            await service.append_event(
+                session, _event("agent", "hi", {"k": 2, "app:c": "z" * 2000})
+            )
+        stored = await service.get_session(app_name=APP, user_id="u1", session_id="s2")
+        assert stored is not None
+        assert stored.events == []
+        assert stored.state == {"user:a": "x" * 600}
+        assert session.events == []
+        await service.append_event(session, _event("agent", "hi", {"k": 2}))  # still current
+
+
 async def test_opened_from_a_url(target: Target) -> None:
     async with PaiSessionService(target.url, **target.options) as service:
         created = await service.create_session(app_name=APP, user_id="u1", session_id="s1")
