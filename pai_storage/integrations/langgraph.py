@@ -297,10 +297,11 @@ class PaiCheckpointSaver(BaseCheckpointSaver[str]):
         """Checkpoints newest first, in keyset pages.
 
         ``config`` names the thread (and ``checkpoint_ns``; without it every
-        namespace of the thread, one after the other); ``None`` lists every
-        thread. ``filter`` matches metadata keys exactly; ``before`` starts
-        after that checkpoint; ``limit`` (``0`` or less: nothing) stops the walk
-        once that many are yielded.
+        namespace of the thread, one after the other; with ``checkpoint_id``
+        that checkpoint alone); ``None`` lists every thread. ``filter`` matches
+        metadata keys exactly; ``before`` starts after that checkpoint;
+        ``limit`` (``0`` or less: nothing) stops the walk once that many are
+        yielded.
 
         Only the checkpoints yielded are built (their channel values and
         pending writes read): the filter is tested on each item's stored
@@ -314,8 +315,15 @@ class PaiCheckpointSaver(BaseCheckpointSaver[str]):
         before_key = None
         if before is not None and (before_id := get_checkpoint_id(before)):
             before_key = _key(before_id)
+        only_id = get_checkpoint_id(config) if config else None
+        only_key = _key(only_id) if only_id else None
         async for thread_id, checkpoint_ns in self._sources(config):
-            found = self._list_one(thread_id, checkpoint_ns, before_key, filter or {}, remaining)
+            if only_key is not None:  # that checkpoint alone, as LangGraph's savers list
+                found = self._list_id(thread_id, checkpoint_ns, only_key, before_key, filter or {})
+            else:
+                found = self._list_one(
+                    thread_id, checkpoint_ns, before_key, filter or {}, remaining
+                )
             async for tup in found:
                 yield tup
                 if remaining is not None:
@@ -336,6 +344,24 @@ class PaiCheckpointSaver(BaseCheckpointSaver[str]):
         ):
             if len(namespace) == 5 and namespace[4] == "checkpoints":
                 yield namespace[2], namespace[3].removeprefix("ns:")
+
+    async def _list_id(
+        self,
+        thread_id: str,
+        checkpoint_ns: str,
+        key: str,
+        before_key: str | None,
+        filter: Mapping[str, Any],
+    ) -> AsyncIterator[CheckpointTuple]:
+        """The checkpoint keyed ``key`` of one checkpoint namespace, if it is
+        older than ``before_key`` and its metadata matches ``filter``."""
+        if before_key is not None and key <= before_key:
+            return
+        namespace = self._namespace(thread_id, checkpoint_ns, "checkpoints")
+        item = await self.kv.get(namespace, key)
+        if item is not None and self._metadata_matches(item.value, filter):
+            for tup in await self._tuples(thread_id, checkpoint_ns, [item]):
+                yield tup
 
     async def _list_one(
         self,

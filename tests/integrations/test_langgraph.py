@@ -269,6 +269,29 @@ async def test_filtered_list_builds_only_the_checkpoints_it_yields(
     assert [t async for t in reader.alist(thread, limit=0)] == []
 
 
+async def test_list_with_a_checkpoint_id_lists_that_checkpoint(
+    stores: pai_storage.Stores,
+) -> None:
+    # As LangGraph's savers: a checkpoint_id in the config selects that one.
+    saver = PaiCheckpointSaver(stores)
+    ids = await _long_thread(saver, 5, {1})
+    one = {"configurable": {"thread_id": "long", "checkpoint_id": ids[2]}}
+    assert [t.metadata["step"] async for t in saver.alist(one)] == [2]
+    one["configurable"]["checkpoint_ns"] = ""
+    assert [t.metadata["step"] async for t in saver.alist(one)] == [2]
+    assert [t.pending_writes async for t in saver.alist(one)] == [[("task-2", "out", 2)]]
+    assert [t async for t in saver.alist(one, filter={"source": "input"})] == []
+    assert [
+        t async for t in saver.alist(one, before={"configurable": {"checkpoint_id": ids[2]}})
+    ] == []
+    older = {"configurable": {"checkpoint_id": ids[3]}}
+    assert [t.metadata["step"] async for t in saver.alist(one, before=older)] == [2]
+    gone = {
+        "configurable": {"thread_id": "long", "checkpoint_id": ids[0].replace("0000-6", "0001-6")}
+    }
+    assert [t async for t in saver.alist(gone)] == []
+
+
 # ---------------------------------------------------------------- PaiStore
 
 
