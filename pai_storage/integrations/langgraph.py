@@ -516,14 +516,36 @@ class PaiCheckpointSaver(BaseCheckpointSaver[str]):
         await delete_under(self.kv, prefix)
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
-        """Copy every checkpoint and write of a thread to another thread id."""
+        """Copy every checkpoint and write of a thread to another thread id.
+
+        Oldest checkpoint first, each after its pending writes: a copy cut
+        short (cancelled, a lost connection) leaves the target an earlier
+        state of the thread, never a checkpoint whose channel values or
+        pending writes are not there."""
         self._bridge.bind()
         source = self._thread(source_thread_id)
         target = self._thread(target_thread_id)
-        async for item in every_page(
-            lambda token: self.kv.search(source, limit=1000, page_token=token)
+
+        async def copy(items: Iterable[KVItem]) -> None:
+            for item in items:
+                await self.kv.put((*target, *item.namespace[len(source) :]), item.key, item.value)
+
+        async for thread_id, checkpoint_ns in self._sources(
+            {"configurable": {"thread_id": source_thread_id}}
         ):
-            await self.kv.put((*target, *item.namespace[len(source) :]), item.key, item.value)
+            namespace = self._namespace(thread_id, checkpoint_ns, "checkpoints")
+            keys = [key async for key in _keys(self.kv, namespace)]
+            keys.reverse()  # oldest first
+            for start in range(0, len(keys), _PAGE):
+                chunk = keys[start : start + _PAGE]
+                found = await self.kv.get_many(namespace, chunk)
+                for key in chunk:
+                    writes = self._namespace(
+                        thread_id, checkpoint_ns, "writes", _checkpoint_id(key)
+                    )
+                    await copy([item async for item in _items(self.kv, writes)])
+                    if key in found:
+                        await copy([found[key]])
 
     def get_next_version(self, current: str | None, channel: None) -> str:
         """Versions as LangGraph's own savers make them: a zero-padded counter
@@ -739,6 +761,14 @@ class PaiStore(BaseStore):
 
     async def __aexit__(self, *exc: object) -> None:
         return None
+
+
+def _keys(kv: KeyValueStore, namespace: tuple[str, ...]) -> AsyncIterator[str]:
+    return every_page(lambda token: kv.list_keys(namespace, limit=1000, page_token=token))
+
+
+def _items(kv: KeyValueStore, namespace: tuple[str, ...]) -> AsyncIterator[KVItem]:
+    return every_page(lambda token: kv.search(namespace, limit=1000, page_token=token))
 
 
 def _reserved(namespace: Sequence[str]) -> bool:

@@ -184,6 +184,51 @@ class _Calls:
         return getattr(self.kv, name)
 
 
+class _CancelledAfter:
+    """A key-value store whose caller is cancelled after ``puts`` writes."""
+
+    def __init__(self, kv: pai_storage.KeyValueStore, puts: int) -> None:
+        self.kv, self.puts = kv, puts
+
+    async def put(self, *args: Any, **kwargs: Any) -> Any:
+        if self.puts == 0:
+            raise asyncio.CancelledError
+        self.puts -= 1
+        return await self.kv.put(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.kv, name)
+
+
+async def test_an_interrupted_copy_leaves_no_checkpoint_without_its_values(
+    stores: pai_storage.Stores,
+) -> None:
+    # `a` is written once, at the first checkpoint; the later ones point at it.
+    writer = PaiCheckpointSaver(stores)
+    config: dict[str, Any] = {"configurable": {"thread_id": "src", "checkpoint_ns": ""}}
+    for step in range(4):
+        checkpoint = empty_checkpoint()
+        checkpoint["id"] = f"00000000-0000-6000-8000-{step:012x}"
+        checkpoint["channel_values"] = {"a": "kept", "b": step} if step == 0 else {"b": step}
+        checkpoint["channel_versions"] = {"a": "1", "b": str(step + 1)}
+        new = {"a": "1", "b": "1"} if step == 0 else {"b": str(step + 1)}
+        config = await writer.aput(config, checkpoint, {"step": step}, new)
+        await writer.aput_writes(config, [("b", step)], task_id=f"task-{step}")
+    for puts in range(8):
+        copier = PaiCheckpointSaver(stores)
+        copier.kv = _CancelledAfter(stores.kv, puts)  # type: ignore[assignment]
+        with pytest.raises(asyncio.CancelledError):
+            await copier.acopy_thread("src", f"dst-{puts}")
+        target = await writer.aget_tuple({"configurable": {"thread_id": f"dst-{puts}"}})
+        if target is not None:  # an earlier checkpoint, whole, with its writes
+            assert target.checkpoint["channel_values"]["a"] == "kept"
+            step = target.metadata["step"]
+            assert target.pending_writes == [(f"task-{step}", "b", step)]
+    await writer.acopy_thread("src", "dst")
+    whole = [t async for t in writer.alist({"configurable": {"thread_id": "dst"}})]
+    assert [t.metadata["step"] for t in whole] == [3, 2, 1, 0]
+
+
 async def test_latest_read_skips_channels_stored_empty(stores: pai_storage.Stores) -> None:
     # `s` is consumed (a new version, no value) at the first checkpoint and
     # unchanged at the second: reading the latest has nothing to fetch for it.
