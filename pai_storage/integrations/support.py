@@ -51,6 +51,23 @@ def text_id(kind: str, value: object) -> str:
     return text
 
 
+async def run_to_end(write: Coroutine[Any, Any, T]) -> T:
+    """Await a write to its end even if the caller is cancelled meanwhile (then
+    re-raise the cancellation): a cancelled caller never leaves it half-done."""
+    task = asyncio.ensure_future(write)
+    cancelled: asyncio.CancelledError | None = None
+    while not task.done():
+        try:
+            await asyncio.wait({task})
+        except asyncio.CancelledError as exc:
+            cancelled = cancelled or exc
+    if cancelled is not None:
+        if not task.cancelled():
+            task.exception()  # retrieved: the cancellation is what the caller gets
+        raise cancelled
+    return task.result()
+
+
 class LoopBridge:
     """Runs the adapter's coroutines for callers on other threads.
 

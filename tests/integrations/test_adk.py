@@ -268,6 +268,50 @@ async def test_bad_input_is_refused(service: PaiSessionService) -> None:
     assert (await service.list_sessions(app_name=APP)).sessions == []
 
 
+class _Gate:
+    """A key-value store whose version-checked writes wait to be let through."""
+
+    def __init__(self, kv: pai_storage.KeyValueStore) -> None:
+        self.kv, self.entered, self.release = kv, asyncio.Event(), asyncio.Event()
+
+    async def put_if_version(self, *args: Any, **kwargs: Any) -> Any:
+        self.entered.set()
+        await self.release.wait()
+        return await self.kv.put_if_version(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.kv, name)
+
+
+async def test_a_cancelled_append_still_stores_its_whole_delta(
+    stores: pai_storage.Stores,
+) -> None:
+    gate = _Gate(stores.kv)
+
+    class Gated(PaiSessionService):
+        @property
+        def kv(self) -> Any:
+            return gate
+
+    service = Gated(stores)
+    session = await service.create_session(app_name=APP, user_id="u1", session_id="s1")
+    event = _event("agent", "one", {"k": 1, "user:lang": "fr"})
+    appending = asyncio.create_task(service.append_event(session, event))
+    await gate.entered.wait()  # the event is committed; the user: delta is being merged
+    appending.cancel()
+    await asyncio.sleep(0.01)
+    gate.release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await appending
+    assert await service.get_user_state(app_name=APP, user_id="u1") == {"lang": "fr"}
+    assert session.events == [event]
+    assert session.state == {"k": 1, "user:lang": "fr"}
+    await service.append_event(session, _event("agent", "two"))  # the session is current
+    stored = await service.get_session(app_name=APP, user_id="u1", session_id="s1")
+    assert stored is not None
+    assert [e.id for e in stored.events] == [e.id for e in session.events]
+
+
 async def test_state_too_big_for_its_item_writes_nothing(target: Target) -> None:
     async with target.connect(max_value_bytes=1000) as stores:
         service = PaiSessionService(stores)
