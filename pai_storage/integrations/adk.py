@@ -235,22 +235,26 @@ class PaiSessionService(BaseSessionService):
         app_delta, user_delta, session_state = _split(state)  # all checked before any write
         await self._check_merge(*app_item, app_delta)
         await self._check_merge(*user_item, user_delta)
-        result = await self.threads.commit_thread(
-            builders.create(
-                text_id("app_name", app_name),
-                self._thread_id(user_id, session_id),
-                agent=AGENT,
-                category=user_id,
-                metadata={"state": session_state},
-            )
+        commit = builders.create(
+            text_id("app_name", app_name),
+            self._thread_id(user_id, session_id),
+            agent=AGENT,
+            category=user_id,
+            metadata={"state": session_state},
         )
-        if result.type == "conflict" or result.thread is None:
-            raise AlreadyExistsError(f"Session with id {session_id} already exists.")
-        await self._merge(*app_item, app_delta)
-        await self._merge(*user_item, user_delta)
+
+        async def store() -> ThreadRecord:
+            result = await self.threads.commit_thread(commit)
+            if result.type == "conflict" or result.thread is None:
+                raise AlreadyExistsError(f"Session with id {session_id} already exists.")
+            await self._merge(*app_item, app_delta)
+            await self._merge(*user_item, user_delta)
+            return result.thread
+
+        root = await run_to_end(store())  # begun, it ends: the session with all its state
         app, user = await asyncio.gather(self._state(*app_item), self._state(*user_item))
         merged = _merged(app, user, session_state)
-        return self._session(result.thread, app_name, user_id, session_id, merged)
+        return self._session(root, app_name, user_id, session_id, merged)
 
     async def get_session(
         self,

@@ -312,6 +312,32 @@ async def test_a_cancelled_append_still_stores_its_whole_delta(
     assert [e.id for e in stored.events] == [e.id for e in session.events]
 
 
+async def test_a_cancelled_create_still_stores_its_whole_state(
+    stores: pai_storage.Stores,
+) -> None:
+    gate = _Gate(stores.kv)
+
+    class Gated(PaiSessionService):
+        @property
+        def kv(self) -> Any:
+            return gate
+
+    service = Gated(stores)
+    state = {"k": 1, "app:v": 2, "user:lang": "fr"}
+    creating = asyncio.create_task(
+        service.create_session(app_name=APP, user_id="u1", session_id="s1", state=state)
+    )
+    await gate.entered.wait()  # the session is committed; the app: state is being merged
+    creating.cancel()
+    await asyncio.sleep(0.01)
+    gate.release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await creating
+    stored = await service.get_session(app_name=APP, user_id="u1", session_id="s1")
+    assert stored is not None
+    assert stored.state == state
+
+
 async def test_state_too_big_for_its_item_writes_nothing(target: Target) -> None:
     async with target.connect(max_value_bytes=1000) as stores:
         service = PaiSessionService(stores)
