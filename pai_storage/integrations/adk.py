@@ -22,10 +22,9 @@ into their items right after it, each with a version-checked write.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import uuid
-from collections.abc import AsyncIterator
+import weakref
 from types import TracebackType
 from typing import Any, Self
 
@@ -118,24 +117,33 @@ class PaiSessionService(BaseSessionService):
             self._stores, self._owned = url_or_stores, False
         else:
             self._stores, self._owned = connect(url_or_stores, **options), True
-        self._appends: dict[tuple[str, str], tuple[asyncio.Lock, int]] = {}
+        self._locks: weakref.WeakValueDictionary[tuple[str, str], asyncio.Lock]
+        self._locks = weakref.WeakValueDictionary()
+        self._versions: dict[int, tuple[weakref.ref[Session], str]] = {}
 
-    @contextlib.asynccontextmanager
-    async def _appending(self, app_name: str, thread_id: str) -> AsyncIterator[None]:
-        """Appends to one session through this service, one at a time: a session
-        object shared by concurrent tasks is never its own stale writer."""
+    def _lock(self, app_name: str, thread_id: str) -> asyncio.Lock:
+        """The lock of one session's appends through this service (as ADK's own
+        services have): a session object shared by concurrent tasks is never
+        its own stale writer. It lives while an append holds it."""
         key = (app_name, thread_id)
-        lock, users = self._appends.get(key, (asyncio.Lock(), 0))
-        self._appends[key] = (lock, users + 1)
-        try:
-            async with lock:
-                yield
-        finally:
-            lock, users = self._appends[key]
-            if users == 1:
-                del self._appends[key]
-            else:
-                self._appends[key] = (lock, users - 1)
+        lock = self._locks.get(key)
+        if lock is None:
+            lock = self._locks[key] = asyncio.Lock()
+        return lock
+
+    def _version_of(self, session: Session) -> str | None:
+        """The thread version ``session`` was returned or last appended at by this
+        service (``None``: a session object it never saw, or a copy of one)."""
+        found = self._versions.get(id(session))
+        return found[1] if found is not None and found[0]() is session else None
+
+    def _remember(self, session: Session, root: ThreadRecord) -> None:
+        # By object, not by session id: two objects of one session are two
+        # readers, and the one behind is stale. (ADK's Session is unhashable, so
+        # its id() keys the entry, which is dropped with the object.)
+        key = id(session)
+        dropped = weakref.ref(session, lambda _: self._versions.pop(key, None))
+        self._versions[key] = (dropped, str(root.version))
 
     @property
     def threads(self) -> ThreadStore:
@@ -216,7 +224,7 @@ class PaiSessionService(BaseSessionService):
             events=events or [],
             last_update_time=root.updated_at.timestamp(),
         )
-        session._storage_update_marker = str(root.version)  # what the stale check compares
+        self._remember(session, root)  # what the stale check compares
         return session
 
     # ------------------------------------------------------------ the service
@@ -402,7 +410,7 @@ class PaiSessionService(BaseSessionService):
         }
 
         async def store() -> None:
-            async with self._appending(app_name, thread_id):  # as ADK's own services do
+            async with self._lock(app_name, thread_id):
                 while True:
                     selection = {
                         "type": "page",
@@ -418,11 +426,11 @@ class PaiSessionService(BaseSessionService):
                         raise SessionNotFoundError(f"Session {session.id} not found.")
                     newest = read.messages.items if read.messages else []
                     latest = newest[0].message_id if newest else None
-                    marker = session._storage_update_marker
-                    if marker is None:  # a session this service did not return: its update time
+                    version = self._version_of(session)
+                    if version is None:  # a session this service did not return: its update time
                         moved = root.updated_at.timestamp() > session.last_update_time
                     else:  # the thread's version: exact, whatever the clocks
-                        moved = marker != str(root.version)
+                        moved = version != str(root.version)
                     if latest is not None and moved:
                         mine = session.events[-1].id if session.events else None
                         if latest != mine:
@@ -440,7 +448,7 @@ class PaiSessionService(BaseSessionService):
                     )
                     if result.type == "committed" and result.thread is not None:
                         session.last_update_time = result.thread.updated_at.timestamp()
-                        session._storage_update_marker = str(result.thread.version)
+                        self._remember(session, result.thread)
                         break
                 await self._merge(*app_item, app_delta)
                 await self._merge(*user_item, user_delta)

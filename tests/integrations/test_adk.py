@@ -11,6 +11,7 @@ user and session scope (``temp:`` never stored), and stale sessions.
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -256,6 +257,23 @@ async def test_concurrent_appends_through_one_session_object(service: PaiSession
     assert stored is not None
     assert len(stored.events) == len(session.events) == 8
     assert stored.state == {f"k{i}": i for i in range(8)}
+
+
+async def test_the_service_keeps_nothing_of_sessions_gone(service: PaiSessionService) -> None:
+    # The version each session object was read at is kept by object, and the
+    # lock of a session's appends only while an append holds it.
+    session = await service.create_session(app_name=APP, user_id="u1", session_id="s1")
+    for i in range(20):
+        read = await service.get_session(app_name=APP, user_id="u1", session_id="s1")
+        assert read is not None
+        await service.append_event(read, _event("agent", str(i)))
+    del read
+    gc.collect()
+    assert [service._version_of(session)] == [v for _, v in service._versions.values()]
+    del session
+    gc.collect()
+    assert not service._versions
+    assert not service._locks
 
 
 async def test_bad_input_is_refused(service: PaiSessionService) -> None:
