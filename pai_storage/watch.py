@@ -543,13 +543,15 @@ class _Notes:
     def covering(self, last: ThreadVersion | None, new: ThreadVersion) -> ChangeSet | None:
         """The notes from ``last`` (exclusive) to ``new`` folded, if every one was heard.
 
-        Forgets the notes up to ``new``: the next change starts after it.
+        ``None`` across incarnations: the change folds a deletion, which has no
+        note (a thread that did not exist, ``last=None``, is described from its
+        creation). Forgets the notes up to ``new``: the next change starts after it.
         """
         instance = new.thread_instance_id
         same = last is not None and last.thread_instance_id == instance
         first = last.revision + 1 if last is not None and same else 1  # a create is revision 1
         merged: ChangeSet | None = None
-        if new.revision - first < len(self._heard):
+        if (last is None or same) and new.revision - first < len(self._heard):
             for revision in range(first, new.revision + 1):
                 heard = self._heard.get((instance, revision))
                 if heard is None:

@@ -79,7 +79,11 @@ def test_a_change_is_described_only_when_every_commit_it_covers_was_heard() -> N
     assert both == ChangeSet(messages=FamilyChanges(inserted=("m2", "m3")))
     assert notes.covering(_version(3), _version(5)) is None  # revision 4 was not heard
     notes.add([CommitNote(_version(1, "new"), ChangeSet())])
-    assert notes.covering(_version(5), _version(1, "new")) == ChangeSet()  # a new incarnation
+    assert notes.covering(_version(5), _version(1, "new")) is None  # a deletion is folded in
+    notes.add([CommitNote(_version(2, "new"), ChangeSet())])
+    assert notes.covering(None, _version(2, "new")) is None  # revision 1 was forgotten
+    notes.add([CommitNote(_version(r, "newer"), ChangeSet()) for r in (1, 2)])
+    assert notes.covering(None, _version(2, "newer")) == ChangeSet()  # created: all heard
 
 
 def test_the_memory_backend_declares_it() -> None:
@@ -117,4 +121,31 @@ async def test_a_scope_watcher_is_woken_by_the_commit_not_the_interval(rounds: i
             change = await watching
         assert change.thread_id == f"b{i}"
         assert change.changed is None  # a scope's watcher is not told what changed
+    await changes.aclose()
+
+
+async def test_a_thread_deleted_and_created_again_is_not_described() -> None:
+    # One change folds the deletion and the new incarnation's commits: the
+    # creation's change set alone would hide that every record of the old
+    # incarnation is gone (docs/watch.md: `changed` is None for a deletion).
+    store = MemoryThreadStore()
+    chat = store.conversation("s", "t")
+    await chat.add("user", "one", messageId="old")
+    root = await chat.get()
+    assert root is not None
+    changes = store.watch("s", "t", after=root.version, interval=LONG)
+    watching = asyncio.create_task(anext(changes))
+    await asyncio.sleep(0.01)
+    await chat.add("user", "two")
+    async with asyncio.timeout(HANG_GUARD):
+        first = await watching
+    assert first.changed is not None
+    await chat.delete()  # while the consumer is busy: both fold into its next change
+    await chat.add("user", "again", messageId="new")
+    async with asyncio.timeout(HANG_GUARD):
+        change = await anext(changes)
+    assert not change.deleted
+    assert change.previous == first.version
+    assert change.commits is None  # another incarnation
+    assert change.changed is None  # not "only 'new' was inserted": 'old' is gone too
     await changes.aclose()
