@@ -27,11 +27,11 @@ import contextlib
 import random
 import time
 import uuid
-from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final, Literal, get_args
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar, get_args
 
 import anyio
 
@@ -64,6 +64,7 @@ _NEWEST_RUN: Final = {"type": "page", "order": "newest", "page": {"limit": 1}}
 # (another incarnation), or its absence as a deletion, so a follower never
 # misses what was committed between its call and the watch's first look.
 _NOWHERE: Final = ThreadVersion(thread_instance_id=uuid.uuid4().hex, revision=1)
+T = TypeVar("T")
 
 
 class _Keep:
@@ -518,12 +519,24 @@ class Reply:
     # ------------------------------------------------------------ the block
 
     async def __aenter__(self) -> Reply:
-        opened = await self.conversation._commit(self._open)
+        # Cancelled half-way, the opening commit could land with nobody left to
+        # close its run: it runs to its end, and a run it opened for a task
+        # cancelled meanwhile is closed as cancelled.
+        with anyio.CancelScope(shield=True):
+            opening, cancelled = await _to_the_end(self.conversation._commit(self._open))
+        if cancelled is not None:
+            if not opening.cancelled() and opening.exception() is None:
+                self._opened(opening.result())
+                await self.__aexit__(type(cancelled), cancelled, cancelled.__traceback__)
+            raise cancelled
+        self._opened(opening.result())
+        return self
+
+    def _opened(self, opened: CommittedResult | None) -> None:
         assert opened is not None
         assert opened.thread is not None
         self._instance = opened.thread.version.thread_instance_id
         self._last_flush = time.monotonic()
-        return self
 
     async def __aexit__(
         self,
@@ -673,6 +686,26 @@ class Reply:
 
         if self._instance is not None:
             await self.conversation._commit(build)
+
+
+async def _to_the_end(
+    work: Coroutine[Any, Any, T],
+) -> tuple[asyncio.Task[T], asyncio.CancelledError | None]:
+    """Run ``work`` in a task of its own and wait until it has ended, cancelled or not.
+
+    anyio's shielded scope holds off anyio's cancellations, not asyncio's own
+    ``Task.cancel()`` (a task group, a server shutting down, a second cancel):
+    this does. Returns the ended task and the caller's cancellation that came
+    meanwhile, for the caller to raise once it has dealt with the outcome.
+    """
+    task = asyncio.ensure_future(work)
+    cancelled: asyncio.CancelledError | None = None
+    while not task.done():
+        try:
+            await asyncio.wait({task})
+        except asyncio.CancelledError as err:
+            cancelled = err
+    return task, cancelled
 
 
 class _Reread(Exception):
