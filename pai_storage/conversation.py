@@ -545,19 +545,28 @@ class Reply:
         tb: TracebackType | None,
     ) -> None:
         if exc is None:
-            with anyio.CancelScope(shield=True):
-                await self._close("complete", "completed", None)
+            closing = self._close("complete", "completed", None)
+        else:
+            failed = isinstance(exc, Exception)
+            error = {"code": "failed" if failed else "cancelled", "message": type(exc).__name__}
+            if failed:
+                closing = self._close("error", "failed", error)
+            else:
+                closing = self._close("incomplete", "cancelled", error)
+        # Cancelled again while it runs, the closing commit still ends (then the
+        # cancellation is raised): cut short, it would leave the run open.
+        with anyio.CancelScope(shield=True):
+            closed, cancelled = await _to_the_end(closing)
+        seen = exc if exc is not None else cancelled
+        if seen is None:
+            closed.result()
             return
-        failed = isinstance(exc, Exception)
-        error = {"code": "failed" if failed else "cancelled", "message": type(exc).__name__}
         try:
-            with anyio.CancelScope(shield=True):
-                if failed:
-                    await self._close("error", "failed", error)
-                else:
-                    await self._close("incomplete", "cancelled", error)
+            closed.result()
         except Exception as close_error:  # the body's exception is the one to see
-            exc.add_note(f"the reply could not be closed: {close_error!r}")
+            seen.add_note(f"the reply could not be closed: {close_error!r}")
+        if cancelled is not None:
+            raise cancelled
 
     async def write(self, chunk: str) -> None:
         """Add ``chunk`` to the text; commit it when ``flush_every`` has passed since the last."""

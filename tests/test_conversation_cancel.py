@@ -92,3 +92,31 @@ async def test_a_reply_cancelled_while_it_opens_leaves_no_run_open(
     assert await _statuses(store, scope) == (["complete", "incomplete"], ["cancelled"])
     async with store.conversation(scope, "t").reply() as again:  # not "one reply at a time"
         await again.write("answered")
+
+
+async def test_a_reply_cancelled_again_while_it_closes_still_closes(
+    store: ThreadStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    scope = uuid.uuid4().hex
+    chat = store.conversation(scope, "t", flush_every=0)
+    await chat.add("user", "question")
+    started = asyncio.Event()
+
+    async def answer() -> None:
+        async with chat.reply() as reply:
+            await reply.write("partial")
+            started.set()
+            await asyncio.sleep(3600)
+
+    task = asyncio.create_task(answer())
+    async with asyncio.timeout(HANG_GUARD):
+        await started.wait()
+        sent, landed = asyncio.Event(), asyncio.Event()
+        monkeypatch.setattr(store, "commit_thread", _slow(store, sent, landed))
+        task.cancel()  # the body is cancelled: the closing commit starts
+        await sent.wait()
+        task.cancel()  # and cancelled again (a task group, a server shutting down)
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    monkeypatch.undo()
+    assert await _statuses(store, scope) == (["complete", "incomplete"], ["cancelled"])
