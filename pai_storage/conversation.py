@@ -157,9 +157,12 @@ class Conversation:
         self.scope_key = _key("scope_key", scope_key)
         self.thread_id = _key("thread_id", thread_id)
         self.agent = agent
-        if not flush_every >= 0:
+        number = isinstance(flush_every, int | float) and not isinstance(flush_every, bool)
+        if not (number and flush_every >= 0):
             raise ThreadStoreInvariantError(f"flush_every is seconds >= 0, not {flush_every!r}")
         self.flush_every = float(flush_every)
+        if not isinstance(lease_ttl, timedelta):
+            raise ThreadStoreInvariantError(f"lease_ttl is a timedelta, not {lease_ttl!r}")
         lease_ms = lease_ttl.total_seconds() * 1000
         if not 1 <= lease_ms <= 86_400_000:
             raise ThreadStoreInvariantError("lease_ttl is 1 ms to 24 hours")
@@ -310,7 +313,7 @@ class Conversation:
         Messages whose ``visibility.transcript`` is false are left out. Reads
         pages of up to 100 messages; an empty list when the thread is missing.
         """
-        if last is not None and (not isinstance(last, int) or last < 0):
+        if last is not None and (not isinstance(last, int) or isinstance(last, bool) or last < 0):
             raise ThreadStoreInvariantError(f"last is a count >= 0 or None, not {last!r}")
         wanted = last if last is not None else -1
         items: list[Message] = []
@@ -349,7 +352,9 @@ class Conversation:
         ThreadStoreInvariantError
             A bad role, text or field (nothing written).
         """
-        message_id = fields.pop("messageId", None) or uuid.uuid4().hex
+        message_id = fields.pop("messageId", None)
+        if message_id is None:  # a bad id is refused by the commit's validation, not replaced
+            message_id = uuid.uuid4().hex
         _draft(message_id, role, text, "complete", {"kind": "standalone"}, fields)  # checks
         sent: dict[str, Any] = {}
 
@@ -389,6 +394,10 @@ class Conversation:
             On entering, another run is open and its lease has not expired;
             while streaming, the thread was deleted or the run taken over.
         """
+        if metadata is not None and not isinstance(metadata, Mapping):
+            raise ThreadStoreInvariantError(
+                f"metadata is a mapping or None, not {type(metadata).__name__}"
+            )
         return Reply(self, role, dict(metadata or {}))
 
     async def update(self, *, title: Any = KEEP, metadata: Any = KEEP) -> ThreadRecord:

@@ -123,3 +123,40 @@ async def test_endless_conflicts_end_in_a_typed_error(monkeypatch: pytest.Monkey
         monkeypatch.setattr(store, "commit_thread", always_conflicts)
         with pytest.raises(ConversationConflictError, match="3 commits"):
             await chat.add("user", "never lands")
+
+
+@pytest.mark.parametrize(
+    ("options", "words"),
+    [
+        ({"flush_every": "0.25"}, "flush_every"),
+        ({"flush_every": True}, "flush_every"),
+        ({"lease_ttl": 60}, "lease_ttl"),
+    ],
+)
+async def test_bad_handle_options_of_another_type_are_refused(
+    options: dict[str, Any], words: str
+) -> None:
+    async with open_store("memory://") as store:
+        with pytest.raises(ThreadStoreInvariantError, match=words):
+            store.conversation("s", "t", **options)
+
+
+@pytest.mark.parametrize(
+    ("call", "words"),
+    [
+        (lambda chat: chat.add("user", "hi", messageId=""), "messageId"),
+        (lambda chat: chat.messages(last=True), "last is a count"),
+    ],
+)
+async def test_bad_values_are_not_taken_for_defaults(call: Any, words: str) -> None:
+    async with open_store("memory://") as store:
+        chat = store.conversation("s", "t")
+        with pytest.raises(ThreadStoreInvariantError, match=words):
+            await call(chat)
+        assert await chat.get() is None
+
+
+async def test_a_reply_s_metadata_must_be_a_mapping() -> None:
+    async with open_store("memory://") as store:
+        with pytest.raises(ThreadStoreInvariantError, match="metadata"):
+            store.conversation("s", "t").reply(metadata="x")  # type: ignore[arg-type]
