@@ -28,6 +28,8 @@ import asyncio
 import contextlib
 import math
 import threading
+import time
+from collections import deque
 from collections.abc import AsyncGenerator, Awaitable, Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -78,6 +80,9 @@ DEFAULT_INTERVAL: Final = 0.2
 MAX_FAILURES: Final = 10
 """Consecutive unavailable reads a watcher retries (one interval apart) before it raises."""
 _LIST_PAGE: Final = 100
+_LOOKBACK: Final = 1.0
+"""Seconds of looks a scope's watcher lists again: a commit is stamped before it is
+visible, so one stamped before an update already seen can appear after it."""
 _MAX_NOTES: Final = 1024
 """Commit notes a watcher keeps for versions it has not read yet (older ones are dropped)."""
 T = TypeVar("T")
@@ -618,14 +623,18 @@ async def watch_scope(
     """The loop behind :meth:`ThreadStore.watch_scope` (arguments validated by it)."""
     seen: dict[str, ThreadVersion] = {}
     since: datetime | None = None
+    # The newest update seen after each look of the last _LOOKBACK seconds (and
+    # the one before them): a look lists down to the oldest, not to ``since``.
+    marks: deque[tuple[float, datetime]] = deque()
     signal = store._change_signal(scope_key, None)
     first = True
     try:
         await signal.start()
         while True:
             signal.arm()
+            down_to = marks[0][1] if marks else None
             roots = await _retrying(
-                signal, interval, partial(_updated_since, store, scope_key, since, include_hidden)
+                signal, interval, partial(_updated_since, store, scope_key, down_to, include_hidden)
             )
             signal.take()  # a scope's watcher gets no notes; keep none
             changes = []
@@ -639,6 +648,10 @@ async def watch_scope(
                 # Only the threads of this window can be listed again unchanged.
                 since = roots[0].updated_at if since is None else max(since, roots[0].updated_at)
                 seen = {root.thread_id: root.version for root in roots}
+                now = time.monotonic()
+                marks.append((now, since))
+                while len(marks) > 1 and marks[1][0] <= now - _LOOKBACK:
+                    marks.popleft()
             if not first:
                 for change in changes:
                     yield change

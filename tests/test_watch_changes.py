@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from pai_storage_memory import MemoryThreadStore
 
-from pai_storage import CommitThreadInput, ThreadVersion, builders
+from pai_storage import CommitThreadInput, ManualClock, ThreadVersion, builders
 from pai_storage.watch import WATCH_CHANGES, ChangeSet, CommitNote, FamilyChanges, _Notes
 
 HANG_GUARD = 60.0
@@ -148,4 +148,27 @@ async def test_a_thread_deleted_and_created_again_is_not_described() -> None:
     assert change.previous == first.version
     assert change.commits is None  # another incarnation
     assert change.changed is None  # not "only 'new' was inserted": 'old' is gone too
+    await changes.aclose()
+
+
+async def test_a_scope_watcher_finds_a_commit_that_shows_after_a_later_stamped_one() -> None:
+    # A commit is stamped before it is visible: of two concurrent commits (one
+    # clock), the one stamped first can become visible second. Here the store's
+    # clock steps back to stamp the second one earlier.
+    clock = ManualClock()
+    store = MemoryThreadStore(clock=clock)
+    await store.conversation("s", "a").add("user", "hi")
+    changes = store.watch_scope("s", interval=LONG)
+    watching = asyncio.create_task(anext(changes))
+    await asyncio.sleep(0.01)  # the watcher has looked once and waits
+    clock.advance(ms=20)
+    await store.conversation("s", "b").add("user", "hi")
+    async with asyncio.timeout(HANG_GUARD):
+        assert (await watching).thread_id == "b"
+    watching = asyncio.create_task(anext(changes))
+    await asyncio.sleep(0.01)
+    clock.advance(ms=-10)  # stamped before "b", visible after it
+    await store.conversation("s", "c").add("user", "hi")
+    async with asyncio.timeout(HANG_GUARD):
+        assert (await watching).thread_id == "c"
     await changes.aclose()
