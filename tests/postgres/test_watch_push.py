@@ -162,3 +162,26 @@ async def test_a_commit_too_large_to_describe_is_notified_without_what_changed(
         assert change.commits == 1
         assert change.changed is None  # too many ids for one NOTIFY: re-read the thread
         await changes.aclose()
+
+
+async def test_an_application_pool_of_one_connection_is_not_taken_by_the_listener(
+    pg_schema: str,
+) -> None:
+    # The listener would hold the pool's only connection while anyone watches:
+    # every read and commit of the store would wait for it. Watchers poll instead.
+    pool = await asyncpg.create_pool(URL, min_size=1, max_size=1)
+    try:
+        async with PostgresThreadStore(client=pool, schema=pg_schema) as store:
+            chat = store.conversation("s", "t")
+            await chat.add("user", "first")
+            start = await _head(store, "s", "t")
+            changes = store.watch("s", "t", after=start, interval=0.05)
+            watching = asyncio.create_task(anext(changes))
+            await asyncio.sleep(0.5)  # the watcher has started (and would listen)
+            async with asyncio.timeout(WAIT):
+                await chat.add("user", "second")
+                change = await watching
+            assert change.commits == 1
+            await changes.aclose()
+    finally:
+        await pool.close()

@@ -144,6 +144,14 @@ class PgNotifier(ListeningNotifier):
             task.cancel()
             await asyncio.wait({task})
 
+    async def _may_hold(self) -> bool:
+        """Whether the listener may hold a connection: not an application's pool's only one
+        (every read and commit of the store would wait for it while anyone watches)."""
+        if self._client.owns_pool:
+            return True
+        pool = await self._client.pool()
+        return bool(pool.get_max_size() > 1)
+
     @contextlib.asynccontextmanager
     async def _connection(self) -> AsyncIterator[asyncpg.Connection]:
         """The listener's connection: its own, so it never takes one of the pool's."""
@@ -165,6 +173,10 @@ class PgNotifier(ListeningNotifier):
                 raise
 
     async def _listen(self, stop: asyncio.Event, listening: asyncio.Event) -> None:
+        with contextlib.suppress(Exception):  # the pool cannot be had: try as usual below
+            if not await self._may_hold():
+                await stop.wait()  # nobody listens: the watchers poll
+                return
         delay = _RETRY_FIRST
         while not stop.is_set():
             try:
