@@ -27,16 +27,17 @@ import contextlib
 import random
 import time
 import uuid
-from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar, get_args
+from typing import TYPE_CHECKING, Any, Final, Literal, get_args
 
 import anyio
 
 from . import builders as b
 from .errors import ConversationConflictError, ThreadStoreInvariantError
+from .lifecycle import to_the_end
 from .maintenance import check_thread_key
 from .models import CommittedResult, Message, ThreadRecord, ThreadVersion
 from .watch import check_interval
@@ -64,7 +65,6 @@ _NEWEST_RUN: Final = {"type": "page", "order": "newest", "page": {"limit": 1}}
 # (another incarnation), or its absence as a deletion, so a follower never
 # misses what was committed between its call and the watch's first look.
 _NOWHERE: Final = ThreadVersion(thread_instance_id=uuid.uuid4().hex, revision=1)
-T = TypeVar("T")
 
 
 class _Keep:
@@ -532,7 +532,7 @@ class Reply:
         # close its run: it runs to its end, and a run it opened for a task
         # cancelled meanwhile is closed as cancelled.
         with anyio.CancelScope(shield=True):
-            opening, cancelled = await _to_the_end(self.conversation._commit(self._open))
+            opening, cancelled = await to_the_end(self.conversation._commit(self._open))
         if cancelled is not None:
             if not opening.cancelled() and opening.exception() is None:
                 self._opened(opening.result())
@@ -565,7 +565,7 @@ class Reply:
         # Cancelled again while it runs, the closing commit still ends (then the
         # cancellation is raised): cut short, it would leave the run open.
         with anyio.CancelScope(shield=True):
-            closed, cancelled = await _to_the_end(closing)
+            closed, cancelled = await to_the_end(closing)
         seen = exc if exc is not None else cancelled
         if seen is None:
             closed.result()
@@ -704,26 +704,6 @@ class Reply:
 
         if self._instance is not None:
             await self.conversation._commit(build)
-
-
-async def _to_the_end(
-    work: Coroutine[Any, Any, T],
-) -> tuple[asyncio.Task[T], asyncio.CancelledError | None]:
-    """Run ``work`` in a task of its own and wait until it has ended, cancelled or not.
-
-    anyio's shielded scope holds off anyio's cancellations, not asyncio's own
-    ``Task.cancel()`` (a task group, a server shutting down, a second cancel):
-    this does. Returns the ended task and the caller's cancellation that came
-    meanwhile, for the caller to raise once it has dealt with the outcome.
-    """
-    task = asyncio.ensure_future(work)
-    cancelled: asyncio.CancelledError | None = None
-    while not task.done():
-        try:
-            await asyncio.wait({task})
-        except asyncio.CancelledError as err:
-            cancelled = err
-    return task, cancelled
 
 
 class _Reread(Exception):

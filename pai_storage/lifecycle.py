@@ -13,21 +13,27 @@ execution guard) all derive from :class:`ManagedStore`:
   awaited first, so once ``close()`` returns nothing of the store is open and
   every later call raises a typed error;
 - ``now()`` is the test clock's time, or ``None`` to use the provider's clock.
+
+:func:`to_the_end` runs a write to its end whatever cancels its caller (the
+conversation handles and the framework adapters use it).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Coroutine
 from datetime import datetime
 from types import TracebackType
-from typing import Self
+from typing import Any, Self, TypeVar
 
 from .clock import Clock
 from .errors import ConfigurationError
 from .events import StoreWarning, WarningCallback, emit_warning
 from .fields import truncate_ms
 
-__all__ = ["ManagedStore"]
+__all__ = ["ManagedStore", "to_the_end"]
+
+T = TypeVar("T")
 
 
 class ManagedStore:
@@ -173,3 +179,25 @@ class ManagedStore:
 
     async def _close(self) -> None:
         """Release resources. Default: nothing to do."""
+
+
+async def to_the_end(
+    work: Coroutine[Any, Any, T],
+) -> tuple[asyncio.Task[T], asyncio.CancelledError | None]:
+    """Run ``work`` in a task of its own and wait until it has ended, whatever
+    cancels the caller meanwhile: a write once begun is never cut short.
+
+    Returns the ended task and the caller's cancellation that came meanwhile
+    (``None``: none), for the caller to raise once it has dealt with the
+    outcome. anyio's shielded scope holds off anyio's cancellations, not
+    asyncio's own ``Task.cancel()`` (a task group, a server shutting down, a
+    second cancel): this holds off both.
+    """
+    task = asyncio.ensure_future(work)
+    cancelled: asyncio.CancelledError | None = None
+    while not task.done():
+        try:
+            await asyncio.wait({task})
+        except asyncio.CancelledError as err:
+            cancelled = err
+    return task, cancelled

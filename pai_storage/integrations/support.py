@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 from ..bundle import Stores
 from ..errors import ConfigurationError, InvalidInputError
 from ..kv import Item, KeyValueStore
+from ..lifecycle import to_the_end
 from ..models import Page
 
 T = TypeVar("T")
@@ -54,13 +55,7 @@ def text_id(kind: str, value: object) -> str:
 async def run_to_end(write: Coroutine[Any, Any, T]) -> T:
     """Await a write to its end even if the caller is cancelled meanwhile (then
     re-raise the cancellation): a cancelled caller never leaves it half-done."""
-    task = asyncio.ensure_future(write)
-    cancelled: asyncio.CancelledError | None = None
-    while not task.done():
-        try:
-            await asyncio.wait({task})
-        except asyncio.CancelledError as exc:
-            cancelled = cancelled or exc
+    task, cancelled = await to_the_end(write)
     if cancelled is not None:
         if not task.cancelled():
             task.exception()  # retrieved: the cancellation is what the caller gets
