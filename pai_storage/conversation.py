@@ -350,8 +350,14 @@ class Conversation:
         Raises
         ------
         ThreadStoreInvariantError
-            A bad role, text or field (nothing written).
+            A bad role, text or field (nothing written); ``status`` among the
+            fields (a streaming message is :meth:`reply`'s).
         """
+        if "status" in fields:
+            raise ThreadStoreInvariantError(
+                "add() appends a complete message: status is not a field to set "
+                "(reply() streams one)"
+            )
         message_id = fields.pop("messageId", None)
         if message_id is None:  # a bad id is refused by the commit's validation, not replaced
             message_id = uuid.uuid4().hex

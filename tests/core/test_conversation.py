@@ -66,6 +66,7 @@ async def test_add_takes_message_fields_and_messages_shows_the_transcript() -> N
         (lambda chat: chat.add("robot", "hi"), "role is one of"),
         (lambda chat: chat.add("user", 42), "text is a str"),
         (lambda chat: chat.messages(last=-1), "last is a count"),
+        (lambda chat: chat.add("user", "hi", status="streaming"), "complete message"),
     ],
 )
 async def test_bad_inputs_are_refused_before_anything_is_written(call: Any, words: str) -> None:
