@@ -33,8 +33,6 @@ from datetime import datetime, timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Literal, get_args
 
-import anyio
-
 from . import builders as b
 from .errors import ConversationConflictError, ThreadStoreInvariantError
 from .lifecycle import to_the_end
@@ -537,8 +535,7 @@ class Reply:
         # Cancelled half-way, the opening commit could land with nobody left to
         # close its run: it runs to its end, and a run it opened for a task
         # cancelled meanwhile is closed as cancelled.
-        with anyio.CancelScope(shield=True):
-            opening, cancelled = await to_the_end(self.conversation._commit(self._open))
+        opening, cancelled = await to_the_end(self.conversation._commit(self._open))
         if cancelled is not None:
             if not opening.cancelled() and opening.exception() is None:
                 self._opened(opening.result())
@@ -570,15 +567,14 @@ class Reply:
                 closing = self._close("incomplete", "cancelled", error)
         # Cancelled again while it runs, the closing commit still ends (then the
         # cancellation is raised): cut short, it would leave the run open.
-        with anyio.CancelScope(shield=True):
-            closed, cancelled = await to_the_end(closing)
-        seen = exc if exc is not None else cancelled
+        closed, cancelled = await to_the_end(closing)
+        seen = cancelled if cancelled is not None else exc  # what is raised
         if seen is None:
             closed.result()
             return
         try:
             closed.result()
-        except Exception as close_error:  # the body's exception is the one to see
+        except Exception as close_error:  # the exception raised is the one to see
             seen.add_note(f"the reply could not be closed: {close_error!r}")
         if cancelled is not None:
             raise cancelled

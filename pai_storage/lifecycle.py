@@ -26,6 +26,8 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
+import anyio
+
 from .clock import Clock
 from .errors import ConfigurationError
 from .events import StoreWarning, WarningCallback, emit_warning
@@ -189,15 +191,21 @@ async def to_the_end(
 
     Returns the ended task and the caller's cancellation that came meanwhile
     (``None``: none), for the caller to raise once it has dealt with the
-    outcome. anyio's shielded scope holds off anyio's cancellations, not
-    asyncio's own ``Task.cancel()`` (a task group, a server shutting down, a
-    second cancel): this holds off both.
+    outcome. It holds off both kinds of cancellation: anyio's (a cancel scope,
+    e.g. a web server's request timeout), by a shielded scope, which then
+    cancels the caller at its next ``await``; and asyncio's own
+    ``Task.cancel()`` (a task group, a server shutting down, a second cancel),
+    which a shielded scope does not stop, by waiting again.
+
+    A write that never ends (no statement timeout, a lost network) holds its
+    caller, cancelled or not: bound writes with the backend's timeouts.
     """
     task = asyncio.ensure_future(work)
     cancelled: asyncio.CancelledError | None = None
-    while not task.done():
-        try:
-            await asyncio.wait({task})
-        except asyncio.CancelledError as err:
-            cancelled = err
+    with anyio.CancelScope(shield=True):
+        while not task.done():
+            try:
+                await asyncio.wait({task})
+            except asyncio.CancelledError as err:
+                cancelled = err
     return task, cancelled

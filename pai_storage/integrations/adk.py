@@ -410,54 +410,55 @@ class PaiSessionService(BaseSessionService):
         }
 
         async def store() -> None:
-            async with self._lock(app_name, thread_id):
-                while True:
-                    selection = {
-                        "type": "page",
-                        "view": "raw",
-                        "order": "newest",
-                        "page": {"limit": 1},
-                    }
-                    read = await self.threads.read_thread(
-                        builders.read(app_name, thread_id, messages=selection)
-                    )
-                    root = read.thread
-                    if root is None:
-                        raise SessionNotFoundError(f"Session {session.id} not found.")
-                    newest = read.messages.items if read.messages else []
-                    latest = newest[0].message_id if newest else None
-                    version = self._version_of(session)
-                    if version is None:  # a session this service did not return: its update time
-                        moved = root.updated_at.timestamp() > session.last_update_time
-                    else:  # the thread's version: exact, whatever the clocks
-                        moved = version != str(root.version)
-                    if latest is not None and moved:
-                        mine = session.events[-1].id if session.events else None
-                        if latest != mine:
-                            raise StaleSessionError(
-                                "The session has been modified in storage since it was loaded. "
-                                "Please reload the session before appending more events."
-                            )
-                    state = {**(root.metadata.get("state") or {}), **session_delta}
-                    result = await self.threads.commit_thread(
-                        builders.update(
-                            root,
-                            {"messages": [builders.insert(message)]},
-                            metadata={**root.metadata, "state": state},
+            while True:
+                selection = {
+                    "type": "page",
+                    "view": "raw",
+                    "order": "newest",
+                    "page": {"limit": 1},
+                }
+                read = await self.threads.read_thread(
+                    builders.read(app_name, thread_id, messages=selection)
+                )
+                root = read.thread
+                if root is None:
+                    raise SessionNotFoundError(f"Session {session.id} not found.")
+                newest = read.messages.items if read.messages else []
+                latest = newest[0].message_id if newest else None
+                version = self._version_of(session)
+                if version is None:  # a session this service did not return: its update time
+                    moved = root.updated_at.timestamp() > session.last_update_time
+                else:  # the thread's version: exact, whatever the clocks
+                    moved = version != str(root.version)
+                if latest is not None and moved:
+                    mine = session.events[-1].id if session.events else None
+                    if latest != mine:
+                        raise StaleSessionError(
+                            "The session has been modified in storage since it was loaded. "
+                            "Please reload the session before appending more events."
                         )
+                state = {**(root.metadata.get("state") or {}), **session_delta}
+                result = await self.threads.commit_thread(
+                    builders.update(
+                        root,
+                        {"messages": [builders.insert(message)]},
+                        metadata={**root.metadata, "state": state},
                     )
-                    if result.type == "committed" and result.thread is not None:
-                        session.last_update_time = result.thread.updated_at.timestamp()
-                        self._remember(session, result.thread)
-                        break
-                await self._merge(*app_item, app_delta)
-                await self._merge(*user_item, user_delta)
-                for key, value in kept.items():
-                    session.state[key] = value
-                session.events.append(event)
+                )
+                if result.type == "committed" and result.thread is not None:
+                    session.last_update_time = result.thread.updated_at.timestamp()
+                    self._remember(session, result.thread)
+                    break
+            await self._merge(*app_item, app_delta)
+            await self._merge(*user_item, user_delta)
+            for key, value in kept.items():
+                session.state[key] = value
+            session.events.append(event)
 
         # Once begun, an append runs to its end (the state merges and the
         # session object included) even if the caller is cancelled meanwhile,
-        # as the Agents SDK's sessions do with their writes.
-        await run_to_end(store())
+        # as the Agents SDK's sessions do with their writes. One queued behind
+        # another append of the session is not begun: a cancellation takes it.
+        async with self._lock(app_name, thread_id):
+            await run_to_end(store())
         return event

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import time
 from collections.abc import AsyncGenerator
 from typing import Any
 
+import anyio
 import pytest
 
 pytest.importorskip("google.adk")
@@ -328,6 +330,40 @@ async def test_a_cancelled_append_still_stores_its_whole_delta(
     stored = await service.get_session(app_name=APP, user_id="u1", session_id="s1")
     assert stored is not None
     assert [e.id for e in stored.events] == [e.id for e in session.events]
+
+
+async def test_an_append_cut_off_by_an_anyio_scope_ends_without_spinning(
+    stores: pai_storage.Stores,
+) -> None:
+    # A web server's request timeout is an anyio cancel scope: it cancels the
+    # task again at every step until the task leaves the scope. The append must
+    # wait for its write (not busy-loop) and still store it whole.
+    gate = _Gate(stores.kv)
+
+    class Gated(PaiSessionService):
+        @property
+        def kv(self) -> Any:
+            return gate
+
+    service = Gated(stores)
+    session = await service.create_session(app_name=APP, user_id="u1", session_id="s1")
+    event = _event("agent", "one", {"user:lang": "fr"})
+
+    async def release_later() -> None:
+        await gate.entered.wait()
+        await asyncio.sleep(0.3)
+        gate.release.set()
+
+    releasing = asyncio.create_task(release_later())
+    started = time.thread_time()
+    with anyio.move_on_after(0.05) as scope:
+        await service.append_event(session, event)
+    assert scope.cancel_called
+    spent = time.thread_time() - started
+    await releasing
+    assert spent < 0.15, f"the wait took {spent:.2f} s of CPU"  # spinning: about 0.3 s
+    assert await service.get_user_state(app_name=APP, user_id="u1") == {"lang": "fr"}
+    assert session.events == [event]
 
 
 async def test_a_cancelled_create_still_stores_its_whole_state(
