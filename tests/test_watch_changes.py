@@ -151,22 +151,42 @@ async def test_a_thread_deleted_and_created_again_is_not_described() -> None:
     await changes.aclose()
 
 
-async def test_a_scope_watcher_finds_a_commit_that_shows_after_a_later_stamped_one() -> None:
+async def test_a_scope_watcher_finds_a_commit_that_shows_after_a_later_stamped_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # A commit is stamped before it is visible: of two concurrent commits (one
     # clock), the one stamped first can become visible second. Here the store's
     # clock steps back to stamp the second one earlier.
     clock = ManualClock()
     store = MemoryThreadStore(clock=clock)
+    first_look = asyncio.Event()
+    list_threads = store.list_threads
+
+    async def listed(request: Any) -> Any:
+        page = await list_threads(request)
+        first_look.set()
+        return page
+
+    monkeypatch.setattr(store, "list_threads", listed)
+
+    async def settled() -> None:
+        # The watcher gets to its wait in a few loop turns (memory: no I/O),
+        # whatever the machine's load: turns, not a time.
+        for _ in range(10):
+            await asyncio.sleep(0)
+
     await store.conversation("s", "a").add("user", "hi")
     changes = store.watch_scope("s", interval=LONG)
     watching = asyncio.create_task(anext(changes))
-    await asyncio.sleep(0.01)  # the watcher has looked once and waits
+    async with asyncio.timeout(HANG_GUARD):
+        await first_look.wait()
+    await settled()
     clock.advance(ms=20)
     await store.conversation("s", "b").add("user", "hi")
     async with asyncio.timeout(HANG_GUARD):
         assert (await watching).thread_id == "b"
     watching = asyncio.create_task(anext(changes))
-    await asyncio.sleep(0.01)
+    await settled()
     clock.advance(ms=-10)  # stamped before "b", visible after it
     await store.conversation("s", "c").add("user", "hi")
     async with asyncio.timeout(HANG_GUARD):
