@@ -442,12 +442,14 @@ class ListeningNotifier(ChangeNotifier):
 
     The subclass writes :meth:`_listen`, which follows the database until
     ``stop`` is set and sets ``listening`` once it hears every commit (and
-    clears it when it loses that). :meth:`ready` starts it when none runs (none
-    yet, it ended, or it was told to stop), each start with new events, so a
-    listener told to stop never sees a later start's; then it waits at most
-    :attr:`ready_wait` seconds for ``listening``: a server that is down must not
-    hold the watcher, which polls meanwhile. :meth:`idle` and ``close`` stay
-    the subclass's (``self._stop``, ``self._task``).
+    clears it when it loses that), or returns at once when it will not listen
+    (the watchers poll). :meth:`ready` starts it when none runs (none yet, it
+    ended, or it was told to stop), each start with new events, so a listener
+    told to stop never sees a later start's; then it waits at most
+    :attr:`ready_wait` seconds for ``listening`` or the listener's end: a
+    server that is down must not hold the watcher, which polls meanwhile.
+    :meth:`idle` and ``close`` stay the subclass's (``self._stop``,
+    ``self._task``).
     """
 
     ready_wait: float = 1.0
@@ -465,7 +467,8 @@ class ListeningNotifier(ChangeNotifier):
         return "pai-storage listener"
 
     async def ready(self) -> None:
-        """Start the listener if nobody listens yet; wait (briefly) until it listens."""
+        """Start the listener if nobody listens yet; wait (briefly) until it listens
+        (or ends: it will not listen)."""
         if self._task is None or self._task.done() or self._stop.is_set():
             self._stop = asyncio.Event()
             self._listening = asyncio.Event()
@@ -474,7 +477,8 @@ class ListeningNotifier(ChangeNotifier):
             )
         listening = asyncio.ensure_future(self._listening.wait())
         try:
-            await asyncio.wait({listening}, timeout=self.ready_wait)
+            ended = {listening, self._task}
+            await asyncio.wait(ended, timeout=self.ready_wait, return_when=asyncio.FIRST_COMPLETED)
         finally:
             listening.cancel()
 

@@ -56,3 +56,21 @@ async def test_a_listener_that_never_listens_holds_the_watcher_only_ready_wait()
     await notifier.ready()
     assert time.monotonic() - began < 1.0
     notifier.idle()
+
+
+async def test_a_listener_that_will_not_listen_does_not_hold_the_watcher() -> None:
+    class _Declines(ListeningNotifier):
+        ready_wait = 3600.0  # were ready() to wait for `listening`, the test would hang
+
+        async def _listen(self, stop: asyncio.Event, listening: asyncio.Event) -> None:
+            return  # it will not listen (a pool's only connection): the watchers poll
+
+        def idle(self) -> None:
+            self._stop.set()
+
+    notifier = _Declines()
+    async with asyncio.timeout(30):
+        await notifier.ready()
+        await notifier.ready()  # started again, ended again
+    assert notifier._task is not None
+    assert notifier._task.done()

@@ -3,11 +3,12 @@
 A commit sends one notification from inside its own transaction
 (:meth:`PgNotifier.committed`, ``SELECT pg_notify(...)``), so PostgreSQL
 delivers it only if the commit commits, after it is visible, and in commit
-order. Every watcher of the store shares one listening connection (a
-connection of the store's pool, held while anyone watches, through asyncpg's
-public ``add_listener``: its own connection, or one of the application's pool when
-the store was given one); each message wakes the watchers of its thread and of
-its scope and hands them the commit's :class:`~pai_storage.watch.CommitNote`.
+order. Every watcher of the store shares one listening connection, held
+while anyone watches, through asyncpg's public ``add_listener``: its own
+connection, or one of the application's pool when the store was given one
+(never a pool's only connection: then nobody listens and the watchers poll,
+starting at once); each message wakes the watchers of its thread and of its
+scope and hands them the commit's :class:`~pai_storage.watch.CommitNote`.
 
 The channel is per set of tables (``pai_watch_`` and a hash of the threads
 table's qualified name) and the payload names the thread by a hash of its
@@ -175,8 +176,7 @@ class PgNotifier(ListeningNotifier):
     async def _listen(self, stop: asyncio.Event, listening: asyncio.Event) -> None:
         with contextlib.suppress(Exception):  # the pool cannot be had: try as usual below
             if not await self._may_hold():
-                await stop.wait()  # nobody listens: the watchers poll
-                return
+                return  # nobody listens: the watchers poll
         delay = _RETRY_FIRST
         while not stop.is_set():
             try:
