@@ -43,6 +43,8 @@ from ..kv import KeyValueStore, KVConflict
 from .support import (
     LoopBridge,
     delete_under,
+    every_item,
+    every_key,
     every_page,
     get_all,
     kv_of,
@@ -276,9 +278,7 @@ class PaiCheckpointSaver(BaseCheckpointSaver[str]):
     ) -> list[PendingWrite]:
         namespace = self._namespace(thread_id, checkpoint_ns, "writes", checkpoint_id)
         rows: list[tuple[tuple[str, str, int], PendingWrite]] = []
-        async for item in every_page(
-            lambda token: self.kv.search(namespace, limit=1000, page_token=token)
-        ):
+        async for item in every_item(self.kv, namespace):
             task = item.value
             for idx, channel, *blob in task["writes"]:
                 write = (item.key, channel, _load(self.serde, blob))
@@ -534,7 +534,7 @@ class PaiCheckpointSaver(BaseCheckpointSaver[str]):
             {"configurable": {"thread_id": source_thread_id}}
         ):
             namespace = self._namespace(thread_id, checkpoint_ns, "checkpoints")
-            keys = [key async for key in _keys(self.kv, namespace)]
+            keys = [key async for key in every_key(self.kv, namespace)]
             keys.reverse()  # oldest first
             for start in range(0, len(keys), _PAGE):
                 chunk = keys[start : start + _PAGE]
@@ -543,7 +543,7 @@ class PaiCheckpointSaver(BaseCheckpointSaver[str]):
                     writes = self._namespace(
                         thread_id, checkpoint_ns, "writes", _checkpoint_id(key)
                     )
-                    await copy([item async for item in _items(self.kv, writes)])
+                    await copy([item async for item in every_item(self.kv, writes)])
                     if key in found:
                         await copy([found[key]])
 
@@ -761,14 +761,6 @@ class PaiStore(BaseStore):
 
     async def __aexit__(self, *exc: object) -> None:
         return None
-
-
-def _keys(kv: KeyValueStore, namespace: tuple[str, ...]) -> AsyncIterator[str]:
-    return every_page(lambda token: kv.list_keys(namespace, limit=1000, page_token=token))
-
-
-def _items(kv: KeyValueStore, namespace: tuple[str, ...]) -> AsyncIterator[KVItem]:
-    return every_page(lambda token: kv.search(namespace, limit=1000, page_token=token))
 
 
 def _reserved(namespace: Sequence[str]) -> bool:

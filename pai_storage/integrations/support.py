@@ -134,11 +134,17 @@ async def delete_under(kv: KeyValueStore, prefix: tuple[str, ...]) -> int:
         )
     ]
     for namespace in namespaces:
-        keys = [key async for key in _keys(kv, namespace)]
+        keys = [key async for key in every_key(kv, namespace)]
         for key in keys:
             deleted += await kv.delete(namespace, key)
     return deleted
 
 
-def _keys(kv: KeyValueStore, namespace: tuple[str, ...]) -> AsyncIterator[str]:
+def every_key(kv: KeyValueStore, namespace: tuple[str, ...]) -> AsyncIterator[str]:
+    """Every key of one namespace, in key order."""
     return every_page(lambda token: kv.list_keys(namespace, limit=1000, page_token=token))
+
+
+def every_item(kv: KeyValueStore, namespace: tuple[str, ...]) -> AsyncIterator[Item]:
+    """Every item under a namespace prefix, in (namespace, key) order."""
+    return every_page(lambda token: kv.search(namespace, limit=1000, page_token=token))
