@@ -31,8 +31,9 @@ from typing import Any, Self
 from .. import builders
 from ..bundle import Stores, connect
 from ..errors import InvalidInputError
+from ..kv import Item as KVItem
 from ..kv import KeyValueStore, KVConflict
-from ..models import Message, ThreadRecord
+from ..models import Message, ThreadRecord, ThreadVersion
 from ..runtime import check_name, check_value
 from ..store import ThreadStore
 from .support import missing_framework, run_to_end, text_id
@@ -101,6 +102,11 @@ def _event(message: Message) -> Event | None:
     return None  # written by something else: not an event
 
 
+def _state_of(item: KVItem | None) -> dict[str, Any]:
+    """The state a state item holds (``{}``: none, or not an object)."""
+    return {} if item is None or not isinstance(item.value, dict) else dict(item.value)
+
+
 class PaiSessionService(BaseSessionService):
     """ADK sessions, events and state on pai-storage.
 
@@ -119,7 +125,7 @@ class PaiSessionService(BaseSessionService):
             self._stores, self._owned = connect(url_or_stores, **options), True
         self._locks: weakref.WeakValueDictionary[tuple[str, str], asyncio.Lock]
         self._locks = weakref.WeakValueDictionary()
-        self._versions: dict[int, tuple[weakref.ref[Session], str]] = {}
+        self._versions: dict[int, tuple[weakref.ref[Session], ThreadVersion]] = {}
 
     def _lock(self, app_name: str, thread_id: str) -> asyncio.Lock:
         """The lock of one session's appends through this service (as ADK's own
@@ -131,7 +137,7 @@ class PaiSessionService(BaseSessionService):
             lock = self._locks[key] = asyncio.Lock()
         return lock
 
-    def _version_of(self, session: Session) -> str | None:
+    def _version_of(self, session: Session) -> ThreadVersion | None:
         """The thread version ``session`` was returned or last appended at by this
         service (``None``: a session object it never saw, or a copy of one)."""
         found = self._versions.get(id(session))
@@ -143,7 +149,7 @@ class PaiSessionService(BaseSessionService):
         # its id() keys the entry, which is dropped with the object.)
         key = id(session)
         dropped = weakref.ref(session, lambda _: self._versions.pop(key, None))
-        self._versions[key] = (dropped, str(root.version))
+        self._versions[key] = (dropped, root.version)
 
     @property
     def threads(self) -> ThreadStore:
@@ -184,28 +190,35 @@ class PaiSessionService(BaseSessionService):
         return (check_name("app_name", app_name), AGENT, "user"), check_name("user_id", user_id)
 
     async def _state(self, namespace: tuple[str, ...], key: str) -> dict[str, Any]:
-        item = await self.kv.get(namespace, key)
-        return {} if item is None or not isinstance(item.value, dict) else dict(item.value)
+        return _state_of(await self.kv.get(namespace, key))
 
     async def _check_merge(
         self, namespace: tuple[str, ...], key: str, delta: dict[str, Any]
-    ) -> None:
-        """Refuse, before anything is written, a delta its state item could not take."""
-        if delta:
-            merged = {**await self._state(namespace, key), **delta}
-            check_value(merged, path=f"the {namespace[-1]} state", limit=self.kv.max_value_bytes)
+    ) -> KVItem | None:
+        """Refuse, before anything is written, a delta its state item could not take;
+        the item as read (``None``: absent, or no delta), where :meth:`_merge` starts."""
+        if not delta:
+            return None
+        item = await self.kv.get(namespace, key)
+        merged = {**_state_of(item), **delta}
+        check_value(merged, path=f"the {namespace[-1]} state", limit=self.kv.max_value_bytes)
+        return item
 
-    async def _merge(self, namespace: tuple[str, ...], key: str, delta: dict[str, Any]) -> None:
-        """Merge ``delta`` into a state item, a version-checked write (retried on a race)."""
+    async def _merge(
+        self, namespace: tuple[str, ...], key: str, delta: dict[str, Any], item: KVItem | None
+    ) -> None:
+        """Merge ``delta`` into a state item, a version-checked write from ``item``
+        (retried from the stored item on a race)."""
         if not delta:
             return
         while True:
-            item = await self.kv.get(namespace, key)
-            current = {} if item is None or not isinstance(item.value, dict) else item.value
             expected = None if item is None else item.version
-            result = await self.kv.put_if_version(namespace, key, {**current, **delta}, expected)
+            result = await self.kv.put_if_version(
+                namespace, key, {**_state_of(item), **delta}, expected
+            )
             if not isinstance(result, KVConflict):
                 return
+            item = result.current
 
     def _session(
         self,
@@ -241,8 +254,8 @@ class PaiSessionService(BaseSessionService):
         session_id = uuid.uuid4().hex if session_id is None else text_id("session_id", session_id)
         app_item, user_item = self._app_item(app_name), self._user_item(app_name, user_id)
         app_delta, user_delta, session_state = _split(state)  # all checked before any write
-        await self._check_merge(*app_item, app_delta)
-        await self._check_merge(*user_item, user_delta)
+        app_now = await self._check_merge(*app_item, app_delta)
+        user_now = await self._check_merge(*user_item, user_delta)
         commit = builders.create(
             text_id("app_name", app_name),
             self._thread_id(user_id, session_id),
@@ -255,8 +268,8 @@ class PaiSessionService(BaseSessionService):
             result = await self.threads.commit_thread(commit)
             if result.type == "conflict" or result.thread is None:
                 raise AlreadyExistsError(f"Session with id {session_id} already exists.")
-            await self._merge(*app_item, app_delta)
-            await self._merge(*user_item, user_delta)
+            await self._merge(*app_item, app_delta, app_now)
+            await self._merge(*user_item, user_delta, user_now)
             return result.thread
 
         root = await run_to_end(store())  # begun, it ends: the session with all its state
@@ -390,8 +403,8 @@ class PaiSessionService(BaseSessionService):
             self._user_item(session.app_name, session.user_id),
         )
         app_name, thread_id = session.app_name, self._thread_id(session.user_id, session.id)
-        await self._check_merge(*app_item, app_delta)
-        await self._check_merge(*user_item, user_delta)
+        app_now = await self._check_merge(*app_item, app_delta)
+        user_now = await self._check_merge(*user_item, user_delta)
         message = {
             "messageId": text_id("event.id", event.id),
             "role": "user" if event.author == "user" else "assistant",
@@ -409,16 +422,12 @@ class PaiSessionService(BaseSessionService):
             "metadata": {},
         }
 
+        newest_one = {"type": "page", "view": "raw", "order": "newest", "page": {"limit": 1}}
+
         async def store() -> None:
             while True:
-                selection = {
-                    "type": "page",
-                    "view": "raw",
-                    "order": "newest",
-                    "page": {"limit": 1},
-                }
                 read = await self.threads.read_thread(
-                    builders.read(app_name, thread_id, messages=selection)
+                    builders.read(app_name, thread_id, messages=newest_one)
                 )
                 root = read.thread
                 if root is None:
@@ -429,7 +438,7 @@ class PaiSessionService(BaseSessionService):
                 if version is None:  # a session this service did not return: its update time
                     moved = root.updated_at.timestamp() > session.last_update_time
                 else:  # the thread's version: exact, whatever the clocks
-                    moved = version != str(root.version)
+                    moved = version != root.version
                 if latest is not None and moved:
                     mine = session.events[-1].id if session.events else None
                     if latest != mine:
@@ -449,8 +458,8 @@ class PaiSessionService(BaseSessionService):
                     session.last_update_time = result.thread.updated_at.timestamp()
                     self._remember(session, result.thread)
                     break
-            await self._merge(*app_item, app_delta)
-            await self._merge(*user_item, user_delta)
+            await self._merge(*app_item, app_delta, app_now)
+            await self._merge(*user_item, user_delta, user_now)
             for key, value in kept.items():
                 session.state[key] = value
             session.events.append(event)
