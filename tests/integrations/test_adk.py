@@ -303,9 +303,8 @@ class _Gate:
         return getattr(self.kv, name)
 
 
-async def test_a_cancelled_append_still_stores_its_whole_delta(
-    stores: pai_storage.Stores,
-) -> None:
+def _gated(stores: pai_storage.Stores) -> tuple[PaiSessionService, _Gate]:
+    """A service whose key-value writes go through a :class:`_Gate`."""
     gate = _Gate(stores.kv)
 
     class Gated(PaiSessionService):
@@ -313,7 +312,13 @@ async def test_a_cancelled_append_still_stores_its_whole_delta(
         def kv(self) -> Any:
             return gate
 
-    service = Gated(stores)
+    return Gated(stores), gate
+
+
+async def test_a_cancelled_append_still_stores_its_whole_delta(
+    stores: pai_storage.Stores,
+) -> None:
+    service, gate = _gated(stores)
     session = await service.create_session(app_name=APP, user_id="u1", session_id="s1")
     event = _event("agent", "one", {"k": 1, "user:lang": "fr"})
     appending = asyncio.create_task(service.append_event(session, event))
@@ -338,14 +343,7 @@ async def test_an_append_cut_off_by_an_anyio_scope_ends_without_spinning(
     # A web server's request timeout is an anyio cancel scope: it cancels the
     # task again at every step until the task leaves the scope. The append must
     # wait for its write (not busy-loop) and still store it whole.
-    gate = _Gate(stores.kv)
-
-    class Gated(PaiSessionService):
-        @property
-        def kv(self) -> Any:
-            return gate
-
-    service = Gated(stores)
+    service, gate = _gated(stores)
     session = await service.create_session(app_name=APP, user_id="u1", session_id="s1")
     event = _event("agent", "one", {"user:lang": "fr"})
 
@@ -369,14 +367,7 @@ async def test_an_append_cut_off_by_an_anyio_scope_ends_without_spinning(
 async def test_a_cancelled_create_still_stores_its_whole_state(
     stores: pai_storage.Stores,
 ) -> None:
-    gate = _Gate(stores.kv)
-
-    class Gated(PaiSessionService):
-        @property
-        def kv(self) -> Any:
-            return gate
-
-    service = Gated(stores)
+    service, gate = _gated(stores)
     state = {"k": 1, "app:v": 2, "user:lang": "fr"}
     creating = asyncio.create_task(
         service.create_session(app_name=APP, user_id="u1", session_id="s1", state=state)
